@@ -1,0 +1,51 @@
+# tracegrpo: the two set-up commands are `make run` and `make test`.
+GO          ?= go
+PYTHON      ?= /usr/bin/python3
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+FUZZTIME    ?= 10s
+BENCH       ?= .
+BENCHTIME   ?= 1x
+NVCC        ?= nvcc
+
+.PHONY: all build build-nocgo test lint fuzz bench golden run ptx clean
+
+all: build
+
+build:
+	$(GO) build ./...
+	$(GO) build -o bin/train ./cmd/train
+
+# The CPU-only build must always work.
+build-nocgo:
+	CGO_ENABLED=0 $(GO) build ./...
+
+test:
+	$(GO) vet ./...
+	CGO_ENABLED=0 $(GO) build ./...
+	$(GO) test ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+# Each fuzz target for FUZZTIME (go test runs one target at a time).
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
+
+bench:
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...
+
+# Regenerate the committed goldens with the independent implementations
+# (Debian's python3-torch and python3-numpy; Python's hashlib).
+golden:
+	@for s in scripts/golden_*.py; do echo "$(PYTHON) $$s"; $(PYTHON) $$s || exit 1; done
+
+run: build
+	./bin/train --help
+
+ptx:
+	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC)
+
+clean:
+	rm -rf bin

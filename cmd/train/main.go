@@ -1,0 +1,110 @@
+// Command train is tracegrpo's command line: multi-trace GRPO training and the
+// tools around it. Each subcommand lives in its own file and registers itself
+// in commands; main only dispatches.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+
+	"github.com/spf13/pflag"
+)
+
+// command is one subcommand of train.
+type command struct {
+	name    string
+	summary string
+	// run parses args (without the subcommand name) and does the work.
+	run func(args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{}
+
+func register(c command) {
+	if _, dup := commands[c.name]; dup {
+		panic("train: command registered twice: " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// errUsage marks an error whose message is a usage problem (exit status 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	name := ""
+	if len(args) > 0 {
+		if c, ok := commands[args[0]]; ok {
+			name = c.name
+			args = args[1:]
+		} else if args[0] == "help" {
+			usage(stdout)
+			return 0
+		}
+	}
+	if name == "" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
+			usage(stdout)
+			return 0
+		}
+		c, ok := commands[""]
+		if !ok {
+			usage(stderr)
+			return 2
+		}
+		name = c.name
+	}
+	err := commands[name].run(args, stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, pflag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "train: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "train: %v\n", err)
+		return 1
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "tracegrpo: multi-trace GRPO for language-model agents.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Usage:")
+	fmt.Fprintln(w, "  train [flags]              run GRPO (the built-in task on the CPU by default)")
+	fmt.Fprintln(w, "  train COMMAND [flags]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Commands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		if n != "" {
+			names = append(names, n)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'train COMMAND --help' for a command's flags.")
+}
+
+// newFlags returns a flag set for a subcommand whose --help prints a synopsis
+// and the flags to stdout.
+func newFlags(name, synopsis string, stdout io.Writer) *pflag.FlagSet {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(stdout)
+	fs.SortFlags = false
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage: %s\n\n%s", synopsis, fs.FlagUsages())
+	}
+	return fs
+}

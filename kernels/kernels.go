@@ -1,0 +1,210 @@
+// Package kernels defines the compute backend interface that the model and the
+// optimizer run on. It holds no math and no cgo: kernels/cpu is the pure-Go
+// reference implementation, kernels/cuda runs the same ops on an NVIDIA GPU, and
+// kernels/kerneltest checks any backend against kernels/cpu.
+//
+// # Buffers
+//
+// A Buf is a small value naming a run of elements inside one backend
+// allocation: {Handle, Off, N, DType}. Slice cuts a view; it never copies. The
+// model cuts every view once from its parameter and activation tables and
+// allocates nothing inside the step loop.
+//
+// # Errors
+//
+// Ops do not return errors. A backend that hits a failure (a launch error, an
+// out-of-memory inside an op) records the first one and keeps it; Sync waits for
+// all queued work and returns that sticky error, then clears it, like
+// bufio.Writer. Shape or dtype misuse is a programmer error and panics.
+//
+// # Conventions
+//
+// Shapes are written outermost first with these letters: T tokens of a packed
+// micro-batch, C model width, OC output width, NH query heads, NKV key/value
+// heads, HD head dimension, V vocabulary, I MLP width, S packed sequences,
+// B decode batch. Each op documents whether an output is assigned (=) or
+// accumulated (+=). Gradients carry a d prefix. All float buffers are F32
+// unless an op says otherwise; token ids, positions and sequence offsets are
+// I32.
+package kernels
+
+import "fmt"
+
+// DType is an element type of a buffer.
+type DType uint8
+
+// The element types a backend stores.
+const (
+	F32 DType = iota + 1
+	BF16
+	I32
+)
+
+// Size returns the size of one element in bytes.
+func (d DType) Size() int {
+	switch d {
+	case F32, I32:
+		return 4
+	case BF16:
+		return 2
+	}
+	panic(fmt.Sprintf("kernels: unknown dtype %d", d))
+}
+
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "f32"
+	case BF16:
+		return "bf16"
+	case I32:
+		return "i32"
+	}
+	return fmt.Sprintf("dtype(%d)", d)
+}
+
+// Buf names N elements of type DType starting at element Off of the backend
+// allocation Handle. Handle is backend-specific (an allocation index on the
+// CPU, a device pointer on CUDA) and is meaningful only to the backend that
+// made it.
+type Buf struct {
+	Handle uintptr
+	Off    int
+	N      int
+	DType  DType
+}
+
+// Slice returns the view of n elements starting at element off of b.
+// It panics if the view does not lie inside b.
+func (b Buf) Slice(off, n int) Buf {
+	if off < 0 || n < 0 || off+n > b.N {
+		panic(fmt.Sprintf("kernels: Slice(%d, %d) of a %d-element buffer", off, n, b.N))
+	}
+	return Buf{Handle: b.Handle, Off: b.Off + off, N: n, DType: b.DType}
+}
+
+// Seqs describes the packed sequences of a micro-batch: sequence s holds tokens
+// [cu[s], cu[s+1]) of the packed stream, attends only within itself, and its
+// positions restart at 0 (like FlashAttention's varlen cu_seqlens).
+type Seqs struct {
+	CuSeqlens Buf // (S+1) I32, CuSeqlens[0] = 0, CuSeqlens[S] = T
+	S         int // number of sequences
+	MaxLen    int // longest sequence, for launch sizing
+}
+
+// AdamWStep holds the scalars of one AdamW update (decoupled weight decay,
+// torch.optim.AdamW order of operations):
+//
+//	g  = grad · GradScale
+//	p  = p · (1 − LR·WeightDecay)
+//	m  = β1·m + (1−β1)·g
+//	v  = β2·v + (1−β2)·g²
+//	p  = p − (LR/BiasCorrection1) · m / (sqrt(v)/sqrt(BiasCorrection2) + Eps)
+//
+// BiasCorrectionK is 1 − βK^step.
+type AdamWStep struct {
+	LR, Beta1, Beta2, Eps, WeightDecay float32
+	BiasCorrection1, BiasCorrection2   float32
+	GradScale                          float32
+}
+
+// Memory is the allocation and transfer half of a backend.
+type Memory interface {
+	// Name is a short backend name such as "cpu" or "cuda".
+	Name() string
+	// Alloc returns a zeroed buffer of n elements.
+	Alloc(dt DType, n int) (Buf, error)
+	// Free releases a buffer returned by Alloc (not a Slice of one).
+	Free(b Buf)
+	// UploadF32/UploadI32 copy host data into dst; len(src) must equal dst.N.
+	UploadF32(dst Buf, src []float32)
+	UploadI32(dst Buf, src []int32)
+	// DownloadF32/DownloadI32 wait for queued work and copy src to the host.
+	DownloadF32(dst []float32, src Buf)
+	DownloadI32(dst []int32, src Buf)
+	// Sync waits for all queued work and returns the first error recorded
+	// since the previous Sync, or nil.
+	Sync() error
+}
+
+// Ops are the forward/backward op pairs of the transformer and the optimizer.
+// The file that implements an op in each backend has the op's base name
+// (kernels/cpu/rmsnorm.go, kernels/cuda/csrc/rmsnorm.cu).
+type Ops interface {
+	// Embedding: out (T,C) = wte (V,C) [tokens (T)].
+	Embedding(out, wte, tokens Buf, T, C int)
+	// EmbeddingBackward: dwte (V,C) += scatter-add of dout (T,C) at tokens (T).
+	EmbeddingBackward(dwte, dout, tokens Buf, T, C int)
+
+	// RMSNorm over rows: out (N,C) = inp/rms(inp)·weight (C); rstd (N) = 1/rms.
+	// rms = sqrt(mean(inp²) + eps). Qwen3's per-head q/k norm is this op with
+	// N = T·NH and C = HD.
+	RMSNorm(out, rstd, inp, weight Buf, N, C int, eps float32)
+	// RMSNormBackward: dinp (N,C) +=, dweight (C) +=.
+	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buf, N, C int)
+
+	// Matmul: out (T,OC) = inp (T,C) · weight (OC,C)ᵀ (a Hugging Face Linear).
+	Matmul(out, inp, weight Buf, T, C, OC int)
+	// MatmulBackward: dinp (T,C) += dout (T,OC) · weight; dweight (OC,C) +=
+	// doutᵀ · inp. A zero-length dinp or dweight (N == 0) skips that half.
+	MatmulBackward(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
+
+	// Rope rotates x (T,H,HD) in place by position pos (T) with Hugging Face's
+	// "rotate half" convention: pairs (i, i+HD/2), angle pos·theta^(−2i/HD).
+	Rope(x, pos Buf, T, H, HD int, theta float32)
+	// RopeBackward rotates dx (T,H,HD) in place by the inverse angles.
+	RopeBackward(dx, pos Buf, T, H, HD int, theta float32)
+
+	// Attention: causal grouped-query attention over packed sequences with
+	// scale 1/sqrt(HD). Query head h reads key/value head h/(NH/NKV).
+	// out (T,NH,HD) =; lse (T,NH) = log-sum-exp of each query's scaled scores.
+	Attention(out, lse, q, k, v Buf, seqs Seqs, NH, NKV, HD int)
+	// AttentionBackward: dq (T,NH,HD) =, dk (T,NKV,HD) =, dv (T,NKV,HD) =.
+	AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buf, seqs Seqs, NH, NKV, HD int)
+	// AttentionDecode: one query per sequence against a KV cache.
+	// out (B,NH,HD) = attention of q (B,NH,HD) over kc, vc (B,Tmax,NKV,HD),
+	// rows [0, lens[b]) of sequence b (the current token's k/v already written).
+	AttentionDecode(out, q, kc, vc, lens Buf, B, Tmax, NH, NKV, HD int)
+
+	// SwiGLU: out (N) = silu(gate (N)) · up (N).
+	SwiGLU(out, gate, up Buf, N int)
+	// SwiGLUBackward: dgate (N) =, dup (N) =.
+	SwiGLUBackward(dgate, dup, dout, gate, up Buf, N int)
+
+	// Add: out (N) = a (N) + b (N). out may alias a or b.
+	Add(out, a, b Buf, N int)
+	// Accumulate: dst (N) += src (N).
+	Accumulate(dst, src Buf, N int)
+
+	// TokenLogprob: for each row t of hidden (T,C) with targets[t] ≥ 0, the
+	// logits z = hidden[t]·weight (V,C)ᵀ · invTemp are formed in vocabulary
+	// chunks (never all T×V at once) and
+	//   logprob (T) = z[targets[t]] − logsumexp(z),  lse (T) = logsumexp(z),
+	//   entropy (T) = −Σ softmax(z)·log softmax(z).
+	// Rows with targets[t] < 0 get 0 in all three outputs.
+	TokenLogprob(logprob, entropy, lse, hidden, weight, targets Buf, T, C, V int, invTemp float32)
+	// TokenLogprobBackward: given dlogprob (T), dhidden (T,C) += and
+	// dweight (V,C) +=. Rows with targets[t] < 0 contribute nothing.
+	TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse Buf, T, C, V int, invTemp float32)
+
+	// ScatterRows: dst[idx[i], :] = src[i, :] for src (N,W), idx (N) I32.
+	ScatterRows(dst, src, idx Buf, N, W int)
+	// Fill: x = v.
+	Fill(x Buf, v float32)
+	// Copy: dst = src (same length).
+	Copy(dst, src Buf)
+	// Scale: x *= s.
+	Scale(x Buf, s float32)
+
+	// AdamW updates param, m and v (N) in place from grad (N); see AdamWStep.
+	AdamW(param, grad, m, v Buf, step AdamWStep)
+	// SumSquares: out (1) = Σ x², accumulated at least in fp32 with a fixed
+	// reduction order (deterministic for a given backend and length).
+	SumSquares(out, x Buf)
+}
+
+// Backend is a device: memory plus ops.
+type Backend interface {
+	Memory
+	Ops
+}
