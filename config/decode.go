@@ -136,13 +136,43 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 			w.fail(n, "%s: want %s, found %s", path, typeName(t), describe(n))
 			return
 		}
+		if !tagFits(n, t) {
+			w.fail(n, "%s: want %s, found %s", path, typeName(t), describe(n))
+			return
+		}
 		nv := reflect.New(t)
+		if t.Kind() == reflect.String {
+			// OmegaConf converts any scalar into a string field.
+			nv.Elem().SetString(n.Value)
+			v.Set(nv.Elem())
+			return
+		}
 		if err := n.Decode(nv.Interface()); err != nil {
 			w.fail(n, "%s: want %s, found %s", path, typeName(t), describe(n))
 			return
 		}
 		v.Set(nv.Elem())
 	}
+}
+
+// tagFits reports whether scalar n may decode into kind t without loss: yaml.v3
+// alone would truncate 1.5 into an integer field.
+func tagFits(n *yaml.Node, t reflect.Type) bool {
+	if n.Kind != yaml.ScalarNode {
+		return true
+	}
+	tag := n.ShortTag()
+	switch t.Kind() {
+	case reflect.Bool:
+		return tag == "!!bool"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return tag == "!!int"
+	case reflect.Float32, reflect.Float64:
+		return tag == "!!int" || tag == "!!float"
+	case reflect.String:
+		return tag != "!!null"
+	}
+	return true
 }
 
 func typeName(t reflect.Type) string {

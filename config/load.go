@@ -187,14 +187,31 @@ func parseTree(name string, data []byte) (*yaml.Node, error) {
 	return t, nil
 }
 
-// checkTree rejects what the merge cannot represent: aliases, merge keys,
-// non-string and duplicate mapping keys.
+// maxTreeNodes bounds a tree after alias expansion (a "billion laughs" file).
+const maxTreeNodes = 1 << 20
+
+// checkTree expands aliases (OmegaConf sees the aliased value) and rejects what
+// the merge cannot represent: merge keys, non-scalar and duplicate mapping keys.
 func checkTree(name string, n *yaml.Node) error {
+	budget := maxTreeNodes
+	return checkNode(name, n, &budget, 0)
+}
+
+func checkNode(name string, n *yaml.Node, budget *int, depth int) error {
+	*budget--
+	if *budget < 0 || depth > 1000 {
+		return fmt.Errorf("config: %s:%d: document too large or too deep after expanding aliases", name, n.Line)
+	}
 	switch n.Kind {
 	case yaml.AliasNode:
-		// Expand aliases: OmegaConf sees the aliased value.
-		*n = *deepCopy(n.Alias)
-		return checkTree(name, n)
+		if n.Alias == nil {
+			return fmt.Errorf("config: %s:%d: unresolved alias", name, n.Line)
+		}
+		*n = *deepCopyBudget(n.Alias, budget, 0)
+		if *budget < 0 {
+			return fmt.Errorf("config: %s:%d: document too large after expanding aliases", name, n.Line)
+		}
+		return checkNode(name, n, budget, depth+1)
 	case yaml.MappingNode:
 		seen := map[string]bool{}
 		for i := 0; i < len(n.Content); i += 2 {
@@ -206,13 +223,13 @@ func checkTree(name string, n *yaml.Node) error {
 				return fmt.Errorf("config: %s:%d: duplicate key %q", name, k.Line, k.Value)
 			}
 			seen[k.Value] = true
-			if err := checkTree(name, n.Content[i+1]); err != nil {
+			if err := checkNode(name, n.Content[i+1], budget, depth+1); err != nil {
 				return err
 			}
 		}
 	case yaml.SequenceNode:
 		for _, c := range n.Content {
-			if err := checkTree(name, c); err != nil {
+			if err := checkNode(name, c, budget, depth+1); err != nil {
 				return err
 			}
 		}
@@ -261,6 +278,24 @@ func mapIndex(m *yaml.Node, key string) int {
 		}
 	}
 	return -1
+}
+
+// deepCopyBudget copies n, spending budget per node; it stops (returning a
+// partial copy) when the budget or depth runs out.
+func deepCopyBudget(n *yaml.Node, budget *int, depth int) *yaml.Node {
+	c := *n
+	*budget--
+	if *budget < 0 || depth > 1000 {
+		c.Content = nil
+		return &c
+	}
+	if n.Content != nil {
+		c.Content = make([]*yaml.Node, len(n.Content))
+		for i, e := range n.Content {
+			c.Content[i] = deepCopyBudget(e, budget, depth+1)
+		}
+	}
+	return &c
 }
 
 func deepCopy(n *yaml.Node) *yaml.Node {
