@@ -13,7 +13,8 @@
 //   - --set a.b=v overrides (Load's sets) apply after every file, in order. The
 //     value is typed by the schema: a string field keeps "123" as a string, an
 //     integer field refuses "1.5", a nullable field accepts "null"; lists and
-//     mappings are written in YAML flow style ("[0.9, 0.95]").
+//     mappings are written in YAML flow style ("[0.9, 0.95]"); a mapping value
+//     deep-merges into the mapping it overrides, as a file would.
 //   - ${a.b} interpolation and the ${mul:x,y} resolver are resolved last, over the
 //     whole merged tree, so a reference sees overrides (OmegaConf semantics). A
 //     value that is exactly one ${a.b} takes the referenced value with its type;

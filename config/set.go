@@ -69,7 +69,8 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 				if j < 0 {
 					cur.Content = append(cur.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: seg}, n)
 				} else {
-					cur.Content[j+1] = n
+					// A mapping merges into a mapping, as a file would.
+					cur.Content[j+1] = merge(cur.Content[j+1], n)
 				}
 				return nil
 			}
