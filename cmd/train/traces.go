@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+
+	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/gym"
+)
+
+func init() {
+	register(command{
+		name:    "traces",
+		summary: "finalize Gym rollout records into training_traces envelopes",
+		run:     runTraces,
+	})
+}
+
+// tracesSummary counts what one traces run produced.
+type tracesSummary struct {
+	rollouts, delivered, prebuilt, traces, masked int
+	byReason                                      map[string]int
+}
+
+func runTraces(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("traces", "train traces --captures DIR --rollouts FILE [--builder prefix_merging|per_request] [--out FILE]", stdout)
+	captures := fs.String("captures", "", "NeMo Gym token-capture directory (<rollout_id>.tokens.jsonl[.zst], intents, state)")
+	rollouts := fs.String("rollouts", "", "rollout records JSONL written by Gym's rollout collection ('-' for stdin)")
+	builder := fs.String("builder", gym.BuilderPrefixMerging, "trace builder: prefix_merging or per_request")
+	out := fs.String("out", "", "output JSONL (default stdout)")
+	rebuild := fs.Bool("rebuild", false, "rebuild from the captures even when a record already carries training_traces")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: traces: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: traces: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *captures == "" || *rollouts == "" {
+		return fmt.Errorf("%w: traces: --captures and --rollouts are required", errUsage)
+	}
+	if *builder != gym.BuilderPrefixMerging && *builder != gym.BuilderPerRequest {
+		return fmt.Errorf("%w: traces: --builder must be %s or %s, not %q", errUsage, gym.BuilderPrefixMerging, gym.BuilderPerRequest, *builder)
+	}
+	src, err := gym.NewReader(*captures)
+	if err != nil {
+		return fmt.Errorf("traces: %w", err)
+	}
+	var in io.Reader
+	name := *rollouts
+	if name == "-" {
+		in, name = os.Stdin, "<stdin>"
+	} else {
+		f, err := os.Open(name)
+		if err != nil {
+			return fmt.Errorf("traces: %w", err)
+		}
+		defer f.Close()
+		in = f
+	}
+	var w io.Writer = stdout
+	var outFile *os.File
+	if *out != "" {
+		outFile, err = os.Create(*out)
+		if err != nil {
+			return fmt.Errorf("traces: %w", err)
+		}
+		defer outFile.Close()
+		w = outFile
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	sum, err := finalizeRecords(gym.NewRecordReader(in, name), src, *builder, *rebuild, bw)
+	if ferr := bw.Flush(); err == nil && ferr != nil {
+		err = fmt.Errorf("traces: write: %w", ferr)
+	}
+	if outFile != nil {
+		if cerr := outFile.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("traces: %w", cerr)
+		}
+	}
+	printSummary(stderr, sum)
+	return err
+}
+
+// finalizeRecords finalizes every record of rr and writes one JSON line per
+// record to w. It stops at the first error (bad input, not a mask).
+func finalizeRecords(rr *gym.RecordReader, src gym.Source, builder string, rebuild bool, w io.Writer) (tracesSummary, error) {
+	sum := tracesSummary{byReason: map[string]int{}}
+	var line []byte
+	for {
+		rec, err := rr.Next()
+		if err == io.EOF {
+			return sum, nil
+		}
+		if err != nil {
+			return sum, fmt.Errorf("traces: %w", err)
+		}
+		var res *gym.Finalized
+		if rebuild {
+			res, err = gym.Refinalize(rec, src, builder)
+		} else {
+			res, err = gym.Finalize(rec, src, builder)
+		}
+		if err != nil {
+			return sum, fmt.Errorf("traces: %w", err)
+		}
+		sum.rollouts++
+		switch {
+		case res.Masked:
+			sum.masked++
+			sum.byReason[res.Reason]++
+		default:
+			sum.delivered++
+			sum.traces += len(res.Envelope.Traces)
+			if res.Prebuilt {
+				sum.prebuilt++
+			}
+		}
+		line = rec.AppendJSON(line[:0])
+		line = append(line, '\n')
+		if _, err := w.Write(line); err != nil {
+			return sum, fmt.Errorf("traces: write: %w", err)
+		}
+	}
+}
+
+func printSummary(w io.Writer, s tracesSummary) {
+	fmt.Fprintf(w, "traces: %d rollouts, %d delivered (%d already attached), %d traces, %d masked\n",
+		s.rollouts, s.delivered, s.prebuilt, s.traces, s.masked)
+	reasons := make([]string, 0, len(s.byReason))
+	for r := range s.byReason {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(w, "traces:   masked %-22s %d\n", r, s.byReason[r])
+	}
+}

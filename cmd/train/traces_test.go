@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/gym"
+)
+
+func stampedCall(rid, id string, prompt, gen []int32, parent string) *gym.TokenEntry {
+	e := &gym.TokenEntry{SchemaVersion: 3, RolloutID: rid, ModelCallID: id, Model: "policy",
+		PromptTokenIDs: prompt, GenerationTokenIDs: gen}
+	for i := range gen {
+		e.GenerationLogProbs = append(e.GenerationLogProbs, -0.5-float64(i))
+	}
+	e.Stamp()
+	if parent == "" {
+		r := gym.ParentRoot
+		e.ParentResolution = &r
+	} else {
+		r := gym.ParentResolved
+		e.ParentResolution, e.ParentCallID = &r, &parent
+	}
+	return e
+}
+
+// tracesFixture writes a capture store and a rollouts file: rollout 0-0 is
+// the spec §3.4 example, 0-1 is incomplete (a dangling intent), 0-2 has
+// nothing captured.
+func tracesFixture(t *testing.T, extraRecord string) (captures, rollouts string) {
+	t.Helper()
+	dir := t.TempDir()
+	captures = filepath.Join(dir, "captures")
+	w, err := gym.NewWriter(captures)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetFsync(false)
+	for _, e := range []*gym.TokenEntry{
+		stampedCall("0-0", "a", []int32{1, 2}, []int32{10, 11}, ""),
+		stampedCall("0-0", "b", []int32{1, 2, 10, 11, 3}, []int32{12}, "a"),
+		stampedCall("0-0", "c", []int32{1, 2, 10, 11, 4}, []int32{13, 14}, "a"),
+		stampedCall("0-0", "d", []int32{5, 6}, []int32{15}, ""),
+		stampedCall("0-1", "a", []int32{1}, []int32{2}, ""),
+	} {
+		if err := w.Put(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.BeginCall("0-1", "lost"); err != nil {
+		t.Fatal(err)
+	}
+	rollouts = filepath.Join(dir, "rollouts.jsonl")
+	recs := `{"reward":1.0,"response":{"output":[]},"_ng_task_index":0,"_ng_rollout_index":0}
+{"reward":0.0,"_ng_task_index":0,"_ng_rollout_index":1,"training_traces":{"stale":true}}
+{"reward":0.5,"_ng_task_index":0,"_ng_rollout_index":2}
+` + extraRecord
+	if err := os.WriteFile(rollouts, []byte(recs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return captures, rollouts
+}
+
+func TestTracesCommand(t *testing.T) {
+	for _, builder := range []string{gym.BuilderPrefixMerging, gym.BuilderPerRequest} {
+		t.Run(builder, func(t *testing.T) {
+			captures, rollouts := tracesFixture(t, "")
+			out := filepath.Join(filepath.Dir(rollouts), "out.jsonl")
+			var stdout, stderr bytes.Buffer
+			code := run([]string{"traces", "--captures", captures, "--rollouts", rollouts, "--builder", builder,
+				"--out", out, "--rebuild"}, &stdout, &stderr)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			b, _ := os.ReadFile(out)
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			if len(lines) != 3 {
+				t.Fatalf("%d output lines", len(lines))
+			}
+			var recs []map[string]any
+			for _, l := range lines {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(l), &m); err != nil {
+					t.Fatal(err)
+				}
+				recs = append(recs, m)
+			}
+			env, ok := recs[0]["training_traces"].(map[string]any)
+			wantTraces := map[string]int{gym.BuilderPrefixMerging: 3, gym.BuilderPerRequest: 4}[builder]
+			if !ok || len(env["traces"].([]any)) != wantTraces || env["builder"] != builder || recs[0]["reward"] != 1.0 {
+				t.Fatalf("rollout 0-0: %v", recs[0])
+			}
+			if recs[1]["mask_sample"] != true || recs[1]["training_traces"] != nil ||
+				recs[1]["_ng_token_capture"].(map[string]any)["reason"] != gym.ReasonCaptureIncomplete {
+				t.Fatalf("rollout 0-1: %v", recs[1])
+			}
+			if recs[2]["mask_sample"] != true || recs[2]["_ng_token_capture"].(map[string]any)["reason"] != gym.ReasonNothingRecorded {
+				t.Fatalf("rollout 0-2: %v", recs[2])
+			}
+			for _, want := range []string{"3 rollouts, 1 delivered", "masked capture_incomplete", "masked nothing_recorded"} {
+				if !strings.Contains(stderr.String(), want) {
+					t.Fatalf("summary lacks %q:\n%s", want, stderr.String())
+				}
+			}
+			// Feeding the output back validates the attached envelopes.
+			stdout.Reset()
+			stderr.Reset()
+			code = run([]string{"traces", "--captures", captures, "--rollouts", out}, &stdout, &stderr)
+			if code != 0 || !strings.Contains(stderr.String(), "(1 already attached)") {
+				t.Fatalf("re-run exit %d: %s", code, stderr.String())
+			}
+			if stdout.String() != string(b) {
+				t.Fatalf("re-run changed records:\n%s\nvs\n%s", stdout.String(), b)
+			}
+		})
+	}
+}
+
+func TestTracesCommandErrors(t *testing.T) {
+	cases := []struct {
+		name, extra string
+		args        []string
+		code        int
+		want        string
+	}{
+		{"no key", `{"reward":1}` + "\n", nil, 1, "rollouts.jsonl:4: gym: no capture correlation key"},
+		{"malformed id", `{"_ng_rollout_id":"a/../b"}` + "\n", nil, 1, `rollouts.jsonl:4: field _ng_rollout_id: gym: malformed rollout id`},
+		{"bad json", `{"reward":1,}` + "\n", nil, 1, "rollouts.jsonl:4:"},
+		{"bad index type", `{"_ng_task_index":1.5,"_ng_rollout_index":0}` + "\n", nil, 1, "rollouts.jsonl:4: field _ng_task_index: expected an integer, found number 1.5"},
+		{"bad builder", "", []string{"--builder", "main_chain"}, 2, "--builder must be"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			captures, rollouts := tracesFixture(t, tc.extra)
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"traces", "--rebuild", "--captures", captures, "--rollouts", rollouts}, tc.args...)
+			code := run(args, &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("exit %d, stderr:\n%s\nwant %d and %q", code, stderr.String(), tc.code, tc.want)
+			}
+		})
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"traces", "--rollouts", "x"}, &stdout, &stderr); code != 2 {
+		t.Fatalf("missing --captures: exit %d", code)
+	}
+	if code := run([]string{"traces", "--help"}, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "--builder") {
+		t.Fatalf("--help: exit %d %s", code, stdout.String())
+	}
+}

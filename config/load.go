@@ -1,0 +1,378 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Loaded is a loaded configuration: the typed values and what was skipped.
+type Loaded struct {
+	Config Config
+	// Files are the files read, parents before children, in merge order.
+	Files []string
+	// Ignored lists, sorted, the key paths accepted but not used by tracegrpo
+	// (each subtree once, by its root).
+	Ignored []string
+}
+
+// maxDefaultsDepth bounds `defaults:` chains (a cycle is reported before this).
+const maxDefaultsDepth = 64
+
+// Load reads files (merged in order, later over earlier, all over Default()),
+// applies sets ("a.b=v", in order), resolves interpolations and decodes the
+// result. With no files it loads Default() plus the sets.
+func Load(files []string, sets []string) (*Loaded, error) {
+	ld := &loader{origin: map[*yaml.Node]string{}}
+	root, err := ld.defaultsTree()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range files {
+		t, err := ld.loadFile(f, nil)
+		if err != nil {
+			return nil, err
+		}
+		root = merge(root, t)
+	}
+	for _, s := range sets {
+		if err := ld.applySet(root, s); err != nil {
+			return nil, err
+		}
+	}
+	if err := ld.resolveAll(root); err != nil {
+		return nil, err
+	}
+	out := &Loaded{Files: ld.files}
+	w := &walker{ld: ld, ignored: map[string]bool{}}
+	w.decodeStruct(root, valueOf(&out.Config), "")
+	if len(w.errs) > 0 {
+		return nil, errors.Join(w.errs...)
+	}
+	out.Ignored = sortedKeys(w.ignored)
+	return out, nil
+}
+
+// loader holds the origin (file name) of every node, for error messages.
+type loader struct {
+	origin map[*yaml.Node]string
+	files  []string
+}
+
+// where names a node's origin as "file:line".
+func (ld *loader) where(n *yaml.Node) string {
+	if n == nil {
+		return "config"
+	}
+	f, ok := ld.origin[n]
+	if !ok {
+		return "defaults"
+	}
+	if f == "--set" {
+		return f
+	}
+	return fmt.Sprintf("%s:%d", f, n.Line)
+}
+
+func (ld *loader) mark(n *yaml.Node, file string) {
+	ld.origin[n] = file
+	for _, c := range n.Content {
+		ld.mark(c, file)
+	}
+}
+
+// loadFile parses path and merges it over its `defaults:` parents.
+func (ld *loader) loadFile(path string, stack []string) (*yaml.Node, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", path, err)
+	}
+	for _, s := range stack {
+		if s == abs {
+			return nil, fmt.Errorf("config: %s: defaults cycle: %s -> %s", path, strings.Join(stack, " -> "), abs)
+		}
+	}
+	if len(stack) >= maxDefaultsDepth {
+		return nil, fmt.Errorf("config: %s: defaults nested deeper than %d files", path, maxDefaultsDepth)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	t, err := parseTree(path, data)
+	if err != nil {
+		return nil, err
+	}
+	ld.mark(t, path)
+	var parents []string
+	for i := 0; i < len(t.Content); i += 2 {
+		if t.Content[i].Value != "defaults" {
+			continue
+		}
+		v := t.Content[i+1]
+		switch {
+		case v.Kind == yaml.ScalarNode && v.Tag == "!!null":
+		case v.Kind == yaml.ScalarNode:
+			parents = append(parents, v.Value)
+		case v.Kind == yaml.SequenceNode:
+			for _, e := range v.Content {
+				if e.Kind != yaml.ScalarNode || e.Tag == "!!null" {
+					return nil, fmt.Errorf("config: %s:%d: defaults: want a file name, found %s", path, e.Line, describe(e))
+				}
+				parents = append(parents, e.Value)
+			}
+		default:
+			return nil, fmt.Errorf("config: %s:%d: defaults: want a file name or a list of them, found %s", path, v.Line, describe(v))
+		}
+		t.Content = append(t.Content[:i], t.Content[i+2:]...)
+		break
+	}
+	var base *yaml.Node
+	for _, p := range parents {
+		pp := p
+		if !filepath.IsAbs(pp) {
+			pp = filepath.Join(filepath.Dir(path), pp)
+		}
+		pt, err := ld.loadFile(pp, append(stack, abs))
+		if err != nil {
+			return nil, err
+		}
+		if base == nil {
+			base = pt
+		} else {
+			base = merge(base, pt)
+		}
+	}
+	ld.files = append(ld.files, path)
+	if base == nil {
+		return t, nil
+	}
+	return merge(base, t), nil
+}
+
+// parseTree parses one YAML document whose top level must be a mapping (an
+// empty document is an empty mapping).
+func parseTree(name string, data []byte) (*yaml.Node, error) {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}, nil
+		}
+		return nil, fmt.Errorf("config: %s: %w", name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fmt.Errorf("config: %s:%d: want one YAML document, found a second", name, extra.Line)
+	}
+	if doc.Kind != yaml.DocumentNode || len(doc.Content) != 1 {
+		return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}, nil
+	}
+	t := doc.Content[0]
+	if t.Kind == yaml.ScalarNode && t.Tag == "!!null" {
+		return &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}, nil
+	}
+	if t.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("config: %s:%d: want a mapping at the top level, found %s", name, t.Line, describe(t))
+	}
+	if err := checkTree(name, t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// maxTreeNodes bounds a tree after alias expansion (a "billion laughs" file).
+const maxTreeNodes = 1 << 20
+
+// checkTree expands aliases (OmegaConf sees the aliased value) and rejects what
+// the merge cannot represent: merge keys, non-scalar and duplicate mapping keys.
+func checkTree(name string, n *yaml.Node) error {
+	budget := maxTreeNodes
+	return checkNode(name, n, &budget, 0)
+}
+
+func checkNode(name string, n *yaml.Node, budget *int, depth int) error {
+	*budget--
+	if *budget < 0 || depth > 1000 {
+		return fmt.Errorf("config: %s:%d: document too large or too deep after expanding aliases", name, n.Line)
+	}
+	switch n.Kind {
+	case yaml.AliasNode:
+		if n.Alias == nil {
+			return fmt.Errorf("config: %s:%d: unresolved alias", name, n.Line)
+		}
+		*n = *deepCopyBudget(n.Alias, budget, 0)
+		if *budget < 0 {
+			return fmt.Errorf("config: %s:%d: document too large after expanding aliases", name, n.Line)
+		}
+		return checkNode(name, n, budget, depth+1)
+	case yaml.MappingNode:
+		seen := map[string]bool{}
+		for i := 0; i < len(n.Content); i += 2 {
+			k := n.Content[i]
+			if k.Kind != yaml.ScalarNode || k.Tag == "!!merge" {
+				return fmt.Errorf("config: %s:%d: unsupported mapping key %s", name, k.Line, describe(k))
+			}
+			if seen[k.Value] {
+				return fmt.Errorf("config: %s:%d: duplicate key %q", name, k.Line, k.Value)
+			}
+			seen[k.Value] = true
+			if err := checkNode(name, n.Content[i+1], budget, depth+1); err != nil {
+				return err
+			}
+		}
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			if err := checkNode(name, c, budget, depth+1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "null"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "an unsupported YAML node"
+}
+
+// merge deep-merges src over dst and returns dst: mappings merge key by key;
+// anything else replaces.
+func merge(dst, src *yaml.Node) *yaml.Node {
+	if dst == nil || dst.Kind != yaml.MappingNode || src.Kind != yaml.MappingNode {
+		return src
+	}
+	for i := 0; i < len(src.Content); i += 2 {
+		k, v := src.Content[i], src.Content[i+1]
+		j := mapIndex(dst, k.Value)
+		if j < 0 {
+			dst.Content = append(dst.Content, k, v)
+			continue
+		}
+		dst.Content[j+1] = merge(dst.Content[j+1], v)
+	}
+	return dst
+}
+
+// mapIndex is the index of key's key node in mapping m, or -1.
+func mapIndex(m *yaml.Node, key string) int {
+	for i := 0; i < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// deepCopyBudget copies n, spending budget per node; it stops (returning a
+// partial copy) when the budget or depth runs out.
+func deepCopyBudget(n *yaml.Node, budget *int, depth int) *yaml.Node {
+	c := *n
+	*budget--
+	if *budget < 0 || depth > 1000 {
+		c.Content = nil
+		return &c
+	}
+	if n.Content != nil {
+		c.Content = make([]*yaml.Node, len(n.Content))
+		for i, e := range n.Content {
+			c.Content[i] = deepCopyBudget(e, budget, depth+1)
+		}
+	}
+	return &c
+}
+
+func deepCopy(n *yaml.Node) *yaml.Node {
+	c := *n
+	if n.Content != nil {
+		c.Content = make([]*yaml.Node, len(n.Content))
+		for i, e := range n.Content {
+			c.Content[i] = deepCopy(e)
+		}
+	}
+	return &c
+}
+
+// defaultLinks are the defaults that NeMo RL's recipes write as references,
+// kept as references so that overriding the target moves them too.
+var defaultLinks = map[string]string{
+	"grpo.adv_estimator.normalize_rewards":             "${grpo.normalize_rewards}",
+	"grpo.adv_estimator.use_leave_one_out_baseline":    "${grpo.use_leave_one_out_baseline}",
+	"policy.megatron_cfg.optimizer.clip_grad":          "${policy.max_grad_norm}",
+	"policy.megatron_cfg.scheduler.start_weight_decay": "${policy.megatron_cfg.optimizer.weight_decay}",
+	"policy.megatron_cfg.scheduler.end_weight_decay":   "${policy.megatron_cfg.optimizer.weight_decay}",
+	"policy.generation.max_new_tokens":                 "${policy.max_total_sequence_length}",
+}
+
+// defaultsTree is Default() as a YAML tree, with defaultLinks in place.
+func (ld *loader) defaultsTree() (*yaml.Node, error) {
+	d := Default()
+	var n yaml.Node
+	if err := n.Encode(&d); err != nil {
+		return nil, fmt.Errorf("config: encode defaults: %w", err)
+	}
+	for path, ref := range defaultLinks {
+		v := lookup(&n, splitPath(path))
+		if v == nil {
+			return nil, fmt.Errorf("config: default link %s: no such key", path)
+		}
+		*v = yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: ref}
+	}
+	return &n, nil
+}
+
+// splitPath splits "a.b.0.c" into segments.
+func splitPath(p string) []string { return strings.Split(p, ".") }
+
+// lookup finds the node at path (mapping keys; decimal indices into lists).
+func lookup(n *yaml.Node, path []string) *yaml.Node {
+	for _, seg := range path {
+		switch n.Kind {
+		case yaml.MappingNode:
+			j := mapIndex(n, seg)
+			if j < 0 {
+				return nil
+			}
+			n = n.Content[j+1]
+		case yaml.SequenceNode:
+			i, ok := index(seg)
+			if !ok || i >= len(n.Content) {
+				return nil
+			}
+			n = n.Content[i]
+		default:
+			return nil
+		}
+	}
+	return n
+}
+
+func index(seg string) (int, bool) {
+	if seg == "" || len(seg) > 9 {
+		return 0, false
+	}
+	i := 0
+	for _, c := range seg {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		i = i*10 + int(c-'0')
+	}
+	return i, true
+}

@@ -1,0 +1,305 @@
+package config
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// Optimizer is the normalized optimizer of either recipe kind. Both are Adam
+// with decoupled weight decay (AdamW): Megatron's "adam" and torch.optim.AdamW
+// implement the same update.
+type Optimizer struct {
+	// Source is "megatron" (policy.megatron_cfg.optimizer) or "torch"
+	// (policy.optimizer).
+	Source      string
+	LR          float64 // peak learning rate
+	MinLR       float64 // floor of a decaying Megatron schedule; 0 for torch
+	WeightDecay float64 // initial weight decay (see Schedule.WeightDecay)
+	Beta1       float64
+	Beta2       float64
+	Eps         float64
+	// ClipGrad is the global gradient-norm limit; 0 means no clipping
+	// (policy.max_grad_norm null).
+	ClipGrad float64
+}
+
+// Schedule is the normalized learning-rate and weight-decay schedule, counted
+// in scheduler ticks. tracegrpo ticks once per GRPO step (spec §7.2: the
+// scheduler advances by the logical rollout count, which the guards make equal
+// to train_global_batch_size, i.e. one Megatron iteration). The LR used by the
+// step with index k (0-based) is LR(k): NeMo RL reads the LR before stepping.
+type Schedule struct {
+	// Style is "megatron" (Megatron's OptimizerParamScheduler) or "phases"
+	// (torch LinearLR/ConstantLR, chained by SequentialLR milestones).
+	Style string
+
+	// Megatron style.
+	MaxLR, MinLR float64
+	WarmupInit   float64 // LR at tick 0 when WarmupIters > 0
+	WarmupIters  int64
+	DecayIters   int64  // ticks until MinLR; lr_decay_iters, else grpo.max_num_steps
+	DecayStyle   string // constant | linear | cosine | inverse-square-root
+	StartWD      float64
+	EndWD        float64
+	WDIncrStyle  string // constant | linear | cosine
+	WDIncrIters  int64  // grpo.max_num_steps (Megatron's train_iters)
+
+	// Phases style: the LR is BaseLR × the factor of the phase in force. Phase i
+	// is in force from tick Phases[i].Start (0 for the first) to the next
+	// phase's Start, and is evaluated at its local tick (tick − Start), as
+	// torch's SequentialLR does. The weight decay is constant.
+	BaseLR float64
+	Phases []LRPhase
+	WD     float64
+}
+
+// LRPhase is one torch scheduler in a "phases" schedule.
+type LRPhase struct {
+	Start int64
+	// Kind "linear": factor goes from StartFactor to EndFactor over TotalIters
+	// ticks, then stays at EndFactor (torch LinearLR). Kind "constant": factor
+	// is StartFactor for the first TotalIters ticks, then 1 (torch ConstantLR).
+	Kind        string
+	StartFactor float64
+	EndFactor   float64
+	TotalIters  int64
+}
+
+// LR is the learning rate used at tick k (k >= 0).
+func (s *Schedule) LR(k int64) float64 {
+	if s.Style == "phases" {
+		i := sort.Search(len(s.Phases), func(i int) bool { return s.Phases[i].Start > k }) - 1
+		if i < 0 {
+			i = 0
+		}
+		p := s.Phases[i]
+		local := k - p.Start
+		switch p.Kind {
+		case "linear":
+			if p.TotalIters <= 0 || local >= p.TotalIters {
+				return s.BaseLR * p.EndFactor
+			}
+			return s.BaseLR * (p.StartFactor + (p.EndFactor-p.StartFactor)*float64(local)/float64(p.TotalIters))
+		default:
+			if local < p.TotalIters {
+				return s.BaseLR * p.StartFactor
+			}
+			return s.BaseLR
+		}
+	}
+	if s.WarmupIters > 0 && k <= s.WarmupIters {
+		return s.WarmupInit + (s.MaxLR-s.WarmupInit)*float64(k)/float64(s.WarmupIters)
+	}
+	if s.DecayStyle == "constant" {
+		return s.MaxLR
+	}
+	if k > s.DecayIters {
+		return s.MinLR
+	}
+	if s.DecayStyle == "inverse-square-root" {
+		w := math.Max(float64(s.WarmupIters), 1)
+		n := math.Max(float64(k), 1)
+		return math.Max(s.MinLR, s.MaxLR*math.Sqrt(w)/math.Sqrt(n))
+	}
+	ratio := float64(k-s.WarmupIters) / float64(s.DecayIters-s.WarmupIters)
+	coeff := 1 - ratio
+	if s.DecayStyle == "cosine" {
+		coeff = 0.5 * (math.Cos(math.Pi*ratio) + 1)
+	}
+	return s.MinLR + coeff*(s.MaxLR-s.MinLR)
+}
+
+// WeightDecay is the weight decay used at tick k.
+func (s *Schedule) WeightDecay(k int64) float64 {
+	if s.Style == "phases" {
+		return s.WD
+	}
+	if k > s.WDIncrIters || s.WDIncrStyle == "constant" || s.WDIncrIters <= 0 {
+		if s.WDIncrStyle == "constant" {
+			return s.StartWD
+		}
+		return s.EndWD
+	}
+	r := float64(k) / float64(s.WDIncrIters)
+	coeff := r
+	if s.WDIncrStyle == "cosine" {
+		coeff = 0.5 * (math.Cos(math.Pi*(1-r)) + 1)
+	}
+	return s.StartWD + coeff*(s.EndWD-s.StartWD)
+}
+
+// Optim normalizes the optimizer and schedule: from policy.megatron_cfg when
+// it is enabled, else from policy.optimizer and policy.scheduler.
+func (c *Config) Optim() (Optimizer, Schedule, error) {
+	clip := 0.0
+	if c.Policy.MaxGradNorm != nil {
+		clip = *c.Policy.MaxGradNorm
+	}
+	if c.Policy.MegatronCfg.Enabled {
+		return c.megatronOptim()
+	}
+	o := c.Policy.Optimizer
+	if o == nil {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer is null and policy.megatron_cfg.enabled is false: no optimizer configured")
+	}
+	if o.Name != TorchAdamW {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer.name: tracegrpo implements %s, found %q", TorchAdamW, o.Name)
+	}
+	k := o.Kwargs
+	if len(k.Betas) != 2 {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer.kwargs.betas: want 2 numbers, found %d", len(k.Betas))
+	}
+	opt := Optimizer{Source: "torch", LR: k.LR, WeightDecay: k.WeightDecay, Beta1: k.Betas[0], Beta2: k.Betas[1], Eps: k.Eps, ClipGrad: clip}
+	if err := opt.check("policy.optimizer.kwargs"); err != nil {
+		return Optimizer{}, Schedule{}, err
+	}
+	sch, err := torchSchedule(c.Policy.Scheduler)
+	if err != nil {
+		return Optimizer{}, Schedule{}, err
+	}
+	sch.BaseLR, sch.WD = k.LR, k.WeightDecay
+	return opt, sch, nil
+}
+
+func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
+	m, s := c.Policy.MegatronCfg.Optimizer, c.Policy.MegatronCfg.Scheduler
+	if m.Optimizer != "adam" {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.megatron_cfg.optimizer.optimizer: tracegrpo implements \"adam\", found %q", m.Optimizer)
+	}
+	clip := 0.0
+	if m.ClipGrad != nil {
+		clip = *m.ClipGrad
+	}
+	opt := Optimizer{Source: "megatron", LR: m.LR, MinLR: m.MinLR, WeightDecay: m.WeightDecay, Beta1: m.AdamBeta1, Beta2: m.AdamBeta2, Eps: m.AdamEps, ClipGrad: clip}
+	if err := opt.check("policy.megatron_cfg.optimizer"); err != nil {
+		return Optimizer{}, Schedule{}, err
+	}
+	const p = "policy.megatron_cfg.scheduler"
+	sch := Schedule{Style: "megatron", MaxLR: m.LR, MinLR: m.MinLR, WarmupInit: s.LRWarmupInit, WarmupIters: s.LRWarmupIters,
+		DecayStyle: s.LRDecayStyle, WDIncrStyle: s.WeightDecayIncrStyle, WDIncrIters: int64(c.GRPO.MaxNumSteps)}
+	sch.DecayIters = int64(c.GRPO.MaxNumSteps)
+	if s.LRDecayIters != nil {
+		sch.DecayIters = *s.LRDecayIters
+	}
+	sch.StartWD, sch.EndWD = m.WeightDecay, m.WeightDecay
+	if s.StartWeightDecay != nil {
+		sch.StartWD = *s.StartWeightDecay
+	}
+	if s.EndWeightDecay != nil {
+		sch.EndWD = *s.EndWeightDecay
+	}
+	switch s.LRDecayStyle {
+	case "constant", "linear", "cosine", "inverse-square-root":
+	default:
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.lr_decay_style: want constant, linear, cosine or inverse-square-root, found %q", p, s.LRDecayStyle)
+	}
+	switch s.WeightDecayIncrStyle {
+	case "constant":
+		if sch.StartWD != sch.EndWD {
+			return Optimizer{}, Schedule{}, fmt.Errorf("config: %s: weight_decay_incr_style constant needs start_weight_decay == end_weight_decay, found %g and %g", p, sch.StartWD, sch.EndWD)
+		}
+	case "linear", "cosine":
+	default:
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.weight_decay_incr_style: want constant, linear or cosine, found %q", p, s.WeightDecayIncrStyle)
+	}
+	if sch.WarmupIters < 0 {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.lr_warmup_iters: want >= 0, found %d", p, sch.WarmupIters)
+	}
+	if s.LRDecayStyle != "constant" && s.LRDecayStyle != "inverse-square-root" && sch.DecayIters <= sch.WarmupIters {
+		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.lr_decay_iters: want > lr_warmup_iters (%d), found %d", p, sch.WarmupIters, sch.DecayIters)
+	}
+	return opt, sch, nil
+}
+
+func (o *Optimizer) check(p string) error {
+	bad := func(k string, v float64, want string) error {
+		return fmt.Errorf("config: %s.%s: want %s, found %g", p, k, want, v)
+	}
+	switch {
+	case !(o.LR >= 0) || math.IsInf(o.LR, 0):
+		return bad("lr", o.LR, "a finite number >= 0")
+	case !(o.Beta1 >= 0 && o.Beta1 < 1):
+		return bad("beta1", o.Beta1, "0 <= beta1 < 1")
+	case !(o.Beta2 >= 0 && o.Beta2 < 1):
+		return bad("beta2", o.Beta2, "0 <= beta2 < 1")
+	case !(o.Eps > 0):
+		return bad("eps", o.Eps, "> 0")
+	case !(o.WeightDecay >= 0):
+		return bad("weight_decay", o.WeightDecay, ">= 0")
+	case !(o.ClipGrad >= 0):
+		return bad("clip_grad", o.ClipGrad, ">= 0")
+	}
+	return nil
+}
+
+// torchSchedule reads NeMo RL's policy.scheduler list.
+func torchSchedule(list []TorchScheduler) (Schedule, error) {
+	const p = "policy.scheduler"
+	s := Schedule{Style: "phases"}
+	var milestones []int64
+	haveMilestones := false
+	for i, e := range list {
+		if e.Milestones != nil || (e.Name == "" && e.Kwargs == nil) {
+			if e.Name != "" || e.Kwargs != nil || haveMilestones {
+				return Schedule{}, fmt.Errorf("config: %s.%d: want one entry holding only milestones", p, i)
+			}
+			milestones, haveMilestones = e.Milestones, true
+			continue
+		}
+		k := SchedulerKwargs{}
+		if e.Kwargs != nil {
+			k = *e.Kwargs
+		}
+		ph := LRPhase{}
+		switch e.Name {
+		case TorchLinearLR:
+			// torch defaults: start_factor 1/3, end_factor 1, total_iters 5.
+			ph = LRPhase{Kind: "linear", StartFactor: 1.0 / 3, EndFactor: 1, TotalIters: 5}
+			if k.StartFactor != nil {
+				ph.StartFactor = *k.StartFactor
+			}
+			if k.EndFactor != nil {
+				ph.EndFactor = *k.EndFactor
+			}
+			if k.Factor != nil {
+				return Schedule{}, fmt.Errorf("config: %s.%d.kwargs.factor: LinearLR has no factor", p, i)
+			}
+		case TorchConstantLR:
+			// torch defaults: factor 1/3, total_iters 5.
+			ph = LRPhase{Kind: "constant", StartFactor: 1.0 / 3, EndFactor: 1, TotalIters: 5}
+			if k.Factor != nil {
+				ph.StartFactor = *k.Factor
+			}
+			if k.StartFactor != nil || k.EndFactor != nil {
+				return Schedule{}, fmt.Errorf("config: %s.%d.kwargs: ConstantLR takes factor and total_iters only", p, i)
+			}
+		default:
+			return Schedule{}, fmt.Errorf("config: %s.%d.name: tracegrpo implements %s and %s, found %q", p, i, TorchLinearLR, TorchConstantLR, e.Name)
+		}
+		if k.TotalIters != nil {
+			ph.TotalIters = *k.TotalIters
+		}
+		if ph.TotalIters < 0 {
+			return Schedule{}, fmt.Errorf("config: %s.%d.kwargs.total_iters: want >= 0, found %d", p, i, ph.TotalIters)
+		}
+		s.Phases = append(s.Phases, ph)
+	}
+	if len(s.Phases) == 0 {
+		// No scheduler: a constant learning rate.
+		s.Phases = []LRPhase{{Kind: "constant", StartFactor: 1, EndFactor: 1}}
+		return s, nil
+	}
+	if len(s.Phases) > 1 || haveMilestones {
+		if len(milestones) != len(s.Phases)-1 {
+			return Schedule{}, fmt.Errorf("config: %s: %d schedulers need %d milestones, found %d", p, len(s.Phases), len(s.Phases)-1, len(milestones))
+		}
+		for i, m := range milestones {
+			if m <= 0 || (i > 0 && m <= milestones[i-1]) {
+				return Schedule{}, fmt.Errorf("config: %s: milestones must be positive and increasing, found %v", p, milestones)
+			}
+			s.Phases[i+1].Start = m
+		}
+	}
+	return s, nil
+}

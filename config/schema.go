@@ -1,0 +1,292 @@
+package config
+
+// Config is the typed part of a NeMo RL GRPO recipe: every key tracegrpo reads.
+// Field tags are NeMo RL's key names. Nullable keys are pointers (nil = null).
+type Config struct {
+	GRPO          GRPO          `yaml:"grpo"`
+	LossFn        LossFn        `yaml:"loss_fn"`
+	Policy        Policy        `yaml:"policy"`
+	Checkpointing Checkpointing `yaml:"checkpointing"`
+	Env           Env           `yaml:"env"`
+	Logger        Logger        `yaml:"logger"`
+	Cluster       Cluster       `yaml:"cluster"`
+	// DataPlane is NeMo RL's asynchronous data plane; multi-trace requires it
+	// null or disabled.
+	DataPlane *Toggle `yaml:"data_plane"`
+}
+
+// Toggle is a block of which tracegrpo reads only `enabled`; its other keys are
+// accepted and ignored.
+type Toggle struct {
+	Enabled bool `yaml:"enabled"`
+}
+
+// GRPO is the `grpo:` block.
+type GRPO struct {
+	NumPromptsPerStep       int   `yaml:"num_prompts_per_step"`
+	NumGenerationsPerPrompt int   `yaml:"num_generations_per_prompt"`
+	MaxNumSteps             int   `yaml:"max_num_steps"`
+	GymMultiTrace           bool  `yaml:"gym_multi_trace"`
+	Seed                    int64 `yaml:"seed"`
+	// NormalizeRewards and UseLeaveOneOutBaseline are the legacy top-level keys;
+	// when a recipe has no adv_estimator block they also configure the estimator.
+	NormalizeRewards       bool         `yaml:"normalize_rewards"`
+	UseLeaveOneOutBaseline bool         `yaml:"use_leave_one_out_baseline"`
+	AdvEstimator           AdvEstimator `yaml:"adv_estimator"`
+	AdvantageClipLow       *float64     `yaml:"advantage_clip_low"`
+	AdvantageClipHigh      *float64     `yaml:"advantage_clip_high"`
+
+	// Keys typed only so that the capability guards can refuse them.
+	AsyncGRPO                  Toggle   `yaml:"async_grpo"`
+	UseDynamicSampling         bool     `yaml:"use_dynamic_sampling"`
+	SeqLogprobErrorThreshold   *float64 `yaml:"seq_logprob_error_threshold"`
+	OverlongFiltering          bool     `yaml:"overlong_filtering"`
+	RewardShaping              Toggle   `yaml:"reward_shaping"`
+	RewardScaling              Toggle   `yaml:"reward_scaling"`
+	InvalidToolCallAdvantage   *float64 `yaml:"invalid_tool_call_advantage"`
+	MalformedThinkingAdvantage *float64 `yaml:"malformed_thinking_advantage"`
+}
+
+// AdvEstimator is `grpo.adv_estimator`.
+type AdvEstimator struct {
+	Name                   string `yaml:"name"`
+	NormalizeRewards       bool   `yaml:"normalize_rewards"`
+	UseLeaveOneOutBaseline bool   `yaml:"use_leave_one_out_baseline"`
+}
+
+// LossFn is `loss_fn:` (NeMo RL's ClippedPGLossConfig, spec §6.1).
+type LossFn struct {
+	ReferencePolicyKLPenalty            float64  `yaml:"reference_policy_kl_penalty"`
+	ReferencePolicyKLType               string   `yaml:"reference_policy_kl_type"`
+	KLInputClampValue                   *float64 `yaml:"kl_input_clamp_value"`
+	KLOutputClampValue                  *float64 `yaml:"kl_output_clamp_value"`
+	RatioClipMin                        float64  `yaml:"ratio_clip_min"`
+	RatioClipMax                        float64  `yaml:"ratio_clip_max"`
+	RatioClipC                          *float64 `yaml:"ratio_clip_c"`
+	UseOnPolicyKLApproximation          bool     `yaml:"use_on_policy_kl_approximation"`
+	UseImportanceSamplingCorrection     bool     `yaml:"use_importance_sampling_correction"`
+	TruncatedImportanceSamplingType     *string  `yaml:"truncated_importance_sampling_type"`
+	TruncatedImportanceSamplingRatio    *float64 `yaml:"truncated_importance_sampling_ratio"`
+	TruncatedImportanceSamplingRatioMin *float64 `yaml:"truncated_importance_sampling_ratio_min"`
+	TokenLevelLoss                      bool     `yaml:"token_level_loss"`
+	SequenceLevelImportanceRatios       bool     `yaml:"sequence_level_importance_ratios"`
+	ForceOnPolicyRatio                  bool     `yaml:"force_on_policy_ratio"`
+	DisablePPORatio                     bool     `yaml:"disable_ppo_ratio"`
+	UseCISPO                            bool     `yaml:"use_cispo"`
+	UseKLInReward                       bool     `yaml:"use_kl_in_reward"`
+	PositiveExampleNLLWeight            float64  `yaml:"positive_example_nll_weight"`
+}
+
+// Policy is `policy:`.
+type Policy struct {
+	ModelName              string      `yaml:"model_name"`
+	TrainGlobalBatchSize   int         `yaml:"train_global_batch_size"`
+	TrainMicroBatchSize    int         `yaml:"train_micro_batch_size"`
+	MaxTotalSequenceLength int         `yaml:"max_total_sequence_length"`
+	MaxGradNorm            *float64    `yaml:"max_grad_norm"`
+	Precision              string      `yaml:"precision"`
+	IsVLM                  bool        `yaml:"is_vlm"`
+	RouterReplay           Toggle      `yaml:"router_replay"`
+	MegatronCfg            MegatronCfg `yaml:"megatron_cfg"`
+	// Optimizer is the DTensor-path optimizer; null in Megatron recipes.
+	Optimizer *TorchOptimizer `yaml:"optimizer"`
+	// Scheduler is the DTensor-path schedule: torch schedulers and, when there
+	// are several, one entry holding only milestones (SequentialLR).
+	Scheduler  []TorchScheduler `yaml:"scheduler"`
+	Generation Generation       `yaml:"generation"`
+}
+
+// MegatronCfg is `policy.megatron_cfg`; tracegrpo reads only these keys (the
+// parallelism and fusion knobs are ignored).
+type MegatronCfg struct {
+	Enabled   bool              `yaml:"enabled"`
+	Optimizer MegatronOptimizer `yaml:"optimizer"`
+	Scheduler MegatronScheduler `yaml:"scheduler"`
+}
+
+// MegatronOptimizer is `policy.megatron_cfg.optimizer`.
+type MegatronOptimizer struct {
+	Optimizer   string   `yaml:"optimizer"`
+	LR          float64  `yaml:"lr"`
+	MinLR       float64  `yaml:"min_lr"`
+	WeightDecay float64  `yaml:"weight_decay"`
+	AdamBeta1   float64  `yaml:"adam_beta1"`
+	AdamBeta2   float64  `yaml:"adam_beta2"`
+	AdamEps     float64  `yaml:"adam_eps"`
+	ClipGrad    *float64 `yaml:"clip_grad"`
+}
+
+// MegatronScheduler is `policy.megatron_cfg.scheduler` (Megatron's
+// OptimizerParamScheduler, counted in GRPO steps).
+type MegatronScheduler struct {
+	StartWeightDecay     *float64 `yaml:"start_weight_decay"`
+	EndWeightDecay       *float64 `yaml:"end_weight_decay"`
+	WeightDecayIncrStyle string   `yaml:"weight_decay_incr_style"`
+	LRDecayStyle         string   `yaml:"lr_decay_style"`
+	LRDecayIters         *int64   `yaml:"lr_decay_iters"`
+	LRWarmupIters        int64    `yaml:"lr_warmup_iters"`
+	LRWarmupInit         float64  `yaml:"lr_warmup_init"`
+}
+
+// TorchOptimizer is `policy.optimizer` (name + kwargs of a torch optimizer).
+type TorchOptimizer struct {
+	Name   string      `yaml:"name"`
+	Kwargs AdamWKwargs `yaml:"kwargs"`
+}
+
+// AdamWKwargs are the torch.optim.AdamW keyword arguments tracegrpo reads
+// (foreach and fused are ignored).
+type AdamWKwargs struct {
+	LR          float64   `yaml:"lr"`
+	WeightDecay float64   `yaml:"weight_decay"`
+	Betas       []float64 `yaml:"betas"`
+	Eps         float64   `yaml:"eps"`
+}
+
+// TorchScheduler is one entry of `policy.scheduler`.
+type TorchScheduler struct {
+	Name       string           `yaml:"name,omitempty"`
+	Kwargs     *SchedulerKwargs `yaml:"kwargs,omitempty"`
+	Milestones []int64          `yaml:"milestones,omitempty"`
+}
+
+// SchedulerKwargs are the arguments of LinearLR and ConstantLR.
+type SchedulerKwargs struct {
+	StartFactor *float64 `yaml:"start_factor,omitempty"`
+	EndFactor   *float64 `yaml:"end_factor,omitempty"`
+	Factor      *float64 `yaml:"factor,omitempty"`
+	TotalIters  *int64   `yaml:"total_iters,omitempty"`
+}
+
+// Generation is `policy.generation` (sampling parameters).
+type Generation struct {
+	Temperature  float64 `yaml:"temperature"`
+	TopP         float64 `yaml:"top_p"`
+	TopK         *int    `yaml:"top_k"`
+	MaxNewTokens int     `yaml:"max_new_tokens"`
+}
+
+// Checkpointing is `checkpointing:`.
+type Checkpointing struct {
+	Enabled       bool   `yaml:"enabled"`
+	CheckpointDir string `yaml:"checkpoint_dir"`
+	SavePeriod    int    `yaml:"save_period"`
+	KeepTopK      *int   `yaml:"keep_top_k"`
+}
+
+// Env is `env:`. Other environment blocks (env.math, ...) are ignored.
+type Env struct {
+	ShouldUseNemoGym         bool    `yaml:"should_use_nemo_gym"`
+	ShouldMaskFlaggedSamples bool    `yaml:"should_mask_flagged_samples"`
+	NemoGym                  NemoGym `yaml:"nemo_gym"`
+}
+
+// NemoGym is `env.nemo_gym`; only token_id_capture is read.
+type NemoGym struct {
+	TokenIDCapture TokenIDCapture `yaml:"token_id_capture"`
+}
+
+// TokenIDCapture is `env.nemo_gym.token_id_capture` (spec §2.6).
+type TokenIDCapture struct {
+	Enabled   bool   `yaml:"enabled"`
+	AllAgents bool   `yaml:"all_agents"`
+	Delivery  string `yaml:"delivery"`
+	Builder   string `yaml:"builder"`
+	Dir       string `yaml:"dir"`
+	// Sink is a custom sink (any YAML value); multi-trace requires it unset.
+	Sink            any  `yaml:"sink"`
+	ExternalStaging bool `yaml:"external_staging"`
+}
+
+// Logger is `logger:`; only log_dir is read (the back ends are ignored).
+type Logger struct {
+	LogDir string `yaml:"log_dir"`
+}
+
+// Cluster is `cluster:`.
+type Cluster struct {
+	GPUsPerNode int `yaml:"gpus_per_node"`
+	NumNodes    int `yaml:"num_nodes"`
+}
+
+// The values of token_id_capture.delivery and .builder (spec §2.6).
+const (
+	DeliveryMainChain    = "main_chain"
+	DeliveryAllTraces    = "all_traces"
+	BuilderPrefixMerging = "prefix_merging"
+	BuilderPerRequest    = "per_request"
+	AdvEstimatorGRPO     = "grpo"
+	TorchAdamW           = "torch.optim.AdamW"
+	TorchLinearLR        = "torch.optim.lr_scheduler.LinearLR"
+	TorchConstantLR      = "torch.optim.lr_scheduler.ConstantLR"
+)
+
+func f64(v float64) *float64 { return &v }
+func i64(v int64) *int64     { return &v }
+func iptr(v int) *int        { return &v }
+
+// Default returns NeMo RL's defaults for every key of Config: the values of the
+// shipped base recipe examples/configs/grpo_math_1B.yaml for the keys it sets,
+// and the defaults of NeMo RL's code (ClippedPGLossConfig, GRPOAdvantageEstimator,
+// Gym's token_id_capture) for the others. Multi-trace is off (gym_multi_trace
+// false, delivery main_chain), as in NeMo RL.
+func Default() Config {
+	return Config{
+		GRPO: GRPO{
+			NumPromptsPerStep:       32,
+			NumGenerationsPerPrompt: 16,
+			MaxNumSteps:             1000000,
+			Seed:                    42,
+			NormalizeRewards:        true,
+			UseLeaveOneOutBaseline:  true,
+			AdvEstimator:            AdvEstimator{Name: AdvEstimatorGRPO, NormalizeRewards: true, UseLeaveOneOutBaseline: true},
+		},
+		LossFn: LossFn{
+			ReferencePolicyKLPenalty: 0.01,
+			ReferencePolicyKLType:    "k3",
+			KLInputClampValue:        f64(20),
+			KLOutputClampValue:       f64(10),
+			RatioClipMin:             0.2,
+			RatioClipMax:             0.2,
+			TokenLevelLoss:           true,
+		},
+		Policy: Policy{
+			ModelName:              "Qwen/Qwen2.5-1.5B",
+			TrainGlobalBatchSize:   512,
+			TrainMicroBatchSize:    4,
+			MaxTotalSequenceLength: 512,
+			MaxGradNorm:            f64(1.0),
+			Precision:              "bfloat16",
+			MegatronCfg: MegatronCfg{
+				Optimizer: MegatronOptimizer{
+					Optimizer: "adam", LR: 5e-6, MinLR: 5e-7, WeightDecay: 0.01,
+					AdamBeta1: 0.9, AdamBeta2: 0.999, AdamEps: 1e-8, ClipGrad: f64(1.0),
+				},
+				Scheduler: MegatronScheduler{
+					StartWeightDecay: f64(0.01), EndWeightDecay: f64(0.01),
+					WeightDecayIncrStyle: "constant", LRDecayStyle: "constant",
+					LRDecayIters: i64(1000), LRWarmupIters: 13, LRWarmupInit: 5e-7,
+				},
+			},
+			Optimizer: &TorchOptimizer{
+				Name:   TorchAdamW,
+				Kwargs: AdamWKwargs{LR: 5e-6, WeightDecay: 0.01, Betas: []float64{0.9, 0.999}, Eps: 1e-8},
+			},
+			Scheduler: []TorchScheduler{
+				{Name: TorchLinearLR, Kwargs: &SchedulerKwargs{StartFactor: f64(0.1), EndFactor: f64(1.0), TotalIters: i64(50)}},
+				{Name: TorchConstantLR, Kwargs: &SchedulerKwargs{Factor: f64(1.0), TotalIters: i64(10000000000)}},
+				{Milestones: []int64{50}},
+			},
+			Generation: Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512},
+		},
+		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3)},
+		Env: Env{
+			ShouldMaskFlaggedSamples: true,
+			NemoGym: NemoGym{TokenIDCapture: TokenIDCapture{
+				Delivery: DeliveryMainChain, Builder: BuilderPrefixMerging,
+			}},
+		},
+		Logger:  Logger{LogDir: "logs"},
+		Cluster: Cluster{GPUsPerNode: 1, NumNodes: 1},
+	}
+}

@@ -1,0 +1,248 @@
+package gym
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+)
+
+// TerminalMetrics is _ng_token_capture.terminal_attribution.
+type TerminalMetrics struct {
+	Method string `json:"method"`
+	CallID string `json:"call_id"`
+	Reason string `json:"reason"`
+	Chain  string `json:"chain"`
+}
+
+// CaptureMetrics is the _ng_token_capture object Finalize writes on the
+// record (spec §2.3). Error and Reason are set exactly when the rollout is
+// masked by this package.
+type CaptureMetrics struct {
+	Builder                  string           `json:"builder,omitempty"`
+	NCalls                   int              `json:"n_calls"`
+	Chains                   int              `json:"chains"`
+	Roots                    int              `json:"roots"`
+	Traces                   int              `json:"traces"`
+	QuarantinedCalls         int              `json:"quarantined_calls"`
+	QuarantinedFraction      float64          `json:"quarantined_fraction"`
+	DeliveredFraction        float64          `json:"delivered_fraction"`
+	GeneratedTokensCaptured  int              `json:"generated_tokens_captured"`
+	GeneratedTokensDelivered int              `json:"generated_tokens_delivered"`
+	ParentLinkFailures       map[string]int   `json:"parent_link_failures"`
+	UnresolvedParentCalls    int              `json:"unresolved_parent_calls"`
+	UnresolvedRetries        int              `json:"unresolved_retries"`
+	EmptyGenerationCalls     int              `json:"empty_generation_calls"`
+	TerminalAttribution      *TerminalMetrics `json:"terminal_attribution,omitempty"`
+	CaptureIncomplete        bool             `json:"capture_incomplete"`
+	Error                    string           `json:"error,omitempty"`
+	Reason                   string           `json:"reason,omitempty"`
+}
+
+// Finalized is the outcome of finalizing one rollout record.
+type Finalized struct {
+	RolloutID string
+	// Envelope is the delivered envelope (built, or validated when the
+	// record already carried one); nil when masked.
+	Envelope *TrainingTraceBatch
+	Masked   bool
+	Reason   string // a Reason* code when masked
+	// Prebuilt is set when the record already carried training_traces.
+	Prebuilt   bool
+	Metrics    CaptureMetrics
+	SnapshotID string
+	Version    int
+}
+
+// BuildTrainingTraces runs terminal attribution, the named builder and the
+// projection over one snapshot. A refusal is a *MaskError; any other error
+// is a programmer error (an unknown builder).
+func BuildTrainingTraces(snap *Snapshot, builder string, w TerminalWitnesses) (*TrainingTraceBatch, CaptureMetrics, error) {
+	m := CaptureMetrics{Builder: builder, NCalls: len(snap.Entries), CaptureIncomplete: snap.Incomplete,
+		ParentLinkFailures: map[string]int{}}
+	if builder != BuilderPrefixMerging && builder != BuilderPerRequest {
+		return nil, m, fmt.Errorf("gym: unknown builder %q; known: [%s %s]", builder, BuilderPerRequest, BuilderPrefixMerging)
+	}
+	if snap.Incomplete {
+		return nil, m, maskf(ReasonCaptureIncomplete, "capture of rollout %s is incomplete (a call was lost or is still in flight)", snap.RolloutID)
+	}
+	if len(snap.Entries) == 0 {
+		return nil, m, maskf(ReasonNothingRecorded, "nothing recorded for rollout %s", snap.RolloutID)
+	}
+	models := map[string]bool{}
+	for i := range snap.Entries {
+		models[snap.Entries[i].Model] = true
+	}
+	if len(models) > 1 {
+		names := make([]string, 0, len(models))
+		for k := range models {
+			names = append(names, fmt.Sprintf("%q", k))
+		}
+		sort.Strings(names)
+		return nil, m, maskf(ReasonMixedModels, "captured calls of rollout %s come from different policy models %v", snap.RolloutID, names)
+	}
+	att := ResolveTerminal(snap.Entries, w)
+	m.TerminalAttribution = &TerminalMetrics{Method: att.Method, CallID: att.CallID, Reason: att.Reason}
+	if att.DeclaredMiss {
+		return nil, m, maskf(ReasonTerminalUnavailable, "declared terminal response %q matches no single captured call (%s)",
+			w.DeclaredResponseID, att.Reason)
+	}
+	out, err := Build(builder, snap.Entries, att.CallID)
+	if err != nil {
+		return nil, m, err
+	}
+	n := &out.Notes
+	m.Chains, m.Roots = n.Chains, n.Roots
+	m.QuarantinedCalls = len(out.Quarantined)
+	m.QuarantinedFraction = math.Round(float64(len(out.Quarantined))/float64(len(snap.Entries))*1e4) / 1e4
+	m.DeliveredFraction = n.DeliveredFraction
+	m.GeneratedTokensCaptured, m.GeneratedTokensDelivered = n.GeneratedTokensCaptured, n.GeneratedTokensDelivered
+	for k, v := range n.ParentLinkFailures {
+		m.ParentLinkFailures[k] = v
+	}
+	m.UnresolvedParentCalls = len(n.UnresolvedParentCalls)
+	m.UnresolvedRetries = len(n.UnresolvedRetries)
+	m.EmptyGenerationCalls = len(n.EmptyGenerationCalls)
+	m.TerminalAttribution.Chain = n.TerminalChain
+	env, err := ProjectTrainingTraces(snap.RolloutID, out)
+	if err != nil {
+		return nil, m, err
+	}
+	m.Traces = len(env.Traces)
+	return env, m, nil
+}
+
+// Finalize completes one rollout record (spec §2.3, §2.7, §8): it derives
+// the capture key, reads the snapshot from src, builds with the named
+// builder and writes the result on rec: training_traces on success, or
+// mask_sample: true with _ng_token_capture.error/reason and no
+// training_traces when masked; _ng_token_capture holds the build metrics in
+// both cases. response, reward and every other field are left unchanged.
+//
+// Errors (not masks): a missing or malformed correlation key; an attached
+// training_traces that violates the wire contract or names another rollout;
+// a capture written with another TokenEntry schema version; an unreadable
+// store. A zero-call capture is masked (an inert rollout).
+func Finalize(rec *Record, src Source, builder string) (*Finalized, error) {
+	return finalize(rec, src, builder, false)
+}
+
+// Refinalize is Finalize that always rebuilds from src, as Gym's finalizer
+// does: an attached training_traces is replaced on success and removed when
+// the rebuild is masked (a stale envelope never survives a mask).
+func Refinalize(rec *Record, src Source, builder string) (*Finalized, error) {
+	return finalize(rec, src, builder, true)
+}
+
+// Retirable reports whether the consumed snapshot may be retired (dropped)
+// after a durable hand-off: only a successful build from a snapshot is.
+func (f *Finalized) Retirable() bool { return !f.Masked && !f.Prebuilt && f.SnapshotID != "" }
+
+func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized, error) {
+	rid, err := RolloutIDFromRecord(rec)
+	if err != nil {
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	res := &Finalized{RolloutID: rid}
+	upstreamMask, err := rec.MaskSample()
+	if err != nil {
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	var env *TrainingTraceBatch
+	attached := false
+	if !rebuild {
+		env, attached, err = rec.TrainingTraces()
+		if err != nil {
+			return nil, fmt.Errorf("gym: %w", err)
+		}
+	}
+	if attached && env.RolloutID != rid {
+		return nil, fmt.Errorf("gym: %w", rec.errf(KeyTrainingTraces,
+			fmt.Errorf("envelope rollout_id %q differs from the record's capture key %q", env.RolloutID, rid)))
+	}
+	if upstreamMask && !rebuild {
+		// Gym already masked this rollout; an envelope next to the mask is
+		// stale and is removed.
+		res.Masked, res.Reason = true, ReasonMaskedUpstream
+		rec.Delete(KeyTrainingTraces)
+		if raw, ok := rec.Get(KeyTokenCapture); ok {
+			var prior CaptureMetrics
+			if json.Unmarshal(raw, &prior) == nil {
+				res.Metrics = prior
+			}
+		}
+		return res, nil
+	}
+	if attached {
+		res.Envelope, res.Prebuilt = env, true
+		res.Metrics.Builder = env.Builder
+		res.Metrics.Traces = len(env.Traces)
+		return res, nil
+	}
+	if src == nil {
+		return nil, fmt.Errorf("gym: rollout %s (%s): no capture source and no attached training_traces", rid, rec.Where())
+	}
+	snap, err := src.Snapshot(rid)
+	var mask *MaskError
+	switch {
+	case err == nil:
+		res.SnapshotID, res.Version = snap.SnapshotID, snap.Version
+		env, res.Metrics, err = BuildTrainingTraces(snap, builder, terminalWitnesses(rec))
+		if err != nil && !errors.As(err, &mask) {
+			return nil, err
+		}
+	case errors.Is(err, ErrRetired):
+		mask = maskf(ReasonCaptureRetired, "%v", err)
+	case errors.Is(err, ErrSchemaVersion):
+		return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
+	default:
+		var le *EntryLineError
+		if !errors.As(err, &le) {
+			return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
+		}
+		mask = maskf(ReasonInvalidCapture, "%v", err)
+	}
+	if mask != nil {
+		res.Masked, res.Reason = true, mask.Reason
+		res.Metrics.Error, res.Metrics.Reason = mask.Error(), mask.Reason
+		if res.Metrics.ParentLinkFailures == nil {
+			res.Metrics.ParentLinkFailures = map[string]int{}
+		}
+		rec.Set(KeyMaskSample, json.RawMessage("true"))
+		rec.Delete(KeyTrainingTraces)
+	} else {
+		res.Envelope = env
+		rec.Set(KeyTrainingTraces, env.AppendJSON(nil))
+	}
+	mb, err := json.Marshal(res.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("gym: metrics: %w", err)
+	}
+	rec.Set(KeyTokenCapture, mb)
+	return res, nil
+}
+
+func terminalWitnesses(rec *Record) TerminalWitnesses {
+	var w TerminalWitnesses
+	// Malformed witness fields abstain, as in Gym (attribution never fails).
+	w.ExplicitCallID, _, _ = rec.stringField(KeyTerminalCallID)
+	w.DeclaredResponseID, _, _ = rec.stringField(KeyTerminalResponse)
+	if raw, ok := rec.Get(KeyResponse); ok {
+		s := &scanner{data: raw}
+		if s.peek() == '{' {
+			w.HaveResponse = true
+			_ = s.object(func(key string) error {
+				if key == "id" {
+					if id, err := s.readString(); err == nil {
+						w.ResponseID = id
+						return nil
+					}
+				}
+				_, err := s.readRaw()
+				return err
+			})
+		}
+	}
+	return w
+}

@@ -1,0 +1,668 @@
+package gym
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// File name suffixes of Gym's file capture store (spec §2.2).
+const (
+	SuffixEntries    = ".tokens.jsonl"
+	SuffixEntriesZst = ".tokens.jsonl.zst"
+	SuffixIncomplete = ".tokens.incomplete"
+	SuffixIntents    = ".tokens.intents"
+	SuffixState      = ".tokens.state.json"
+	SuffixLock       = ".tokens.lock"
+)
+
+// maxEntryLine bounds one capture line (a 1M-token prompt is about 8 MB).
+const maxEntryLine = 256 << 20
+
+var rolloutIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+
+// ErrBadRolloutID is returned for a rollout id that does not match
+// ^[A-Za-z0-9][A-Za-z0-9._-]*$. No path is ever formed from such an id.
+var ErrBadRolloutID = errors.New("gym: malformed rollout id")
+
+// ErrFrozen is returned by a write to a frozen rollout.
+var ErrFrozen = errors.New("gym: rollout capture is frozen")
+
+// ErrRetired is returned for a rollout whose capture was retired (dropped).
+var ErrRetired = errors.New("gym: rollout capture is retired")
+
+// ErrConflict is returned when a model call id is re-put with a different payload.
+var ErrConflict = errors.New("gym: model call id reused with a different payload")
+
+// ValidateRolloutID checks a rollout id before any path is formed from it.
+func ValidateRolloutID(id string) error {
+	if !rolloutIDPattern.MatchString(id) {
+		return fmt.Errorf("%w: %q does not match ^[A-Za-z0-9][A-Za-z0-9._-]*$", ErrBadRolloutID, id)
+	}
+	return nil
+}
+
+// Snapshot is the frozen set of one rollout's capture (Gym's
+// TokenCaptureSnapshot). Entry order carries no meaning.
+type Snapshot struct {
+	RolloutID  string
+	Entries    []TokenEntry
+	Incomplete bool
+	SnapshotID string
+	Version    int
+}
+
+// Source yields a rollout's snapshot for finalization. Both Reader and
+// Writer implement it. A rollout with nothing captured yields a snapshot with
+// no entries (not an error).
+type Source interface {
+	Snapshot(rolloutID string) (*Snapshot, error)
+}
+
+// storeState is the <rid>.tokens.state.json document.
+type storeState struct {
+	Frozen       bool              `json:"frozen"`
+	Retired      bool              `json:"retired"`
+	Incomplete   bool              `json:"incomplete"`
+	SnapshotID   string            `json:"snapshot_id"`
+	Version      int               `json:"version"`
+	EntryDigests map[string]string `json:"entry_digests"`
+	IndexedSize  int64             `json:"indexed_size"`
+}
+
+// EntryLineError is a capture line that could not be decoded.
+type EntryLineError struct {
+	File string
+	Line int
+	Err  error
+}
+
+func (e *EntryLineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err) }
+func (e *EntryLineError) Unwrap() error { return e.Err }
+
+// Reader reads Gym's file capture store. It never creates, modifies or
+// deletes a file; it takes no locks (a store being written concurrently may
+// show a torn last line, which marks the snapshot incomplete).
+type Reader struct {
+	dir string
+}
+
+// NewReader opens a capture directory for reading.
+func NewReader(dir string) (*Reader, error) {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("gym: capture dir: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("gym: capture dir %s: not a directory", dir)
+	}
+	return &Reader{dir: dir}, nil
+}
+
+// Dir is the directory the reader reads.
+func (r *Reader) Dir() string { return r.dir }
+
+// RolloutIDs lists the rollouts that have an entries file, sorted.
+func (r *Reader) RolloutIDs() ([]string, error) {
+	des, err := os.ReadDir(r.dir)
+	if err != nil {
+		return nil, fmt.Errorf("gym: list %s: %w", r.dir, err)
+	}
+	seen := map[string]bool{}
+	for _, de := range des {
+		name := de.Name()
+		var rid string
+		switch {
+		case strings.HasSuffix(name, SuffixEntries):
+			rid = strings.TrimSuffix(name, SuffixEntries)
+		case strings.HasSuffix(name, SuffixEntriesZst):
+			rid = strings.TrimSuffix(name, SuffixEntriesZst)
+		default:
+			continue
+		}
+		if ValidateRolloutID(rid) == nil {
+			seen[rid] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for rid := range seen {
+		out = append(out, rid)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Snapshot reads one rollout's capture. It is incomplete when an incomplete
+// marker exists, the state says so, an intent has no entry, or the entries
+// file ends in a torn (unterminated, undecodable) line. SnapshotID and
+// Version come from the state file when there is one; otherwise SnapshotID
+// is the first 32 hex digits of sha256 over the entries file's bytes and
+// Version is the number of entries. A line that does not decode is an
+// *EntryLineError naming the file and line.
+func (r *Reader) Snapshot(rolloutID string) (*Snapshot, error) {
+	if err := ValidateRolloutID(rolloutID); err != nil {
+		return nil, err
+	}
+	return readSnapshot(r.dir, rolloutID, nil)
+}
+
+func readSnapshot(dir, rid string, st *storeState) (*Snapshot, error) {
+	base := filepath.Join(dir, rid)
+	snap := &Snapshot{RolloutID: rid}
+	if st == nil {
+		b, err := os.ReadFile(base + SuffixState)
+		switch {
+		case err == nil:
+			st = &storeState{}
+			if err := json.Unmarshal(b, st); err != nil {
+				return nil, fmt.Errorf("gym: %s: invalid state document: %w", base+SuffixState, err)
+			}
+		case errors.Is(err, os.ErrNotExist):
+		default:
+			return nil, fmt.Errorf("gym: %w", err)
+		}
+	}
+	if st != nil && st.Retired {
+		return nil, fmt.Errorf("%w: %s", ErrRetired, rid)
+	}
+	data, name, err := readEntriesFile(base)
+	if err != nil {
+		return nil, err
+	}
+	entries, torn, err := decodeEntryLines(data, name)
+	if err != nil {
+		return nil, err
+	}
+	snap.Entries = entries
+	snap.Incomplete = torn
+	if _, err := os.Stat(base + SuffixIncomplete); err == nil {
+		snap.Incomplete = true
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	if st != nil && st.Incomplete {
+		snap.Incomplete = true
+	}
+	dangling, err := danglingIntents(base+SuffixIntents, entries)
+	if err != nil {
+		return nil, err
+	}
+	if len(dangling) > 0 {
+		snap.Incomplete = true
+	}
+	if st != nil {
+		snap.SnapshotID, snap.Version = st.SnapshotID, st.Version
+	} else {
+		h := sha256.Sum256(data)
+		snap.SnapshotID = hex.EncodeToString(h[:16])
+		snap.Version = len(entries)
+	}
+	return snap, nil
+}
+
+// readEntriesFile returns the (decompressed) entries file, or nil if the
+// rollout has none. Both a plain and a .zst file is ambiguous and an error.
+func readEntriesFile(base string) ([]byte, string, error) {
+	plain, errPlain := os.ReadFile(base + SuffixEntries)
+	if errPlain != nil && !errors.Is(errPlain, os.ErrNotExist) {
+		return nil, "", fmt.Errorf("gym: %w", errPlain)
+	}
+	f, errZ := os.Open(base + SuffixEntriesZst)
+	if errZ != nil {
+		if !errors.Is(errZ, os.ErrNotExist) {
+			return nil, "", fmt.Errorf("gym: %w", errZ)
+		}
+		return plain, base + SuffixEntries, nil
+	}
+	defer f.Close()
+	if errPlain == nil {
+		return nil, "", fmt.Errorf("gym: %s and %s both exist; keep one", base+SuffixEntries, base+SuffixEntriesZst)
+	}
+	dec, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(4<<30))
+	if err != nil {
+		return nil, "", fmt.Errorf("gym: %s: %w", base+SuffixEntriesZst, err)
+	}
+	defer dec.Close()
+	data, err := io.ReadAll(dec)
+	if err != nil {
+		return nil, "", fmt.Errorf("gym: %s: zstd: %w", base+SuffixEntriesZst, err)
+	}
+	return data, base + SuffixEntriesZst, nil
+}
+
+// decodeEntryLines decodes every non-blank line. A final line without a
+// newline that does not decode is a torn write: dropped, torn = true.
+func decodeEntryLines(data []byte, name string) (entries []TokenEntry, torn bool, err error) {
+	lineNo := 0
+	for len(data) > 0 {
+		lineNo++
+		nl := bytes.IndexByte(data, '\n')
+		var line []byte
+		last := nl < 0
+		if last {
+			line, data = data, nil
+		} else {
+			line, data = data[:nl], data[nl+1:]
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		if len(line) > maxEntryLine {
+			return nil, false, &EntryLineError{File: name, Line: lineNo, Err: fmt.Errorf("line longer than %d bytes", maxEntryLine)}
+		}
+		e, derr := DecodeTokenEntry(line)
+		if derr != nil {
+			if last && !json.Valid(line) {
+				// An unterminated, undecodable last line is a write that
+				// never completed (Gym truncates it on its next write).
+				return entries, true, nil
+			}
+			return nil, false, &EntryLineError{File: name, Line: lineNo, Err: derr}
+		}
+		entries = append(entries, *e)
+	}
+	return entries, false, nil
+}
+
+// danglingIntents returns the intents (minus cancellations "-id") that have
+// no entry, sorted.
+func danglingIntents(path string, entries []TokenEntry) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	active := map[string]bool{}
+	for _, raw := range bytes.Split(b, []byte{'\n'}) {
+		line := strings.TrimSpace(string(raw))
+		if line == "" {
+			continue
+		}
+		if strings.HasPrefix(line, "-") {
+			delete(active, line[1:])
+		} else {
+			active[line] = true
+		}
+	}
+	for i := range entries {
+		delete(active, entries[i].ModelCallID)
+	}
+	out := make([]string, 0, len(active))
+	for id := range active {
+		out = append(out, id)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// Writer writes Gym's file capture store: one fsync'd sorted-key JSON line
+// per entry, durable intents, incomplete markers and the state document. An
+// identical re-put is a no-op, a conflicting re-put is ErrConflict (and marks
+// the rollout incomplete), and every write after Freeze is ErrFrozen. One
+// Writer per directory per process; it is safe for concurrent use.
+type Writer struct {
+	dir   string
+	mu    sync.Mutex
+	state map[string]*storeState
+	fsync bool
+}
+
+// NewWriter opens (creating if needed) a capture directory for writing.
+func NewWriter(dir string) (*Writer, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("gym: capture dir: %w", err)
+	}
+	return &Writer{dir: dir, state: map[string]*storeState{}, fsync: true}, nil
+}
+
+// SetFsync turns per-write fsync off (tests, benchmarks and throwaway stores)
+// or back on. It is on by default.
+func (w *Writer) SetFsync(on bool) {
+	w.mu.Lock()
+	w.fsync = on
+	w.mu.Unlock()
+}
+
+// Dir is the directory the writer writes.
+func (w *Writer) Dir() string { return w.dir }
+
+// loadState returns the rollout's state, reading it from disk the first time
+// and indexing any entries past indexed_size. Caller holds mu.
+func (w *Writer) loadState(rid string) (*storeState, error) {
+	if st, ok := w.state[rid]; ok {
+		return st, nil
+	}
+	base := filepath.Join(w.dir, rid)
+	st := &storeState{EntryDigests: map[string]string{}}
+	b, err := os.ReadFile(base + SuffixState)
+	switch {
+	case err == nil:
+		if err := json.Unmarshal(b, st); err != nil {
+			return nil, fmt.Errorf("gym: %s: invalid state document: %w", base+SuffixState, err)
+		}
+		if st.EntryDigests == nil {
+			st.EntryDigests = map[string]string{}
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	// Index entries written after the last state update.
+	data, err := os.ReadFile(base + SuffixEntries)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("gym: %w", err)
+	}
+	if st.IndexedSize < 0 || st.IndexedSize > int64(len(data)) {
+		return nil, fmt.Errorf("gym: %s: indexed_size %d is outside the entries file (%d bytes)",
+			base+SuffixState, st.IndexedSize, len(data))
+	}
+	tail := data[st.IndexedSize:]
+	off := st.IndexedSize
+	for len(tail) > 0 {
+		nl := bytes.IndexByte(tail, '\n')
+		if nl < 0 {
+			// A torn final line was never acknowledged: truncate it, as Gym does.
+			if err := os.Truncate(base+SuffixEntries, off); err != nil {
+				return nil, fmt.Errorf("gym: %w", err)
+			}
+			break
+		}
+		line := bytes.TrimSpace(tail[:nl])
+		if len(line) > 0 {
+			e, err := DecodeTokenEntry(line)
+			if err != nil {
+				return nil, &EntryLineError{File: base + SuffixEntries, Err: err}
+			}
+			d := lineDigest(line)
+			if old, ok := st.EntryDigests[e.ModelCallID]; ok && old != d {
+				return nil, fmt.Errorf("%w: %s in rollout %s (durable file)", ErrConflict, e.ModelCallID, rid)
+			}
+			st.EntryDigests[e.ModelCallID] = d
+			st.Version++
+		}
+		off += int64(nl + 1)
+		tail = tail[nl+1:]
+	}
+	st.IndexedSize = off
+	w.state[rid] = st
+	return st, nil
+}
+
+func lineDigest(line []byte) string {
+	h := sha256.Sum256(line)
+	return hex.EncodeToString(h[:])
+}
+
+func (w *Writer) writeState(rid string, st *storeState, durable bool) error {
+	b, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("gym: state: %w", err)
+	}
+	b = append(b, '\n')
+	final := filepath.Join(w.dir, rid+SuffixState)
+	tmp, err := os.CreateTemp(w.dir, ".tokens-state-")
+	if err != nil {
+		return fmt.Errorf("gym: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("gym: %w", err)
+	}
+	if durable && w.fsync {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return fmt.Errorf("gym: %w", err)
+		}
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("gym: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), final); err != nil {
+		return fmt.Errorf("gym: %w", err)
+	}
+	if durable {
+		return w.syncDir()
+	}
+	return nil
+}
+
+func (w *Writer) syncDir() error {
+	if !w.fsync {
+		return nil
+	}
+	d, err := os.Open(w.dir)
+	if err != nil {
+		return fmt.Errorf("gym: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("gym: fsync %s: %w", w.dir, err)
+	}
+	return nil
+}
+
+func (w *Writer) appendLine(path string, line []byte) (int64, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("gym: %w", err)
+	}
+	if _, err := f.Write(line); err != nil {
+		f.Close()
+		return 0, fmt.Errorf("gym: append %s: %w", path, err)
+	}
+	if w.fsync {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return 0, fmt.Errorf("gym: fsync %s: %w", path, err)
+		}
+	}
+	off, err := f.Seek(0, io.SeekCurrent)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("gym: %w", err)
+	}
+	return off, nil
+}
+
+func (w *Writer) writable(rid string) (*storeState, error) {
+	if err := ValidateRolloutID(rid); err != nil {
+		return nil, err
+	}
+	st, err := w.loadState(rid)
+	if err != nil {
+		return nil, err
+	}
+	if st.Retired {
+		return nil, fmt.Errorf("%w: %s", ErrRetired, rid)
+	}
+	if st.Frozen {
+		return nil, fmt.Errorf("%w: %s", ErrFrozen, rid)
+	}
+	return st, nil
+}
+
+// BeginCall durably records that a call is about to be dispatched; a call
+// that never gets an entry leaves a dangling intent and masks the rollout.
+func (w *Writer) BeginCall(rolloutID, modelCallID string) error {
+	if modelCallID == "" || strings.ContainsAny(modelCallID, "\n\r") || strings.HasPrefix(modelCallID, "-") {
+		return fmt.Errorf("gym: BeginCall: model call id %q must be non-empty, one line, and not start with '-'", modelCallID)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.writable(rolloutID); err != nil {
+		return err
+	}
+	_, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIntents), []byte(modelCallID+"\n"))
+	return err
+}
+
+// CancelCall durably closes an intent whose call exited without generation.
+func (w *Writer) CancelCall(rolloutID, modelCallID string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, err := w.writable(rolloutID); err != nil {
+		return err
+	}
+	_, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIntents), []byte("-"+modelCallID+"\n"))
+	return err
+}
+
+// Put validates and durably appends one entry under e.RolloutID. Putting an
+// identical entry again is a no-op; a different payload under the same
+// model_call_id is ErrConflict and marks the rollout incomplete.
+func (w *Writer) Put(e *TokenEntry) error {
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("gym: Put %s/%s: %w", e.RolloutID, e.ModelCallID, err)
+	}
+	line := e.AppendJSON(make([]byte, 0, 8*(len(e.PromptTokenIDs)+len(e.GenerationTokenIDs))+24*len(e.GenerationLogProbs)+512))
+	d := lineDigest(line)
+	line = append(line, '\n')
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.writable(e.RolloutID)
+	if err != nil {
+		return err
+	}
+	if old, ok := st.EntryDigests[e.ModelCallID]; ok {
+		if old == d {
+			return nil
+		}
+		st.Incomplete = true
+		st.Version++
+		if err := w.writeState(e.RolloutID, st, true); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: %s in rollout %s", ErrConflict, e.ModelCallID, e.RolloutID)
+	}
+	off, err := w.appendLine(filepath.Join(w.dir, e.RolloutID+SuffixEntries), line)
+	if err != nil {
+		return err
+	}
+	st.IndexedSize = off
+	st.EntryDigests[e.ModelCallID] = d
+	st.Version++
+	// The entry's fsync is the durability guarantee; the index is rebuilt
+	// from the file tail if this state write is lost.
+	return w.writeState(e.RolloutID, st, false)
+}
+
+// MarkIncomplete durably records that a call of the rollout was lost.
+func (w *Writer) MarkIncomplete(rolloutID, modelCallID string) error {
+	if strings.ContainsAny(modelCallID, "\n\r") {
+		return fmt.Errorf("gym: MarkIncomplete: model call id %q must be one line", modelCallID)
+	}
+	if err := ValidateRolloutID(rolloutID); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.loadState(rolloutID)
+	if err != nil {
+		return err
+	}
+	if st.Retired {
+		return fmt.Errorf("%w: %s", ErrRetired, rolloutID)
+	}
+	st.Incomplete = true
+	st.Version++
+	if err := w.writeState(rolloutID, st, true); err != nil {
+		return err
+	}
+	if _, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIncomplete), []byte(modelCallID+"\n")); err != nil {
+		return err
+	}
+	return w.syncDir()
+}
+
+// Freeze makes the rollout read-only; it is idempotent.
+func (w *Writer) Freeze(rolloutID string) error {
+	_, err := w.Snapshot(rolloutID)
+	return err
+}
+
+// Snapshot freezes the rollout (idempotently) and returns its snapshot, like
+// Gym's freeze_now.
+func (w *Writer) Snapshot(rolloutID string) (*Snapshot, error) {
+	if err := ValidateRolloutID(rolloutID); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.loadState(rolloutID)
+	if err != nil {
+		return nil, err
+	}
+	if st.Retired {
+		return nil, fmt.Errorf("%w: %s", ErrRetired, rolloutID)
+	}
+	if !st.Frozen {
+		st.Frozen = true
+		st.SnapshotID = newSnapshotID()
+		st.Version++
+		if err := w.writeState(rolloutID, st, true); err != nil {
+			return nil, err
+		}
+	}
+	cp := *st
+	return readSnapshot(w.dir, rolloutID, &cp)
+}
+
+func newSnapshotID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("gym: crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// Drop retires a frozen snapshot: it deletes the entries, intents and
+// incomplete marker and keeps a retired tombstone. It reports false (and
+// deletes nothing) when the rollout is not frozen at that snapshot id and
+// version.
+func (w *Writer) Drop(rolloutID, snapshotID string, version int) (bool, error) {
+	if err := ValidateRolloutID(rolloutID); err != nil {
+		return false, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.loadState(rolloutID)
+	if err != nil {
+		return false, err
+	}
+	if !st.Frozen || st.Retired || st.SnapshotID != snapshotID || st.Version != version {
+		return false, nil
+	}
+	base := filepath.Join(w.dir, rolloutID)
+	for _, suf := range []string{SuffixEntries, SuffixIncomplete, SuffixIntents} {
+		if err := os.Remove(base + suf); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return false, fmt.Errorf("gym: %w", err)
+		}
+	}
+	st.IndexedSize = 0
+	st.EntryDigests = map[string]string{}
+	st.Retired = true
+	if err := w.writeState(rolloutID, st, true); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// Close releases the writer. The file store holds no open handles.
+func (w *Writer) Close() error { return nil }
