@@ -216,3 +216,5 @@ func (b *Backend) fail(format string, args ...any) {
 		b.err = fmt.Errorf("cpu: "+format, args...)
 	}
 }
+
+var _ kernels.Backend = (*Backend)(nil)

@@ -1,5 +1,7 @@
 package cpu
 
+import "unsafe"
+
 // Float is the element type the generic kernels are written over: the Backend
 // runs the float32 instantiation, and the tests finite-difference-check the
 // float64 one and compare the two.
@@ -27,24 +29,52 @@ const (
 // scratch holds per-worker float32 buffers that grow on first use and are
 // reused afterwards, plus shared buffers for reductions.
 type scratch struct {
-	w        [][numSlots][]float32
+	w        []wscratch
 	partials []float64
 	shared   []float32
 }
 
 func (s *scratch) init(threads int) {
-	s.w = make([][numSlots][]float32, threads)
+	s.w = make([]wscratch, threads)
 }
 
-// get returns worker w's buffer for slot, at least n elements long (contents
+// wscratch is one worker's set of reusable buffers.
+type wscratch struct {
+	bufs [numSlots][]float32
+}
+
+// get returns the buffer for slot, at least n elements long (contents
 // unspecified).
-func (s *scratch) get(w, slot, n int) []float32 {
-	b := s.w[w][slot]
+func (s *wscratch) get(slot, n int) []float32 {
+	b := s.bufs[slot]
 	if cap(b) < n {
 		b = make([]float32, n+n/4)
-		s.w[w][slot] = b
+		s.bufs[slot] = b
 	}
 	return b[:n]
+}
+
+// scratchOf returns n elements of scratch of type F: worker memory for
+// float32, a fresh slice for float64 (used only by tests).
+func scratchOf[F Float](ws *wscratch, slot, n int) []F {
+	var zero F
+	if _, ok := any(zero).(float32); ok && ws != nil {
+		b := ws.get(slot, n)
+		return unsafe.Slice((*F)(unsafe.Pointer(unsafe.SliceData(b))), n)
+	}
+	return make([]F, n)
+}
+
+// isF32 reports whether F is float32.
+func isF32[F Float]() bool {
+	var zero F
+	_, ok := any(zero).(float32)
+	return ok
+}
+
+// asF32 reinterprets a []F known to be []float32.
+func asF32[F Float](x []F) []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
 }
 
 // getPartials returns a shared float64 buffer of n elements.

@@ -9,5 +9,13 @@ type tasks struct {
 	sumSquares sumSquaresTask
 	embedding  embeddingTask
 	scatter    scatterTask
+	gemm       gemmTask
+	rmsnorm    rmsnormTask
+	swiglu     swigluTask
+	rope       ropeTask
+	ropeCache  ropeCache
+	attn       attnTask
+	decode     decodeTask
+	tlp        tlpTask
 	bad        []int
 }
