@@ -71,8 +71,8 @@ func TestRopeRelative(t *testing.T) {
 // attnCases cover one-token sequences, many short packed sequences, lengths
 // that are not multiples of 8, and GQA ratios 1, 2 and 4.
 var attnCases = []struct {
-	name         string
-	lens         []int
+	name        string
+	lens        []int
 	NH, NKV, HD int
 }{
 	{"one_token", []int{1}, 2, 1, 4},
