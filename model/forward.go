@@ -112,12 +112,22 @@ func (m *Model) seqs() kernels.Seqs {
 
 // forward queues the forward pass of the staged micro-batch.
 func (m *Model) forward() {
-	b, c := m.b, m.cfg
 	T := m.lastT
 	if T == 0 {
 		m.haveForward = true
 		return
 	}
+	m.forwardBody()
+	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHead,
+		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
+	m.haveForward = true
+}
+
+// forwardBody queues the decoder layers and the final norm of the staged
+// micro-batch (T > 0), leaving the normed hidden states in lnf.
+func (m *Model) forwardBody() {
+	b, c := m.b, m.cfg
+	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
 	eps, theta := c.RMSNormEps, c.RopeTheta
@@ -158,9 +168,6 @@ func (m *Model) forward() {
 		b.Add(next, next, xmid, T*C)
 	}
 	b.RMSNorm(tc(m.lnf, C), m.rstdf.Slice(0, T), tc(m.xf, C), m.norm, T, C, eps)
-	b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), tc(m.lnf, C), m.lmHead,
-		m.target.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
-	m.haveForward = true
 }
 
 // Backward accumulates into Grads the gradient of L with respect to every

@@ -100,7 +100,11 @@ func compareClose(t *testing.T, what string, got, want []float32, atol, rtol flo
 
 func loadTestModel(t testing.TB, variant string, b *cpu.Backend, opt Options) *Model {
 	t.Helper()
-	dir := filepath.Join("testdata", variant)
+	return loadModelDir(t, filepath.Join("testdata", variant), b, opt)
+}
+
+func loadModelDir(t testing.TB, dir string, b *cpu.Backend, opt Options) *Model {
+	t.Helper()
 	cfg, err := LoadConfig(filepath.Join(dir, "config.json"))
 	if err != nil {
 		t.Fatal(err)
