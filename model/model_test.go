@@ -62,7 +62,7 @@ func TestConfig(t *testing.T) {
 		}
 		want := Config{Arch: Qwen3, HiddenSize: 64, IntermediateSize: 128, NumHiddenLayers: 2, NumAttentionHeads: 4,
 			NumKeyValueHeads: 4, HeadDim: 16, RMSNormEps: 1e-6, RopeTheta: 10000, VocabSize: 512, EOSTokenIDs: []int32{1, 2},
-			}
+		}
 		if d := cmp.Diff(want, c, cmpopts.IgnoreFields(Config{}, "Extra")); d != "" {
 			t.Errorf("(-want +got):\n%s", d)
 		}

@@ -51,28 +51,26 @@ type Sampler struct {
 	ints   kernels.Buf
 
 	// Decode activations, maxBatch rows.
-	x, ln, xmid     kernels.Buf // (B,C)
-	rstd            kernels.Buf // (B)
-	qraw, q, att    kernels.Buf // (B,NH,HD)
-	qrstd           kernels.Buf // (B,NH)
-	kraw, k, v      kernels.Buf // (B,NKV,HD)
-	krstd           kernels.Buf // (B,NKV)
-	gate, up, h     kernels.Buf // (B,I)
-	logits          kernels.Buf // (B,V)
-	tok, pos, lens  kernels.Buf // (B) I32
-	idx             kernels.Buf // (max(MaxTokens, B)) I32 cache row of each token
-	hTok, hPos      []int32
-	hLens, hIdx     []int32
-	hLogits         []float32 // (B,V)
-	probs           []float64 // (V)
-	order           []int32   // (V)
-	slotRow         []int     // prompt index held by each cache slot
-	fill            []int     // tokens in each slot's cache
-	stop            map[int32]bool
-	prefillPrompts  []int
-	prefillTokens   []int32
-	prefillCu       []int32
-	prefillLastRows []int
+	x, ln, xmid    kernels.Buf // (B,C)
+	rstd           kernels.Buf // (B)
+	qraw, q, att   kernels.Buf // (B,NH,HD)
+	qrstd          kernels.Buf // (B,NH)
+	kraw, k, v     kernels.Buf // (B,NKV,HD)
+	krstd          kernels.Buf // (B,NKV)
+	gate, up, h    kernels.Buf // (B,I)
+	logits         kernels.Buf // (B,V)
+	tok, pos, lens kernels.Buf // (B) I32
+	idx            kernels.Buf // (max(MaxTokens, B)) I32 cache row of each token
+	hTok, hPos     []int32
+	hLens, hIdx    []int32
+	hLogits        []float32 // (B,V)
+	probs          []float64 // (V)
+	order          []int32   // (V)
+	slotRow        []int     // prompt index held by each cache slot
+	fill           []int     // tokens in each slot's cache
+	stop           map[int32]bool
+	prefillTokens  []int32
+	prefillCu      []int32
 }
 
 // NewSampler allocates KV caches for maxBatch sequences of at most maxLen
