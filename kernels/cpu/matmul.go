@@ -28,9 +28,18 @@ type gemmTask struct {
 	lda, ldb, ldc  int
 	acc            bool
 	nN             int
+	pb             []float32 // op(B) packed whole (packedBSize), shared
+	npad, np, nkb  int
+	packing        bool
 }
 
 func (t *gemmTask) run(w, lo, hi int) {
+	if t.packing {
+		for it := lo; it < hi; it++ {
+			packBPanel(t.pb, t.transB, t.B, t.ldb, t.N, t.K, it/t.np, it%t.np)
+		}
+		return
+	}
 	for it := lo; it < hi; it++ {
 		i0 := (it / t.nN) * tileM
 		j0 := (it % t.nN) * tileN
@@ -41,6 +50,10 @@ func (t *gemmTask) run(w, lo, hi int) {
 			a = t.A[i0:]
 		} else {
 			a = t.A[i0*t.lda:]
+		}
+		if t.pb != nil {
+			gemmPacked(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, nil, 0, t.pb, (j0/gemmNR)|t.npad<<32, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
+			continue
 		}
 		if t.transB {
 			b = t.B[j0*t.ldb:]
@@ -61,6 +74,16 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 	nN := (N + tileN - 1) / tileN
 	*t = gemmTask{ws: b.scratch.w, transA: transA, transB: transB, M: M, N: N, K: K,
 		A: A, B: B, C: C, lda: lda, ldb: ldb, ldc: ldc, acc: acc, nN: nN}
+	if K > 0 && nM > 1 {
+		// Pack op(B) once, shared by every row of tiles.
+		t.np = (N + gemmNR - 1) / gemmNR
+		t.npad = t.np * gemmNR
+		t.nkb = (K + gemmKC - 1) / gemmKC
+		t.pb = b.scratch.getShared(sharedPackB, packedBSize(N, K))
+		t.packing = true
+		b.pool.parallel(t, t.nkb*t.np, 4)
+		t.packing = false
+	}
 	b.pool.parallel(t, nM*nN, 1)
 	*t = gemmTask{}
 }

@@ -31,8 +31,16 @@ const (
 type scratch struct {
 	w        []wscratch
 	partials []float64
-	shared   []float32
+	shared   [numShared][]float32
 }
+
+// Shared buffer slots: one per concurrent use within an op.
+const (
+	sharedPackB = iota // parallelGemm's packed op(B)
+	sharedDZ           // TokenLogprobBackward's dz chunk
+	sharedRMS          // RMSNormBackward's dweight partial sums
+	numShared
+)
 
 func (s *scratch) init(threads int) {
 	s.w = make([]wscratch, threads)
@@ -85,10 +93,13 @@ func (s *scratch) getPartials(n int) []float64 {
 	return s.partials[:n]
 }
 
-// getShared returns a shared float32 buffer of n elements.
-func (s *scratch) getShared(n int) []float32 {
-	if cap(s.shared) < n {
-		s.shared = make([]float32, n)
+// getShared returns shared float32 buffer slot, n elements long.
+func (s *scratch) getShared(slot, n int) []float32 {
+	if cap(s.shared[slot]) < n {
+		s.shared[slot] = make([]float32, n)
 	}
-	return s.shared[:n]
+	return s.shared[slot][:n]
 }
+
+// unsafeSlice views n float32s starting at p.
+func unsafeSlice(p *float32, n int) []float32 { return unsafe.Slice(p, n) }
