@@ -97,7 +97,7 @@ func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels
 	*t = rmsnormTask{
 		dinp: b.f32opt(dinp, N*C, "RMSNormBackward dinp"), dout: b.f32n(dout, N*C, "RMSNormBackward dout"),
 		inp: b.f32n(inp, N*C, "RMSNormBackward inp"), weight: b.f32n(weight, C, "RMSNormBackward weight"),
-		rstd: b.f32n(rstd, N, "RMSNormBackward rstd"), dwpart: b.scratch.getShared(sharedRMS, nb * C),
+		rstd: b.f32n(rstd, N, "RMSNormBackward rstd"), dwpart: b.scratch.getShared(sharedRMS, nb*C),
 		C: C, bwd: true,
 	}
 	b.pool.parallel(t, N, rmsBlock)

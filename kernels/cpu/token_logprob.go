@@ -187,7 +187,7 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	for v0 := 0; v0 < V; v0 += chunk {
 		vc := min(chunk, V-v0)
 		t.v0, t.vc = v0, vc
-		t.dz = b.scratch.getShared(sharedDZ, T * vc)
+		t.dz = b.scratch.getShared(sharedDZ, T*vc)
 		b.pool.parallel(t, T, tlpRowBlock)
 		if dw != nil {
 			b.parallelGemm(true, false, vc, C, T, t.dz, vc, t.hidden, C, dw[v0*C:], C, true)
