@@ -215,6 +215,9 @@ func ParseManifest(b []byte) (Manifest, error) {
 			return Manifest{}, fmt.Errorf("files[%d].name: %q listed twice", i, f.Name)
 		}
 		seen[f.Name] = true
+		if f.UncompressedSize < 0 || (f.UncompressedSize != 0) != (f.Name == OptimizerZstdFile) {
+			return Manifest{}, fmt.Errorf("files[%d] (%s).uncompressed_size: want > 0 exactly for %s, found %d", i, f.Name, OptimizerZstdFile, f.UncompressedSize)
+		}
 		if f.Size < 0 {
 			return Manifest{}, fmt.Errorf("files[%d] (%s).size: negative (%d)", i, f.Name, f.Size)
 		}
@@ -271,10 +274,10 @@ func Load(path string, opt LoadOptions) (*State, error) {
 		return nil, err
 	}
 	st := &State{}
-	var optName string
+	var optEntry FileEntry
 	for _, f := range man.Files {
 		if f.Name == OptimizerFile || f.Name == OptimizerZstdFile {
-			optName = f.Name
+			optEntry = f
 		}
 	}
 	tsPath := filepath.Join(path, TrainerStateFile)
@@ -300,19 +303,21 @@ func Load(path string, opt LoadOptions) (*State, error) {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(path, ConfigFile), err)
 		}
 	}
-	if st.Model, err = readTensors(filepath.Join(path, ModelFile), false, "checkpoint-model", man.Step); err != nil {
+	if st.Model, err = readTensors(filepath.Join(path, ModelFile), 0, "checkpoint-model", man.Step); err != nil {
 		return nil, err
 	}
-	if st.Optimizer, err = readTensors(filepath.Join(path, optName), optName == OptimizerZstdFile, "checkpoint-optimizer", man.Step); err != nil {
+	if st.Optimizer, err = readTensors(filepath.Join(path, optEntry.Name), optEntry.UncompressedSize, "checkpoint-optimizer", man.Step); err != nil {
 		return nil, err
 	}
 	return st, nil
 }
 
-func readTensors(path string, compressed bool, kind string, step int64) ([]Tensor, error) {
+// readTensors reads a safetensors file, zstd-compressed when uncompressed > 0
+// (its exact decompressed size, from the manifest).
+func readTensors(path string, uncompressed int64, kind string, step int64) ([]Tensor, error) {
 	var f *safetensors.File
 	var err error
-	if compressed {
+	if uncompressed > 0 {
 		fh, err := os.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: %w", err)
@@ -322,7 +327,15 @@ func readTensors(path string, compressed bool, kind string, step int64) ([]Tenso
 			fh.Close()
 			return nil, fmt.Errorf("checkpoint: %s: %w", path, err)
 		}
-		raw, err := io.ReadAll(dec)
+		raw := make([]byte, uncompressed)
+		_, err = io.ReadFull(dec, raw)
+		if err == nil {
+			// The stream must end exactly here.
+			var one [1]byte
+			if n, _ := dec.Read(one[:]); n != 0 {
+				err = fmt.Errorf("decompresses to more than the %d bytes %s says", uncompressed, ManifestFile)
+			}
+		}
 		dec.Close()
 		fh.Close()
 		if err != nil {

@@ -99,6 +99,9 @@ type FileEntry struct {
 	Name   string `json:"name"`
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
+	// UncompressedSize is the decompressed size of a .zst file; the loader
+	// decompresses no more than this.
+	UncompressedSize int64 `json:"uncompressed_size,omitempty"`
 }
 
 // StepDir returns the directory name of step n.
@@ -295,6 +298,8 @@ func writeTensors(path string, tensors []Tensor, meta map[string]string, compres
 		}
 		out = enc
 	}
+	counted := &countingWriter{w: out}
+	out = counted
 	specs := make([]safetensors.Spec, len(tensors))
 	byName := make(map[string]*Tensor, len(tensors))
 	for i := range tensors {
@@ -331,7 +336,23 @@ func writeTensors(path string, tensors []Tensor, meta map[string]string, compres
 	if err := bw.Flush(); err != nil {
 		return fail(err)
 	}
-	return hf.finish()
+	e, err := hf.finish()
+	if compress {
+		e.UncompressedSize = counted.n
+	}
+	return e, err
+}
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // encodeTrainerState writes indented JSON with the opaque JSON fields
