@@ -3,7 +3,10 @@ module github.com/tracegrpo/tracegrpo
 go 1.26
 
 require (
+	github.com/google/go-cmp v0.7.0
+	github.com/klauspost/compress v1.20.4
 	github.com/spf13/pflag v1.1.0
+	go.yaml.in/yaml/v3 v3.0.6
 	gonum.org/v1/plot v0.17.0
 )
 
