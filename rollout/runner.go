@@ -105,7 +105,9 @@ func Plan(tasks []Task, step, prompts, gens int, rng *rand.Rand) []Spec {
 // Run plays the episodes of specs to completion in lockstep rounds: each
 // round gathers every active episode's pending calls, in spec order, into
 // one policy batch, so the run is deterministic for a deterministic policy.
-// ids mints the model call ids.
+// ids mints the model call ids. A Recorder that also has a
+// Clear(rolloutID string) error method is asked to clear each rollout id
+// before anything is dispatched, as Gym does before reusing a key.
 func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, error) {
 	type active struct {
 		ep    Episode
@@ -115,6 +117,11 @@ func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, e
 	eps := make([]active, len(specs))
 	for i, s := range specs {
 		eps[i].ep = s.Instance.NewEpisode()
+		if c, ok := rec.(interface{ Clear(rolloutID string) error }); ok {
+			if err := c.Clear(s.RolloutID); err != nil {
+				return nil, fmt.Errorf("rollout: clear %s before dispatch: %w", s.RolloutID, err)
+			}
+		}
 	}
 	type pending struct {
 		ep   int
