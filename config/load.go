@@ -29,10 +29,39 @@ const maxDefaultsDepth = 64
 // applies sets ("a.b=v", in order), resolves interpolations and decodes the
 // result. With no files it loads Default() plus the sets.
 func Load(files []string, sets []string) (*Loaded, error) {
+	return load(nil, files, sets)
+}
+
+// Recipe is an in-memory recipe, such as the one embedded for the built-in
+// run. It may not use `defaults:`.
+type Recipe struct {
+	Name string // shown in errors as the file name
+	Data []byte
+}
+
+// LoadOver is Load with base merged over Default() before files: files and
+// sets override the base recipe as they override the defaults.
+func LoadOver(base Recipe, files []string, sets []string) (*Loaded, error) {
+	return load(&base, files, sets)
+}
+
+func load(base *Recipe, files []string, sets []string) (*Loaded, error) {
 	ld := &loader{origin: map[*yaml.Node]string{}}
 	root, err := ld.defaultsTree()
 	if err != nil {
 		return nil, err
+	}
+	if base != nil {
+		t, err := parseTree(base.Name, base.Data)
+		if err != nil {
+			return nil, err
+		}
+		ld.mark(t, base.Name)
+		if lookup(t, []string{"defaults"}) != nil {
+			return nil, fmt.Errorf("config: %s: an in-memory recipe cannot use defaults:", base.Name)
+		}
+		ld.files = append(ld.files, base.Name)
+		root = merge(root, t)
 	}
 	for _, f := range files {
 		t, err := ld.loadFile(f, nil)

@@ -40,6 +40,13 @@ type stepMetrics struct {
 	GenKLError       float64 `json:"gen_kl_error"`
 	SkippedUpdate    bool    `json:"skipped_update,omitempty"`
 
+	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
+	// training forward against the no-gradient forward of the same weights.
+	// It is 0 for a deterministic forward; anything else is a bug.
+	PrevLogprobMaxDiff float64 `json:"prev_logprob_max_diff"`
+	// TrainTokens counts the tokens of the rows that ran (valid rows).
+	TrainTokens int `json:"train_tokens"`
+
 	MaskReasons map[string]int `json:"mask_reasons,omitempty"`
 
 	TokensPerS float64    `json:"tokens_per_s"`

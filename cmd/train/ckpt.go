@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/optim"
+)
+
+// runIdentity is what a resumed run must share with the run it continues,
+// saved as trainer_state.json's config.
+type runIdentity struct {
+	ConfigYAML string     `json:"config_yaml"` // the effective config
+	Init       initSource `json:"init"`
+	Tasks      []string   `json:"tasks,omitempty"`
+	Rollouts   string     `json:"rollouts,omitempty"`
+}
+
+func (t *trainer) identity() (runIdentity, error) {
+	y, err := config.Marshal(&t.cfg)
+	if err != nil {
+		return runIdentity{}, err
+	}
+	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.rollouts}
+	if t.o.rollouts == "" {
+		id.Tasks = t.o.tasks
+	}
+	return id, nil
+}
+
+func (t *trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
+
+// maybeCheckpoint saves every checkpointing.save_period steps and at the end.
+func (t *trainer) maybeCheckpoint() error {
+	c := t.cfg.Checkpointing
+	if !c.Enabled {
+		return nil
+	}
+	if (c.SavePeriod <= 0 || t.step%c.SavePeriod != 0) && t.step != t.maxSteps {
+		return nil
+	}
+	return t.save()
+}
+
+// save writes step_<N>/: HF weights, Adam moments, trainer state.
+func (t *trainer) save() error {
+	table := t.model.Table()
+	host := t.model.ParamsHost()
+	mBuf, vBuf := t.opt.Moments()
+	m := make([]float32, mBuf.N)
+	v := make([]float32, vBuf.N)
+	t.be.DownloadF32(m, mBuf)
+	t.be.DownloadF32(v, vBuf)
+	if err := t.be.Sync(); err != nil {
+		return err
+	}
+	st := &checkpoint.State{}
+	for _, p := range table.Params {
+		spec := func(name string) safetensors.Spec {
+			return safetensors.Spec{Name: name, DType: safetensors.F32, Shape: p.Shape}
+		}
+		r := host[p.Offset : p.Offset+p.N]
+		st.Model = append(st.Model, checkpoint.Tensor{Spec: spec(p.Name), F32: r})
+		st.Optimizer = append(st.Optimizer,
+			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg"), F32: m[p.Offset : p.Offset+p.N]},
+			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg_sq"), F32: v[p.Offset : p.Offset+p.N]})
+	}
+	var err error
+	if st.ModelConfig, err = t.modelCfg.JSON("float32"); err != nil {
+		return err
+	}
+	ts := &st.Trainer
+	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
+	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
+		return err
+	}
+	if ts.Scheduler, err = json.Marshal(t.sched.State()); err != nil {
+		return err
+	}
+	ts.RNG = map[string][]byte{}
+	for name, p := range t.rngs {
+		if ts.RNG[name], err = p.MarshalBinary(); err != nil {
+			return err
+		}
+	}
+	if ts.RolloutCursor, err = t.source.cursor(); err != nil {
+		return err
+	}
+	id, err := t.identity()
+	if err != nil {
+		return err
+	}
+	if ts.Config, err = json.Marshal(id); err != nil {
+		return err
+	}
+	keep := 0
+	if k := t.cfg.Checkpointing.KeepTopK; k != nil {
+		keep = *k
+	}
+	_, err = checkpoint.Save(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
+	return err
+}
+
+// restore loads the newest complete checkpoint of the run directory and puts
+// the run back exactly where it was after that step.
+func (t *trainer) restore() error {
+	cfgJSON, err := t.modelCfg.JSON("float32")
+	if err != nil {
+		return err
+	}
+	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.fallback, ExpectConfig: cfgJSON})
+	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
+		return fmt.Errorf("resume: no complete checkpoint in %s: %w", t.checkpointDir(), err)
+	}
+	if err != nil {
+		return fmt.Errorf("resume: %w (pass --fallback to use an older complete checkpoint)", err)
+	}
+	for _, s := range res.Skipped {
+		t.logf("resume: skipped %v", s)
+	}
+	st := res.State
+	if err := t.checkIdentity(st.Trainer.Config); err != nil {
+		return err
+	}
+	table := t.model.Table()
+	host := make([]float32, table.Total)
+	m := make([]float32, table.Total)
+	v := make([]float32, table.Total)
+	byName := func(ts []checkpoint.Tensor) map[string]checkpoint.Tensor {
+		out := make(map[string]checkpoint.Tensor, len(ts))
+		for _, x := range ts {
+			out[x.Name] = x
+		}
+		return out
+	}
+	mt, ot := byName(st.Model), byName(st.Optimizer)
+	for _, p := range table.Params {
+		for _, want := range []struct {
+			from map[string]checkpoint.Tensor
+			name string
+			dst  []float32
+			file string
+		}{
+			{mt, p.Name, host, checkpoint.ModelFile},
+			{ot, p.Name + ".exp_avg", m, "optimizer"},
+			{ot, p.Name + ".exp_avg_sq", v, "optimizer"},
+		} {
+			x, ok := want.from[want.name]
+			if !ok {
+				return fmt.Errorf("resume: %s: %s has no tensor %s", res.Path, want.file, want.name)
+			}
+			if !slices.Equal(x.Shape, p.Shape) || len(x.F32) != p.N {
+				return fmt.Errorf("resume: %s: tensor %s has shape %v (%d float32 values), the model wants %v",
+					res.Path, want.name, x.Shape, len(x.F32), p.Shape)
+			}
+			copy(want.dst[p.Offset:p.Offset+p.N], x.F32)
+		}
+	}
+	if err := t.model.SetParamsHost(host); err != nil {
+		return err
+	}
+	mBuf, vBuf := t.opt.Moments()
+	t.be.UploadF32(mBuf, m)
+	t.be.UploadF32(vBuf, v)
+	if err := t.be.Sync(); err != nil {
+		return err
+	}
+	var ostate optim.State
+	if err := json.Unmarshal(st.Trainer.Optimizer, &ostate); err != nil {
+		return fmt.Errorf("resume: %s: optimizer state: %w", res.Path, err)
+	}
+	if err := t.opt.SetState(ostate); err != nil {
+		return err
+	}
+	var ss optim.ScheduleState
+	if err := json.Unmarshal(st.Trainer.Scheduler, &ss); err != nil {
+		return fmt.Errorf("resume: %s: scheduler state: %w", res.Path, err)
+	}
+	if err := t.sched.Restore(ss); err != nil {
+		return err
+	}
+	for name, p := range t.rngs {
+		b, ok := st.Trainer.RNG[name]
+		if !ok {
+			return fmt.Errorf("resume: %s: no state for random stream %q", res.Path, name)
+		}
+		if err := p.UnmarshalBinary(b); err != nil {
+			return fmt.Errorf("resume: %s: random stream %q: %w", res.Path, name, err)
+		}
+	}
+	if err := t.source.restore(st.Trainer.RolloutCursor); err != nil {
+		return err
+	}
+	t.step, t.consumed = int(st.Trainer.Step), st.Trainer.ConsumedRollouts
+	t.logf("resumed from %s (step %d, %d logical rollouts consumed)", res.Path, t.step, t.consumed)
+	return nil
+}
+
+// checkIdentity refuses to resume a run under a different configuration,
+// init or data: every differing key is named. grpo.max_num_steps may change
+// (to extend a run).
+func (t *trainer) checkIdentity(raw json.RawMessage) error {
+	var saved runIdentity
+	if err := json.Unmarshal(raw, &saved); err != nil {
+		return fmt.Errorf("resume: trainer_state.json config: %w", err)
+	}
+	cur, err := t.identity()
+	if err != nil {
+		return err
+	}
+	var diffs []string
+	if saved.Init != cur.Init {
+		diffs = append(diffs, fmt.Sprintf("initial weights: checkpoint %+v, now %+v", saved.Init, cur.Init))
+	}
+	if !slices.Equal(saved.Tasks, cur.Tasks) {
+		diffs = append(diffs, fmt.Sprintf("--tasks: checkpoint %v, now %v", saved.Tasks, cur.Tasks))
+	}
+	if saved.Rollouts != cur.Rollouts {
+		diffs = append(diffs, fmt.Sprintf("--rollouts: checkpoint %q, now %q", saved.Rollouts, cur.Rollouts))
+	}
+	a, err := flattenYAML(saved.ConfigYAML)
+	if err != nil {
+		return fmt.Errorf("resume: saved config: %w", err)
+	}
+	b, err := flattenYAML(cur.ConfigYAML)
+	if err != nil {
+		return err
+	}
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	var sorted []string
+	for k := range keys {
+		sorted = append(sorted, k)
+	}
+	sort.Strings(sorted)
+	for _, k := range sorted {
+		if a[k] != b[k] && k != "grpo.max_num_steps" {
+			diffs = append(diffs, fmt.Sprintf("%s: checkpoint %s, now %s", k, orNone(a[k]), orNone(b[k])))
+		}
+	}
+	if len(diffs) > 0 {
+		var buf bytes.Buffer
+		for _, d := range diffs {
+			buf.WriteString("\n  " + d)
+		}
+		return fmt.Errorf("resume: this run differs from the checkpoint's (resume it with the same recipe, --set values and flags):%s", buf.String())
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(absent)"
+	}
+	return s
+}
+
+// flattenYAML maps every leaf's dotted path to its YAML text.
+func flattenYAML(doc string) (map[string]string, error) {
+	var root any
+	if err := yaml.Unmarshal([]byte(doc), &root); err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	var walk func(prefix string, v any)
+	walk = func(prefix string, v any) {
+		switch x := v.(type) {
+		case map[string]any:
+			for k, c := range x {
+				p := k
+				if prefix != "" {
+					p = prefix + "." + k
+				}
+				walk(p, c)
+			}
+		default:
+			b, _ := json.Marshal(x)
+			out[prefix] = string(b)
+		}
+	}
+	walk("", root)
+	return out, nil
+}
+
+// openMetrics opens metrics.jsonl for appending. On resume it first drops
+// the lines of steps after the checkpoint (a crashed attempt logged them;
+// they are about to be re-run).
+func (t *trainer) openMetrics() error {
+	path := filepath.Join(t.out, "metrics.jsonl")
+	if t.o.resume {
+		if err := truncateMetrics(path, t.step); err != nil {
+			return err
+		}
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	t.metricsFile = f
+	return nil
+}
+
+func truncateMetrics(path string, keep int) error {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
+	for line := 1; sc.Scan(); line++ {
+		var m struct {
+			Step int `json:"step"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			// A torn last line from a crash is dropped; anything else is an error.
+			if !bytes.HasSuffix(data, sc.Bytes()) {
+				return fmt.Errorf("resume: %s:%d: %w", path, line, err)
+			}
+			continue
+		}
+		if m.Step <= keep {
+			out.Write(sc.Bytes())
+			out.WriteByte('\n')
+		}
+	}
+	return writeFileAtomic(path, out.Bytes())
+}
+
+// log appends the step's metrics line and shows the progress line.
+func (t *trainer) log(m stepMetrics) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	if _, err := t.metricsFile.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	t.progress.step(m)
+	if stopAfterStep > 0 && m.Step >= stopAfterStep {
+		return errSimulatedCrash
+	}
+	return nil
+}
+
+// stopAfterStep, when positive, ends the run right after that step's metrics
+// line as a crash would (tests of exact resume use it).
+var stopAfterStep = 0
+
+var errSimulatedCrash = errors.New("simulated crash")

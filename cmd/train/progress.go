@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+)
+
+// progressLine prints one line per step to stderr: the step, its reward and
+// loss, the trained rows and tokens, the speed and the time left.
+type progressLine struct {
+	w       io.Writer
+	quiet   bool
+	total   int
+	start   time.Time
+	steps   int
+	rewards []float64
+}
+
+func newProgressLine(w io.Writer, quiet bool, total int) *progressLine {
+	return &progressLine{w: w, quiet: quiet, total: total, start: time.Now()}
+}
+
+func (p *progressLine) step(m stepMetrics) {
+	p.steps++
+	p.rewards = append(p.rewards, m.RewardMean)
+	if p.quiet {
+		return
+	}
+	el := time.Since(p.start)
+	eta := time.Duration(float64(el) / float64(p.steps) * float64(p.total-m.Step)).Round(time.Second)
+	skipped := ""
+	if m.SkippedUpdate {
+		skipped = " | UPDATE SKIPPED (non-finite gradient)"
+	}
+	fmt.Fprintf(p.w, "step %*d/%d | reward %.3f ± %.3f | loss %+.4f | grad %.3f | lr %.2e | rows %d+%d pad, %d traces, %d masked | %d tok, %.0f tok/s | %.2fs, eta %v%s\n",
+		len(fmt.Sprint(p.total)), m.Step, p.total, m.RewardMean, m.RewardStd, m.Loss, m.GradNorm, m.LR,
+		m.PhysicalRows, m.PaddingRows, m.Traces, m.MaskedRollouts, m.EligibleTokens, m.TokensPerS, m.TimeS, eta, skipped)
+}
+
+// progressDone prints the run's summary.
+func (t *trainer) progressDone() {
+	p := t.progress
+	if p.quiet || p.steps == 0 {
+		return
+	}
+	n := min(10, len(p.rewards))
+	first, _ := meanStd(p.rewards[:n])
+	last, _ := meanStd(p.rewards[len(p.rewards)-n:])
+	fmt.Fprintf(p.w, "train: %d steps in %v; mean reward of the first %d steps %.3f, of the last %d %.3f; metrics in %s/metrics.jsonl\n",
+		p.steps, time.Since(p.start).Round(time.Second), n, first, n, last, t.out)
+}

@@ -1,0 +1,348 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/rollout"
+)
+
+// rolloutSource yields each step's rollout records and the captures they
+// correlate with.
+type rolloutSource interface {
+	// start finishes setting up once the model and the random streams exist.
+	start(t *trainer) error
+	// next returns the records of GRPO step (1-based) and their captures.
+	next(step int) ([]*gym.Record, gym.Source, error)
+	// cursor is the source's position after the last step, for checkpoints;
+	// restore goes back to it.
+	cursor() (json.RawMessage, error)
+	restore(c json.RawMessage) error
+	close()
+}
+
+// newSource chooses the rollout source from the flags and config, and checks
+// its inputs exist before any work starts.
+func (t *trainer) newSource() (rolloutSource, error) {
+	gbs := t.cfg.Policy.TrainGlobalBatchSize
+	capDir := t.cfg.Env.NemoGym.TokenIDCapture.Dir
+	if t.o.captures != "" {
+		capDir = t.o.captures
+	}
+	if t.o.rollouts == "" {
+		if t.o.captures != "" {
+			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", errUsage)
+		}
+		tasks, err := rollout.LookupTasks(t.o.tasks)
+		if err != nil {
+			return nil, err
+		}
+		return &builtinSource{tasks: tasks, captureDir: capDir}, nil
+	}
+	if capDir == "" {
+		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", errUsage)
+	}
+	if st, err := os.Stat(capDir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("capture directory %s: not a readable directory", capDir)
+	}
+	reader, err := gym.NewReader(capDir)
+	if err != nil {
+		return nil, err
+	}
+	st, err := os.Stat(t.o.rollouts)
+	if err != nil {
+		return nil, fmt.Errorf("rollouts: %w", err)
+	}
+	src := &externalSource{path: t.o.rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.wait}
+	if !src.dir {
+		if err := src.check(); err != nil {
+			return nil, err
+		}
+	}
+	return src, nil
+}
+
+// builtinSource plays the built-in tasks with the current policy, records
+// every call in a Gym capture store and reads it back like external captures.
+type builtinSource struct {
+	tasks      []rollout.Task
+	captureDir string
+	t          *trainer
+	writer     *gym.Writer
+	reader     *gym.Reader
+	rec        *rollout.GymRecorder
+	policy     *samplerPolicy
+}
+
+func (s *builtinSource) start(t *trainer) error {
+	s.t = t
+	if s.captureDir == "" {
+		s.captureDir = filepath.Join(t.out, "captures")
+	}
+	var err error
+	if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
+		return err
+	}
+	// The built-in generator re-creates a step's captures from the
+	// checkpointed random streams on resume (clearing what a crashed attempt
+	// left), so they need no per-write fsync.
+	s.writer.SetFsync(false)
+	if s.reader, err = gym.NewReader(s.captureDir); err != nil {
+		return err
+	}
+	s.rec = &rollout.GymRecorder{W: s.writer, Model: t.cfg.Policy.ModelName}
+	g := t.cfg.Policy.Generation
+	// The longest call: every prompt and generation fits one trace.
+	maxBatch := 2 * t.cfg.Policy.TrainGlobalBatchSize
+	sampler, err := model.NewSampler(t.model, maxBatch, t.cfg.Policy.MaxTotalSequenceLength)
+	if err != nil {
+		return err
+	}
+	opt := model.SampleOptions{
+		Temperature: float32(g.Temperature), TopP: float32(g.TopP), MaxNewTokens: g.MaxNewTokens,
+		StopTokens: []int32{rollout.EOS},
+	}
+	if g.TopK != nil {
+		opt.TopK = *g.TopK
+	}
+	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t}
+	return nil
+}
+
+func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
+	c := &s.t.cfg.GRPO
+	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.rng("tasks"))
+	results, err := rollout.Run(s.policy, s.rec, specs, s.t.rng("call_ids"))
+	if err != nil {
+		return nil, nil, err
+	}
+	recs := make([]*gym.Record, len(results))
+	for i := range results {
+		b, err := json.Marshal(results[i].Record())
+		if err != nil {
+			return nil, nil, err
+		}
+		if recs[i], err = gym.ParseRecord(b); err != nil {
+			return nil, nil, err
+		}
+		recs[i].File, recs[i].Line = fmt.Sprintf("built-in step %d", step), i+1
+	}
+	return recs, s.reader, nil
+}
+
+func (s *builtinSource) cursor() (json.RawMessage, error) {
+	return json.Marshal(map[string]string{"kind": "builtin"})
+}
+func (s *builtinSource) restore(json.RawMessage) error { return nil }
+func (s *builtinSource) close()                        {}
+
+// samplerPolicy samples with the current policy's KV-cache sampler.
+type samplerPolicy struct {
+	s   *model.Sampler
+	opt model.SampleOptions
+	t   *trainer
+}
+
+func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) {
+	out, err := p.s.Sample(prompts, p.opt, p.t.rng("sampler"))
+	if err != nil {
+		return nil, err
+	}
+	cs := make([]rollout.Completion, len(out))
+	for i, o := range out {
+		lp := make([]float64, len(o.Logprobs))
+		for j, x := range o.Logprobs {
+			lp[j] = float64(x)
+		}
+		cs[i] = rollout.Completion{Tokens: o.Tokens, Logprobs: lp}
+	}
+	return cs, nil
+}
+
+// externalSource reads rollout records that NeMo Gym wrote: a JSONL file
+// consumed train_global_batch_size records per step, or a directory of
+// step_<N>.jsonl files (one per step) waited for as a generator writes them.
+// A writer of that directory must create each file whole (write, then
+// rename into place).
+type externalSource struct {
+	path   string
+	dir    bool
+	reader *gym.Reader
+	gbs    int
+	wait   time.Duration
+
+	f        *os.File
+	rr       *gym.RecordReader
+	consumed int64
+	lastID   string
+}
+
+// fileCursor is an external JSONL file's position.
+type fileCursor struct {
+	Kind          string `json:"kind"`
+	Path          string `json:"path"`
+	Records       int64  `json:"records"`
+	Offset        int64  `json:"offset"`
+	LastRolloutID string `json:"last_rollout_id"`
+}
+
+// check reads the whole rollouts file once before training, so that a
+// malformed record fails before any work.
+func (s *externalSource) check() error {
+	f, err := os.Open(s.path)
+	if err != nil {
+		return fmt.Errorf("rollouts: %w", err)
+	}
+	defer f.Close()
+	rr := gym.NewRecordReader(bufio.NewReaderSize(f, 1<<20), s.path)
+	n := 0
+	for {
+		rec, err := rr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := gym.CorrelationKeysFromRecord(rec); err != nil {
+			return fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		if _, err := gym.RolloutIDFromRecord(rec); err != nil {
+			return fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		if _, err := rec.Reward(); err != nil {
+			return fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		n++
+	}
+	if n < s.gbs {
+		return fmt.Errorf("rollouts: %s holds %d records, fewer than one step's train_global_batch_size=%d", s.path, n, s.gbs)
+	}
+	return nil
+}
+
+func (s *externalSource) start(*trainer) error {
+	if s.dir {
+		return nil
+	}
+	f, err := os.Open(s.path)
+	if err != nil {
+		return fmt.Errorf("rollouts: %w", err)
+	}
+	s.f = f
+	s.rr = gym.NewRecordReader(bufio.NewReaderSize(f, 1<<20), s.path)
+	return nil
+}
+
+func (s *externalSource) next(step int) ([]*gym.Record, gym.Source, error) {
+	if s.dir {
+		recs, err := s.readStepFile(step)
+		return recs, s.reader, err
+	}
+	recs := make([]*gym.Record, 0, s.gbs)
+	for len(recs) < s.gbs {
+		rec, err := s.rr.Next()
+		if errors.Is(err, io.EOF) {
+			return nil, nil, fmt.Errorf("rollouts: %s ran out after %d records; step %d needs %d more (train_global_batch_size=%d per step)",
+				s.path, s.consumed, step, s.gbs-len(recs), s.gbs)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		recs = append(recs, rec)
+		s.consumed++
+		if id, err := gym.RolloutIDFromRecord(rec); err == nil {
+			s.lastID = id
+		}
+	}
+	return recs, s.reader, nil
+}
+
+// readStepFile waits for DIR/step_<N>.jsonl and reads all of it.
+func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
+	path := filepath.Join(s.path, fmt.Sprintf("step_%d.jsonl", step))
+	deadline := time.Now().Add(s.wait)
+	for {
+		_, err := os.Stat(path)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("rollouts: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("rollouts: %s did not appear within --wait %v", path, s.wait)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("rollouts: %w", err)
+	}
+	defer f.Close()
+	rr := gym.NewRecordReader(bufio.NewReaderSize(f, 1<<20), path)
+	var recs []*gym.Record
+	for {
+		rec, err := rr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, rec)
+	}
+	if len(recs) != s.gbs {
+		return nil, fmt.Errorf("rollouts: %s holds %d records; a step takes exactly train_global_batch_size=%d", path, len(recs), s.gbs)
+	}
+	return recs, nil
+}
+
+func (s *externalSource) cursor() (json.RawMessage, error) {
+	if s.dir {
+		return json.Marshal(map[string]string{"kind": "dir", "path": s.path})
+	}
+	return json.Marshal(fileCursor{Kind: "file", Path: s.path, Records: s.consumed, Offset: s.rr.Offset(), LastRolloutID: s.lastID})
+}
+
+// restore skips the records a checkpoint consumed and checks that the file
+// still holds them: resuming on another or a rewritten file is an error,
+// never a silent skip.
+func (s *externalSource) restore(raw json.RawMessage) error {
+	if s.dir {
+		return nil
+	}
+	var c fileCursor
+	if err := json.Unmarshal(raw, &c); err != nil || c.Kind != "file" {
+		return fmt.Errorf("resume: the checkpoint's rollout cursor %s is not a rollouts-file position (was the run started without --rollouts FILE?)", raw)
+	}
+	for s.consumed < c.Records {
+		rec, err := s.rr.Next()
+		if err != nil {
+			return fmt.Errorf("resume: %s: reading the %d records the checkpoint consumed: %w", s.path, c.Records, err)
+		}
+		s.consumed++
+		if id, err := gym.RolloutIDFromRecord(rec); err == nil {
+			s.lastID = id
+		}
+	}
+	if s.rr.Offset() != c.Offset || s.lastID != c.LastRolloutID {
+		return fmt.Errorf("resume: %s changed since the checkpoint: after %d records it is at byte %d with rollout %q, the checkpoint recorded byte %d with rollout %q",
+			s.path, c.Records, s.rr.Offset(), s.lastID, c.Offset, c.LastRolloutID)
+	}
+	return nil
+}
+
+func (s *externalSource) close() {
+	if s.f != nil {
+		s.f.Close()
+	}
+}

@@ -1,0 +1,277 @@
+package main
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/optim"
+)
+
+// finalize turns the step's rollout records into logical rollouts: each is
+// finalized against its captures with the configured builder (or its attached
+// envelope is validated), and its loss multiplier folds in every mask: Gym's
+// capture mask, a record already marked mask_sample, and the environment's
+// instance_config.mask_sample when env.should_mask_flagged_samples. A record
+// with missing or malformed correlation is an error naming the record.
+func (t *trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRollout, []*gym.Finalized, error) {
+	logical := make([]grpo.LogicalRollout, len(recs))
+	fins := make([]*gym.Finalized, len(recs))
+	for i, rec := range recs {
+		keys, err := gym.CorrelationKeysFromRecord(rec)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		if keys.TaskIndex == nil {
+			return nil, nil, fmt.Errorf("%s: no _ng_task_index: the task group of a rollout is its _ng_task_index", rec.Where())
+		}
+		fin, err := gym.Finalize(rec, src, t.builder)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		reward, err := rec.Reward()
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
+		}
+		mult := 1.0
+		if fin.Masked {
+			mult = 0
+		}
+		if masked, err := rec.MaskSample(); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
+		} else if masked {
+			mult = 0
+		}
+		if t.cfg.Env.ShouldMaskFlaggedSamples {
+			flagged, err := rec.InstanceMaskSample()
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
+			}
+			if flagged {
+				mult = 0
+			}
+		}
+		logical[i] = grpo.LogicalRollout{
+			RolloutID:      fin.RolloutID,
+			TaskGroup:      *keys.TaskIndex,
+			Reward:         reward,
+			LossMultiplier: mult,
+			Envelope:       fin.Envelope,
+		}
+		fins[i] = fin
+	}
+	return logical, fins, nil
+}
+
+// microBatch is a packed token stream of whole rows: row r of the batch
+// occupies tokens[off[j]:off[j+1]] where rows[j] = r.
+type microBatch struct {
+	rows   []int
+	tokens []int32
+	cu     []int32
+}
+
+// pack packs the rows that train (valid rows) into micro-batches of at most
+// max_total_sequence_length × train_micro_batch_size tokens, in row order.
+// Inert and padding rows cost no compute: their loss and gradient are exactly
+// zero (sample mask 0), so they are not run.
+func (t *trainer) pack(b *grpo.Batch) []microBatch {
+	var out []microBatch
+	cur := microBatch{cu: []int32{0}}
+	for r := range b.Rows {
+		row := &b.Rows[r]
+		if !row.Valid && !computeInertRows {
+			continue
+		}
+		n := len(row.TokenIDs)
+		if len(cur.tokens)+n > t.maxTokens && len(cur.rows) > 0 {
+			out = append(out, cur)
+			cur = microBatch{cu: []int32{0}}
+		}
+		cur.rows = append(cur.rows, r)
+		cur.tokens = append(cur.tokens, row.TokenIDs...)
+		cur.cu = append(cur.cu, int32(len(cur.tokens)))
+	}
+	if len(cur.rows) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// computeInertRows makes pack run inert and padding rows too (tests use it to
+// show they contribute exactly nothing).
+var computeInertRows = false
+
+// rowSlices returns per-row float64 buffers of the batch's row lengths,
+// reusing buf's storage.
+func rowSlices(buf [][]float64, b *grpo.Batch) [][]float64 {
+	if cap(buf) < len(b.Rows) {
+		buf = make([][]float64, len(b.Rows))
+	}
+	buf = buf[:len(b.Rows)]
+	for i := range b.Rows {
+		n := len(b.Rows[i].TokenIDs)
+		if cap(buf[i]) < n {
+			buf[i] = make([]float64, n)
+		}
+		buf[i] = buf[i][:n]
+	}
+	return buf
+}
+
+// logprobs runs the previous policy (the current weights, before this step's
+// update) over every micro-batch without gradient, and the frozen reference
+// policy when the loss has a KL penalty.
+func (t *trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
+	t.rowLPOld = rowSlices(t.rowLPOld, b)
+	if t.ref != nil {
+		t.rowLPRef = rowSlices(t.rowLPRef, b)
+	}
+	for _, mb := range mbs {
+		lp, _, err := t.model.Forward(mb.tokens, mb.cu, t.temp)
+		if err != nil {
+			return err
+		}
+		scatter(t.rowLPOld, mb, lp)
+		if t.ref != nil {
+			lp, _, err := t.ref.Forward(mb.tokens, mb.cu, t.temp)
+			if err != nil {
+				return err
+			}
+			scatter(t.rowLPRef, mb, lp)
+		}
+	}
+	return nil
+}
+
+// scatter copies a micro-batch's per-token values into per-row buffers.
+func scatter(dst [][]float64, mb microBatch, v []float32) {
+	for j, r := range mb.rows {
+		seg := v[mb.cu[j]:mb.cu[j+1]]
+		for i, x := range seg {
+			dst[r][i] = float64(x)
+		}
+	}
+}
+
+// stepLoss is what train returns: the loss sums over all micro-batches and
+// the mean entropy over eligible tokens.
+type stepLoss struct {
+	sums    grpo.LossSums
+	entropy float64
+	// maxOldDiff is max |lp − lp_old| over eligible tokens: the current
+	// policy's training forward against its no-gradient forward of the same
+	// weights; 0 unless the forward is not deterministic.
+	maxOldDiff float64
+}
+
+// train runs forward, the loss with the step's global G_tok, and backward
+// for every micro-batch; gradients accumulate in the model's gradient arena.
+func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
+	out := stepLoss{sums: grpo.NewLossSums()}
+	t.rowLP = rowSlices(t.rowLP, b)
+	t.rowEnt = rowSlices(t.rowEnt, b)
+	var entSum, entN float64
+	for _, mb := range mbs {
+		lp, ent, err := t.model.Forward(mb.tokens, mb.cu, t.temp)
+		if err != nil {
+			return out, err
+		}
+		scatter(t.rowLP, mb, lp)
+		scatter(t.rowEnt, mb, ent)
+		rows := t.lossRows[:0]
+		for _, r := range mb.rows {
+			row := &b.Rows[r]
+			lr := grpo.LossRow{
+				LP: t.rowLP[r], LPOld: t.rowLPOld[r], LPGen: row.GenLogprobs, Mask: row.TokenMask,
+				SampleMask: row.SampleMask, Advantage: row.Advantage,
+				DLP: make([]float64, len(row.TokenIDs)),
+			}
+			if t.ref != nil {
+				lr.LPRef = t.rowLPRef[r]
+			}
+			rows = append(rows, lr)
+			if row.SampleMask > 0 {
+				for i, m := range row.TokenMask {
+					if m != 0 {
+						entSum += t.rowEnt[r][i]
+						entN++
+						out.maxOldDiff = math.Max(out.maxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
+					}
+				}
+			}
+		}
+		t.lossRows = rows
+		sums, err := grpo.Loss(rows, b.GTok, &t.lossOpt)
+		if err != nil {
+			return out, err
+		}
+		out.sums.Add(sums)
+		if cap(t.dlogprob) < len(mb.tokens) {
+			t.dlogprob = make([]float32, len(mb.tokens))
+		}
+		d := t.dlogprob[:len(mb.tokens)]
+		for j := range mb.rows {
+			off := int(mb.cu[j])
+			for i, g := range rows[j].DLP {
+				d[off+i] = float32(g)
+			}
+		}
+		if err := t.model.Backward(d); err != nil {
+			return out, err
+		}
+	}
+	if entN > 0 {
+		out.entropy = entSum / entN
+	}
+	return out, nil
+}
+
+// metrics assembles the step's metrics line.
+func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch,
+	l stepLoss, upd optim.Result, ph phaseTimes, total float64) stepMetrics {
+	rewards := make([]float64, len(logical))
+	m := stepMetrics{Step: step, Phases: ph, TimeS: total}
+	for i, lr := range logical {
+		rewards[i] = lr.Reward
+		if lr.LossMultiplier == 0 {
+			m.MaskedRollouts++
+		}
+		if lr.Envelope != nil {
+			m.Traces += len(lr.Envelope.Traces)
+		}
+		if fins[i].Masked {
+			if m.MaskReasons == nil {
+				m.MaskReasons = map[string]int{}
+			}
+			m.MaskReasons[fins[i].Reason]++
+		}
+	}
+	m.RewardMean, m.RewardStd = meanStd(rewards)
+	lm := l.sums.Metrics(b.GTok, t.lossOpt.KLPenalty)
+	m.Loss = lm.Loss
+	m.GradNorm = upd.GradNorm
+	m.LR = upd.LR
+	m.SkippedUpdate = upd.Skipped
+	bm := b.Metrics
+	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = bm.Logical, bm.Physical, bm.Padding
+	m.OverlongTraces, m.InvalidRollouts, m.EligibleTokens = bm.Overlong, bm.Invalid, bm.EligibleTokens
+	m.NonzeroAdvantageTokens = lm.NonzeroAdvantageTokens
+	m.ClipFractionLow, m.ClipFractionHigh = lm.ClipFracLow, lm.ClipFracHigh
+	m.RatioMin, m.RatioMean, m.RatioMax = lm.RatioMin, lm.Ratio, lm.RatioMax
+	m.KL, m.Entropy = lm.KL, l.entropy
+	m.TokenMultProbErr, m.GenKLError = lm.TokenMultProbError, lm.GenKLError
+	m.PrevLogprobMaxDiff = l.maxOldDiff
+	var toks int
+	for _, r := range b.Rows {
+		if r.Valid {
+			toks += len(r.TokenIDs)
+		}
+	}
+	m.TrainTokens = toks
+	if ph.Logprob+ph.Train > 0 {
+		m.TokensPerS = float64(toks) / (ph.Logprob + ph.Train)
+	}
+	return m
+}

@@ -1,0 +1,405 @@
+package main
+
+import (
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/optim"
+)
+
+//go:embed builtin/recipe.yaml
+var builtinRecipe []byte
+
+//go:embed builtin/tiny-qwen3.json
+var builtinModelConfig []byte
+
+// builtinModelName is the policy.model_name of the embedded tiny model.
+const builtinModelName = "tracegrpo/tiny-qwen3"
+
+// trainOptions are the command-line settings of a run.
+type trainOptions struct {
+	configFiles, sets []string
+	out               string
+	resume, fallback  bool
+	initFrom          string
+	backend           string
+	threads           int
+	steps             int
+	rollouts          string
+	captures          string
+	wait              time.Duration
+	tasks             []string
+	onNonFinite       string
+	quiet             bool
+	stderr            io.Writer
+}
+
+// trainer holds everything one run needs. Its fields are set once by
+// newTrainer; the loop in run mutates only the step state.
+type trainer struct {
+	o        trainOptions
+	cfg      config.Config
+	name     string // run name (recipe base name, or "builtin")
+	out      string // run directory
+	maxSteps int
+
+	be        kernels.Backend
+	modelCfg  model.Config
+	model     *model.Model
+	ref       *model.Model // frozen initial policy; nil when β = 0
+	init      initSource
+	opt       *optim.AdamW
+	sched     optim.Schedule
+	lossOpt   grpo.LossOptions
+	batchOpt  grpo.BatchOptions
+	builder   string
+	temp      float32
+	maxTokens int // tokens of one packed micro-batch
+
+	rngs   map[string]*rand.PCG // every random stream, checkpointed by name
+	source rolloutSource
+
+	metricsFile *os.File
+	progress    *progressLine
+
+	// step state
+	step     int   // GRPO steps completed
+	consumed int64 // logical rollouts consumed
+
+	// per-step scratch, sized on first use
+	rowLP, rowLPOld, rowLPRef, rowEnt [][]float64
+	lossRows                          []grpo.LossRow
+	dlogprob                          []float32
+}
+
+// initSource says where the initial weights came from, so that a resumed run
+// can rebuild the frozen reference policy.
+type initSource struct {
+	Kind string `json:"kind"` // "random" or "hf"
+	Seed uint64 `json:"seed,omitempty"`
+	Dir  string `json:"dir,omitempty"`
+}
+
+func newTrainer(o trainOptions) (_ *trainer, err error) {
+	t := &trainer{o: o}
+	defer func() {
+		if err != nil {
+			t.close()
+		}
+	}()
+
+	// Configuration: the recipe (or the built-in one), --set, --steps; then
+	// every capability guard, before any work.
+	if err := t.loadConfig(); err != nil {
+		return nil, err
+	}
+	c := &t.cfg
+	if err := grpo.CheckConfig(c); err != nil {
+		return nil, err
+	}
+	if !c.GRPO.GymMultiTrace {
+		return nil, fmt.Errorf("config: tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace=true and env.nemo_gym.token_id_capture.delivery=all_traces (spec §9)")
+	}
+	if c.LossFn.PositiveExampleNLLWeight != 0 {
+		return nil, fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
+	}
+	t.maxSteps = c.GRPO.MaxNumSteps
+	t.builder = c.Env.NemoGym.TokenIDCapture.Builder
+	t.temp = float32(c.Policy.Generation.Temperature)
+	if t.temp <= 0 {
+		return nil, fmt.Errorf("config: policy.generation.temperature=%v: must be > 0 (training log-probabilities divide logits by it)", c.Policy.Generation.Temperature)
+	}
+	if t.lossOpt, err = grpo.NewLossOptions(&c.LossFn); err != nil {
+		return nil, err
+	}
+	switch o.onNonFinite {
+	case "skip", "abort":
+	default:
+		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", errUsage, o.onNonFinite)
+	}
+
+	// The rollout source is checked before anything heavy is set up, so bad
+	// input fails fast.
+	if t.source, err = t.newSource(); err != nil {
+		return nil, err
+	}
+
+	// The run directory.
+	if err := t.prepareOut(); err != nil {
+		return nil, err
+	}
+
+	// The backend and the policy.
+	if t.be, err = openBackend(o.backend, o.threads, o.stderr); err != nil {
+		return nil, err
+	}
+	if err := t.newModels(); err != nil {
+		return nil, err
+	}
+	t.batchOpt = grpo.BatchOptions{
+		PadTokenID:  padToken(t.modelCfg),
+		MaxSeqLen:   c.Policy.MaxTotalSequenceLength,
+		RowMultiple: grpo.RowMultiple(c),
+		Advantage:   grpo.AdvantageOptionsFrom(c),
+	}
+	if err := t.newOptimizer(); err != nil {
+		return nil, err
+	}
+	t.newRNGs()
+	if err := t.source.start(t); err != nil {
+		return nil, err
+	}
+
+	// Resume, then open the metrics log.
+	if o.resume {
+		if err := t.restore(); err != nil {
+			return nil, err
+		}
+	}
+	if err := t.openMetrics(); err != nil {
+		return nil, err
+	}
+	t.progress = newProgressLine(o.stderr, o.quiet, t.maxSteps)
+	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
+		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
+	return t, nil
+}
+
+func (t *trainer) close() {
+	if t.metricsFile != nil {
+		t.metricsFile.Close()
+	}
+	if t.source != nil {
+		t.source.close()
+	}
+	if t.opt != nil {
+		t.opt.Close()
+	}
+	if t.ref != nil {
+		t.ref.Close()
+	}
+	if t.model != nil {
+		t.model.Close()
+	}
+	if c, ok := t.be.(interface{ Close() }); ok {
+		c.Close()
+	}
+}
+
+// logf writes one line of setup information to stderr.
+func (t *trainer) logf(format string, args ...any) {
+	if !t.o.quiet {
+		fmt.Fprintf(t.o.stderr, "train: "+format+"\n", args...)
+	}
+}
+
+// loadConfig reads the recipe, applies --set and --steps, and names the run.
+func (t *trainer) loadConfig() error {
+	sets := append([]string(nil), t.o.sets...)
+	if t.o.steps > 0 {
+		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.steps))
+	}
+	var ld *config.Loaded
+	var err error
+	if len(t.o.configFiles) == 0 {
+		t.name = "builtin"
+		ld, err = config.LoadOver(config.Recipe{Name: "builtin/recipe.yaml", Data: builtinRecipe}, nil, sets)
+	} else {
+		last := t.o.configFiles[len(t.o.configFiles)-1]
+		t.name = strings.TrimSuffix(filepath.Base(last), filepath.Ext(last))
+		ld, err = config.Load(t.o.configFiles, sets)
+	}
+	if err != nil {
+		return err
+	}
+	t.cfg = ld.Config
+	if len(ld.Ignored) > 0 {
+		t.logf("ignored keys (engines tracegrpo does not use): %s", strings.Join(ld.Ignored, ", "))
+	}
+	return nil
+}
+
+// prepareOut creates the run directory. A directory that already holds a run
+// is only reused with --resume.
+func (t *trainer) prepareOut() error {
+	t.out = t.o.out
+	if t.out == "" {
+		t.out = filepath.Join("runs", t.name)
+	}
+	if !t.o.resume {
+		for _, f := range []string{"metrics.jsonl", "checkpoints"} {
+			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
+				return fmt.Errorf("run directory %s already holds a run (%s): pass --resume to continue it, or another --out", t.out, f)
+			}
+		}
+	}
+	if err := os.MkdirAll(t.out, 0o755); err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	y, err := config.Marshal(&t.cfg)
+	if err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(t.out, "config.yaml"), y)
+}
+
+// newModels builds the policy (random or from HF weights) and, when the loss
+// has a KL penalty, the frozen reference policy with the same weights.
+func (t *trainer) newModels() error {
+	c := &t.cfg
+	name := c.Policy.ModelName
+	var err error
+	switch {
+	case t.o.initFrom != "":
+		t.init = initSource{Kind: "hf", Dir: t.o.initFrom}
+		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.initFrom, "config.json"))
+	case name == builtinModelName:
+		t.init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
+		t.modelCfg, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
+	default:
+		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
+			return fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
+		}
+		t.init = initSource{Kind: "hf", Dir: name}
+		t.modelCfg, err = model.LoadConfig(filepath.Join(name, "config.json"))
+	}
+	if err != nil {
+		return err
+	}
+	mbs := c.Policy.TrainMicroBatchSize
+	if mbs < 1 {
+		return fmt.Errorf("config: policy.train_micro_batch_size=%d: must be ≥ 1", mbs)
+	}
+	t.maxTokens = c.Policy.MaxTotalSequenceLength * mbs
+	if c.Policy.MaxTotalSequenceLength > t.modelCfg.MaxPositionEmbeddings && t.modelCfg.MaxPositionEmbeddings > 0 {
+		t.logf("note: policy.max_total_sequence_length=%d exceeds the model's max_position_embeddings=%d",
+			c.Policy.MaxTotalSequenceLength, t.modelCfg.MaxPositionEmbeddings)
+	}
+	opt := model.Options{MaxTokens: t.maxTokens, MaxSeqs: t.maxTokens/2 + 1}
+	if t.model, err = model.New(t.be, t.modelCfg, opt); err != nil {
+		return err
+	}
+	if err := t.loadInitialWeights(t.model); err != nil {
+		return err
+	}
+	if t.lossOpt.KLPenalty != 0 {
+		if t.ref, err = model.New(t.be, t.modelCfg, opt); err != nil {
+			return err
+		}
+		if err := t.ref.SetParamsHost(t.model.ParamsHost()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *trainer) loadInitialWeights(m *model.Model) error {
+	if t.init.Kind == "random" {
+		m.InitRandom(t.init.Seed)
+		return nil
+	}
+	if err := m.LoadHF(t.init.Dir); err != nil {
+		return fmt.Errorf("initial weights: %w", err)
+	}
+	return nil
+}
+
+// newOptimizer builds AdamW over the model's arenas, with weight decay per
+// parameter as the parameter table says, and the configured schedule.
+func (t *trainer) newOptimizer() error {
+	oc, sc, err := t.cfg.Optim()
+	if err != nil {
+		return err
+	}
+	var groups []optim.Group
+	for _, p := range t.model.Table().Params {
+		if n := len(groups); n > 0 && groups[n-1].Decay == p.Decay && groups[n-1].Off+groups[n-1].N == p.Offset {
+			groups[n-1].N += p.N
+			continue
+		}
+		groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
+	}
+	nf := optim.SkipNonFinite
+	if t.o.onNonFinite == "abort" {
+		nf = optim.AbortNonFinite
+	}
+	t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, optim.Config{
+		Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf,
+	})
+	if err != nil {
+		return err
+	}
+	switch sc.Style {
+	case "megatron":
+		t.sched, err = optim.NewMegatron(optim.MegatronConfig{
+			LR: sc.MaxLR, MinLR: sc.MinLR, WarmupInit: sc.WarmupInit, WarmupIters: sc.WarmupIters,
+			DecayIters: sc.DecayIters, DecayStyle: sc.DecayStyle,
+			StartWD: sc.StartWD, EndWD: sc.EndWD, WDIncrStyle: sc.WDIncrStyle,
+			TrainIters: sc.WDIncrIters, GlobalBatchSize: int64(t.cfg.Policy.TrainGlobalBatchSize),
+		})
+	case "phases":
+		sq := optim.SequentialConfig{LR: sc.BaseLR, WeightDecay: sc.WD}
+		for i, p := range sc.Phases {
+			ph := optim.Phase{TotalIters: p.TotalIters}
+			switch p.Kind {
+			case "linear":
+				ph.Kind, ph.StartFactor, ph.EndFactor = optim.PhaseLinear, p.StartFactor, p.EndFactor
+			case "constant":
+				ph.Kind, ph.Factor = optim.PhaseConstant, p.StartFactor
+			default:
+				return fmt.Errorf("config: policy.scheduler[%d]: unknown phase kind %q", i, p.Kind)
+			}
+			sq.Phases = append(sq.Phases, ph)
+			if i > 0 {
+				sq.Milestones = append(sq.Milestones, p.Start)
+			}
+		}
+		t.sched, err = optim.NewSequential(sq)
+	default:
+		err = fmt.Errorf("config: unknown schedule style %q", sc.Style)
+	}
+	return err
+}
+
+// newRNGs seeds every random stream of the run from grpo.seed.
+func (t *trainer) newRNGs() {
+	s := uint64(t.cfg.GRPO.Seed)
+	t.rngs = map[string]*rand.PCG{
+		"tasks":    rand.NewPCG(s, 0x7461736b73),   // task instances
+		"call_ids": rand.NewPCG(s, 0x63616c6c),     // model call ids
+		"sampler":  rand.NewPCG(s, 0x73616d706c65), // token sampling
+	}
+}
+
+func (t *trainer) rng(name string) *rand.Rand { return rand.New(t.rngs[name]) }
+
+// padToken is the model's pad_token_id, or 0.
+func padToken(c model.Config) int32 {
+	if raw, ok := c.Extra["pad_token_id"]; ok {
+		var id int32
+		if json.Unmarshal(raw, &id) == nil && id >= 0 {
+			return id
+		}
+	}
+	return 0
+}
+
+// writeFileAtomic writes path through a temporary file and a rename.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
