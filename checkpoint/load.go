@@ -1,0 +1,429 @@
+package checkpoint
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+)
+
+// Errors wrapped by Load, Verify, Latest and LoadLatest.
+var (
+	ErrIncomplete     = errors.New("checkpoint: incomplete")
+	ErrCorrupt        = errors.New("checkpoint: does not match its manifest")
+	ErrNoCheckpoint   = errors.New("checkpoint: no checkpoint")
+	ErrConfigMismatch = errors.New("checkpoint: model config differs")
+)
+
+// maxJSONFile bounds manifest.json, DONE, config.json and trainer_state.json.
+const maxJSONFile = 64 << 20
+
+// LoadOptions controls Load, Latest and LoadLatest.
+type LoadOptions struct {
+	// Fallback lets Latest and LoadLatest use an older complete checkpoint
+	// when the newest one is incomplete or corrupt (each skipped one is
+	// reported in LoadResult.Skipped).
+	Fallback bool
+	// ExpectConfig, when set, is the current model's config.json; a
+	// checkpoint whose config.json differs in any field outside
+	// IgnoreConfigFields is refused with ErrConfigMismatch.
+	ExpectConfig []byte
+	// IgnoreConfigFields are top-level config.json keys not compared; nil
+	// means DefaultIgnoredConfigFields.
+	IgnoreConfigFields []string
+}
+
+// Verify checks the checkpoint at path against its DONE marker and manifest
+// (sizes and sha256 of every file) and returns the manifest.
+func Verify(path string) (Manifest, error) {
+	man, err := checkStructure(path)
+	if err != nil {
+		return Manifest{}, err
+	}
+	errs := make([]error, len(man.Files))
+	var wg sync.WaitGroup
+	for i, f := range man.Files {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = checkHash(filepath.Join(path, f.Name), f)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return Manifest{}, err
+	}
+	return man, nil
+}
+
+// checkStructure checks everything but the file hashes: DONE matches the
+// manifest, the manifest parses and names this step, and the files on disk
+// are exactly the manifest's, with its sizes.
+func checkStructure(path string) (Manifest, error) {
+	dirStep, ok := parseStepDir(filepath.Base(path))
+	if !ok {
+		return Manifest{}, fmt.Errorf("checkpoint: %s: directory name: want step_<N>", path)
+	}
+	done, err := readSmall(filepath.Join(path, DoneFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return Manifest{}, fmt.Errorf("%w: %s: %s marker missing: the save did not finish", ErrIncomplete, path, DoneFile)
+	}
+	if err != nil {
+		return Manifest{}, err
+	}
+	mb, err := readSmall(filepath.Join(path, ManifestFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return Manifest{}, fmt.Errorf("%w: %s: %s missing", ErrCorrupt, path, ManifestFile)
+	}
+	if err != nil {
+		return Manifest{}, err
+	}
+	if want := doneContent(mb); !bytes.Equal(done, want) {
+		return Manifest{}, fmt.Errorf("%w: %s: %s holds %q, but %s hashes to %q", ErrCorrupt, path, DoneFile, truncate(done), ManifestFile, strings.TrimSpace(string(want)))
+	}
+	man, err := ParseManifest(mb)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, filepath.Join(path, ManifestFile), err)
+	}
+	if man.Step != dirStep {
+		return Manifest{}, fmt.Errorf("%w: %s: %s: step: want %d (the directory name), found %d", ErrCorrupt, path, ManifestFile, dirStep, man.Step)
+	}
+	ents, err := os.ReadDir(path)
+	if err != nil {
+		return Manifest{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	listed := map[string]FileEntry{}
+	for _, f := range man.Files {
+		listed[f.Name] = f
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if n == ManifestFile || n == DoneFile {
+			continue
+		}
+		f, ok := listed[n]
+		if !ok {
+			return Manifest{}, fmt.Errorf("%w: %s: file %s is not in %s", ErrCorrupt, path, n, ManifestFile)
+		}
+		info, err := e.Info()
+		if err != nil {
+			return Manifest{}, fmt.Errorf("checkpoint: %w", err)
+		}
+		if !info.Mode().IsRegular() {
+			return Manifest{}, fmt.Errorf("%w: %s: %s is not a regular file", ErrCorrupt, path, n)
+		}
+		if info.Size() != f.Size {
+			return Manifest{}, fmt.Errorf("%w: %s: size: %s says %d bytes, found %d", ErrCorrupt, filepath.Join(path, n), ManifestFile, f.Size, info.Size())
+		}
+		delete(listed, n)
+	}
+	for _, f := range man.Files {
+		if _, missing := listed[f.Name]; missing {
+			return Manifest{}, fmt.Errorf("%w: %s: %s lists %s, which is missing", ErrCorrupt, path, ManifestFile, f.Name)
+		}
+	}
+	return man, nil
+}
+
+func truncate(b []byte) string {
+	if len(b) > 80 {
+		return string(b[:80]) + "..."
+	}
+	return string(b)
+}
+
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxJSONFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: read %s: %w", path, err)
+	}
+	if len(b) > maxJSONFile {
+		return nil, fmt.Errorf("%w: %s: larger than the %d-byte limit", ErrCorrupt, path, maxJSONFile)
+	}
+	return b, nil
+}
+
+func checkHash(path string, want FileEntry) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return fmt.Errorf("checkpoint: read %s: %w", path, err)
+	}
+	if n != want.Size {
+		return fmt.Errorf("%w: %s: size: %s says %d bytes, read %d", ErrCorrupt, path, ManifestFile, want.Size, n)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want.SHA256 {
+		return fmt.Errorf("%w: %s: sha256: %s says %s, file has %s", ErrCorrupt, path, ManifestFile, want.SHA256, got)
+	}
+	return nil
+}
+
+// ParseManifest parses and validates manifest.json.
+func ParseManifest(b []byte) (Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("parse: %w", err)
+	}
+	if dec.More() {
+		return Manifest{}, fmt.Errorf("parse: trailing data after the JSON object")
+	}
+	if m.Format != formatName {
+		return Manifest{}, fmt.Errorf("format: want %q, found %q", formatName, m.Format)
+	}
+	if m.Version != FormatVersion {
+		return Manifest{}, fmt.Errorf("version: want %d, found %d", FormatVersion, m.Version)
+	}
+	seen := map[string]bool{}
+	var model, config, optim, ts int
+	for i, f := range m.Files {
+		switch f.Name {
+		case ModelFile:
+			model++
+		case ConfigFile:
+			config++
+		case OptimizerFile, OptimizerZstdFile:
+			optim++
+		case TrainerStateFile:
+			ts++
+		default:
+			return Manifest{}, fmt.Errorf("files[%d].name: want one of the checkpoint's files, found %q", i, f.Name)
+		}
+		if seen[f.Name] {
+			return Manifest{}, fmt.Errorf("files[%d].name: %q listed twice", i, f.Name)
+		}
+		seen[f.Name] = true
+		if f.UncompressedSize < 0 || (f.UncompressedSize != 0) != (f.Name == OptimizerZstdFile) {
+			return Manifest{}, fmt.Errorf("files[%d] (%s).uncompressed_size: want > 0 exactly for %s, found %d", i, f.Name, OptimizerZstdFile, f.UncompressedSize)
+		}
+		if f.Size < 0 {
+			return Manifest{}, fmt.Errorf("files[%d] (%s).size: negative (%d)", i, f.Name, f.Size)
+		}
+		if len(f.SHA256) != 64 || strings.Trim(f.SHA256, "0123456789abcdef") != "" {
+			return Manifest{}, fmt.Errorf("files[%d] (%s).sha256: want 64 lowercase hex digits, found %q", i, f.Name, f.SHA256)
+		}
+	}
+	if model != 1 || config != 1 || optim != 1 || ts != 1 {
+		return Manifest{}, fmt.Errorf("files: want %s, %s, one optimizer file and %s, found %d entries", ModelFile, ConfigFile, TrainerStateFile, len(m.Files))
+	}
+	return m, nil
+}
+
+// ParseTrainerState parses and validates trainer_state.json.
+func ParseTrainerState(b []byte) (TrainerState, error) {
+	var ts TrainerState
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&ts); err != nil {
+		return TrainerState{}, fmt.Errorf("parse: %w", err)
+	}
+	if dec.More() {
+		return TrainerState{}, fmt.Errorf("parse: trailing data after the JSON object")
+	}
+	if ts.FormatVersion != FormatVersion {
+		return TrainerState{}, fmt.Errorf("format_version: want %d, found %d", FormatVersion, ts.FormatVersion)
+	}
+	if ts.Step < 0 || ts.ConsumedRollouts < 0 {
+		return TrainerState{}, fmt.Errorf("step/consumed_logical_rollouts: want >= 0, found %d/%d", ts.Step, ts.ConsumedRollouts)
+	}
+	// The file is indented; the opaque values were compacted on save and
+	// are returned compacted. A JSON null decodes into a RawMessage as the
+	// bytes "null"; absent and null alike come back as nil.
+	for _, f := range []*json.RawMessage{&ts.Optimizer, &ts.Scheduler, &ts.RolloutCursor, &ts.Config} {
+		if string(*f) == "null" {
+			*f = nil
+			continue
+		}
+		if len(*f) > 0 {
+			var c bytes.Buffer
+			if err := json.Compact(&c, *f); err != nil {
+				return TrainerState{}, fmt.Errorf("parse: %w", err)
+			}
+			*f = c.Bytes()
+		}
+	}
+	return ts, nil
+}
+
+// Load verifies the checkpoint at path (see Verify) and reads it.
+func Load(path string, opt LoadOptions) (*State, error) {
+	man, err := Verify(path)
+	if err != nil {
+		return nil, err
+	}
+	st := &State{}
+	var optEntry FileEntry
+	for _, f := range man.Files {
+		if f.Name == OptimizerFile || f.Name == OptimizerZstdFile {
+			optEntry = f
+		}
+	}
+	tsPath := filepath.Join(path, TrainerStateFile)
+	tb, err := readSmall(tsPath)
+	if err != nil {
+		return nil, err
+	}
+	if st.Trainer, err = ParseTrainerState(tb); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, tsPath, err)
+	}
+	if st.Trainer.Step != man.Step {
+		return nil, fmt.Errorf("%w: %s: step: want %d (the manifest's), found %d", ErrCorrupt, tsPath, man.Step, st.Trainer.Step)
+	}
+	if st.ModelConfig, err = readSmall(filepath.Join(path, ConfigFile)); err != nil {
+		return nil, err
+	}
+	if opt.ExpectConfig != nil {
+		ignore := opt.IgnoreConfigFields
+		if ignore == nil {
+			ignore = DefaultIgnoredConfigFields
+		}
+		if err := CheckConfig(st.ModelConfig, opt.ExpectConfig, ignore); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(path, ConfigFile), err)
+		}
+	}
+	if st.Model, err = readTensors(filepath.Join(path, ModelFile), 0, "checkpoint-model", man.Step); err != nil {
+		return nil, err
+	}
+	if st.Optimizer, err = readTensors(filepath.Join(path, optEntry.Name), optEntry.UncompressedSize, "checkpoint-optimizer", man.Step); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// readTensors reads a safetensors file, zstd-compressed when uncompressed > 0
+// (its exact decompressed size, from the manifest).
+func readTensors(path string, uncompressed int64, kind string, step int64) ([]Tensor, error) {
+	var f *safetensors.File
+	var err error
+	if uncompressed > 0 {
+		fh, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+		dec, err := zstd.NewReader(fh, zstd.WithDecoderConcurrency(1))
+		if err != nil {
+			fh.Close()
+			return nil, fmt.Errorf("checkpoint: %s: %w", path, err)
+		}
+		raw := make([]byte, uncompressed)
+		_, err = io.ReadFull(dec, raw)
+		if err == nil {
+			// The stream must end exactly here.
+			var one [1]byte
+			if n, _ := dec.Read(one[:]); n != 0 {
+				err = fmt.Errorf("decompresses to more than the %d bytes %s says", uncompressed, ManifestFile)
+			}
+		}
+		dec.Close()
+		fh.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: zstd: %v", ErrCorrupt, path, err)
+		}
+		f, err = safetensors.NewFile(bytes.NewReader(raw), int64(len(raw)), path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+	} else {
+		if f, err = safetensors.Open(path); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+		}
+	}
+	defer f.Close()
+	md := f.Metadata()
+	if md["tracegrpo_format"] != kind || md["tracegrpo_version"] != strconv.Itoa(FormatVersion) || md["step"] != strconv.FormatInt(step, 10) {
+		return nil, fmt.Errorf("%w: %s: __metadata__: want tracegrpo_format %q, tracegrpo_version %d, step %d; found %q, %q, %q",
+			ErrCorrupt, path, kind, FormatVersion, step, md["tracegrpo_format"], md["tracegrpo_version"], md["step"])
+	}
+	infos := f.Tensors()
+	out := make([]Tensor, len(infos))
+	for i, t := range infos {
+		out[i].Spec = safetensors.Spec{Name: t.Name, DType: t.DType, Shape: append(make([]int, 0, len(t.Shape)), t.Shape...)}
+		if t.DType == safetensors.F32 {
+			out[i].F32 = make([]float32, t.NumElements())
+			err = f.ReadF32(t.Name, out[i].F32)
+		} else {
+			out[i].Raw = make([]byte, t.End-t.Begin)
+			err = f.ReadRaw(t.Name, out[i].Raw)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// LoadResult is what LoadLatest found.
+type LoadResult struct {
+	State   *State
+	Path    string
+	Skipped []error // newer checkpoints passed over (only with Fallback)
+}
+
+// Latest returns the path of the newest step_<N> checkpoint of dir whose
+// structure is complete (DONE matches the manifest, files and sizes match;
+// Load also checks the hashes). If the newest is not complete, Latest returns
+// its error unless opt.Fallback is set, in which case it tries older ones.
+func Latest(dir string, opt LoadOptions) (string, error) {
+	ents, err := List(dir)
+	if err != nil {
+		return "", err
+	}
+	var skipped []error
+	for _, e := range ents {
+		if _, err := checkStructure(e.Path); err != nil {
+			if !opt.Fallback {
+				return "", fmt.Errorf("checkpoint: newest checkpoint refused (set fallback to use an older one): %w", err)
+			}
+			skipped = append(skipped, err)
+			continue
+		}
+		return e.Path, nil
+	}
+	return "", fmt.Errorf("%w in %s (%d refused)", errors.Join(append([]error{ErrNoCheckpoint}, skipped...)...), dir, len(skipped))
+}
+
+// LoadLatest loads the newest checkpoint of dir, verified in full. When it
+// is refused, the error names why, unless opt.Fallback is set: then older
+// checkpoints are tried in turn and the refused ones are listed in Skipped.
+func LoadLatest(dir string, opt LoadOptions) (LoadResult, error) {
+	ents, err := List(dir)
+	if err != nil {
+		return LoadResult{}, err
+	}
+	var res LoadResult
+	for _, e := range ents {
+		st, err := Load(e.Path, opt)
+		if err != nil {
+			if !opt.Fallback || errors.Is(err, ErrConfigMismatch) {
+				return res, fmt.Errorf("checkpoint: newest checkpoint refused: %w", err)
+			}
+			res.Skipped = append(res.Skipped, err)
+			continue
+		}
+		res.State, res.Path = st, e.Path
+		return res, nil
+	}
+	return res, fmt.Errorf("%w in %s (%d refused)", errors.Join(append([]error{ErrNoCheckpoint}, res.Skipped...)...), dir, len(res.Skipped))
+}

@@ -1,0 +1,214 @@
+package cpu
+
+// Attention: causal grouped-query attention over packed sequences
+// (FlashAttention varlen semantics), scale 1/sqrt(HD).
+//
+// Sequence s holds tokens [cu[s], cu[s+1]) of q (T,NH,HD), k, v (T,NKV,HD)
+// and attends only within itself; query head h reads key/value head
+// h/(NH/NKV). For query token t of sequence s and key tokens j ∈ [cu[s], t]:
+//
+//	forward:  S_j  = q_t·k_j / sqrt(HD)
+//	          lse (T,NH) = log Σ_j exp S_j                               =
+//	          out (T,NH,HD) = Σ_j exp(S_j − lse) · v_j                   =
+//	backward: P_j = exp(S_j − lse), D_t = dout_t·out_t,
+//	          dS_j = P_j · (dout_t·v_j − D_t)
+//	          dq (T,NH,HD)  = Σ_j dS_j · k_j / sqrt(HD)                 =
+//	          dk (T,NKV,HD) = Σ_{t,h in group} dS_j · q_t / sqrt(HD)    =
+//	          dv (T,NKV,HD) = Σ_{t,h in group} P_j · dout_t             =
+//
+// The forward computes each (token, head) row on its own: a max-subtracted
+// softmax over the row's scores, saving lse. The backward recomputes P from
+// lse and splits work by (sequence, key/value head), so every dk/dv element
+// is summed by one grain in a fixed order: both are thread-count invariant.
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+func dotF[F Float](a, b []F) F {
+	b = b[:len(a)]
+	var s F
+	for i := range a {
+		s += a[i] * b[i]
+	}
+	return s
+}
+
+func axpyF[F Float](y []F, a F, x []F) {
+	x = x[:len(y)]
+	for i := range y {
+		y[i] += a * x[i]
+	}
+}
+
+// attnForwardRow computes out and lse for query token t, head h, whose
+// sequence starts at s0. sc holds at least t−s0+1 scores.
+func attnForwardRow[F Float](out, lse, q, k, v []F, t, h, s0, NH, NKV, HD int, sc []F) {
+	kvh := h / (NH / NKV)
+	scale := 1 / sqrtF(F(HD))
+	qt := q[(t*NH+h)*HD : (t*NH+h+1)*HD]
+	n := t - s0 + 1
+	sc = sc[:n]
+	m := F(math.Inf(-1))
+	for j := range sc {
+		kj := k[((s0+j)*NKV+kvh)*HD : ((s0+j)*NKV+kvh+1)*HD]
+		s := dotF(qt, kj) * scale
+		sc[j] = s
+		m = max(m, s)
+	}
+	var sum F
+	for j, s := range sc {
+		p := expF(s - m)
+		sc[j] = p
+		sum += p
+	}
+	o := out[(t*NH+h)*HD : (t*NH+h+1)*HD]
+	clear(o)
+	for j, p := range sc {
+		axpyF(o, p, v[((s0+j)*NKV+kvh)*HD:((s0+j)*NKV+kvh+1)*HD])
+	}
+	inv := 1 / sum
+	for i := range o {
+		o[i] *= inv
+	}
+	lse[t*NH+h] = m + logF(sum)
+}
+
+// attnBackwardGroup computes dq for the query heads of key/value head kvh and
+// dk, dv of kvh over the sequence [s0, s1).
+func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1, kvh, NH, NKV, HD int, sc []F) {
+	scale := 1 / sqrtF(F(HD))
+	g := NH / NKV
+	for j := s0; j < s1; j++ {
+		clear(dk[(j*NKV+kvh)*HD : (j*NKV+kvh+1)*HD])
+		clear(dv[(j*NKV+kvh)*HD : (j*NKV+kvh+1)*HD])
+	}
+	for h := kvh * g; h < (kvh+1)*g; h++ {
+		for t := s0; t < s1; t++ {
+			row := (t*NH + h) * HD
+			qt, dot, ot := q[row:row+HD], dout[row:row+HD], out[row:row+HD]
+			dqt := dq[row : row+HD]
+			clear(dqt)
+			D := dotF(dot, ot)
+			l := lse[t*NH+h]
+			for j := s0; j <= t; j++ {
+				kv := (j*NKV + kvh) * HD
+				kj, vj := k[kv:kv+HD], v[kv:kv+HD]
+				p := expF(dotF(qt, kj)*scale - l)
+				ds := p * (dotF(dot, vj) - D)
+				axpyF(dqt, ds*scale, kj)
+				axpyF(dk[kv:kv+HD], ds*scale, qt)
+				axpyF(dv[kv:kv+HD], p, dot)
+			}
+		}
+	}
+	_ = sc
+}
+
+// seqOf returns the sequence holding token t: the s with cu[s] ≤ t < cu[s+1].
+func seqOf(cu []int32, t int) int {
+	lo, hi := 0, len(cu)-2
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if int(cu[mid]) <= t {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+type attnTask struct {
+	ws                  []wscratch
+	out, lse, q, k, v   []float32 // (T,NH,HD), (T,NH), (T,NH,HD), (T,NKV,HD), (T,NKV,HD)
+	dq, dk, dv, dout    []float32 // (T,NH,HD), (T,NKV,HD), (T,NKV,HD), (T,NH,HD)
+	cu                  []int32   // (S+1)
+	NH, NKV, HD, maxLen int
+	bwd                 bool
+}
+
+func (t *attnTask) run(w, lo, hi int) {
+	ws := &t.ws[w]
+	sc := ws.get(slotAttnS, t.maxLen)
+	if t.bwd {
+		for it := lo; it < hi; it++ {
+			s, kvh := it/t.NKV, it%t.NKV
+			attnBackwardGroup(t.dq, t.dk, t.dv, t.dout, t.out, t.lse, t.q, t.k, t.v,
+				int(t.cu[s]), int(t.cu[s+1]), kvh, t.NH, t.NKV, t.HD, sc)
+		}
+		return
+	}
+	for it := lo; it < hi; it++ {
+		tok, h := it/t.NH, it%t.NH
+		s0 := int(t.cu[seqOf(t.cu, tok)])
+		attnForwardRow(t.out, t.lse, t.q, t.k, t.v, tok, h, s0, t.NH, t.NKV, t.HD, sc)
+	}
+}
+
+// checkSeqs validates cu_seqlens against T and returns it; on bad data it
+// records a sticky error and returns nil.
+func (b *Backend) checkSeqs(op string, seqs kernels.Seqs, T int) []int32 {
+	cu := b.I32(seqs.CuSeqlens)
+	if len(cu) != seqs.S+1 {
+		panic(fmt.Sprintf("cpu: %s: cu_seqlens has %d elements, want S+1 = %d", op, len(cu), seqs.S+1))
+	}
+	if cu[0] != 0 || int(cu[seqs.S]) != T {
+		b.fail("%s: cu_seqlens runs from %d to %d, want 0 to T=%d", op, cu[0], cu[seqs.S], T)
+		return nil
+	}
+	for s := 0; s < seqs.S; s++ {
+		if cu[s+1] < cu[s] || int(cu[s+1]-cu[s]) > seqs.MaxLen {
+			b.fail("%s: sequence %d spans [%d, %d), want a non-negative length of at most MaxLen=%d", op, s, cu[s], cu[s+1], seqs.MaxLen)
+			return nil
+		}
+	}
+	return cu
+}
+
+func attnShape(q kernels.Buf, NH, NKV, HD int) int {
+	if NH <= 0 || NKV <= 0 || HD <= 0 || NH%NKV != 0 || q.N%(NH*HD) != 0 {
+		panic(fmt.Sprintf("cpu: attention: bad shape NH=%d NKV=%d HD=%d for q of %d elements", NH, NKV, HD, q.N))
+	}
+	return q.N / (NH * HD)
+}
+
+// Attention implements kernels.Ops.
+func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
+	T := attnShape(q, NH, NKV, HD)
+	cu := b.checkSeqs("Attention", seqs, T)
+	if cu == nil {
+		return
+	}
+	t := &b.tasks.attn
+	*t = attnTask{
+		ws: b.scratch.w, out: b.f32n(out, T*NH*HD, "Attention out"), lse: b.f32n(lse, T*NH, "Attention lse"),
+		q: b.F32(q), k: b.f32n(k, T*NKV*HD, "Attention k"), v: b.f32n(v, T*NKV*HD, "Attention v"),
+		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1),
+	}
+	b.pool.parallel(t, T*NH, 16)
+	*t = attnTask{}
+}
+
+// AttentionBackward implements kernels.Ops.
+func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
+	T := attnShape(q, NH, NKV, HD)
+	cu := b.checkSeqs("AttentionBackward", seqs, T)
+	if cu == nil {
+		return
+	}
+	t := &b.tasks.attn
+	*t = attnTask{
+		ws: b.scratch.w,
+		dq: b.f32n(dq, T*NH*HD, "AttentionBackward dq"), dk: b.f32n(dk, T*NKV*HD, "AttentionBackward dk"),
+		dv: b.f32n(dv, T*NKV*HD, "AttentionBackward dv"), dout: b.f32n(dout, T*NH*HD, "AttentionBackward dout"),
+		out: b.f32n(out, T*NH*HD, "AttentionBackward out"), lse: b.f32n(lse, T*NH, "AttentionBackward lse"),
+		q: b.F32(q), k: b.f32n(k, T*NKV*HD, "AttentionBackward k"), v: b.f32n(v, T*NKV*HD, "AttentionBackward v"),
+		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1), bwd: true,
+	}
+	b.pool.parallel(t, seqs.S*NKV, 1)
+	*t = attnTask{}
+}

@@ -1,0 +1,242 @@
+package cpu
+
+// The packed gemm (BLIS-style) behind every float32 matrix product.
+//
+// For each block of kc ≤ gemmKC columns of K, op(A) (M,kc) is packed into
+// row panels of gemmMR rows (k-major: panel[k·MR + r]) and op(B) (kc,N) into
+// column panels of gemmNR columns (panel[k·NR + c]), both zero-padded to whole
+// panels; the micro-kernel then computes each MR×NR block of C with the K loop
+// innermost in registers and adds it to C (or stores it, for the first K block
+// of an assigning product). The caller's output tiles (≤ tileM × tileN, see
+// matmul.go) keep the packed B block in L2 and one packed A panel in L1.
+//
+// Each C element is the sum over K blocks, in order, of a k-ordered sum inside
+// the kernel: the order depends only on K and the kernel chosen at start-up.
+
+const (
+	gemmMR = 12
+	gemmNR = 32
+	gemmKC = 256
+)
+
+// microKernel computes the MR×NR block C += or = Apanel·Bpanel over k steps.
+// a: (k, MR) packed; b: (k, NR) packed; c: row-major with leading dimension
+// ldc; acc ≠ 0 adds to C, acc = 0 overwrites it.
+type microKernel func(k int, a, b, c *float32, ldc int, acc int)
+
+// kernel12x32 is the micro-kernel in use (see simd.go).
+var kernel12x32 microKernel = kernel12x32Go
+
+// useFastGemm selects the packed gemm for float32 (always on; kept as a
+// switch so tests can compare against gemmRef through the same entry point).
+var useFastGemm = true
+
+// kernel12x32Go is the portable micro-kernel.
+func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
+	as := unsafeSlice(a, k*gemmMR)
+	bs := unsafeSlice(b, k*gemmNR)
+	cs := unsafeSlice(c, (gemmMR-1)*ldc+gemmNR)
+	var t [gemmMR][gemmNR]float32
+	for p := 0; p < k; p++ {
+		ap := as[p*gemmMR : p*gemmMR+gemmMR]
+		bp := bs[p*gemmNR : p*gemmNR+gemmNR]
+		for r := 0; r < gemmMR; r++ {
+			ar := ap[r]
+			tr := &t[r]
+			for j := range tr {
+				tr[j] += ar * bp[j]
+			}
+		}
+	}
+	for r := 0; r < gemmMR; r++ {
+		cr := cs[r*ldc : r*ldc+gemmNR]
+		if acc != 0 {
+			for j := range cr {
+				cr[j] += t[r][j]
+			}
+		} else {
+			copy(cr, t[r][:])
+		}
+	}
+}
+
+// packA packs rows [0, m) and columns [k0, k0+kc) of op(A) into panels.
+func packA(dst []float32, transA bool, A []float32, lda, m, k0, kc int) {
+	for i0 := 0; i0 < m; i0 += gemmMR {
+		mr := min(gemmMR, m-i0)
+		p := dst[(i0/gemmMR)*kc*gemmMR : (i0/gemmMR+1)*kc*gemmMR]
+		if transA {
+			// A is (K,M): row k holds op(A)[:, k] contiguously.
+			for k := 0; k < kc; k++ {
+				src := A[(k0+k)*lda+i0 : (k0+k)*lda+i0+mr]
+				d := p[k*gemmMR : k*gemmMR+gemmMR]
+				copy(d, src)
+				clear(d[mr:])
+			}
+			continue
+		}
+		if mr == gemmMR {
+			// Twelve source rows read in step: contiguous writes.
+			r0 := A[i0*lda+k0:][:kc]
+			r1 := A[(i0+1)*lda+k0:][:kc]
+			r2 := A[(i0+2)*lda+k0:][:kc]
+			r3 := A[(i0+3)*lda+k0:][:kc]
+			r4 := A[(i0+4)*lda+k0:][:kc]
+			r5 := A[(i0+5)*lda+k0:][:kc]
+			r6 := A[(i0+6)*lda+k0:][:kc]
+			r7 := A[(i0+7)*lda+k0:][:kc]
+			r8 := A[(i0+8)*lda+k0:][:kc]
+			r9 := A[(i0+9)*lda+k0:][:kc]
+			r10 := A[(i0+10)*lda+k0:][:kc]
+			r11 := A[(i0+11)*lda+k0:][:kc]
+			for k := 0; k < kc; k++ {
+				d := p[k*gemmMR : k*gemmMR+gemmMR : k*gemmMR+gemmMR]
+				d[0], d[1], d[2], d[3] = r0[k], r1[k], r2[k], r3[k]
+				d[4], d[5], d[6], d[7] = r4[k], r5[k], r6[k], r7[k]
+				d[8], d[9], d[10], d[11] = r8[k], r9[k], r10[k], r11[k]
+			}
+			continue
+		}
+		for r := 0; r < mr; r++ {
+			src := A[(i0+r)*lda+k0 : (i0+r)*lda+k0+kc]
+			for k, v := range src {
+				p[k*gemmMR+r] = v
+			}
+		}
+		for r := mr; r < gemmMR; r++ {
+			for k := 0; k < kc; k++ {
+				p[k*gemmMR+r] = 0
+			}
+		}
+	}
+}
+
+// packB packs rows [k0, k0+kc) and columns [0, n) of op(B) into panels.
+func packB(dst []float32, transB bool, B []float32, ldb, n, k0, kc int) {
+	for j0 := 0; j0 < n; j0 += gemmNR {
+		nr := min(gemmNR, n-j0)
+		p := dst[(j0/gemmNR)*kc*gemmNR : (j0/gemmNR+1)*kc*gemmNR]
+		if !transB {
+			for k := 0; k < kc; k++ {
+				d := p[k*gemmNR : k*gemmNR+gemmNR]
+				copy(d, B[(k0+k)*ldb+j0:(k0+k)*ldb+j0+nr])
+				clear(d[nr:])
+			}
+			continue
+		}
+		// B is (N,K): column j of op(B) is row j of B. Eight source rows
+		// are read in step so each write is 8 contiguous floats.
+		c8 := 0
+		for ; c8+8 <= nr; c8 += 8 {
+			r0 := B[(j0+c8)*ldb+k0:][:kc]
+			r1 := B[(j0+c8+1)*ldb+k0:][:kc]
+			r2 := B[(j0+c8+2)*ldb+k0:][:kc]
+			r3 := B[(j0+c8+3)*ldb+k0:][:kc]
+			r4 := B[(j0+c8+4)*ldb+k0:][:kc]
+			r5 := B[(j0+c8+5)*ldb+k0:][:kc]
+			r6 := B[(j0+c8+6)*ldb+k0:][:kc]
+			r7 := B[(j0+c8+7)*ldb+k0:][:kc]
+			for k := 0; k < kc; k++ {
+				d := p[k*gemmNR+c8 : k*gemmNR+c8+8 : k*gemmNR+c8+8]
+				d[0], d[1], d[2], d[3] = r0[k], r1[k], r2[k], r3[k]
+				d[4], d[5], d[6], d[7] = r4[k], r5[k], r6[k], r7[k]
+			}
+		}
+		for c := c8; c < nr; c++ {
+			src := B[(j0+c)*ldb+k0 : (j0+c)*ldb+k0+kc]
+			for k, v := range src {
+				p[k*gemmNR+c] = v
+			}
+		}
+		for c := nr; c < gemmNR; c++ {
+			for k := 0; k < kc; k++ {
+				p[k*gemmNR+c] = 0
+			}
+		}
+	}
+}
+
+func gemmFast(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, C []float32, ldc int, acc bool) {
+	gemmPacked(ws, transA, transB, M, N, K, A, lda, B, ldb, nil, 0, C, ldc, acc)
+}
+
+// packedBSize returns the length of op(B) (K,N) packed whole: for each K
+// block starting at k0, its panels occupy Npad·kc floats from k0·Npad, panel
+// jp at jp·kc·NR within the block.
+func packedBSize(N, K int) int {
+	return ((N + gemmNR - 1) / gemmNR) * gemmNR * K
+}
+
+// packBPanel packs panel jp of K block kb of op(B) into its place in pb.
+func packBPanel(pb []float32, transB bool, B []float32, ldb, N, K, kb, jp int) {
+	npad := ((N + gemmNR - 1) / gemmNR) * gemmNR
+	k0 := kb * gemmKC
+	kc := min(gemmKC, K-k0)
+	j0 := jp * gemmNR
+	nr := min(gemmNR, N-j0)
+	dst := pb[k0*npad+jp*kc*gemmNR : k0*npad+(jp+1)*kc*gemmNR]
+	var src []float32
+	if transB {
+		src = B[j0*ldb:]
+	} else {
+		src = B[j0:]
+	}
+	packB(dst, transB, src, ldb, nr, k0, kc)
+}
+
+// gemmPacked computes C (M,N) (+)= op(A)·op(B). If pbAll is nil it packs
+// op(B) itself, block by block; otherwise pbAll holds op(B) of a wider
+// product packed whole (see packedBSize) with npadAll padded columns, and
+// this call's columns start at panel jp0 of it.
+func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, pbAll []float32, jp0Npad int, C []float32, ldc int, acc bool) {
+	mp := (M + gemmMR - 1) / gemmMR
+	np := (N + gemmNR - 1) / gemmNR
+	kcMax := min(K, gemmKC)
+	pa := ws.get(slotPackA, mp*gemmMR*kcMax)
+	var pb []float32
+	if pbAll == nil {
+		pb = ws.get(slotPackB, np*gemmNR*kcMax)
+	}
+	jp0, npadAll := jp0Npad&0xffffffff, jp0Npad>>32
+	tile := ws.get(slotTile, gemmMR*gemmNR)
+	kern := kernel12x32
+	for k0 := 0; k0 < K; k0 += gemmKC {
+		kc := min(gemmKC, K-k0)
+		packA(pa, transA, A, lda, M, k0, kc)
+		if pbAll == nil {
+			packB(pb, transB, B, ldb, N, k0, kc)
+		} else {
+			pb = pbAll[k0*npadAll+jp0*kc*gemmNR:]
+		}
+		add := 0
+		if acc || k0 > 0 {
+			add = 1
+		}
+		for ip := 0; ip < mp; ip++ {
+			i0 := ip * gemmMR
+			mr := min(gemmMR, M-i0)
+			ap := &pa[ip*kc*gemmMR]
+			for jp := 0; jp < np; jp++ {
+				j0 := jp * gemmNR
+				nr := min(gemmNR, N-j0)
+				bp := &pb[jp*kc*gemmNR]
+				if mr == gemmMR && nr == gemmNR {
+					kern(kc, ap, bp, &C[i0*ldc+j0], ldc, add)
+					continue
+				}
+				kern(kc, ap, bp, &tile[0], gemmNR, 0)
+				for r := 0; r < mr; r++ {
+					cr := C[(i0+r)*ldc+j0 : (i0+r)*ldc+j0+nr]
+					tr := tile[r*gemmNR : r*gemmNR+nr]
+					if add != 0 {
+						for j := range cr {
+							cr[j] += tr[j]
+						}
+					} else {
+						copy(cr, tr)
+					}
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package cpu
+
+// Matmul: a Hugging Face Linear without bias, and its two backward halves.
+//
+//	forward:  out (T,OC)     =  inp (T,C) · weight (OC,C)ᵀ
+//	backward: dinp (T,C)     += dout (T,OC) · weight (OC,C)
+//	          dweight (OC,C) += dout (T,OC)ᵀ · inp (T,C)
+//
+// Each product is split into fixed tiles of the output (tileM × tileN); one
+// tile is one grain and sums its full K range in a fixed order, so all three
+// are thread-count invariant.
+
+import "github.com/tracegrpo/tracegrpo/kernels"
+
+const (
+	tileM = 192
+	tileN = 256
+)
+
+// gemmTask runs one gemm split into output tiles.
+type gemmTask struct {
+	ws             []wscratch
+	transA, transB bool
+	M, N, K        int
+	A              []float32 // (M,K) or (K,M) if transA, leading dim lda
+	B              []float32 // (K,N) or (N,K) if transB, leading dim ldb
+	C              []float32 // (M,N), leading dim ldc
+	lda, ldb, ldc  int
+	acc            bool
+	nN             int
+	pb             []float32 // op(B) packed whole (packedBSize), shared
+	npad, np, nkb  int
+	packing        bool
+}
+
+func (t *gemmTask) run(w, lo, hi int) {
+	if t.packing {
+		for it := lo; it < hi; it++ {
+			packBPanel(t.pb, t.transB, t.B, t.ldb, t.N, t.K, it/t.np, it%t.np)
+		}
+		return
+	}
+	for it := lo; it < hi; it++ {
+		i0 := (it / t.nN) * tileM
+		j0 := (it % t.nN) * tileN
+		m := min(tileM, t.M-i0)
+		n := min(tileN, t.N-j0)
+		var a, b []float32
+		if t.transA {
+			a = t.A[i0:]
+		} else {
+			a = t.A[i0*t.lda:]
+		}
+		if t.pb != nil {
+			gemmPacked(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, nil, 0, t.pb, (j0/gemmNR)|t.npad<<32, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
+			continue
+		}
+		if t.transB {
+			b = t.B[j0*t.ldb:]
+		} else {
+			b = t.B[j0:]
+		}
+		gemm(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, b, t.ldb, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
+	}
+}
+
+// parallelGemm runs C (+)= op(A)·op(B) over the pool, tile by tile.
+func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, C []float32, ldc int, acc bool) {
+	if M <= 0 || N <= 0 {
+		return
+	}
+	t := &b.tasks.gemm
+	nM := (M + tileM - 1) / tileM
+	nN := (N + tileN - 1) / tileN
+	*t = gemmTask{ws: b.scratch.w, transA: transA, transB: transB, M: M, N: N, K: K,
+		A: A, B: B, C: C, lda: lda, ldb: ldb, ldc: ldc, acc: acc, nN: nN}
+	if K > 0 && nM > 1 {
+		// Pack op(B) once, shared by every row of tiles.
+		t.np = (N + gemmNR - 1) / gemmNR
+		t.npad = t.np * gemmNR
+		t.nkb = (K + gemmKC - 1) / gemmKC
+		t.pb = b.scratch.getShared(sharedPackB, packedBSize(N, K))
+		t.packing = true
+		b.pool.parallel(t, t.nkb*t.np, 4)
+		t.packing = false
+	}
+	b.pool.parallel(t, nM*nN, 1)
+	*t = gemmTask{}
+}
+
+// Matmul implements kernels.Ops.
+func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
+	o := b.f32n(out, T*OC, "Matmul out")       // (T,OC)
+	x := b.f32n(inp, T*C, "Matmul inp")        // (T,C)
+	w := b.f32n(weight, OC*C, "Matmul weight") // (OC,C)
+	b.parallelGemm(false, true, T, OC, C, x, C, w, C, o, OC, false)
+}
+
+// MatmulBackward implements kernels.Ops.
+func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	dx := b.f32opt(dinp, T*C, "MatmulBackward dinp")        // (T,C)
+	dw := b.f32opt(dweight, OC*C, "MatmulBackward dweight") // (OC,C)
+	d := b.f32n(dout, T*OC, "MatmulBackward dout")          // (T,OC)
+	if dx != nil {
+		w := b.f32n(weight, OC*C, "MatmulBackward weight") // (OC,C)
+		b.parallelGemm(false, false, T, C, OC, d, OC, w, C, dx, C, true)
+	}
+	if dw != nil {
+		x := b.f32n(inp, T*C, "MatmulBackward inp") // (T,C)
+		b.parallelGemm(true, false, OC, C, T, d, OC, x, C, dw, C, true)
+	}
+}

@@ -1,0 +1,113 @@
+package cpu
+
+// RMSNorm over rows (Llama/Qwen3; also Qwen3's per-head q/k norm with
+// N = T·NH, C = HD):
+//
+//	forward:  rstd (N)   = 1 / sqrt(mean_c inp² + eps)             =
+//	          out (N,C)  = (inp · rstd) · weight (C)                =
+//	backward: x̂ = inp·rstd, g = dout·weight
+//	          dinp (N,C) += rstd · (g − x̂ · mean_c(g·x̂))           +=
+//	          dweight (C) += Σ_n dout · x̂                          +=
+//
+// Rows are independent. dweight is summed in fixed blocks of rmsBlock rows
+// whose partial sums are added in block order: thread-count invariant.
+
+import "github.com/tracegrpo/tracegrpo/kernels"
+
+const rmsBlock = 64
+
+func rmsnormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps F) {
+	w := weight[:C]
+	for r := lo; r < hi; r++ {
+		x := inp[r*C : (r+1)*C]
+		o := out[r*C : (r+1)*C]
+		var ss F
+		for _, v := range x {
+			ss += v * v
+		}
+		rs := 1 / sqrtF(ss/F(C)+eps)
+		rstd[r] = rs
+		for i, v := range x {
+			o[i] = (v * rs) * w[i]
+		}
+	}
+}
+
+// rmsnormBackwardRows adds rows [lo, hi) into dinp and their dweight
+// contribution into dwpart (C), which the caller zeroes.
+func rmsnormBackwardRows[F Float](dinp, dwpart, dout, inp, weight, rstd []F, lo, hi, C int) {
+	w := weight[:C]
+	dwpart = dwpart[:C]
+	for r := lo; r < hi; r++ {
+		x := inp[r*C : (r+1)*C]
+		d := dout[r*C : (r+1)*C]
+		rs := rstd[r]
+		var dot F
+		for i := range x {
+			xh := x[i] * rs
+			dwpart[i] += d[i] * xh
+			dot += d[i] * w[i] * xh
+		}
+		mean := dot / F(C)
+		if dinp == nil {
+			continue
+		}
+		di := dinp[r*C : (r+1)*C]
+		for i := range x {
+			di[i] += rs * (d[i]*w[i] - x[i]*rs*mean)
+		}
+	}
+}
+
+type rmsnormTask struct {
+	out, rstd, inp, weight []float32 // (N,C), (N), (N,C), (C)
+	dinp, dout, dwpart     []float32 // (N,C), (N,C), (nblocks,C)
+	C                      int
+	eps                    float32
+	bwd                    bool
+}
+
+func (t *rmsnormTask) run(_, lo, hi int) {
+	if !t.bwd {
+		rmsnormRows(t.out, t.rstd, t.inp, t.weight, lo, hi, t.C, t.eps)
+		return
+	}
+	blk := lo / rmsBlock
+	p := t.dwpart[blk*t.C : (blk+1)*t.C]
+	clear(p)
+	rmsnormBackwardRows(t.dinp, p, t.dout, t.inp, t.weight, t.rstd, lo, hi, t.C)
+}
+
+// RMSNorm implements kernels.Ops.
+func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
+	t := &b.tasks.rmsnorm
+	*t = rmsnormTask{
+		out: b.f32n(out, N*C, "RMSNorm out"), rstd: b.f32n(rstd, N, "RMSNorm rstd"),
+		inp: b.f32n(inp, N*C, "RMSNorm inp"), weight: b.f32n(weight, C, "RMSNorm weight"),
+		C: C, eps: eps,
+	}
+	b.pool.parallel(t, N, rmsBlock)
+	*t = rmsnormTask{}
+}
+
+// RMSNormBackward implements kernels.Ops.
+func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
+	nb := (N + rmsBlock - 1) / rmsBlock
+	t := &b.tasks.rmsnorm
+	*t = rmsnormTask{
+		dinp: b.f32opt(dinp, N*C, "RMSNormBackward dinp"), dout: b.f32n(dout, N*C, "RMSNormBackward dout"),
+		inp: b.f32n(inp, N*C, "RMSNormBackward inp"), weight: b.f32n(weight, C, "RMSNormBackward weight"),
+		rstd: b.f32n(rstd, N, "RMSNormBackward rstd"), dwpart: b.scratch.getShared(sharedRMS, nb*C),
+		C: C, bwd: true,
+	}
+	b.pool.parallel(t, N, rmsBlock)
+	if dw := b.f32opt(dweight, C, "RMSNormBackward dweight"); dw != nil {
+		for blk := 0; blk < nb; blk++ {
+			p := t.dwpart[blk*C : (blk+1)*C]
+			for i := range dw {
+				dw[i] += p[i]
+			}
+		}
+	}
+	*t = rmsnormTask{}
+}

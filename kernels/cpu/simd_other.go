@@ -1,0 +1,8 @@
+//go:build !amd64 || purego
+
+package cpu
+
+func detectSIMD() (avx2fma, avx512 bool) { return false, false }
+
+func kernel12x32AVX512(k int, a, b, c *float32, ldc int, acc int) { panic("unreachable") }
+func kernel12x32AVX2(k int, a, b, c *float32, ldc int, acc int)   { panic("unreachable") }

@@ -1,0 +1,21 @@
+package cpu
+
+// tasks holds one task value per op, reused across calls so that handing a
+// task to the pool allocates nothing.
+type tasks struct {
+	fill       fillTask
+	add        addTask
+	adamw      adamwTask
+	sumSquares sumSquaresTask
+	embedding  embeddingTask
+	scatter    scatterTask
+	gemm       gemmTask
+	rmsnorm    rmsnormTask
+	swiglu     swigluTask
+	rope       ropeTask
+	ropeCache  ropeCache
+	attn       attnTask
+	decode     decodeTask
+	tlp        tlpTask
+	bad        []int
+}

@@ -1,0 +1,33 @@
+//go:build cgo
+
+package cuda
+
+// AttentionDecode: csrc/attention_decode.cu.
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// AttentionDecode implements kernels.Ops: out (B,NH,HD) = attention of
+// q (B,NH,HD) over rows [0, lens[b]) of kc, vc (B,Tmax,NKV,HD).
+func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH, NKV, HD int) {
+	if NH <= 0 || NKV <= 0 || NH%NKV != 0 || HD <= 0 || HD > attMaxHD || B > attMaxGridY {
+		panic(fmt.Sprintf("cuda: AttentionDecode: unsupported B %d NH %d NKV %d HD %d", B, NH, NKV, HD))
+	}
+	want(out, kernels.F32, B*NH*HD, "AttentionDecode out")
+	want(q, kernels.F32, B*NH*HD, "AttentionDecode q")
+	want(kc, kernels.F32, B*Tmax*NKV*HD, "AttentionDecode kc")
+	want(vc, kernels.F32, B*Tmax*NKV*HD, "AttentionDecode vc")
+	want(lens, kernels.I32, B, "AttentionDecode lens")
+	if B == 0 {
+		return
+	}
+	scale := float32(1 / math.Sqrt(float64(HD)))
+	smem := 4 * (HD + attKeyTile*(HD+1) + attKeyTile*HD)
+	defer b.lock()()
+	b.launch("attention_decode", NH, B, 1, 32, smem,
+		pa(out), pa(q), pa(kc), pa(vc), pa(lens), ia(Tmax), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+}

@@ -1,0 +1,326 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+//go:embed csrc/gen_*.ptx
+var ptxFiles embed.FS
+
+var entryRE = regexp.MustCompile(`\.entry\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(`)
+
+// Backend is the CUDA backend. It implements kernels.Backend; see the
+// package doc for threads, errors and numerics.
+type Backend struct {
+	mu  sync.Mutex
+	d   *device
+	opt Options
+	err error
+
+	flags    uintptr // (1) I32: data-error bits set by kernels
+	partials uintptr // (reduceBlocks) float64: SumSquares partials
+
+	scratch map[string]scratchBuf // lazily grown work buffers, kept
+	closed  bool
+}
+
+type scratchBuf struct {
+	p     uintptr
+	bytes int
+}
+
+const (
+	threads      = 256
+	reduceBlocks = 256 // fixed: SumSquares' order must not depend on the device
+)
+
+// Open loads the driver and cuBLAS, creates a context on opt.Device, and
+// JIT-compiles the embedded kernels for it.
+func Open(opt Options) (kernels.Backend, error) {
+	b, err := OpenBackend(opt)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// OpenBackend is Open returning the concrete type (for Info, Close, Time).
+func OpenBackend(opt Options) (*Backend, error) {
+	d, err := openDevice(opt)
+	if err != nil {
+		return nil, err
+	}
+	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}}
+	if err := b.loadKernels(); err != nil {
+		d.close()
+		return nil, err
+	}
+	if b.flags, err = d.alloc(4); err != nil {
+		d.close()
+		return nil, err
+	}
+	if b.partials, err = d.alloc(8 * reduceBlocks); err != nil {
+		d.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Backend) loadKernels() error {
+	names, err := fs.Glob(ptxFiles, "csrc/gen_*.ptx")
+	if err != nil {
+		return err
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		text, err := ptxFiles.ReadFile(n)
+		if err != nil {
+			return err
+		}
+		var entries []string
+		for _, m := range entryRE.FindAllSubmatch(text, -1) {
+			entries = append(entries, string(m[1]))
+		}
+		if err := b.d.loadModule(n, string(text), entries); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Info describes the device.
+func (b *Backend) Info() DeviceInfo { return b.d.info }
+
+// Close frees the backend's own buffers and releases the context. Buffers
+// from Alloc must be freed first.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	for _, s := range b.scratch {
+		b.d.free(s.p)
+	}
+	b.d.free(b.flags)
+	b.d.free(b.partials)
+	return b.d.close()
+}
+
+// Name implements kernels.Memory.
+func (b *Backend) Name() string { return "cuda" }
+
+// fail records the first error since the last Sync.
+func (b *Backend) fail(what string, code status) {
+	if code != 0 && b.err == nil {
+		b.err = fmt.Errorf("cuda: %s: %s", what, b.d.errText(code))
+	}
+}
+
+func (b *Backend) failBlas(what string, code status) {
+	if code != 0 && b.err == nil {
+		b.err = fmt.Errorf("cuda: %s: %s", what, blasStatusText(code))
+	}
+}
+
+// Alloc implements kernels.Memory.
+func (b *Backend) Alloc(dt kernels.DType, n int) (kernels.Buf, error) {
+	if n < 0 {
+		panic(fmt.Sprintf("cuda: Alloc of %d elements", n))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	p, err := b.d.alloc(max(n*dt.Size(), 4))
+	if err != nil {
+		return kernels.Buf{}, err
+	}
+	return kernels.Buf{Handle: p, N: n, DType: dt}, nil
+}
+
+// Free implements kernels.Memory.
+func (b *Backend) Free(buf kernels.Buf) {
+	if buf.Off != 0 {
+		panic(fmt.Sprintf("cuda: Free of a view (off %d, n %d)", buf.Off, buf.N))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail("cuMemFree", b.d.free(buf.Handle))
+}
+
+// ptr is the device address of a view's first element.
+func ptr(b kernels.Buf) uintptr { return b.Handle + uintptr(b.Off*b.DType.Size()) }
+
+func want(b kernels.Buf, dt kernels.DType, n int, what string) {
+	if b.DType != dt || b.N != n {
+		panic(fmt.Sprintf("cuda: %s is %d × %s, want %d × %s", what, b.N, b.DType, n, dt))
+	}
+}
+
+// UploadF32 implements kernels.Memory.
+func (b *Backend) UploadF32(dst kernels.Buf, src []float32) {
+	want(dst, kernels.F32, len(src), "UploadF32 dst")
+	b.upload(dst, unsafe.Pointer(unsafe.SliceData(src)), 4*len(src))
+}
+
+// UploadI32 implements kernels.Memory.
+func (b *Backend) UploadI32(dst kernels.Buf, src []int32) {
+	want(dst, kernels.I32, len(src), "UploadI32 dst")
+	b.upload(dst, unsafe.Pointer(unsafe.SliceData(src)), 4*len(src))
+}
+
+// UploadBF16 copies raw bfloat16 bits into a BF16 buffer.
+func (b *Backend) UploadBF16(dst kernels.Buf, src []uint16) {
+	want(dst, kernels.BF16, len(src), "UploadBF16 dst")
+	b.upload(dst, unsafe.Pointer(unsafe.SliceData(src)), 2*len(src))
+}
+
+func (b *Backend) upload(dst kernels.Buf, src unsafe.Pointer, bytes int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail("upload", b.d.htod(ptr(dst), src, bytes))
+}
+
+// DownloadF32 implements kernels.Memory.
+func (b *Backend) DownloadF32(dst []float32, src kernels.Buf) {
+	want(src, kernels.F32, len(dst), "DownloadF32 src")
+	b.download(unsafe.Pointer(unsafe.SliceData(dst)), src, 4*len(dst))
+}
+
+// DownloadI32 implements kernels.Memory.
+func (b *Backend) DownloadI32(dst []int32, src kernels.Buf) {
+	want(src, kernels.I32, len(dst), "DownloadI32 src")
+	b.download(unsafe.Pointer(unsafe.SliceData(dst)), src, 4*len(dst))
+}
+
+// DownloadBF16 copies a BF16 buffer's raw bits to the host.
+func (b *Backend) DownloadBF16(dst []uint16, src kernels.Buf) {
+	want(src, kernels.BF16, len(dst), "DownloadBF16 src")
+	b.download(unsafe.Pointer(unsafe.SliceData(dst)), src, 2*len(dst))
+}
+
+func (b *Backend) download(dst unsafe.Pointer, src kernels.Buf, bytes int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail("download", b.d.dtoh(dst, ptr(src), bytes))
+}
+
+// flagNames names the data-error bits of csrc/common.cuh.
+var flagNames = []struct {
+	bit  int32
+	text string
+}{
+	{1, "Embedding: a token id is outside [0, V) (its row was zeroed)"},
+	{2, "ScatterRows: an index is outside the destination rows (that row was skipped)"},
+	{4, "TokenLogprob: a target id is >= V (the row was treated as masked)"},
+	{8, "AttentionDecode: a length is outside [0, Tmax] (that sequence got zeros)"},
+}
+
+// Sync implements kernels.Memory: it waits for the stream and returns the
+// first error since the previous Sync, including data errors the kernels
+// flagged, then clears it.
+func (b *Backend) Sync() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fail("cuStreamSynchronize", b.d.sync())
+	var flags int32
+	if code := b.d.dtoh(unsafe.Pointer(&flags), b.flags, 4); code != 0 {
+		b.fail("read error flags", code)
+	} else if flags != 0 {
+		var msgs []string
+		for _, f := range flagNames {
+			if flags&f.bit != 0 {
+				msgs = append(msgs, f.text)
+			}
+		}
+		if b.err == nil {
+			b.err = fmt.Errorf("cuda: data error found on the device: %s", strings.Join(msgs, "; "))
+		}
+		b.fail("clear error flags", b.d.memset32(b.flags, 0, 1))
+	}
+	err := b.err
+	b.err = nil
+	return err
+}
+
+// work returns a scratch buffer of at least bytes, growing it if needed
+// (the old one is freed after the stream drains). The model sizes its
+// shapes once, so this allocates only on the first steps.
+func (b *Backend) work(name string, bytes int) uintptr {
+	s := b.scratch[name]
+	if s.bytes >= bytes {
+		return s.p
+	}
+	if s.p != 0 {
+		b.fail("cuStreamSynchronize", b.d.sync())
+		b.d.free(s.p)
+	}
+	p, err := b.d.alloc(max(bytes, 256))
+	if err != nil {
+		if b.err == nil {
+			b.err = fmt.Errorf("cuda: scratch %s: %w", name, err)
+		}
+		delete(b.scratch, name)
+		return 0
+	}
+	b.scratch[name] = scratchBuf{p: p, bytes: max(bytes, 256)}
+	return p
+}
+
+// Kernel argument slots.
+func pa(b kernels.Buf) uint64 { return uint64(ptr(b)) }
+func pu(p uintptr) uint64     { return uint64(p) }
+func ia(v int) uint64 {
+	if v > math.MaxInt32 || v < math.MinInt32 {
+		panic(fmt.Sprintf("cuda: %d does not fit a kernel's int argument", v))
+	}
+	return uint64(uint32(int32(v)))
+}
+func la(v int) uint64     { return uint64(int64(v)) }
+func fa(v float32) uint64 { return uint64(math.Float32bits(v)) }
+
+// launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads.
+// The caller holds b.mu.
+func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) {
+	fn, ok := b.d.fns[name]
+	if !ok {
+		panic("cuda: no kernel " + name + " in the embedded PTX")
+	}
+	if gx <= 0 || gy <= 0 || gz <= 0 {
+		return
+	}
+	if gy > 65535 || gz > 65535 {
+		panic(fmt.Sprintf("cuda: %s: grid (%d,%d,%d) exceeds the y/z limit 65535", name, gx, gy, gz))
+	}
+	b.fail("launch "+name, b.d.launch(fn, gx, gy, gz, bx, smem, args))
+}
+
+// blocks is the grid size of a grid-stride loop over n elements.
+func (b *Backend) blocks(n int) int {
+	return max(1, min((n+threads-1)/threads, 32*b.d.info.SMs))
+}
+
+// elementwise launches a grid-stride kernel over n elements.
+func (b *Backend) elementwise(name string, n int, args ...uint64) {
+	if n == 0 {
+		return
+	}
+	b.launch(name, b.blocks(n), 1, 1, threads, 0, args...)
+}
+
+func (b *Backend) lock() func() {
+	b.mu.Lock()
+	return b.mu.Unlock
+}

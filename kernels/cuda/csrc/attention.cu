@@ -1,0 +1,317 @@
+// attention.cu: causal grouped-query attention over packed sequences, fp32,
+// FlashAttention-style (online softmax over key tiles; the T×T score matrix is
+// never stored), plus one-token decode against a KV cache.
+//
+//   attention_fwd:   out (T,NH,HD) = softmax(scale·q·kᵀ + causal mask)·v   (=)
+//                    lse (T,NH) = log-sum-exp of each query's scaled scores (=)
+//   attention_bwd_dot:  D (T,NH) = Σ_d dout·out                           (=)
+//   attention_bwd_dq:   dq (T,NH,HD) = scale·Σ_j ds_j·k_j                 (=)
+//   attention_bwd_dkdv: dk (T,NKV,HD) = scale·Σ_i ds_i·q_i,
+//                       dv (T,NKV,HD) = Σ_i p_i·dout_i  (over the group's heads) (=)
+//     with p = exp(scale·q·k − lse), ds = p·(dout·v − D)
+//
+// q, out, dq, dout (T,NH,HD); k, v, dk, dv (T,NKV,HD); cu (S+1) I32 holds
+// the sequence offsets (kernels.Seqs). Sequence s is tokens [cu[s], cu[s+1]),
+// positions restart at 0, and a query at position i sees keys 0..i of its own
+// sequence. Query head h reads key/value head h/(NH/NKV). HD <= 128. A
+// sequence longer than the grid covers (Seqs.MaxLen too small) or with a
+// negative length sets TG_ERR_SEQS.
+//
+// Work split (block = 256 threads = 8 warps; a lane owns head dimensions
+// d = lane + 32·j, j < 4):
+//   fwd:  grid (ceil(MaxLen/16), S, NH); a warp owns two query rows; for each
+//         tile of 32 keys, lane j scores key j, the warp does the online
+//         softmax update, and p_j is broadcast by shuffle for p·V.
+//   dq:   grid (ceil(MaxLen/8), S, NH); one query row per warp, same pattern.
+//   dkdv: grid (ceil(MaxLen/8), S, NKV); one key row per warp; lane i scores
+//         query i of a 32-query tile for every query head of the group.
+// Every output element is written by one warp in a fixed order: the backward
+// pass is deterministic (no atomics). Blocks past the end of a short sequence
+// return at once. Decode is in attention_decode.cu.
+#include "common.cuh"
+
+#define ATT_THREADS 256
+#define ATT_MAXJ 4  // HD <= 32·ATT_MAXJ
+#define FWD_BR 16   // query rows per forward block (2 per warp)
+#define BC 32       // keys per tile (one per lane)
+#define DQ_BR 8     // query rows per dq block (1 per warp)
+#define DK_BC 8     // key rows per dkdv block (1 per warp)
+#define BQ 32       // queries per dkdv tile (one per lane)
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
+                  const int* cu, int NH, int NKV, int HD, float scale, int* flags) {
+  TG_DYN_SMEM(float, sm);
+  const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * FWD_BR))
+    atomicOr(flags, TG_ERR_SEQS);
+  const int q0 = blockIdx.x * FWD_BR;
+  if (q0 >= len) return;  // whole block
+  const int HDP = HD + 1;
+  float* Qs = sm;                // (FWD_BR, HD), pre-scaled
+  float* Ks = Qs + FWD_BR * HD;  // (BC, HDP)
+  float* Vs = Ks + BC * HDP;     // (BC, HD)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  for (int i = tid; i < FWD_BR * HD; i += ATT_THREADS) {
+    int r = i / HD, d = i % HD, qi = q0 + r;
+    Qs[i] = qi < len ? q[((long long)(start + qi) * NH + h) * HD + d] * scale : 0.f;
+  }
+  float m[2], l[2], acc[2][ATT_MAXJ];
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    m[rr] = -TG_INF;
+    l[rr] = 0.f;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) acc[rr][j] = 0.f;
+  }
+  const int nkeys = min(len, q0 + FWD_BR);  // keys the last row of the block sees
+  for (int k0 = 0; k0 < nkeys; k0 += BC) {
+    __syncthreads();  // Q loaded; the previous tile is consumed
+    for (int i = tid; i < BC * HD; i += ATT_THREADS) {
+      int r = i / HD, d = i % HD, kj = k0 + r;
+      float kv = 0.f, vv = 0.f;
+      if (kj < len) {
+        long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
+        kv = k[off];
+        vv = v[off];
+      }
+      Ks[r * HDP + d] = kv;
+      Vs[r * HD + d] = vv;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+      const int r = warp * 2 + rr, qi = q0 + r, kj = k0 + lane;
+      float sc = -TG_INF;
+      if (qi < len && kj <= qi) {
+        const float* qr = Qs + r * HD;
+        const float* kr = Ks + lane * HDP;
+        float dot = 0.f;
+        for (int d = 0; d < HD; d++) dot += qr[d] * kr[d];
+        sc = dot;
+      }
+      const float mnew = fmaxf(m[rr], warp_max(sc));
+      const float p = sc == -TG_INF ? 0.f : expf(sc - mnew);
+      const float alpha = m[rr] == -TG_INF ? 0.f : expf(m[rr] - mnew);
+      l[rr] = l[rr] * alpha + warp_sum(p);
+      m[rr] = mnew;
+#pragma unroll
+      for (int j = 0; j < ATT_MAXJ; j++) acc[rr][j] *= alpha;
+      for (int jj = 0; jj < BC; jj++) {
+        const float pj = __shfl_sync(TG_FULL, p, jj);
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++) {
+          int d = lane + 32 * j;
+          if (d < HD) acc[rr][j] += pj * Vs[jj * HD + d];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) {
+    const int qi = q0 + warp * 2 + rr;
+    if (qi < len) {
+      const long long row = (long long)(start + qi) * NH + h;
+      const float inv = 1.f / l[rr];  // l >= 1: key qi itself is always seen
+#pragma unroll
+      for (int j = 0; j < ATT_MAXJ; j++) {
+        int d = lane + 32 * j;
+        if (d < HD) out[row * HD + d] = acc[rr][j] * inv;
+      }
+      if (lane == 0) lse[row] = m[rr] + logf(l[rr]);
+    }
+  }
+}
+
+// D (T·NH) = Σ_d dout·out, one warp per row.
+extern "C" __global__ void attention_bwd_dot(float* D, const float* dout, const float* out,
+                                             long long rows, int HD) {
+  const int lane = threadIdx.x & 31;
+  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
+       row += nwarps) {
+    float s = 0.f;
+    for (int d = lane; d < HD; d += 32) s += dout[row * HD + d] * out[row * HD + d];
+    s = warp_sum(s);
+    if (lane == 0) D[row] = s;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_bwd_dq(float* dq, const float* dout, const float* lse, const float* D,
+                     const float* q, const float* k, const float* v, const int* cu, int NH,
+                     int NKV, int HD, float scale, int* flags) {
+  TG_DYN_SMEM(float, sm);
+  const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * DQ_BR))
+    atomicOr(flags, TG_ERR_SEQS);
+  const int q0 = blockIdx.x * DQ_BR;
+  if (q0 >= len) return;
+  const int HDP = HD + 1;
+  float* Qs = sm;                 // (DQ_BR, HD), pre-scaled
+  float* dOs = Qs + DQ_BR * HD;   // (DQ_BR, HD)
+  float* Ks = dOs + DQ_BR * HD;   // (BC, HDP)
+  float* Vs = Ks + BC * HDP;      // (BC, HDP)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < DQ_BR * HD; i += ATT_THREADS) {
+    int r = i / HD, d = i % HD, qi = q0 + r;
+    long long off = ((long long)(start + qi) * NH + h) * HD + d;
+    Qs[i] = qi < len ? q[off] * scale : 0.f;
+    dOs[i] = qi < len ? dout[off] : 0.f;
+  }
+  const int qi = q0 + warp;
+  const bool valid = qi < len;
+  const long long row = (long long)(start + qi) * NH + h;
+  const float Li = valid ? lse[row] : 0.f;
+  const float Di = valid ? D[row] : 0.f;
+  float acc[ATT_MAXJ];
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) acc[j] = 0.f;
+  const int nkeys = min(len, q0 + DQ_BR);
+  for (int k0 = 0; k0 < nkeys; k0 += BC) {
+    __syncthreads();
+    for (int i = tid; i < BC * HD; i += ATT_THREADS) {
+      int r = i / HD, d = i % HD, kj = k0 + r;
+      float kv = 0.f, vv = 0.f;
+      if (kj < len) {
+        long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
+        kv = k[off];
+        vv = v[off];
+      }
+      Ks[r * HDP + d] = kv;
+      Vs[r * HDP + d] = vv;
+    }
+    __syncthreads();
+    const int kj = k0 + lane;
+    float ds = 0.f;
+    if (valid && kj <= qi) {
+      const float* qr = Qs + warp * HD;
+      const float* gr = dOs + warp * HD;
+      const float* kr = Ks + lane * HDP;
+      const float* vr = Vs + lane * HDP;
+      float sc = 0.f, dp = 0.f;
+      for (int d = 0; d < HD; d++) {
+        sc += qr[d] * kr[d];
+        dp += gr[d] * vr[d];
+      }
+      ds = expf(sc - Li) * (dp - Di);
+    }
+    for (int jj = 0; jj < BC; jj++) {
+      const float dsj = __shfl_sync(TG_FULL, ds, jj);
+#pragma unroll
+      for (int j = 0; j < ATT_MAXJ; j++) {
+        int d = lane + 32 * j;
+        if (d < HD) acc[j] += dsj * Ks[jj * HDP + d];
+      }
+    }
+  }
+  if (valid) {
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) {
+      int d = lane + 32 * j;
+      if (d < HD) dq[row * HD + d] = acc[j] * scale;
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_bwd_dkdv(float* dk, float* dv, const float* dout, const float* lse, const float* D,
+                       const float* q, const float* k, const float* v, const int* cu, int NH,
+                       int NKV, int HD, float scale, int* flags) {
+  TG_DYN_SMEM(float, sm);
+  const int s = blockIdx.y, kvh = blockIdx.z, G = NH / NKV;
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * DK_BC))
+    atomicOr(flags, TG_ERR_SEQS);
+  const int k0 = blockIdx.x * DK_BC;
+  if (k0 >= len) return;
+  const int HDP = HD + 1;
+  float* Ks = sm;                 // (DK_BC, HD)
+  float* Vs = Ks + DK_BC * HD;    // (DK_BC, HD)
+  float* Qs = Vs + DK_BC * HD;    // (BQ, HDP), pre-scaled
+  float* dOs = Qs + BQ * HDP;     // (BQ, HDP)
+  float* Ls = dOs + BQ * HDP;     // (BQ)
+  float* Ds = Ls + BQ;            // (BQ)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int i = tid; i < DK_BC * HD; i += ATT_THREADS) {
+    int r = i / HD, d = i % HD, kj = k0 + r;
+    float kv = 0.f, vv = 0.f;
+    if (kj < len) {
+      long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
+      kv = k[off];
+      vv = v[off];
+    }
+    Ks[i] = kv;
+    Vs[i] = vv;
+  }
+  const int kj = k0 + warp;
+  const bool valid = kj < len;
+  float adk[ATT_MAXJ], adv[ATT_MAXJ];
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) adk[j] = adv[j] = 0.f;
+  for (int g = 0; g < G; g++) {
+    const int h = kvh * G + g;
+    for (int i0 = k0; i0 < len; i0 += BQ) {
+      __syncthreads();  // K/V loaded; the previous query tile is consumed
+      for (int i = tid; i < BQ * HD; i += ATT_THREADS) {
+        int r = i / HD, d = i % HD, qi = i0 + r;
+        float qv = 0.f, gv = 0.f;
+        if (qi < len) {
+          long long off = ((long long)(start + qi) * NH + h) * HD + d;
+          qv = q[off] * scale;
+          gv = dout[off];
+        }
+        Qs[r * HDP + d] = qv;
+        dOs[r * HDP + d] = gv;
+      }
+      for (int r = tid; r < BQ; r += ATT_THREADS) {
+        int qi = i0 + r;
+        long long row = (long long)(start + qi) * NH + h;
+        Ls[r] = qi < len ? lse[row] : 0.f;
+        Ds[r] = qi < len ? D[row] : 0.f;
+      }
+      __syncthreads();
+      const int qi = i0 + lane;
+      float p = 0.f, ds = 0.f;
+      if (valid && qi < len && qi >= kj) {
+        const float* qr = Qs + lane * HDP;
+        const float* gr = dOs + lane * HDP;
+        const float* kr = Ks + warp * HD;
+        const float* vr = Vs + warp * HD;
+        float sc = 0.f, dp = 0.f;
+        for (int d = 0; d < HD; d++) {
+          sc += qr[d] * kr[d];
+          dp += gr[d] * vr[d];
+        }
+        p = expf(sc - Ls[lane]);
+        ds = p * (dp - Ds[lane]);
+      }
+      for (int ii = 0; ii < BQ; ii++) {
+        const float pi = __shfl_sync(TG_FULL, p, ii);
+        const float dsi = __shfl_sync(TG_FULL, ds, ii);
+#pragma unroll
+        for (int j = 0; j < ATT_MAXJ; j++) {
+          int d = lane + 32 * j;
+          if (d < HD) {
+            adv[j] += pi * dOs[ii * HDP + d];
+            adk[j] += dsi * Qs[ii * HDP + d];  // Qs holds scale·q
+          }
+        }
+      }
+    }
+  }
+  if (valid) {
+    const long long row = (long long)(start + kj) * NKV + kvh;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) {
+      int d = lane + 32 * j;
+      if (d < HD) {
+        dk[row * HD + d] = adk[j];
+        dv[row * HD + d] = adv[j];
+      }
+    }
+  }
+}

@@ -1,0 +1,78 @@
+// attention_decode.cu: one query per sequence against a KV cache.
+//
+//   attention_decode: out (B,NH,HD) = softmax(scale·q·kᵀ)·v for q (B,NH,HD) over
+//                     kc, vc (B,Tmax,NKV,HD), rows [0, lens[b]) of sequence b  (=)
+//
+// One warp per (head, sequence): grid (NH, B), block 32; for each tile of 32
+// cached keys lane j scores key j, the warp does the online softmax update
+// and p_j is broadcast by shuffle for p·V (a lane owns d = lane + 32·j).
+// HD <= 128. lens[b] outside [0, Tmax] is treated as 0 (zeros out) and sets
+// TG_ERR_DECODELEN.
+#include "common.cuh"
+
+#define ATT_MAXJ 4
+#define BC 32
+
+extern "C" __global__ void __launch_bounds__(32)
+    attention_decode(float* out, const float* q, const float* kc, const float* vc,
+                     const int* lens, int Tmax, int NH, int NKV, int HD, float scale,
+                     int* flags) {
+  TG_DYN_SMEM(float, sm);
+  const int h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / NKV), lane = threadIdx.x;
+  const int HDP = HD + 1;
+  float* Qs = sm;            // (HD), pre-scaled
+  float* Ks = Qs + HD;       // (BC, HDP)
+  float* Vs = Ks + BC * HDP; // (BC, HD)
+  int n = lens[b];
+  if (n < 0 || n > Tmax) {
+    if (lane == 0) atomicOr(flags, TG_ERR_DECODELEN);
+    n = 0;
+  }
+  const long long qrow = (long long)b * NH + h;
+  for (int d = lane; d < HD; d += 32) Qs[d] = q[qrow * HD + d] * scale;
+  float m = -TG_INF, l = 0.f, acc[ATT_MAXJ];
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) acc[j] = 0.f;
+  for (int k0 = 0; k0 < n; k0 += BC) {
+    __syncwarp();
+    for (int i = lane; i < BC * HD; i += 32) {
+      int r = i / HD, d = i % HD, kj = k0 + r;
+      float kv = 0.f, vv = 0.f;
+      if (kj < n) {
+        long long off = (((long long)b * Tmax + kj) * NKV + kvh) * HD + d;
+        kv = kc[off];
+        vv = vc[off];
+      }
+      Ks[r * HDP + d] = kv;
+      Vs[r * HD + d] = vv;
+    }
+    __syncwarp();
+    float sc = -TG_INF;
+    if (k0 + lane < n) {
+      float dot = 0.f;
+      for (int d = 0; d < HD; d++) dot += Qs[d] * Ks[lane * HDP + d];
+      sc = dot;
+    }
+    const float mnew = fmaxf(m, warp_max(sc));
+    const float p = sc == -TG_INF ? 0.f : expf(sc - mnew);
+    const float alpha = m == -TG_INF ? 0.f : expf(m - mnew);
+    l = l * alpha + warp_sum(p);
+    m = mnew;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) acc[j] *= alpha;
+    for (int jj = 0; jj < BC; jj++) {
+      const float pj = __shfl_sync(TG_FULL, p, jj);
+#pragma unroll
+      for (int j = 0; j < ATT_MAXJ; j++) {
+        int d = lane + 32 * j;
+        if (d < HD) acc[j] += pj * Vs[jj * HD + d];
+      }
+    }
+  }
+  const float inv = l > 0.f ? 1.f / l : 0.f;  // an empty cache gives zeros
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) {
+    int d = lane + 32 * j;
+    if (d < HD) out[qrow * HD + d] = acc[j] * inv;
+  }
+}

@@ -1,0 +1,131 @@
+// token_logprob.cu: log-probability, entropy and log-sum-exp of the sampled
+// token, formed over vocabulary chunks so that no T×V logits ever exist.
+//
+// The launcher (kernels/cuda/token_logprob.go) loops over chunks [v0, v0+Vc)
+// of the vocabulary: cuBLAS writes logits (T,Vc) = invTemp·hidden (T,C)·W[v0:v0+Vc]ᵀ
+// into a scratch buffer, then
+//   logprob_chunk folds the chunk into a running per-row state (T,4) =
+//     {m, Σ e^(z−m), Σ e^(z−m)·z, z[target]}                         (update)
+//   logprob_finish: lse (T) = m + log Σ, logprob (T) = z[target] − lse,
+//     entropy (T) = lse − Σ e^(z−m)·z / Σ e^(z−m)                     (=)
+// Backward, per chunk after the same GEMM:
+//   logprob_bwd_chunk: dz (T,Vc) = dlogprob·(onehot(target) − e^(z−lse))·invTemp,
+//     written over the logits, then cuBLAS adds dhidden += dz·W_chunk and
+//     dW_chunk += dzᵀ·hidden.
+// Rows with target < 0 get zeros and no gradient; a target >= V is treated the
+// same and sets TG_ERR_TARGET.
+#include "common.cuh"
+
+struct lp_state {
+  float m, s, s1;
+};
+
+__device__ __forceinline__ void lp_merge(lp_state& a, float mb, float sb, float s1b) {
+  if (mb == -TG_INF) return;
+  if (a.m == -TG_INF) {
+    a.m = mb;
+    a.s = sb;
+    a.s1 = s1b;
+    return;
+  }
+  float m = fmaxf(a.m, mb);
+  float ea = expf(a.m - m), eb = expf(mb - m);
+  a.s = a.s * ea + sb * eb;
+  a.s1 = a.s1 * ea + s1b * eb;
+  a.m = m;
+}
+
+extern "C" __global__ void logprob_init(float* state, int T) {
+  TG_FOR(t, (long long)T) {
+    state[t * 4 + 0] = -TG_INF;
+    state[t * 4 + 1] = 0.f;
+    state[t * 4 + 2] = 0.f;
+    state[t * 4 + 3] = 0.f;
+  }
+}
+
+// One block per row (grid-stride over rows).
+extern "C" __global__ void logprob_chunk(float* state, const float* logits, const int* targets,
+                                         int T, int Vc, int v0, int V) {
+  __shared__ float sm[3][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+    const int tgt = targets[t];
+    if (tgt < 0 || tgt >= V) continue;  // whole block
+    const float* z = logits + (long long)t * Vc;
+    lp_state a = {-TG_INF, 0.f, 0.f};
+    for (int j = threadIdx.x; j < Vc; j += blockDim.x) {
+      float zj = z[j];
+      if (zj > a.m) {
+        float e = a.m == -TG_INF ? 0.f : expf(a.m - zj);
+        a.s = a.s * e + 1.f;
+        a.s1 = a.s1 * e + zj;
+        a.m = zj;
+      } else {
+        float e = expf(zj - a.m);
+        a.s += e;
+        a.s1 += e * zj;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      float mb = __shfl_xor_sync(TG_FULL, a.m, o);
+      float sb = __shfl_xor_sync(TG_FULL, a.s, o);
+      float s1b = __shfl_xor_sync(TG_FULL, a.s1, o);
+      lp_merge(a, mb, sb, s1b);
+    }
+    __syncthreads();  // the previous row's readers of sm are done
+    if (lane == 0) {
+      sm[0][warp] = a.m;
+      sm[1][warp] = a.s;
+      sm[2][warp] = a.s1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      lp_state r = {-TG_INF, 0.f, 0.f};
+      for (int w = 0; w < nw; w++) lp_merge(r, sm[0][w], sm[1][w], sm[2][w]);
+      float* st = state + (long long)t * 4;
+      lp_state run = {st[0], st[1], st[2]};
+      lp_merge(run, r.m, r.s, r.s1);
+      st[0] = run.m;
+      st[1] = run.s;
+      st[2] = run.s1;
+      if (tgt >= v0 && tgt < v0 + Vc) st[3] = z[tgt - v0];
+    }
+  }
+}
+
+extern "C" __global__ void logprob_finish(float* logprob, float* entropy, float* lse,
+                                          const float* state, const int* targets, int T, int V,
+                                          int* flags) {
+  TG_FOR(t, (long long)T) {
+    const int tgt = targets[t];
+    if (tgt < 0 || tgt >= V) {
+      if (tgt >= V) atomicOr(flags, TG_ERR_TARGET);
+      logprob[t] = 0.f;
+      entropy[t] = 0.f;
+      lse[t] = 0.f;
+      continue;
+    }
+    const float* st = state + t * 4;
+    const float L = st[0] + logf(st[1]);
+    lse[t] = L;
+    logprob[t] = st[3] - L;
+    entropy[t] = L - st[2] / st[1];
+  }
+}
+
+extern "C" __global__ void logprob_bwd_chunk(float* logits, const float* lse,
+                                             const float* dlogprob, const int* targets, int T,
+                                             int Vc, int v0, int V, float invTemp) {
+  TG_FOR(i, (long long)T * Vc) {
+    const int t = (int)(i / Vc), j = (int)(i % Vc);
+    const int tgt = targets[t];
+    float g = 0.f;
+    if (tgt >= 0 && tgt < V) {
+      const float p = expf(logits[i] - lse[t]);
+      g = dlogprob[t] * ((v0 + j == tgt ? 1.f : 0.f) - p) * invTemp;
+    }
+    logits[i] = g;
+  }
+}

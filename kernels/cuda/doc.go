@@ -1,0 +1,113 @@
+// Package cuda runs the kernels.Backend ops on an NVIDIA GPU. It is the only
+// package of tracegrpo that imports "C".
+//
+// # Loading
+//
+// Nothing of CUDA is needed to build it. Open dlopens the driver
+// (libcuda.so.1) and cuBLAS (libcublas.so.13, .12 or .11, searched in
+// $TRACEGRPO_CUDA_LIBS, then $LD_LIBRARY_PATH, then the loader's default
+// path) at run time, with prototypes written in this package's cgo preamble.
+// The kernels are PTX generated from csrc/*.cu by `make ptx` (nvcc -ptx
+// -arch=sm_80), committed as csrc/gen_*.ptx and embedded; the driver compiles
+// them for the device when the backend opens, so one binary runs on any GPU
+// of compute capability 8.0 or newer whose driver is at least the PTX's CUDA
+// version (11.8). Each gen_*.ptx records the sha256 of its sources and
+// TestPTXFresh fails when a .cu changed but its PTX was not regenerated.
+//
+// Without cgo (CGO_ENABLED=0), Open returns ErrNotBuilt. Without a driver or
+// a device, Open returns an error saying which library or call failed; a
+// library lacking a symbol is reported by library path and symbol name.
+//
+// # Threads
+//
+// A CUDA context is current per OS thread. Instead of one OS-locked
+// goroutine that every call is handed to, every C entry point of this
+// package makes the backend's primary context current on the OS thread it
+// runs on before it does anything else (cuCtxSetCurrent is a thread-local
+// store, cheap next to a launch), and the backend is used from one goroutine
+// at a time, like a stream (the kernels.Backend contract), guarded by a
+// mutex. Whatever thread the Go scheduler runs a call on therefore issues it
+// in the right context, on the backend's one stream, in call order: the same
+// guarantees as a locked driver goroutine without a channel hop per op.
+//
+// # Memory and errors
+//
+// A Buf's Handle is the device pointer of its allocation. Ops are queued on
+// one stream and return at once; the first failing driver or cuBLAS status
+// is kept (sticky) and returned, with the op's name, by the next Sync, which
+// also reports data errors the kernels found (a token id out of range, ...)
+// through a device-side flag word. C never keeps a Go pointer: kernel
+// arguments are copied into a C-allocated slot array, and uploads and
+// downloads wait for their copy before returning.
+//
+// # Numerics
+//
+// Elementwise ops, norms, attention and the log-prob reductions are fp32;
+// SumSquares accumulates in double. Matmul is cuBLAS: fp32 by default, TF32
+// tensor cores or bf16 inputs with fp32 accumulation by Options.Matmul. Attention's backward pass and SumSquares are
+// deterministic; EmbeddingBackward and RMSNormBackward's dweight add across
+// blocks with atomics (equal to the CPU within rounding, not bitwise).
+package cuda
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrNotBuilt is returned by Open in a binary built without cgo.
+var ErrNotBuilt = errors.New("cuda: CUDA support is not built in (this binary was built with CGO_ENABLED=0); rebuild with cgo enabled or use --backend cpu")
+
+// MatmulMode is the arithmetic of the F32 GEMMs.
+type MatmulMode uint8
+
+const (
+	// MatmulFP32 is plain fp32 (CUBLAS_COMPUTE_32F).
+	MatmulFP32 MatmulMode = iota
+	// MatmulTF32 lets cuBLAS use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32;
+	// inputs rounded to 10 mantissa bits, fp32 accumulation).
+	MatmulTF32
+	// MatmulBF16 rounds both inputs to bf16 (a cast kernel into scratch) and
+	// multiplies them on bf16 tensor cores with fp32 accumulation and an fp32
+	// result, like torch.autocast(dtype=torch.bfloat16).
+	MatmulBF16
+)
+
+func (m MatmulMode) String() string {
+	switch m {
+	case MatmulFP32:
+		return "fp32"
+	case MatmulTF32:
+		return "tf32"
+	case MatmulBF16:
+		return "bf16"
+	}
+	return fmt.Sprintf("MatmulMode(%d)", uint8(m))
+}
+
+// ParseMatmulMode parses "fp32", "tf32" or "bf16".
+func ParseMatmulMode(s string) (MatmulMode, error) {
+	for _, m := range []MatmulMode{MatmulFP32, MatmulTF32, MatmulBF16} {
+		if m.String() == s {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("cuda: matmul mode %q: expected fp32, tf32 or bf16", s)
+}
+
+// Options configures Open.
+type Options struct {
+	// Device is the CUDA device ordinal.
+	Device int
+	// DriverLib is the driver library to dlopen; empty means "libcuda.so.1".
+	DriverLib string
+	// BlasLib is the cuBLAS library to dlopen; empty means searching for
+	// libcublas.so.13, .12, .11 in $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH
+	// and the loader's default path.
+	BlasLib string
+	// Matmul chooses how Matmul, MatmulBackward and TokenLogprob's GEMMs
+	// run on F32 buffers: MatmulFP32 (the default), MatmulTF32, MatmulBF16.
+	Matmul MatmulMode
+	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
+	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
+	LogitsScratch int
+}

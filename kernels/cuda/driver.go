@@ -1,0 +1,712 @@
+//go:build cgo
+
+package cuda
+
+// The binding: the CUDA driver API and cuBLAS, dlopen'ed at run time with
+// the prototypes below (no CUDA header is included). Every C function here
+// returns an int status (a CUresult or cublasStatus_t; -1 for our own
+// failures), makes the context current on the calling OS thread first, and
+// keeps no pointer it was given past its return.
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long tg_dptr;
+
+typedef struct {
+	void* lib;
+	int (*cuInit)(unsigned);
+	int (*cuDriverGetVersion)(int*);
+	int (*cuDeviceGetCount)(int*);
+	int (*cuDeviceGet)(int*, int);
+	int (*cuDeviceGetName)(char*, int, int);
+	int (*cuDeviceGetAttribute)(int*, int, int);
+	int (*cuDeviceTotalMem)(size_t*, int);
+	int (*cuDevicePrimaryCtxRetain)(void**, int);
+	int (*cuDevicePrimaryCtxRelease)(int);
+	int (*cuCtxSetCurrent)(void*);
+	int (*cuMemAlloc)(tg_dptr*, size_t);
+	int (*cuMemFree)(tg_dptr);
+	int (*cuMemcpyHtoDAsync)(tg_dptr, const void*, size_t, void*);
+	int (*cuMemcpyDtoHAsync)(void*, tg_dptr, size_t, void*);
+	int (*cuMemcpyDtoDAsync)(tg_dptr, tg_dptr, size_t, void*);
+	int (*cuMemsetD8Async)(tg_dptr, unsigned char, size_t, void*);
+	int (*cuMemsetD32Async)(tg_dptr, unsigned, size_t, void*);
+	int (*cuStreamCreate)(void**, unsigned);
+	int (*cuStreamDestroy)(void*);
+	int (*cuStreamSynchronize)(void*);
+	int (*cuEventCreate)(void**, unsigned);
+	int (*cuEventDestroy)(void*);
+	int (*cuEventRecord)(void*, void*);
+	int (*cuEventSynchronize)(void*);
+	int (*cuEventElapsedTime)(float*, void*, void*);
+	int (*cuModuleLoadDataEx)(void**, const void*, unsigned, int*, void**);
+	int (*cuModuleUnload)(void*);
+	int (*cuModuleGetFunction)(void**, void*, const char*);
+	int (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+	                      unsigned, void*, void**, void**);
+	int (*cuGetErrorString)(int, const char**);
+	int (*cuGetErrorName)(int, const char**);
+} tg_driver;
+
+// Exported symbol names; cuda.h maps several API names to _v2 symbols.
+static const struct { const char* name; size_t off; } tg_driver_syms[] = {
+	{"cuInit", offsetof(tg_driver, cuInit)},
+	{"cuDriverGetVersion", offsetof(tg_driver, cuDriverGetVersion)},
+	{"cuDeviceGetCount", offsetof(tg_driver, cuDeviceGetCount)},
+	{"cuDeviceGet", offsetof(tg_driver, cuDeviceGet)},
+	{"cuDeviceGetName", offsetof(tg_driver, cuDeviceGetName)},
+	{"cuDeviceGetAttribute", offsetof(tg_driver, cuDeviceGetAttribute)},
+	{"cuDeviceTotalMem_v2", offsetof(tg_driver, cuDeviceTotalMem)},
+	{"cuDevicePrimaryCtxRetain", offsetof(tg_driver, cuDevicePrimaryCtxRetain)},
+	{"cuDevicePrimaryCtxRelease_v2", offsetof(tg_driver, cuDevicePrimaryCtxRelease)},
+	{"cuCtxSetCurrent", offsetof(tg_driver, cuCtxSetCurrent)},
+	{"cuMemAlloc_v2", offsetof(tg_driver, cuMemAlloc)},
+	{"cuMemFree_v2", offsetof(tg_driver, cuMemFree)},
+	{"cuMemcpyHtoDAsync_v2", offsetof(tg_driver, cuMemcpyHtoDAsync)},
+	{"cuMemcpyDtoHAsync_v2", offsetof(tg_driver, cuMemcpyDtoHAsync)},
+	{"cuMemcpyDtoDAsync_v2", offsetof(tg_driver, cuMemcpyDtoDAsync)},
+	{"cuMemsetD8Async", offsetof(tg_driver, cuMemsetD8Async)},
+	{"cuMemsetD32Async", offsetof(tg_driver, cuMemsetD32Async)},
+	{"cuStreamCreate", offsetof(tg_driver, cuStreamCreate)},
+	{"cuStreamDestroy_v2", offsetof(tg_driver, cuStreamDestroy)},
+	{"cuStreamSynchronize", offsetof(tg_driver, cuStreamSynchronize)},
+	{"cuEventCreate", offsetof(tg_driver, cuEventCreate)},
+	{"cuEventDestroy_v2", offsetof(tg_driver, cuEventDestroy)},
+	{"cuEventRecord", offsetof(tg_driver, cuEventRecord)},
+	{"cuEventSynchronize", offsetof(tg_driver, cuEventSynchronize)},
+	{"cuEventElapsedTime", offsetof(tg_driver, cuEventElapsedTime)},
+	{"cuModuleLoadDataEx", offsetof(tg_driver, cuModuleLoadDataEx)},
+	{"cuModuleUnload", offsetof(tg_driver, cuModuleUnload)},
+	{"cuModuleGetFunction", offsetof(tg_driver, cuModuleGetFunction)},
+	{"cuLaunchKernel", offsetof(tg_driver, cuLaunchKernel)},
+	{"cuGetErrorString", offsetof(tg_driver, cuGetErrorString)},
+	{"cuGetErrorName", offsetof(tg_driver, cuGetErrorName)},
+};
+
+typedef struct {
+	void* lib;
+	int (*create)(void**);
+	int (*destroy)(void*);
+	int (*setStream)(void*, void*);
+	int (*getVersion)(void*, int*);
+	int (*gemmEx)(void*, int, int, int, int, int, const void*, const void*, int, int,
+	              const void*, int, int, const void*, void*, int, int, int, int);
+} tg_blas;
+
+static const struct { const char* name; size_t off; } tg_blas_syms[] = {
+	{"cublasCreate_v2", offsetof(tg_blas, create)},
+	{"cublasDestroy_v2", offsetof(tg_blas, destroy)},
+	{"cublasSetStream_v2", offsetof(tg_blas, setStream)},
+	{"cublasGetVersion_v2", offsetof(tg_blas, getVersion)},
+	{"cublasGemmEx", offsetof(tg_blas, gemmEx)},
+};
+
+// tg_open loads path and fills the function table at tab (whose first field
+// is the library handle). 0: ok; 1: dlopen failed; 2: a symbol is missing.
+// err gets the reason.
+static int tg_open(const char* path, void* tab, int which, char* err, size_t errlen) {
+	void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		const char* e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return 1;
+	}
+	size_t n = which == 0 ? sizeof tg_driver_syms / sizeof tg_driver_syms[0]
+	                      : sizeof tg_blas_syms / sizeof tg_blas_syms[0];
+	for (size_t i = 0; i < n; i++) {
+		const char* name = which == 0 ? tg_driver_syms[i].name : tg_blas_syms[i].name;
+		size_t off = which == 0 ? tg_driver_syms[i].off : tg_blas_syms[i].off;
+		void* sym = dlsym(lib, name);
+		if (!sym) {
+			snprintf(err, errlen, "%s", name);
+			dlclose(lib);
+			return 2;
+		}
+		*(void**)((char*)tab + off) = sym;
+	}
+	*(void**)tab = lib;
+	return 0;
+}
+
+static int tg_err_text(tg_driver* d, int code, const char** name, const char** str) {
+	*name = NULL;
+	*str = NULL;
+	d->cuGetErrorName(code, name);
+	return d->cuGetErrorString(code, str);
+}
+
+static int tg_driver_version(tg_driver* d, int* v) {
+	int r = d->cuInit(0);
+	if (r) return r;
+	return d->cuDriverGetVersion(v);
+}
+
+static int tg_device_count(tg_driver* d, int* n) {
+	int r = d->cuInit(0);
+	if (r) return r;
+	return d->cuDeviceGetCount(n);
+}
+
+// Attribute ids from cuda.h's CUdevice_attribute.
+enum { TG_ATTR_SMS = 16, TG_ATTR_CC_MAJOR = 75, TG_ATTR_CC_MINOR = 76 };
+
+static int tg_device_info(tg_driver* d, int ordinal, int* dev, char* name, int namelen,
+                          int* major, int* minor, int* sms, size_t* mem) {
+	int r = d->cuInit(0);
+	if (r) return r;
+	if ((r = d->cuDeviceGet(dev, ordinal))) return r;
+	if ((r = d->cuDeviceGetName(name, namelen, *dev))) return r;
+	if ((r = d->cuDeviceGetAttribute(major, TG_ATTR_CC_MAJOR, *dev))) return r;
+	if ((r = d->cuDeviceGetAttribute(minor, TG_ATTR_CC_MINOR, *dev))) return r;
+	if ((r = d->cuDeviceGetAttribute(sms, TG_ATTR_SMS, *dev))) return r;
+	return d->cuDeviceTotalMem(mem, *dev);
+}
+
+static int tg_context(tg_driver* d, int dev, void** ctx, void** stream) {
+	int r = d->cuDevicePrimaryCtxRetain(ctx, dev);
+	if (r) return r;
+	if ((r = d->cuCtxSetCurrent(*ctx))) return r;
+	return d->cuStreamCreate(stream, 0);
+}
+
+static int tg_release(tg_driver* d, int dev, void* ctx, void* stream) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if (stream && (r = d->cuStreamDestroy(stream))) return r;
+	return d->cuDevicePrimaryCtxRelease(dev);
+}
+
+static int tg_alloc(tg_driver* d, void* ctx, void* stream, tg_dptr* p, size_t bytes) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = d->cuMemAlloc(p, bytes))) return r;
+	if ((r = d->cuMemsetD8Async(*p, 0, bytes, stream))) return r;
+	return d->cuStreamSynchronize(stream);
+}
+
+static int tg_free(tg_driver* d, void* ctx, tg_dptr p) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuMemFree(p);
+}
+
+// Host memory is only read or written before these return.
+static int tg_htod(tg_driver* d, void* ctx, void* stream, tg_dptr dst, const void* src, size_t n) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = d->cuMemcpyHtoDAsync(dst, src, n, stream))) return r;
+	return d->cuStreamSynchronize(stream);
+}
+
+static int tg_dtoh(tg_driver* d, void* ctx, void* stream, void* dst, tg_dptr src, size_t n) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = d->cuMemcpyDtoHAsync(dst, src, n, stream))) return r;
+	return d->cuStreamSynchronize(stream);
+}
+
+static int tg_dtod(tg_driver* d, void* ctx, void* stream, tg_dptr dst, tg_dptr src, size_t n) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuMemcpyDtoDAsync(dst, src, n, stream);
+}
+
+static int tg_memset32(tg_driver* d, void* ctx, void* stream, tg_dptr dst, unsigned v, size_t n) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuMemsetD32Async(dst, v, n, stream);
+}
+
+static int tg_sync(tg_driver* d, void* ctx, void* stream) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuStreamSynchronize(stream);
+}
+
+// JIT option ids from cuda.h's CUjit_option.
+enum { TG_JIT_ERROR_LOG_BUFFER = 5, TG_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6 };
+
+static int tg_module_load(tg_driver* d, void* ctx, const char* image, void** mod, char* log,
+                          size_t loglen) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	int opts[2] = {TG_JIT_ERROR_LOG_BUFFER, TG_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+	void* vals[2] = {log, (void*)loglen};
+	log[0] = 0;
+	return d->cuModuleLoadDataEx(mod, image, 2, opts, vals);
+}
+
+static int tg_module_unload(tg_driver* d, void* ctx, void* mod) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuModuleUnload(mod);
+}
+
+static int tg_function(tg_driver* d, void* ctx, void* mod, const char* name, void** fn) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuModuleGetFunction(fn, mod, name);
+}
+
+static int tg_launch(tg_driver* d, void* ctx, void* stream, void* fn, unsigned gx, unsigned gy,
+                     unsigned gz, unsigned bx, unsigned smem, void** params) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuLaunchKernel(fn, gx, gy, gz, bx, 1, 1, smem, stream, params, NULL);
+}
+
+static int tg_event_create(tg_driver* d, void* ctx, void** ev) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuEventCreate(ev, 0);
+}
+
+static int tg_event_destroy(tg_driver* d, void* ctx, void* ev) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuEventDestroy(ev);
+}
+
+static int tg_event_record(tg_driver* d, void* ctx, void* ev, void* stream) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuEventRecord(ev, stream);
+}
+
+static int tg_event_elapsed(tg_driver* d, void* ctx, void* a, void* b, float* ms) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = d->cuEventSynchronize(b))) return r;
+	return d->cuEventElapsedTime(ms, a, b);
+}
+
+static int tg_blas_create(tg_driver* d, void* ctx, tg_blas* b, void* stream, void** h, int* ver) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = b->create(h))) return r;
+	if ((r = b->setStream(*h, stream))) return r;
+	return b->getVersion(*h, ver);
+}
+
+static int tg_blas_destroy(tg_driver* d, void* ctx, tg_blas* b, void* h) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return b->destroy(h);
+}
+
+// Column-major C (m,n) = alpha·op(A)·op(B) + beta·C, fp32 scalars (compute
+// types 32F and 32F_FAST_TF32).
+static int tg_gemm(tg_driver* d, void* ctx, tg_blas* b, void* h, int ta, int tb, int m, int n,
+                   int k, float alpha, tg_dptr A, int at, int lda, tg_dptr B, int bt, int ldb,
+                   float beta, tg_dptr C, int ct, int ldc, int compute) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return b->gemmEx(h, ta, tb, m, n, k, &alpha, (const void*)A, at, lda, (const void*)B, bt, ldb,
+	                 &beta, (void*)C, ct, ldc, compute, -1);
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"unsafe"
+)
+
+// driver is a loaded libcuda.
+type driver struct {
+	path string
+	d    *C.tg_driver // C memory
+}
+
+// blasLib is a loaded cuBLAS.
+type blasLib struct {
+	path string
+	b    *C.tg_blas // C memory
+}
+
+// loadTable dlopens path and resolves the symbols of table which (0 driver,
+// 1 cuBLAS) into the C struct at tab.
+func loadTable(path string, tab unsafe.Pointer, which C.int, what string) error {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var buf [512]C.char
+	switch C.tg_open(cpath, tab, which, &buf[0], C.size_t(len(buf))) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("cuda: load %s %q: %s", what, path, C.GoString(&buf[0]))
+	default:
+		return fmt.Errorf("cuda: load %s %q: the library has no symbol %s (is it really the %s?)",
+			what, path, C.GoString(&buf[0]), what)
+	}
+}
+
+func openDriver(path string) (*driver, error) {
+	if path == "" {
+		path = "libcuda.so.1"
+	}
+	d := (*C.tg_driver)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_driver{}))))
+	if err := loadTable(path, unsafe.Pointer(d), 0, "CUDA driver"); err != nil {
+		C.free(unsafe.Pointer(d))
+		if !strings.Contains(path, "/") && !strings.Contains(err.Error(), "no symbol") {
+			err = fmt.Errorf("%w (no NVIDIA driver on this machine? use --backend cpu)", err)
+		}
+		return nil, err
+	}
+	return &driver{path: path, d: d}, nil
+}
+
+// blasCandidates lists the cuBLAS paths to try, in order.
+func blasCandidates() []string {
+	var dirs []string
+	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
+		for _, d := range filepath.SplitList(os.Getenv(env)) {
+			if d != "" {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	var out []string
+	for _, v := range []string{"13", "12", "11"} {
+		name := "libcublas.so." + v
+		for _, d := range dirs {
+			out = append(out, filepath.Join(d, name))
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+func openBlas(path string) (*blasLib, error) {
+	paths := []string{path}
+	if path == "" {
+		paths = blasCandidates()
+	}
+	b := (*C.tg_blas)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_blas{}))))
+	var errs []string
+	for _, p := range paths {
+		err := loadTable(p, unsafe.Pointer(b), 1, "cuBLAS")
+		if err == nil {
+			return &blasLib{path: p, b: b}, nil
+		}
+		if strings.Contains(err.Error(), "no symbol") {
+			C.free(unsafe.Pointer(b))
+			return nil, err
+		}
+		errs = append(errs, err.Error())
+	}
+	C.free(unsafe.Pointer(b))
+	return nil, fmt.Errorf("cuda: no cuBLAS found (set TRACEGRPO_CUDA_LIBS to the directory holding libcublas.so.N); tried:\n  %s",
+		strings.Join(errs, "\n  "))
+}
+
+// errText renders a CUresult.
+func (dr *driver) errText(code C.int) string {
+	var name, str *C.char
+	C.tg_err_text(dr.d, code, &name, &str)
+	n, s := "unknown", "unknown error"
+	if name != nil {
+		n = C.GoString(name)
+	}
+	if str != nil {
+		s = C.GoString(str)
+	}
+	return fmt.Sprintf("%s (%s, %d)", s, n, int(code))
+}
+
+func (dr *driver) check(what string, code C.int) error {
+	if code == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %s", what, dr.errText(code))
+}
+
+// blasStatusText names a cublasStatus_t (cublas_api.h).
+func blasStatusText(code C.int) string {
+	names := map[int]string{
+		1: "CUBLAS_STATUS_NOT_INITIALIZED", 3: "CUBLAS_STATUS_ALLOC_FAILED",
+		7: "CUBLAS_STATUS_INVALID_VALUE", 8: "CUBLAS_STATUS_ARCH_MISMATCH",
+		11: "CUBLAS_STATUS_MAPPING_ERROR", 13: "CUBLAS_STATUS_EXECUTION_FAILED",
+		14: "CUBLAS_STATUS_INTERNAL_ERROR", 15: "CUBLAS_STATUS_NOT_SUPPORTED",
+		16: "CUBLAS_STATUS_LICENSE_ERROR",
+	}
+	if n, ok := names[int(code)]; ok {
+		return fmt.Sprintf("%s (%d)", n, int(code))
+	}
+	return fmt.Sprintf("cublasStatus %d", int(code))
+}
+
+// DeviceInfo describes the device a backend runs on.
+type DeviceInfo struct {
+	Ordinal       int
+	Name          string
+	Major, Minor  int // compute capability
+	SMs           int
+	TotalMem      int64
+	DriverVersion int // e.g. 12080 for 12.8
+	BlasVersion   int
+	DriverPath    string
+	BlasPath      string
+}
+
+func (i DeviceInfo) String() string {
+	return fmt.Sprintf("%s (device %d, sm_%d%d, %d SMs, %.1f GiB, driver %d.%d, cuBLAS %d from %s)",
+		i.Name, i.Ordinal, i.Major, i.Minor, i.SMs, float64(i.TotalMem)/(1<<30),
+		i.DriverVersion/1000, i.DriverVersion%1000/10, i.BlasVersion, i.BlasPath)
+}
+
+func (dr *driver) deviceInfo(ordinal int) (DeviceInfo, C.int, error) {
+	var ver, n C.int
+	if err := dr.check("cuInit", C.tg_driver_version(dr.d, &ver)); err != nil {
+		return DeviceInfo{}, 0, err
+	}
+	if err := dr.check("cuDeviceGetCount", C.tg_device_count(dr.d, &n)); err != nil {
+		return DeviceInfo{}, 0, err
+	}
+	if ordinal < 0 || ordinal >= int(n) {
+		return DeviceInfo{}, 0, fmt.Errorf("cuda: device %d requested, the driver %s sees %d device(s)", ordinal, dr.path, int(n))
+	}
+	var dev, major, minor, sms C.int
+	var mem C.size_t
+	var name [256]C.char
+	if err := dr.check(fmt.Sprintf("query device %d", ordinal),
+		C.tg_device_info(dr.d, C.int(ordinal), &dev, &name[0], C.int(len(name)), &major, &minor, &sms, &mem)); err != nil {
+		return DeviceInfo{}, 0, err
+	}
+	return DeviceInfo{
+		Ordinal: ordinal, Name: C.GoString(&name[0]), Major: int(major), Minor: int(minor),
+		SMs: int(sms), TotalMem: int64(mem), DriverVersion: int(ver), DriverPath: dr.path,
+	}, dev, nil
+}
+
+// Probe loads the driver and describes device opt.Device without creating a
+// context: what `--backend auto` uses to decide, and to say why.
+func Probe(opt Options) (string, error) {
+	dr, err := openDriver(opt.DriverLib)
+	if err != nil {
+		return "", err
+	}
+	info, _, err := dr.deviceInfo(opt.Device)
+	if err != nil {
+		return "", err
+	}
+	if info.Major < 8 {
+		return "", fmt.Errorf("cuda: %s has compute capability %d.%d; the kernels need 8.0 or newer", info.Name, info.Major, info.Minor)
+	}
+	return fmt.Sprintf("%s (sm_%d%d, %d SMs, driver %d.%d)", info.Name, info.Major, info.Minor, info.SMs,
+		info.DriverVersion/1000, info.DriverVersion%1000/10), nil
+}
+
+// device is an open context on one device: the driver, the primary context,
+// one stream, cuBLAS and the kernel-argument slots. Its methods return
+// errors; Backend turns them into the sticky error.
+type device struct {
+	dr     *driver
+	bl     *blasLib
+	dev    C.int
+	ctx    unsafe.Pointer
+	stream unsafe.Pointer
+	handle unsafe.Pointer // cublasHandle_t
+	info   DeviceInfo
+
+	args   *[maxArgs]uint64 // C memory: argument values
+	params unsafe.Pointer   // C memory: void*[maxArgs] pointing into args
+	mods   []unsafe.Pointer
+	fns    map[string]unsafe.Pointer
+}
+
+const maxArgs = 32
+
+func openDevice(opt Options) (*device, error) {
+	dr, err := openDriver(opt.DriverLib)
+	if err != nil {
+		return nil, err
+	}
+	info, dev, err := dr.deviceInfo(opt.Device)
+	if err != nil {
+		return nil, err
+	}
+	if info.Major < 8 {
+		return nil, fmt.Errorf("cuda: %s has compute capability %d.%d; the kernels need 8.0 or newer", info.Name, info.Major, info.Minor)
+	}
+	bl, err := openBlas(opt.BlasLib)
+	if err != nil {
+		return nil, err
+	}
+	info.BlasPath = bl.path
+	d := &device{dr: dr, bl: bl, dev: dev, info: info, fns: map[string]unsafe.Pointer{}}
+	if err := dr.check("create primary context", C.tg_context(dr.d, dev, &d.ctx, &d.stream)); err != nil {
+		return nil, err
+	}
+	var ver C.int
+	if code := C.tg_blas_create(dr.d, d.ctx, bl.b, d.stream, &d.handle, &ver); code != 0 {
+		d.close()
+		return nil, fmt.Errorf("cuda: create cuBLAS handle (%s): %s", bl.path, blasStatusText(code))
+	}
+	d.info.BlasVersion = int(ver)
+	d.args = (*[maxArgs]uint64)(C.calloc(maxArgs, 8))
+	d.params = C.calloc(maxArgs, C.size_t(unsafe.Sizeof(uintptr(0))))
+	ps := unsafe.Slice((*unsafe.Pointer)(d.params), maxArgs)
+	for i := range ps {
+		ps[i] = unsafe.Pointer(&d.args[i])
+	}
+	return d, nil
+}
+
+// loadModule JIT-compiles one PTX text and resolves the given entry points.
+func (d *device) loadModule(file, ptx string, entries []string) error {
+	img := C.CString(ptx) // NUL-terminated copy in C memory
+	defer C.free(unsafe.Pointer(img))
+	var log [4096]C.char
+	var mod unsafe.Pointer
+	if code := C.tg_module_load(d.dr.d, d.ctx, img, &mod, &log[0], C.size_t(len(log))); code != 0 {
+		return fmt.Errorf("cuda: load %s: %s\n%s", file, d.dr.errText(code), C.GoString(&log[0]))
+	}
+	d.mods = append(d.mods, mod)
+	for _, e := range entries {
+		ce := C.CString(e)
+		var fn unsafe.Pointer
+		code := C.tg_function(d.dr.d, d.ctx, mod, ce, &fn)
+		C.free(unsafe.Pointer(ce))
+		if code != 0 {
+			return fmt.Errorf("cuda: %s: kernel %s: %s", file, e, d.dr.errText(code))
+		}
+		d.fns[e] = fn
+	}
+	return nil
+}
+
+func (d *device) close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil {
+			first = err
+		}
+	}
+	if d.handle != nil {
+		if code := C.tg_blas_destroy(d.dr.d, d.ctx, d.bl.b, d.handle); code != 0 {
+			keep(fmt.Errorf("cuda: destroy cuBLAS handle: %s", blasStatusText(code)))
+		}
+		d.handle = nil
+	}
+	for _, m := range d.mods {
+		keep(d.dr.check("unload module", C.tg_module_unload(d.dr.d, d.ctx, m)))
+	}
+	d.mods = nil
+	if d.ctx != nil {
+		keep(d.dr.check("release context", C.tg_release(d.dr.d, d.dev, d.ctx, d.stream)))
+		d.ctx, d.stream = nil, nil
+	}
+	if d.args != nil {
+		C.free(unsafe.Pointer(d.args))
+		C.free(d.params)
+		d.args, d.params = nil, nil
+	}
+	return first
+}
+
+func (d *device) alloc(bytes int) (uintptr, error) {
+	var p C.tg_dptr
+	if err := d.dr.check(fmt.Sprintf("cuMemAlloc %d bytes", bytes),
+		C.tg_alloc(d.dr.d, d.ctx, d.stream, &p, C.size_t(bytes))); err != nil {
+		return 0, err
+	}
+	return uintptr(p), nil
+}
+
+func (d *device) free(p uintptr) status { return C.tg_free(d.dr.d, d.ctx, C.tg_dptr(p)) }
+
+// htod copies bytes from host memory at src; src is read before it returns.
+func (d *device) htod(dst uintptr, src unsafe.Pointer, bytes int) status {
+	if bytes == 0 {
+		return 0
+	}
+	return C.tg_htod(d.dr.d, d.ctx, d.stream, C.tg_dptr(dst), src, C.size_t(bytes))
+}
+
+// dtoh waits for the stream and copies bytes into host memory at dst.
+func (d *device) dtoh(dst unsafe.Pointer, src uintptr, bytes int) status {
+	if bytes == 0 {
+		return C.tg_sync(d.dr.d, d.ctx, d.stream)
+	}
+	return C.tg_dtoh(d.dr.d, d.ctx, d.stream, dst, C.tg_dptr(src), C.size_t(bytes))
+}
+
+func (d *device) dtod(dst, src uintptr, bytes int) status {
+	if bytes == 0 {
+		return 0
+	}
+	return C.tg_dtod(d.dr.d, d.ctx, d.stream, C.tg_dptr(dst), C.tg_dptr(src), C.size_t(bytes))
+}
+
+func (d *device) memset32(dst uintptr, v uint32, n int) status {
+	if n == 0 {
+		return 0
+	}
+	return C.tg_memset32(d.dr.d, d.ctx, d.stream, C.tg_dptr(dst), C.uint(v), C.size_t(n))
+}
+
+func (d *device) sync() status { return C.tg_sync(d.dr.d, d.ctx, d.stream) }
+
+// launch queues kernel fn with a 1-D block; args are raw 8-byte slots (the
+// driver reads each parameter's size from its slot's low bytes).
+func (d *device) launch(fn unsafe.Pointer, gx, gy, gz, bx, smem int, args []uint64) status {
+	if len(args) > maxArgs {
+		panic("cuda: too many kernel arguments")
+	}
+	copy(d.args[:], args)
+	return C.tg_launch(d.dr.d, d.ctx, d.stream, fn, C.uint(gx), C.uint(gy), C.uint(gz), C.uint(bx),
+		C.uint(smem), (*unsafe.Pointer)(d.params))
+}
+
+// gemm is cublasGemmEx in column-major terms.
+func (d *device) gemm(ta, tb bool, m, n, k int, alpha float32, A uintptr, at, lda int, B uintptr, bt, ldb int,
+	beta float32, Cp uintptr, ct, ldc int, compute int) status {
+	b2i := func(b bool) status {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	return C.tg_gemm(d.dr.d, d.ctx, d.bl.b, d.handle, b2i(ta), b2i(tb), C.int(m), C.int(n), C.int(k),
+		C.float(alpha), C.tg_dptr(A), C.int(at), C.int(lda), C.tg_dptr(B), C.int(bt), C.int(ldb),
+		C.float(beta), C.tg_dptr(Cp), C.int(ct), C.int(ldc), C.int(compute))
+}
+
+// event is a CUDA event for timing.
+type event struct{ p unsafe.Pointer }
+
+func (d *device) newEvent() (event, error) {
+	var e event
+	err := d.dr.check("cuEventCreate", C.tg_event_create(d.dr.d, d.ctx, &e.p))
+	return e, err
+}
+
+func (d *device) destroyEvent(e event) error {
+	return d.dr.check("cuEventDestroy", C.tg_event_destroy(d.dr.d, d.ctx, e.p))
+}
+
+func (d *device) record(e event) error {
+	return d.dr.check("cuEventRecord", C.tg_event_record(d.dr.d, d.ctx, e.p, d.stream))
+}
+
+// elapsed waits for b and returns the milliseconds between a and b.
+func (d *device) elapsed(a, b event) (float32, error) {
+	var ms C.float
+	err := d.dr.check("cuEventElapsedTime", C.tg_event_elapsed(d.dr.d, d.ctx, a.p, b.p, &ms))
+	return float32(ms), err
+}
+
+func (d *device) errText(code status) string { return d.dr.errText(code) }
+
+// status is a CUresult or cublasStatus_t; 0 is success.
+type status = C.int

@@ -1,0 +1,92 @@
+//go:build cgo
+
+package cuda
+
+// Matmul and MatmulBackward: cuBLAS (cublasGemmEx), no kernel file. The
+// row-major products are issued as column-major GEMMs on the transposes,
+// as llm.c does: out (T,OC) = inp (T,C)·Wᵀ is outᵀ = W·inpᵀ.
+
+import (
+	"fmt"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h).
+const (
+	cudaR32F         = 0
+	cudaR16BF        = 14
+	computeF32       = 68 // CUBLAS_COMPUTE_32F
+	computeF32TF32   = 77 // CUBLAS_COMPUTE_32F_FAST_TF32
+	maxGemmDimension = 1<<31 - 1
+)
+
+// gemm is column-major C (m,n) = alpha·op(A)·op(B) + beta·C on F32 device
+// memory, A holding nA and B nB contiguous elements, in b.opt.Matmul's
+// arithmetic. The caller holds b.mu.
+func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, A uintptr, lda, nA int,
+	B uintptr, ldb, nB int, beta float32, Cp uintptr, ldc int) {
+	if m == 0 || n == 0 {
+		return
+	}
+	if m > maxGemmDimension || n > maxGemmDimension || k > maxGemmDimension {
+		panic(fmt.Sprintf("cuda: gemm %d×%d×%d exceeds int32", m, n, k))
+	}
+	if k == 0 {
+		if beta == 0 {
+			for j := 0; j < n; j++ {
+				b.fail("cuMemsetD32Async", b.d.memset32(Cp+uintptr(4*j*ldc), 0, m))
+			}
+		}
+		return
+	}
+	at, bt, compute := cudaR32F, cudaR32F, computeF32
+	switch b.opt.Matmul {
+	case MatmulTF32:
+		compute = computeF32TF32
+	case MatmulBF16:
+		A = b.toBF16("gemm A (bf16)", A, nA)
+		B = b.toBF16("gemm B (bf16)", B, nB)
+		if A == 0 || B == 0 {
+			return
+		}
+		at, bt = cudaR16BF, cudaR16BF
+	}
+	b.failBlas(fmt.Sprintf("cublasGemmEx %dx%dx%d", m, n, k),
+		b.d.gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, Cp, cudaR32F, ldc, compute))
+}
+
+// toBF16 casts n floats at src into the named scratch buffer.
+func (b *Backend) toBF16(name string, src uintptr, n int) uintptr {
+	dst := b.work(name, 2*n)
+	if dst != 0 {
+		b.elementwise("f32_to_bf16", n, pu(dst), pu(src), la(n))
+	}
+	return dst
+}
+
+// Matmul implements kernels.Ops: out (T,OC) = inp (T,C) · weight (OC,C)ᵀ.
+func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
+	want(out, kernels.F32, T*OC, "Matmul out")
+	want(inp, kernels.F32, T*C, "Matmul inp")
+	want(weight, kernels.F32, OC*C, "Matmul weight")
+	defer b.lock()()
+	b.gemm(true, false, OC, T, C, 1, ptr(weight), C, OC*C, ptr(inp), C, T*C, 0, ptr(out), OC)
+}
+
+// MatmulBackward implements kernels.Ops: dinp (T,C) += dout·weight;
+// dweight (OC,C) += doutᵀ·inp; a zero-length dinp or dweight is skipped.
+func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	want(dout, kernels.F32, T*OC, "MatmulBackward dout")
+	want(inp, kernels.F32, T*C, "MatmulBackward inp")
+	want(weight, kernels.F32, OC*C, "MatmulBackward weight")
+	defer b.lock()()
+	if dinp.N != 0 {
+		want(dinp, kernels.F32, T*C, "MatmulBackward dinp")
+		b.gemm(false, false, C, T, OC, 1, ptr(weight), C, OC*C, ptr(dout), OC, T*OC, 1, ptr(dinp), C)
+	}
+	if dweight.N != 0 {
+		want(dweight, kernels.F32, OC*C, "MatmulBackward dweight")
+		b.gemm(false, true, C, OC, T, 1, ptr(inp), C, T*C, ptr(dout), OC, T*OC, 1, ptr(dweight), C)
+	}
+}

@@ -1,0 +1,11 @@
+//go:build !cgo
+
+package cuda
+
+import "github.com/tracegrpo/tracegrpo/kernels"
+
+// Open reports that this binary has no CUDA support (built with CGO_ENABLED=0).
+func Open(Options) (kernels.Backend, error) { return nil, ErrNotBuilt }
+
+// Probe reports that this binary has no CUDA support.
+func Probe(Options) (string, error) { return "", ErrNotBuilt }

@@ -1,0 +1,255 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// ErrNoForward is returned by Backward without a preceding Forward.
+var ErrNoForward = errors.New("model: Backward without a preceding Forward")
+
+// Forward runs the packed micro-batch tokens (T) whose sequence s is
+// tokens[cuSeqlens[s]:cuSeqlens[s+1]] (each attends only within itself, with
+// positions restarting at 0) and returns, for every token t,
+//
+//	logprob[t] = log p(tokens[t] | earlier tokens of its sequence)
+//	entropy[t] = entropy of that next-token distribution
+//
+// at the given sampling temperature (logits ÷ temperature), with 0 at each
+// sequence's first token. The returned slices belong to the model and are
+// overwritten by the next Forward. Activations are kept for Backward.
+func (m *Model) Forward(tokens []int32, cuSeqlens []int32, temperature float32) (logprob, entropy []float32, err error) {
+	T := len(tokens)
+	if err := m.stage(tokens, cuSeqlens, temperature); err != nil {
+		return nil, nil, err
+	}
+	m.forward()
+	b := m.b
+	if T > 0 {
+		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
+		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
+	}
+	if err := b.Sync(); err != nil {
+		m.haveForward = false
+		return nil, nil, fmt.Errorf("model: forward: %w", err)
+	}
+	lp, ent := m.outLp[:T], m.outEnt[:T]
+	// Row t of the head predicts token t+1: shift right by one within each
+	// sequence.
+	for s := 0; s < m.lastS; s++ {
+		lo, hi := int(cuSeqlens[s]), int(cuSeqlens[s+1])
+		if lo == hi {
+			continue
+		}
+		lp[lo], ent[lo] = 0, 0
+		copy(lp[lo+1:hi], m.hLp[lo:hi-1])
+		copy(ent[lo+1:hi], m.hEnt[lo:hi-1])
+	}
+	return lp, ent, nil
+}
+
+// stage checks a micro-batch and uploads tokens, positions, targets and
+// sequence offsets.
+func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
+	T := len(tokens)
+	m.haveForward = false
+	if T > m.opt.MaxTokens {
+		return fmt.Errorf("model: forward: %d tokens exceed Options.MaxTokens %d", T, m.opt.MaxTokens)
+	}
+	if len(cu) < 1 {
+		return fmt.Errorf("model: forward: cu_seqlens: expected at least [0], found none")
+	}
+	S := len(cu) - 1
+	if S > m.opt.MaxSeqs {
+		return fmt.Errorf("model: forward: %d sequences exceed Options.MaxSeqs %d", S, m.opt.MaxSeqs)
+	}
+	if cu[0] != 0 || int(cu[S]) != T {
+		return fmt.Errorf("model: forward: cu_seqlens: expected to run from 0 to %d tokens, found %d to %d", T, cu[0], cu[S])
+	}
+	if !(temperature > 0) || math.IsInf(float64(temperature), 0) {
+		return fmt.Errorf("model: forward: temperature: expected a positive number, found %g", temperature)
+	}
+	maxLen := 0
+	for s := 0; s < S; s++ {
+		lo, hi := cu[s], cu[s+1]
+		if hi < lo {
+			return fmt.Errorf("model: forward: cu_seqlens[%d] = %d is below cu_seqlens[%d] = %d", s+1, hi, s, lo)
+		}
+		maxLen = max(maxLen, int(hi-lo))
+		for t := lo; t < hi; t++ {
+			m.hPos[t] = t - lo
+			if t+1 < hi {
+				m.hTarget[t] = tokens[t+1]
+			} else {
+				m.hTarget[t] = -1
+			}
+		}
+	}
+	V := int32(m.cfg.VocabSize)
+	for t, x := range tokens {
+		if x < 0 || x >= V {
+			return fmt.Errorf("model: forward: token %d: id %d outside the vocabulary [0, %d)", t, x, V)
+		}
+	}
+	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, S, maxLen, 1/temperature
+	copy(m.hTokens, tokens)
+	copy(m.hCu, cu)
+	if T > 0 {
+		m.b.UploadI32(m.tokens.Slice(0, T), m.hTokens[:T])
+		m.b.UploadI32(m.pos.Slice(0, T), m.hPos[:T])
+		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
+	}
+	m.b.UploadI32(m.cu.Slice(0, S+1), m.hCu[:S+1])
+	return nil
+}
+
+func (m *Model) seqs() kernels.Seqs {
+	return kernels.Seqs{CuSeqlens: m.cu.Slice(0, m.lastS+1), S: m.lastS, MaxLen: m.lastMaxLen}
+}
+
+// forward queues the forward pass of the staged micro-batch.
+func (m *Model) forward() {
+	T := m.lastT
+	if T == 0 {
+		m.haveForward = true
+		return
+	}
+	m.forwardBody()
+	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHead,
+		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
+	m.haveForward = true
+}
+
+// forwardBody queues the decoder layers and the final norm of the staged
+// micro-batch (T > 0), leaving the normed hidden states in lnf.
+func (m *Model) forwardBody() {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	qn, kn := NH*HD, NKV*HD
+	eps, theta := c.RMSNormEps, c.RopeTheta
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	pos, seqs := m.pos.Slice(0, T), m.seqs()
+
+	b.Embedding(tc(m.la[0].x, C), m.wte, m.tokens.Slice(0, T), T, C)
+	for l := range m.la {
+		a, w := &m.la[l], &m.layers[l]
+		x := tc(a.x, C)
+		b.RMSNorm(tc(a.ln1, C), a.rstd1.Slice(0, T), x, w.ln1, T, C, eps)
+		q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
+		if c.Arch == Qwen3 {
+			b.Matmul(tc(a.qraw, qn), tc(a.ln1, C), w.q, T, C, qn)
+			b.Matmul(tc(a.kraw, kn), tc(a.ln1, C), w.k, T, C, kn)
+			b.RMSNorm(q, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
+			b.RMSNorm(k, a.krstd.Slice(0, T*NKV), tc(a.kraw, kn), w.kNorm, T*NKV, HD, eps)
+		} else {
+			b.Matmul(q, tc(a.ln1, C), w.q, T, C, qn)
+			b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
+		}
+		b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
+		b.Rope(q, pos, T, NH, HD, theta)
+		b.Rope(k, pos, T, NKV, HD, theta)
+		b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
+		xmid := tc(a.xmid, C)
+		b.Matmul(xmid, tc(a.att, qn), w.o, T, qn, C)
+		b.Add(xmid, xmid, x, T*C)
+		b.RMSNorm(tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, w.ln2, T, C, eps)
+		b.Matmul(tc(a.gate, I), tc(a.ln2, C), w.gate, T, C, I)
+		b.Matmul(tc(a.up, I), tc(a.ln2, C), w.up, T, C, I)
+		b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
+		next := tc(m.xf, C)
+		if l+1 < len(m.la) {
+			next = tc(m.la[l+1].x, C)
+		}
+		b.Matmul(next, tc(a.h, I), w.down, T, I, C)
+		b.Add(next, next, xmid, T*C)
+	}
+	b.RMSNorm(tc(m.lnf, C), m.rstdf.Slice(0, T), tc(m.xf, C), m.norm, T, C, eps)
+}
+
+// Backward accumulates into Grads the gradient of L with respect to every
+// parameter, given dlogprob[t] = ∂L/∂logprob[t] for the logprobs of the last
+// Forward (same alignment; entries at each sequence's first token are
+// ignored). Entropy is treated as a metric and receives no gradient.
+func (m *Model) Backward(dlogprob []float32) error {
+	if !m.haveForward {
+		return ErrNoForward
+	}
+	T := m.lastT
+	if len(dlogprob) != T {
+		return fmt.Errorf("model: backward: dlogprob has %d entries, the forward had %d tokens", len(dlogprob), T)
+	}
+	if T == 0 {
+		return nil
+	}
+	for s := 0; s < m.lastS; s++ {
+		lo, hi := int(m.hCu[s]), int(m.hCu[s+1])
+		if lo == hi {
+			continue
+		}
+		copy(m.hDlp[lo:hi-1], dlogprob[lo+1:hi])
+		m.hDlp[hi-1] = 0
+	}
+	m.b.UploadF32(m.dlp.Slice(0, T), m.hDlp[:T])
+	m.backward()
+	if err := m.b.Sync(); err != nil {
+		return fmt.Errorf("model: backward: %w", err)
+	}
+	return nil
+}
+
+// backward queues the backward pass from dlp (T).
+func (m *Model) backward() {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	qn, kn := NH*HD, NKV*HD
+	theta := c.RopeTheta
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	pos, seqs := m.pos.Slice(0, T), m.seqs()
+	dx, dln := tc(m.dx, C), tc(m.dln, C)
+
+	b.Fill(tc(m.dlnf, C), 0)
+	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHead,
+		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
+	b.Fill(dx, 0)
+	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
+
+	for l := len(m.la) - 1; l >= 0; l-- {
+		a, w, dw := &m.la[l], &m.layers[l], &m.dlayers[l]
+		// MLP: x_{l+1} = xmid + down(silu(gate)·up).
+		dh := tc(m.dh, I)
+		b.Fill(dh, 0)
+		b.MatmulBackward(dh, dw.down, dx, tc(a.h, I), w.down, T, I, C)
+		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
+		b.Fill(dln, 0)
+		b.MatmulBackward(dln, dw.gate, tc(m.dgate, I), tc(a.ln2, C), w.gate, T, C, I)
+		b.MatmulBackward(dln, dw.up, tc(m.dup, I), tc(a.ln2, C), w.up, T, C, I)
+		b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
+		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)).
+		datt := tc(m.datt, qn)
+		b.Fill(datt, 0)
+		b.MatmulBackward(datt, dw.o, dx, tc(a.att, qn), w.o, T, qn, C)
+		dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
+		b.AttentionBackward(dq, dk, dv, datt, tc(a.att, qn), a.lse.Slice(0, T*NH), tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
+		b.RopeBackward(dq, pos, T, NH, HD, theta)
+		b.RopeBackward(dk, pos, T, NKV, HD, theta)
+		if c.Arch == Qwen3 {
+			dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
+			b.Fill(dqraw, 0)
+			b.Fill(dkraw, 0)
+			b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)
+			b.RMSNormBackward(dkraw, dw.kNorm, dk, tc(a.kraw, kn), w.kNorm, a.krstd.Slice(0, T*NKV), T*NKV, HD)
+			dq, dk = dqraw, dkraw
+		}
+		b.Fill(dln, 0)
+		b.MatmulBackward(dln, dw.q, dq, tc(a.ln1, C), w.q, T, C, qn)
+		b.MatmulBackward(dln, dw.k, dk, tc(a.ln1, C), w.k, T, C, kn)
+		b.MatmulBackward(dln, dw.v, dv, tc(a.ln1, C), w.v, T, C, kn)
+		b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
+	}
+	b.EmbeddingBackward(m.dwte, dx, m.tokens.Slice(0, T), T, C)
+}

@@ -1,0 +1,371 @@
+package model
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// TestParamTableMatchesHF: the table's names and shapes are exactly the
+// tensors PyTorch's script wrote, and the arena is contiguous.
+func TestParamTableMatchesHF(t *testing.T) {
+	for _, v := range goldenVariants {
+		t.Run(v, func(t *testing.T) {
+			cfg, err := LoadConfig(filepath.Join("testdata", v, "config.json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := safetensors.Open(filepath.Join("testdata", v, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			want := map[string][]int{}
+			for _, ti := range f.Tensors() {
+				want[ti.Name] = ti.Shape
+			}
+			tab := NewParamTable(cfg)
+			got := map[string][]int{}
+			off := 0
+			for _, p := range tab.Params {
+				got[p.Name] = p.Shape
+				if p.Offset != off {
+					t.Errorf("%s: offset %d, want %d (contiguous)", p.Name, p.Offset, off)
+				}
+				off += p.N
+				if wantDecay := len(p.Shape) == 2; p.Decay != wantDecay {
+					t.Errorf("%s: decay %v, want %v (norm weights exempt)", p.Name, p.Decay, wantDecay)
+				}
+			}
+			if off != tab.Total {
+				t.Errorf("Total %d, sum of sizes %d", tab.Total, off)
+			}
+			if d := cmp.Diff(want, got); d != "" {
+				t.Errorf("parameters (-pytorch +table):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestConfig(t *testing.T) {
+	base := `"model_type":"qwen3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":512`
+	t.Run("defaults", func(t *testing.T) {
+		c, err := ParseConfig([]byte(`{`+base+`,"eos_token_id":[1,2],"bos_token_id":7}`), "cfg")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Config{Arch: Qwen3, HiddenSize: 64, IntermediateSize: 128, NumHiddenLayers: 2, NumAttentionHeads: 4,
+			NumKeyValueHeads: 4, HeadDim: 16, RMSNormEps: 1e-6, RopeTheta: 10000, VocabSize: 512, EOSTokenIDs: []int32{1, 2},
+		}
+		if d := cmp.Diff(want, c, cmpopts.IgnoreFields(Config{}, "Extra")); d != "" {
+			t.Errorf("(-want +got):\n%s", d)
+		}
+		if string(c.Extra["bos_token_id"]) != "7" {
+			t.Errorf("extra key not kept: %v", c.Extra)
+		}
+	})
+	for _, c := range []struct{ name, json, field string }{
+		{"unknown arch", `{"model_type":"gpt2"}`, "model_type"},
+		{"architectures mismatch", `{` + base + `,"architectures":["LlamaForCausalLM"]}`, "architectures"},
+		{"rope scaling", `{` + base + `,"rope_scaling":{"rope_type":"llama3"}}`, "rope_scaling"},
+		{"attention bias", `{` + base + `,"attention_bias":true}`, "attention_bias"},
+		{"act", `{` + base + `,"hidden_act":"gelu"}`, "hidden_act"},
+		{"fractional", `{` + base + `,"head_dim":16.5}`, "head_dim"},
+		{"missing", `{"model_type":"llama","hidden_size":64}`, "intermediate_size"},
+		{"gqa", `{` + base + `,"num_key_value_heads":3}`, "num_key_value_heads"},
+		{"odd head dim", `{` + base + `,"head_dim":15}`, "head_dim"},
+		{"eos", `{` + base + `,"eos_token_id":"x"}`, "eos_token_id"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(c.json), "cfg.json")
+			if err == nil || !strings.Contains(err.Error(), c.field) || !strings.Contains(err.Error(), "cfg.json") {
+				t.Fatalf("error %v: want one naming cfg.json and field %s", err, c.field)
+			}
+		})
+	}
+}
+
+// TestSaveLoadRoundTrip: SaveHF then LoadHF restores every parameter
+// bit for bit, the config.json parses back to the same Config, and the
+// safetensors metadata carries format pt and our format name.
+func TestSaveLoadRoundTrip(t *testing.T) {
+	for _, v := range []string{"qwen3_untied", "llama_tied"} {
+		t.Run(v, func(t *testing.T) {
+			b := cpu.New(1)
+			defer b.Close()
+			m := loadTestModel(t, v, b, Options{MaxTokens: 8})
+			defer m.Close()
+			dir := filepath.Join(t.TempDir(), "out")
+			if err := m.SaveHF(dir); err != nil {
+				t.Fatal(err)
+			}
+			m2 := loadModelDir(t, dir, b, Options{MaxTokens: 8})
+			defer m2.Close()
+			if d := cmp.Diff(m.ParamsHost(), m2.ParamsHost()); d != "" {
+				t.Fatalf("parameters changed (-saved +loaded):\n%s", d)
+			}
+			want := m.Config()
+			got := m2.Config()
+			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra")); d != "" {
+				t.Errorf("config (-want +got):\n%s", d)
+			}
+			if got.TorchDType != "float32" {
+				t.Errorf("torch_dtype %q, want float32", got.TorchDType)
+			}
+			f, err := safetensors.Open(filepath.Join(dir, "model.safetensors"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			md := f.Metadata()
+			if md["format"] != "pt" || md["tracegrpo_format"] != FormatName || md["tracegrpo_format_version"] != FormatVersion {
+				t.Errorf("metadata %v", md)
+			}
+			if _, ok := f.Tensor("lm_head.weight"); ok == m.Config().TieWordEmbeddings {
+				t.Errorf("lm_head.weight present = %v for tie_word_embeddings = %v", ok, m.Config().TieWordEmbeddings)
+			}
+			// BF16 export rounds each weight like torch.
+			if err := m.SaveHFAs(dir, safetensors.BF16); err != nil {
+				t.Fatal(err)
+			}
+			m3 := loadModelDir(t, dir, b, Options{MaxTokens: 8})
+			defer m3.Close()
+			p, p3 := m.ParamsHost(), m3.ParamsHost()
+			for i := range p {
+				if want := safetensors.BF16ToF32(safetensors.F32ToBF16(p[i])); p3[i] != want {
+					t.Fatalf("bf16 export: element %d is %g, want %g", i, p3[i], want)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadHFRejects: a checkpoint that does not fit the config is an error
+// naming the tensor.
+func TestLoadHFRejects(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	src := filepath.Join("testdata", "qwen3_untied")
+	cfg, err := LoadConfig(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	write := func(t *testing.T, edit func([]safetensors.Tensor) []safetensors.Tensor) string {
+		var ts []safetensors.Tensor
+		for _, ti := range f.Tensors() {
+			vals := make([]float32, ti.NumElements())
+			if err := f.ReadF32(ti.Name, vals); err != nil {
+				t.Fatal(err)
+			}
+			ts = append(ts, safetensors.Tensor{Spec: safetensors.Spec{Name: ti.Name, DType: ti.DType, Shape: ti.Shape}, F32: vals})
+		}
+		dir := t.TempDir()
+		if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), edit(ts), nil); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	for _, c := range []struct {
+		name, want string
+		edit       func([]safetensors.Tensor) []safetensors.Tensor
+	}{
+		{"missing", "model.norm.weight is missing", func(ts []safetensors.Tensor) []safetensors.Tensor {
+			var out []safetensors.Tensor
+			for _, x := range ts {
+				if x.Name != "model.norm.weight" {
+					out = append(out, x)
+				}
+			}
+			return out
+		}},
+		{"shape", "expected shape [64]", func(ts []safetensors.Tensor) []safetensors.Tensor {
+			for i := range ts {
+				if ts[i].Name == "model.norm.weight" {
+					ts[i].Shape = []int{2, 32}
+				}
+			}
+			return ts
+		}},
+		{"unexpected", "unexpected tensor model.layers.0.self_attn.q_proj.bias", func(ts []safetensors.Tensor) []safetensors.Tensor {
+			return append(ts, safetensors.Tensor{Spec: safetensors.Spec{Name: "model.layers.0.self_attn.q_proj.bias", DType: safetensors.F32, Shape: []int{64}}, F32: make([]float32, 64)})
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := write(t, c.edit)
+			m, err := New(b, cfg, Options{MaxTokens: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := m.LoadHF(dir); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// randomBatch returns random sequences (some of length 1) packed.
+func randomBatch(r *rand.Rand, nseq, maxLen, V int) (tokens, cu []int32) {
+	cu = []int32{0}
+	for range nseq {
+		n := 1 + r.IntN(maxLen)
+		for range n {
+			tokens = append(tokens, int32(r.IntN(V)))
+		}
+		cu = append(cu, int32(len(tokens)))
+	}
+	return tokens, cu
+}
+
+// TestPackingInvariance: a packed micro-batch gives each sequence the
+// logprobs and gradients it gets alone, and gradients add across calls.
+func TestPackingInvariance(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "qwen3_tied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	defer m.Close()
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 3 {
+		tokens, cu := randomBatch(r, 1+r.IntN(5), 12, 512)
+		coef := make([]float32, len(tokens))
+		for i := range coef {
+			coef[i] = float32(r.NormFloat64())
+		}
+		lp, _, err := m.Forward(tokens, cu, 0.9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		packed := append([]float32(nil), lp...)
+		m.ZeroGrad()
+		if err := m.Backward(coef); err != nil {
+			t.Fatal(err)
+		}
+		gPacked := make([]float32, m.Table().Total)
+		b.DownloadF32(gPacked, m.Grads())
+		m.ZeroGrad()
+		for s := 0; s+1 < len(cu); s++ {
+			lo, hi := cu[s], cu[s+1]
+			lp, _, err := m.Forward(tokens[lo:hi], []int32{0, hi - lo}, 0.9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareClose(t, "sequence alone vs packed", lp, packed[lo:hi], 2e-6, 1e-6)
+			if err := m.Backward(coef[lo:hi]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gAlone := make([]float32, m.Table().Total)
+		b.DownloadF32(gAlone, m.Grads())
+		compareClose(t, "gradients: sum over sequences alone vs packed", gAlone, gPacked, 1e-5, 1e-4)
+	}
+}
+
+// TestForwardRejects: malformed micro-batches are errors, not panics.
+func TestForwardRejects(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	m := loadTestModel(t, "llama_untied", b, Options{MaxTokens: 8, MaxSeqs: 3})
+	defer m.Close()
+	for _, c := range []struct {
+		name   string
+		tokens []int32
+		cu     []int32
+		temp   float32
+	}{
+		{"too many tokens", make([]int32, 9), []int32{0, 9}, 1},
+		{"too many sequences", []int32{1, 2, 3, 4}, []int32{0, 1, 2, 3, 4}, 1},
+		{"cu not ending at T", []int32{1, 2}, []int32{0, 1}, 1},
+		{"cu decreasing", []int32{1, 2}, []int32{0, 2, 1, 2}, 1},
+		{"token outside vocab", []int32{1, 512}, []int32{0, 2}, 1},
+		{"zero temperature", []int32{1}, []int32{0, 1}, 0},
+		{"no cu", []int32{1}, nil, 1},
+	} {
+		if _, _, err := m.Forward(c.tokens, c.cu, c.temp); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+	if err := m.Backward([]float32{1}); err == nil {
+		t.Errorf("Backward after a failed Forward accepted")
+	}
+}
+
+// TestNoAllocsPerStep: a warmed-up Forward+Backward allocates nothing.
+func TestNoAllocsPerStep(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: 40, MaxSeqs: 8})
+	defer m.Close()
+	tokens, cu := randomBatch(rand.New(rand.NewPCG(1, 1)), 4, 10, 512)
+	dl := make([]float32, len(tokens))
+	for i := range dl {
+		dl[i] = 0.1
+	}
+	step := func() {
+		if _, _, err := m.Forward(tokens, cu, 1); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Backward(dl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step()
+	if n := testing.AllocsPerRun(5, step); n != 0 {
+		t.Errorf("Forward+Backward allocates %v times per step after warm-up", n)
+	}
+}
+
+func TestInitRandom(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	cfg, err := LoadConfig(filepath.Join("testdata", "qwen3_untied", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(b, cfg, Options{MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.InitRandom(3)
+	a := m.ParamsHost()
+	m.InitRandom(3)
+	if d := cmp.Diff(a, m.ParamsHost()); d != "" {
+		t.Fatalf("same seed, different weights")
+	}
+	m.InitRandom(4)
+	if cmp.Equal(a, m.ParamsHost()) {
+		t.Fatalf("seeds 3 and 4 gave the same weights")
+	}
+	for _, p := range m.Table().Params {
+		vals := a[p.Offset : p.Offset+p.N]
+		if len(p.Shape) == 1 {
+			for _, x := range vals {
+				if x != 1 {
+					t.Fatalf("%s: norm weight %g, want 1", p.Name, x)
+				}
+			}
+			continue
+		}
+		var sum, sq float64
+		for _, x := range vals {
+			sum += float64(x)
+			sq += float64(x) * float64(x)
+		}
+		n := float64(len(vals))
+		std := sq/n - (sum/n)*(sum/n)
+		if std < 0.018*0.018 || std > 0.022*0.022 {
+			t.Errorf("%s: variance %g, want about %g", p.Name, std, InitStd*InitStd)
+		}
+	}
+}

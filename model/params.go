@@ -1,0 +1,92 @@
+package model
+
+import "fmt"
+
+// Param is one named tensor of the flat parameter arena.
+type Param struct {
+	Name   string // HF name, e.g. "model.layers.0.self_attn.q_proj.weight"
+	Shape  []int  // outermost first
+	Offset int    // first element in the arena
+	N      int    // element count
+	Decay  bool   // weight decay applies (false for norm weights)
+}
+
+// ParamTable lays out every parameter in one flat arena; the gradient arena
+// has the same layout. Parameters are contiguous, in HF order, with no gaps.
+type ParamTable struct {
+	Params []Param
+	Total  int
+	byName map[string]int
+}
+
+// Lookup returns the named parameter.
+func (t *ParamTable) Lookup(name string) (Param, bool) {
+	i, ok := t.byName[name]
+	if !ok {
+		return Param{}, false
+	}
+	return t.Params[i], true
+}
+
+func (t *ParamTable) add(name string, decay bool, shape ...int) int {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	if _, dup := t.byName[name]; dup {
+		panic("model: parameter declared twice: " + name)
+	}
+	t.byName[name] = len(t.Params)
+	t.Params = append(t.Params, Param{Name: name, Shape: shape, Offset: t.Total, N: n, Decay: decay})
+	t.Total += n
+	return len(t.Params) - 1
+}
+
+// layerIdx are the table indices of one decoder layer's parameters.
+type layerIdx struct {
+	ln1, q, k, v, o, qNorm, kNorm, ln2, gate, up, down int
+}
+
+// NewParamTable lays out cfg's parameters with HF names.
+func NewParamTable(cfg Config) ParamTable {
+	t, _, _ := newTable(cfg)
+	return t
+}
+
+// tableIdx holds the indices of the non-layer parameters (-1 when absent).
+type tableIdx struct {
+	wte, norm, lmHead int
+}
+
+func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
+	C, I, HD := cfg.HiddenSize, cfg.IntermediateSize, cfg.HeadDim
+	NH, NKV, V := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize
+	t := ParamTable{byName: map[string]int{}}
+	var ti tableIdx
+	ti.wte = t.add("model.embed_tokens.weight", true, V, C)
+	layers := make([]layerIdx, cfg.NumHiddenLayers)
+	for l := range layers {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		li := &layers[l]
+		li.ln1 = t.add(p+"input_layernorm.weight", false, C)
+		li.q = t.add(p+"self_attn.q_proj.weight", true, NH*HD, C)
+		li.k = t.add(p+"self_attn.k_proj.weight", true, NKV*HD, C)
+		li.v = t.add(p+"self_attn.v_proj.weight", true, NKV*HD, C)
+		li.o = t.add(p+"self_attn.o_proj.weight", true, C, NH*HD)
+		li.qNorm, li.kNorm = -1, -1
+		if cfg.Arch == Qwen3 {
+			li.qNorm = t.add(p+"self_attn.q_norm.weight", false, HD)
+			li.kNorm = t.add(p+"self_attn.k_norm.weight", false, HD)
+		}
+		li.ln2 = t.add(p+"post_attention_layernorm.weight", false, C)
+		li.gate = t.add(p+"mlp.gate_proj.weight", true, I, C)
+		li.up = t.add(p+"mlp.up_proj.weight", true, I, C)
+		li.down = t.add(p+"mlp.down_proj.weight", true, C, I)
+	}
+	ti.norm = t.add("model.norm.weight", false, C)
+	ti.lmHead = -1
+	if !cfg.TieWordEmbeddings {
+		ti.lmHead = t.add("lm_head.weight", true, V, C)
+	}
+	return t, ti, layers
+}

@@ -1,0 +1,427 @@
+package model
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// SampleOptions control one call of Sampler.Sample.
+type SampleOptions struct {
+	// Temperature divides the logits; 0 means greedy decoding (argmax, with
+	// logprob 0 under that point-mass distribution).
+	Temperature float32
+	// TopP keeps the smallest set of most likely tokens whose probability
+	// reaches TopP (after TopK); 0 or 1 disables it.
+	TopP float32
+	// TopK keeps the TopK most likely tokens; 0 disables it.
+	TopK int
+	// MaxNewTokens bounds the generated tokens per prompt (> 0).
+	MaxNewTokens int
+	// StopTokens end a sequence when sampled (the stop token is returned).
+	StopTokens []int32
+}
+
+// Sample is one prompt's generation.
+type Sample struct {
+	Tokens []int32 // generated tokens, the stop token included
+	// Logprobs[i] is log q(Tokens[i]) under the distribution actually sampled
+	// from: softmax(logits/Temperature) restricted to the TopK/TopP set and
+	// renormalised. With neither, it equals Model.Forward's logprob at the
+	// same temperature.
+	Logprobs []float32
+	Stopped  bool // a stop token ended the sequence (else MaxNewTokens or the cache length)
+}
+
+// Sampler decodes a batch of prompts incrementally with a KV cache. Prompts
+// are prefilled through the model's packed forward (so a Sample call
+// overwrites the activations of a pending Forward), then every step runs
+// one token per unfinished sequence. Finished sequences leave the batch: the
+// last active sequence's cache moves into the freed slot.
+type Sampler struct {
+	m                *Model
+	maxBatch, maxLen int
+
+	cache  kernels.Buf   // every layer's K and V caches
+	kc, vc []kernels.Buf // per layer (maxBatch, maxLen, NKV, HD)
+	acts   kernels.Buf
+	ints   kernels.Buf
+
+	// Decode activations, maxBatch rows.
+	x, ln, xmid    kernels.Buf // (B,C)
+	rstd           kernels.Buf // (B)
+	qraw, q, att   kernels.Buf // (B,NH,HD)
+	qrstd          kernels.Buf // (B,NH)
+	kraw, k, v     kernels.Buf // (B,NKV,HD)
+	krstd          kernels.Buf // (B,NKV)
+	gate, up, h    kernels.Buf // (B,I)
+	logits         kernels.Buf // (B,V)
+	tok, pos, lens kernels.Buf // (B) I32
+	idx            kernels.Buf // (max(MaxTokens, B)) I32 cache row of each token
+	hTok, hPos     []int32
+	hLens, hIdx    []int32
+	hLogits        []float32 // (B,V)
+	probs          []float64 // (V)
+	order          []int32   // (V)
+	slotRow        []int     // prompt index held by each cache slot
+	fill           []int     // tokens in each slot's cache
+	stop           map[int32]bool
+	prefillTokens  []int32
+	prefillCu      []int32
+}
+
+// NewSampler allocates KV caches for maxBatch sequences of at most maxLen
+// tokens (prompt plus generation).
+func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
+	if maxBatch <= 0 || maxLen <= 0 {
+		return nil, fmt.Errorf("model: sampler: maxBatch and maxLen must be positive, found %d and %d", maxBatch, maxLen)
+	}
+	c := m.cfg
+	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
+	qn, kn, B := NH*HD, NKV*HD, maxBatch
+	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen}
+	var cp arenaPlan
+	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
+	s.vc = make([]kernels.Buf, c.NumHiddenLayers)
+	for l := range s.kc {
+		cp.add(&s.kc[l], B*maxLen*kn)
+		cp.add(&s.vc[l], B*maxLen*kn)
+	}
+	var err error
+	if s.cache, err = m.b.Alloc(kernels.F32, cp.n); err != nil {
+		return nil, fmt.Errorf("model: sampler: KV cache of %d floats: %w", cp.n, err)
+	}
+	cp.cut(s.cache)
+	var ap arenaPlan
+	for _, x := range []*kernels.Buf{&s.x, &s.ln, &s.xmid} {
+		ap.add(x, B*C)
+	}
+	ap.add(&s.rstd, B)
+	for _, x := range []*kernels.Buf{&s.qraw, &s.q, &s.att} {
+		ap.add(x, B*qn)
+	}
+	ap.add(&s.qrstd, B*NH)
+	for _, x := range []*kernels.Buf{&s.kraw, &s.k, &s.v} {
+		ap.add(x, B*kn)
+	}
+	ap.add(&s.krstd, B*NKV)
+	for _, x := range []*kernels.Buf{&s.gate, &s.up, &s.h} {
+		ap.add(x, B*I)
+	}
+	ap.add(&s.logits, B*V)
+	if s.acts, err = m.b.Alloc(kernels.F32, ap.n); err != nil {
+		m.b.Free(s.cache)
+		return nil, fmt.Errorf("model: sampler: activations: %w", err)
+	}
+	ap.cut(s.acts)
+	var ip arenaPlan
+	ip.add(&s.tok, B)
+	ip.add(&s.pos, B)
+	ip.add(&s.lens, B)
+	nIdx := max(m.opt.MaxTokens, B)
+	ip.add(&s.idx, nIdx)
+	if s.ints, err = m.b.Alloc(kernels.I32, ip.n); err != nil {
+		m.b.Free(s.cache)
+		m.b.Free(s.acts)
+		return nil, fmt.Errorf("model: sampler: %w", err)
+	}
+	ip.cut(s.ints)
+	s.hTok, s.hPos, s.hLens, s.hIdx = make([]int32, B), make([]int32, B), make([]int32, B), make([]int32, nIdx)
+	s.hLogits = make([]float32, B*V)
+	s.probs = make([]float64, V)
+	s.order = make([]int32, V)
+	s.slotRow, s.fill = make([]int, B), make([]int, B)
+	s.stop = map[int32]bool{}
+	return s, nil
+}
+
+// Close frees the sampler's buffers.
+func (s *Sampler) Close() {
+	for _, b := range []kernels.Buf{s.cache, s.acts, s.ints} {
+		if b.N > 0 {
+			s.m.b.Free(b)
+		}
+	}
+	s.cache, s.acts, s.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+}
+
+// Sample generates a continuation of every prompt. Draws come from rng in a
+// fixed order (step by step, cache slot by slot), so the same seed, prompts
+// and options give the same samples.
+func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rng *rand.Rand) ([]Sample, error) {
+	m := s.m
+	V := m.cfg.VocabSize
+	if len(prompts) > s.maxBatch {
+		return nil, fmt.Errorf("model: sample: %d prompts exceed the sampler's batch of %d", len(prompts), s.maxBatch)
+	}
+	if opt.MaxNewTokens <= 0 {
+		return nil, fmt.Errorf("model: sample: MaxNewTokens: expected a positive number, found %d", opt.MaxNewTokens)
+	}
+	if !(opt.Temperature >= 0) || math.IsInf(float64(opt.Temperature), 0) {
+		return nil, fmt.Errorf("model: sample: Temperature: expected a non-negative number, found %g", opt.Temperature)
+	}
+	if !(opt.TopP >= 0 && opt.TopP <= 1) {
+		return nil, fmt.Errorf("model: sample: TopP: expected a number in [0, 1], found %g", opt.TopP)
+	}
+	if opt.TopK < 0 {
+		return nil, fmt.Errorf("model: sample: TopK: expected 0 (off) or a positive number, found %d", opt.TopK)
+	}
+	for i, p := range prompts {
+		if len(p) == 0 || len(p) > s.maxLen || len(p) > m.opt.MaxTokens {
+			return nil, fmt.Errorf("model: sample: prompt %d: length %d: expected 1 to min(sampler maxLen %d, model MaxTokens %d)", i, len(p), s.maxLen, m.opt.MaxTokens)
+		}
+		for j, x := range p {
+			if x < 0 || int(x) >= V {
+				return nil, fmt.Errorf("model: sample: prompt %d token %d: id %d outside the vocabulary [0, %d)", i, j, x, V)
+			}
+		}
+	}
+	clear(s.stop)
+	for _, t := range opt.StopTokens {
+		s.stop[t] = true
+	}
+	out := make([]Sample, len(prompts))
+	n := len(prompts)
+	if n == 0 {
+		return out, nil
+	}
+	for i := range prompts {
+		s.slotRow[i] = i
+		s.fill[i] = len(prompts[i])
+	}
+	if err := s.prefill(prompts); err != nil {
+		return nil, err
+	}
+	for {
+		// Sample the next token of every active slot from its logits.
+		s.m.b.DownloadF32(s.hLogits[:n*V], s.logits.Slice(0, n*V))
+		if err := s.m.b.Sync(); err != nil {
+			return nil, fmt.Errorf("model: sample: %w", err)
+		}
+		for i := 0; i < n; i++ {
+			tok, lp := s.draw(s.hLogits[i*V:(i+1)*V], opt, rng)
+			o := &out[s.slotRow[i]]
+			o.Tokens = append(o.Tokens, tok)
+			o.Logprobs = append(o.Logprobs, lp)
+			if s.stop[tok] {
+				o.Stopped = true
+			}
+		}
+		// Retire finished slots, moving the last active slot into each hole.
+		for i := n - 1; i >= 0; i-- {
+			o := &out[s.slotRow[i]]
+			if !o.Stopped && len(o.Tokens) < opt.MaxNewTokens && s.fill[i] < s.maxLen {
+				continue
+			}
+			n--
+			if i != n {
+				s.moveSlot(n, i)
+			}
+		}
+		if n == 0 {
+			return out, nil
+		}
+		for i := 0; i < n; i++ {
+			o := &out[s.slotRow[i]]
+			s.hTok[i] = o.Tokens[len(o.Tokens)-1]
+			s.hPos[i] = int32(s.fill[i])
+			s.hIdx[i] = int32(i*s.maxLen + s.fill[i])
+			s.fill[i]++
+			s.hLens[i] = int32(s.fill[i])
+		}
+		s.decodeStep(n)
+	}
+}
+
+// moveSlot moves cache slot from into slot to (both below the active count).
+func (s *Sampler) moveSlot(from, to int) {
+	kn := s.m.cfg.NumKeyValueHeads * s.m.cfg.HeadDim
+	n := s.fill[from] * kn
+	for l := range s.kc {
+		s.m.b.Copy(s.kc[l].Slice(to*s.maxLen*kn, n), s.kc[l].Slice(from*s.maxLen*kn, n))
+		s.m.b.Copy(s.vc[l].Slice(to*s.maxLen*kn, n), s.vc[l].Slice(from*s.maxLen*kn, n))
+	}
+	s.slotRow[to], s.fill[to] = s.slotRow[from], s.fill[from]
+}
+
+// prefill runs the prompts through the model's packed forward in chunks that
+// fit its Options, writes their keys and values into the cache and leaves
+// the logits of each prompt's last token in row slot of s.logits.
+func (s *Sampler) prefill(prompts [][]int32) error {
+	m := s.m
+	c := m.cfg
+	C, kn := c.HiddenSize, c.NumKeyValueHeads*c.HeadDim
+	for start := 0; start < len(prompts); {
+		s.prefillTokens = s.prefillTokens[:0]
+		s.prefillCu = append(s.prefillCu[:0], 0)
+		end := start
+		for end < len(prompts) && len(s.prefillTokens)+len(prompts[end]) <= m.opt.MaxTokens && end-start < m.opt.MaxSeqs {
+			s.prefillTokens = append(s.prefillTokens, prompts[end]...)
+			s.prefillCu = append(s.prefillCu, int32(len(s.prefillTokens)))
+			end++
+		}
+		if err := m.stage(s.prefillTokens, s.prefillCu, 1); err != nil {
+			return fmt.Errorf("model: sample: prefill: %w", err)
+		}
+		m.forwardBody()
+		T := len(s.prefillTokens)
+		for p := start; p < end; p++ {
+			lo := int(s.prefillCu[p-start])
+			for j := range prompts[p] {
+				s.hIdx[lo+j] = int32(p*s.maxLen + j)
+			}
+			last := int(s.prefillCu[p-start+1]) - 1
+			m.b.Copy(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C))
+		}
+		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
+		for l := range m.la {
+			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+		}
+		start = end
+	}
+	m.haveForward = false
+	n := len(prompts)
+	m.b.Matmul(s.logits.Slice(0, n*c.VocabSize), s.ln.Slice(0, n*C), m.lmHead, n, C, c.VocabSize)
+	return nil
+}
+
+// decodeStep runs one token for each of the n active slots (inputs staged in
+// hTok, hPos, hIdx, hLens) and leaves their logits in s.logits.
+func (s *Sampler) decodeStep(n int) {
+	m := s.m
+	b, c := m.b, m.cfg
+	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
+	qn, kn := NH*HD, NKV*HD
+	eps, theta := c.RMSNormEps, c.RopeTheta
+	r := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, n*w) }
+	b.UploadI32(s.tok.Slice(0, n), s.hTok[:n])
+	b.UploadI32(s.pos.Slice(0, n), s.hPos[:n])
+	b.UploadI32(s.lens.Slice(0, n), s.hLens[:n])
+	b.UploadI32(s.idx.Slice(0, n), s.hIdx[:n])
+	pos, idx := s.pos.Slice(0, n), s.idx.Slice(0, n)
+	x, ln, xmid := r(s.x, C), r(s.ln, C), r(s.xmid, C)
+	b.Embedding(x, m.wte, s.tok.Slice(0, n), n, C)
+	for l := range m.layers {
+		w := &m.layers[l]
+		b.RMSNorm(ln, s.rstd.Slice(0, n), x, w.ln1, n, C, eps)
+		q, k, v := r(s.q, qn), r(s.k, kn), r(s.v, kn)
+		if c.Arch == Qwen3 {
+			b.Matmul(r(s.qraw, qn), ln, w.q, n, C, qn)
+			b.Matmul(r(s.kraw, kn), ln, w.k, n, C, kn)
+			b.RMSNorm(q, s.qrstd.Slice(0, n*NH), r(s.qraw, qn), w.qNorm, n*NH, HD, eps)
+			b.RMSNorm(k, s.krstd.Slice(0, n*NKV), r(s.kraw, kn), w.kNorm, n*NKV, HD, eps)
+		} else {
+			b.Matmul(q, ln, w.q, n, C, qn)
+			b.Matmul(k, ln, w.k, n, C, kn)
+		}
+		b.Matmul(v, ln, w.v, n, C, kn)
+		b.Rope(q, pos, n, NH, HD, theta)
+		b.Rope(k, pos, n, NKV, HD, theta)
+		b.ScatterRows(s.kc[l], k, idx, n, kn)
+		b.ScatterRows(s.vc[l], v, idx, n, kn)
+		b.AttentionDecode(r(s.att, qn), q, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),
+			s.lens.Slice(0, n), n, s.maxLen, NH, NKV, HD)
+		b.Matmul(xmid, r(s.att, qn), w.o, n, qn, C)
+		b.Add(xmid, xmid, x, n*C)
+		b.RMSNorm(ln, s.rstd.Slice(0, n), xmid, w.ln2, n, C, eps)
+		b.Matmul(r(s.gate, I), ln, w.gate, n, C, I)
+		b.Matmul(r(s.up, I), ln, w.up, n, C, I)
+		b.SwiGLU(r(s.h, I), r(s.gate, I), r(s.up, I), n*I)
+		b.Matmul(x, r(s.h, I), w.down, n, I, C)
+		b.Add(x, x, xmid, n*C)
+	}
+	b.RMSNorm(ln, s.rstd.Slice(0, n), x, m.norm, n, C, eps)
+	b.Matmul(r(s.logits, V), ln, m.lmHead, n, C, V)
+}
+
+// draw samples one token from a row of logits and returns it with its
+// logprob under the (temperature, top-k, top-p) sampling distribution.
+func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int32, float32) {
+	V := len(logits)
+	if opt.Temperature == 0 {
+		best := 0
+		for i, z := range logits {
+			if z > logits[best] {
+				best = i
+			}
+		}
+		return int32(best), 0
+	}
+	inv := 1 / float64(opt.Temperature)
+	zmax := math.Inf(-1)
+	for _, z := range logits {
+		zmax = math.Max(zmax, float64(z))
+	}
+	p := s.probs[:V]
+	for i, z := range logits {
+		p[i] = math.Exp((float64(z) - zmax) * inv)
+	}
+	truncate := (opt.TopK > 0 && opt.TopK < V) || (opt.TopP > 0 && opt.TopP < 1)
+	if !truncate {
+		var sum float64
+		for _, x := range p {
+			sum += x
+		}
+		u := rng.Float64() * sum
+		tok, acc := V-1, 0.0
+		for i, x := range p {
+			acc += x
+			if u < acc {
+				tok = i
+				break
+			}
+		}
+		return int32(tok), float32(math.Log(p[tok] / sum))
+	}
+	// Most likely first; ties by token id.
+	order := s.order[:V]
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		if p[a] != p[b] {
+			if p[a] > p[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	})
+	keep := V
+	if opt.TopK > 0 && opt.TopK < keep {
+		keep = opt.TopK
+	}
+	var sum float64
+	for _, i := range order[:keep] {
+		sum += p[i]
+	}
+	if opt.TopP > 0 && opt.TopP < 1 {
+		// Smallest prefix whose renormalised mass reaches TopP.
+		target, acc := float64(opt.TopP)*sum, 0.0
+		for j, i := range order[:keep] {
+			acc += p[i]
+			if acc >= target {
+				keep = j + 1
+				break
+			}
+		}
+		sum = 0
+		for _, i := range order[:keep] {
+			sum += p[i]
+		}
+	}
+	u := rng.Float64() * sum
+	tok, acc := order[keep-1], 0.0
+	for _, i := range order[:keep] {
+		acc += p[i]
+		if u < acc {
+			tok = i
+			break
+		}
+	}
+	return tok, float32(math.Log(p[tok] / sum))
+}

@@ -1,0 +1,247 @@
+package model
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// samplerLogprobTol is the agreement required between the sampler's
+// incremental (KV-cache) logprobs and the packed training forward.
+const samplerLogprobTol = 1e-5
+
+var testPrompts = [][]int32{{5, 17, 300, 2}, {42}, {7, 7, 7, 100, 200, 311, 12, 9}, {500, 1}}
+
+// TestSamplerMatchesForward: without top-k/top-p, every sampled token's
+// logprob equals the training forward's logprob at the same temperature.
+// maxLen 14 makes the long prompt hit the cache limit first, so slots are
+// retired and moved while others continue.
+func TestSamplerMatchesForward(t *testing.T) {
+	for _, v := range goldenVariants {
+		t.Run(v, func(t *testing.T) {
+			b := cpu.New(2)
+			defer b.Close()
+			m := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8})
+			defer m.Close()
+			s, err := NewSampler(m, 4, 14)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			const temp = 1.3
+			out, err := s.Sample(testPrompts, SampleOptions{Temperature: temp, MaxNewTokens: 9, StopTokens: []int32{3, 4}}, rand.New(rand.NewPCG(1, 2)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lengths := map[int]bool{}
+			for i, o := range out {
+				p := testPrompts[i]
+				lengths[len(o.Tokens)] = true
+				switch {
+				case len(o.Tokens) == 0 || len(o.Tokens) != len(o.Logprobs):
+					t.Fatalf("prompt %d: %d tokens, %d logprobs", i, len(o.Tokens), len(o.Logprobs))
+				case !o.Stopped && len(o.Tokens) != 9 && len(p)+len(o.Tokens) != 14+1:
+					t.Fatalf("prompt %d: ended after %d tokens without a stop token, MaxNewTokens or the cache limit", i, len(o.Tokens))
+				}
+				seq := append(slices.Clone(p), o.Tokens...)
+				lp, _, err := m.Forward(seq, []int32{0, int32(len(seq))}, temp)
+				if err != nil {
+					t.Fatal(err)
+				}
+				compareClose(t, "sampler vs forward logprobs", o.Logprobs, lp[len(p):], samplerLogprobTol, 0)
+			}
+			if len(lengths) < 2 {
+				t.Errorf("every sequence generated the same number of tokens %v: slot retirement not exercised", lengths)
+			}
+		})
+	}
+}
+
+func TestSamplerDeterministic(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "qwen3_tied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	defer m.Close()
+	s, err := NewSampler(m, 4, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	opt := SampleOptions{Temperature: 1.5, TopP: 0.95, TopK: 50, MaxNewTokens: 16}
+	run := func(seed uint64) []Sample {
+		out, err := s.Sample(testPrompts, opt, rand.New(rand.NewPCG(seed, 9)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	a, a2, c := run(7), run(7), run(8)
+	if d := cmp.Diff(a, a2); d != "" {
+		t.Errorf("same seed, different samples (-first +second):\n%s", d)
+	}
+	if cmp.Equal(a, c) {
+		t.Errorf("seeds 7 and 8 gave identical samples")
+	}
+}
+
+// nextDist returns log p(v | prompt) at temperature temp for every token v
+// by packing prompt+v for all v into one forward.
+func nextDist(t *testing.T, m *Model, prompt []int32, temp float32) []float64 {
+	t.Helper()
+	V := m.cfg.VocabSize
+	var toks, cu []int32
+	cu = append(cu, 0)
+	for v := range V {
+		toks = append(toks, prompt...)
+		toks = append(toks, int32(v))
+		cu = append(cu, int32(len(toks)))
+	}
+	lp, _, err := m.Forward(toks, cu, temp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float64, V)
+	for v := range V {
+		out[v] = float64(lp[cu[v+1]-1])
+	}
+	return out
+}
+
+// TestSamplerTruncation checks top-k and top-p against the full next-token
+// distribution from the forward pass: every sampled token is in the kept set
+// and its logprob is the renormalised one over that set.
+func TestSamplerTruncation(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	prompt := []int32{11, 250, 3}
+	m := loadTestModel(t, "llama_untied", b, Options{MaxTokens: 512 * (len(prompt) + 1), MaxSeqs: 512})
+	defer m.Close()
+	s, err := NewSampler(m, 16, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const temp = 2.5
+	full := nextDist(t, m, prompt, temp)
+	order := make([]int, len(full))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return full[order[a]] > full[order[b]] })
+	keptSet := func(topK int, topP float64) map[int]float64 {
+		keep := len(order)
+		if topK > 0 {
+			keep = topK
+		}
+		var mass float64
+		for _, i := range order[:keep] {
+			mass += math.Exp(full[i])
+		}
+		if topP > 0 && topP < 1 {
+			acc := 0.0
+			for j, i := range order[:keep] {
+				acc += math.Exp(full[i])
+				if acc >= topP*mass {
+					keep = j + 1
+					break
+				}
+			}
+		}
+		var z float64
+		for _, i := range order[:keep] {
+			z += math.Exp(full[i])
+		}
+		out := map[int]float64{}
+		for _, i := range order[:keep] {
+			out[i] = full[i] - math.Log(z)
+		}
+		return out
+	}
+	prompts := make([][]int32, 16)
+	for i := range prompts {
+		prompts[i] = prompt
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, c := range []struct {
+		name string
+		topK int
+		topP float32
+	}{
+		{"top-k 5", 5, 0},
+		{"top-p 0.5", 0, 0.5},
+		{"top-k 20 top-p 0.8", 20, 0.8},
+		{"top-k 1 is greedy", 1, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			kept := keptSet(c.topK, float64(c.topP))
+			if c.topK != 1 && len(kept) < 2 {
+				t.Fatalf("kept set of %d tokens: the test distribution is too peaked to check truncation", len(kept))
+			}
+			seen := map[int32]bool{}
+			for range 4 {
+				out, err := s.Sample(prompts, SampleOptions{Temperature: temp, TopK: c.topK, TopP: c.topP, MaxNewTokens: 1}, rng)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, o := range out {
+					tok := o.Tokens[0]
+					want, ok := kept[int(tok)]
+					if !ok {
+						t.Fatalf("sampled token %d outside the kept set of %d tokens", tok, len(kept))
+					}
+					if math.Abs(float64(o.Logprobs[0])-want) > samplerLogprobTol {
+						t.Fatalf("token %d: logprob %.7g, renormalised forward logprob %.7g", tok, o.Logprobs[0], want)
+					}
+					seen[tok] = true
+				}
+			}
+			if len(kept) >= 3 && len(seen) < 2 {
+				t.Errorf("64 draws from a %d-token set gave only %v", len(kept), seen)
+			}
+		})
+	}
+	// Greedy decoding picks the forward's most likely token.
+	out, err := s.Sample(prompts[:1], SampleOptions{Temperature: 0, MaxNewTokens: 1}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := int(out[0].Tokens[0]); got != order[0] {
+		t.Errorf("greedy token %d, forward argmax %d", got, order[0])
+	}
+}
+
+func TestSamplerRejects(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: 16, MaxSeqs: 4})
+	defer m.Close()
+	s, err := NewSampler(m, 2, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rng := rand.New(rand.NewPCG(1, 1))
+	ok := SampleOptions{Temperature: 1, MaxNewTokens: 2}
+	for _, c := range []struct {
+		name    string
+		prompts [][]int32
+		opt     SampleOptions
+	}{
+		{"too many prompts", [][]int32{{1}, {2}, {3}}, ok},
+		{"empty prompt", [][]int32{{}}, ok},
+		{"prompt past maxLen", [][]int32{make([]int32, 9)}, ok},
+		{"token outside vocab", [][]int32{{512}}, ok},
+		{"no MaxNewTokens", [][]int32{{1}}, SampleOptions{Temperature: 1}},
+		{"negative temperature", [][]int32{{1}}, SampleOptions{Temperature: -1, MaxNewTokens: 1}},
+		{"top-p above 1", [][]int32{{1}}, SampleOptions{Temperature: 1, TopP: 1.5, MaxNewTokens: 1}},
+	} {
+		if _, err := s.Sample(c.prompts, c.opt, rng); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+}

@@ -1,0 +1,249 @@
+package optim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// Backend is the part of a kernels.Backend the optimizer uses.
+type Backend interface {
+	kernels.Memory
+	// AdamW and SumSquares are the kernels.Ops methods of the same names.
+	AdamW(param, grad, m, v kernels.Buf, step kernels.AdamWStep)
+	SumSquares(out, x kernels.Buf)
+}
+
+// Group is a range [Off, Off+N) of the parameter arena; Decay says whether
+// weight decay applies to it (norm weights and biases are exempt by default;
+// the model's parameter table decides).
+type Group struct {
+	Off, N int
+	Decay  bool
+}
+
+// NonFinite says what Step does when the gradient norm is NaN or ±Inf.
+type NonFinite uint8
+
+const (
+	// SkipNonFinite leaves parameters, moments and the step counter alone,
+	// counts the step in State.Skipped and returns a Result with Skipped set.
+	SkipNonFinite NonFinite = iota
+	// AbortNonFinite returns an error wrapping ErrNonFiniteGrad.
+	AbortNonFinite
+)
+
+// ErrNonFiniteGrad is wrapped by Step's error when the gradient is not finite
+// and the guard is AbortNonFinite.
+var ErrNonFiniteGrad = errors.New("optim: non-finite gradient")
+
+// Config holds AdamW's hyperparameters (NeMo RL's optimizer keys).
+type Config struct {
+	Beta1, Beta2 float64 // adam_beta1, adam_beta2
+	Eps          float64 // adam_eps
+	// MaxGradNorm is clip_grad / max_grad_norm; <= 0 disables clipping (the
+	// norm is still computed and reported).
+	MaxGradNorm float64
+	NonFinite   NonFinite
+}
+
+// State is the optimizer's host-side state (the moments live in the
+// backend's moment arena).
+type State struct {
+	Step    int64 `json:"step"`    // updates applied (bias-correction step)
+	Skipped int64 `json:"skipped"` // updates skipped for a non-finite gradient
+}
+
+// Result reports one Step.
+type Result struct {
+	GradNorm    float64 // global L2 norm of the gradient before clipping
+	ClipScale   float64 // factor applied to the gradient (1 when not clipped)
+	Skipped     bool    // the gradient was not finite and the update was skipped
+	LR, WD      float64 // learning rate and weight decay the update used
+	Step        int64   // optimizer step counter after the update
+	GroupSumSqr []float64
+}
+
+// AdamW is the optimizer over one parameter arena.
+type AdamW struct {
+	be      Backend
+	cfg     Config
+	groups  []Group
+	runs    []Group // adjacent groups with the same Decay, merged
+	param   kernels.Buf
+	grad    kernels.Buf
+	moments kernels.Buf // (2N): m then v
+	sums    kernels.Buf // (len(groups)) per-group Σg²
+	host    []float32
+	st      State
+}
+
+// New allocates the moment arena (zeroed) and returns an optimizer for param
+// and grad, two F32 buffers of the same length. Groups must be sorted,
+// disjoint and inside the arena.
+func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*AdamW, error) {
+	if param.DType != kernels.F32 || grad.DType != kernels.F32 {
+		return nil, fmt.Errorf("optim: param and grad must be f32, got %v and %v", param.DType, grad.DType)
+	}
+	if param.N != grad.N {
+		return nil, fmt.Errorf("optim: param has %d elements, grad %d", param.N, grad.N)
+	}
+	if len(groups) == 0 {
+		return nil, fmt.Errorf("optim: no parameter groups")
+	}
+	end := 0
+	for i, g := range groups {
+		if g.N <= 0 || g.Off < end || g.Off+g.N > param.N {
+			return nil, fmt.Errorf("optim: group %d [%d, %d): want a non-empty range at or after %d inside the %d-element arena", i, g.Off, g.Off+g.N, end, param.N)
+		}
+		end = g.Off + g.N
+	}
+	if !(cfg.Beta1 >= 0 && cfg.Beta1 < 1) {
+		return nil, fmt.Errorf("optim: adam_beta1: want in [0, 1), got %v", cfg.Beta1)
+	}
+	if !(cfg.Beta2 >= 0 && cfg.Beta2 < 1) {
+		return nil, fmt.Errorf("optim: adam_beta2: want in [0, 1), got %v", cfg.Beta2)
+	}
+	if !(cfg.Eps >= 0) {
+		return nil, fmt.Errorf("optim: adam_eps: want >= 0, got %v", cfg.Eps)
+	}
+	if math.IsNaN(cfg.MaxGradNorm) {
+		return nil, fmt.Errorf("optim: max_grad_norm: want a number, got NaN")
+	}
+	if cfg.NonFinite != SkipNonFinite && cfg.NonFinite != AbortNonFinite {
+		return nil, fmt.Errorf("optim: unknown non-finite policy %d", cfg.NonFinite)
+	}
+	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad}
+	for _, g := range groups {
+		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
+			o.runs[n-1].N += g.N
+			continue
+		}
+		o.runs = append(o.runs, g)
+	}
+	var err error
+	if o.moments, err = be.Alloc(kernels.F32, 2*param.N); err != nil {
+		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", 2*param.N, err)
+	}
+	if o.sums, err = be.Alloc(kernels.F32, len(groups)); err != nil {
+		be.Free(o.moments)
+		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
+	}
+	o.host = make([]float32, len(groups))
+	return o, nil
+}
+
+// Close frees the moment arena.
+func (o *AdamW) Close() {
+	if o.be == nil {
+		return
+	}
+	o.be.Free(o.moments)
+	o.be.Free(o.sums)
+	o.be = nil
+}
+
+// Moments returns the first and second moment arenas, each of the parameter
+// arena's length, as views of the single moment arena.
+func (o *AdamW) Moments() (m, v kernels.Buf) {
+	n := o.param.N
+	return o.moments.Slice(0, n), o.moments.Slice(n, n)
+}
+
+// MomentArena is the whole (2N) moment arena, m then v.
+func (o *AdamW) MomentArena() kernels.Buf { return o.moments }
+
+// Groups returns the parameter groups.
+func (o *AdamW) Groups() []Group { return append([]Group(nil), o.groups...) }
+
+// State returns the host-side state.
+func (o *AdamW) State() State { return o.st }
+
+// SetState restores the host-side state (the moments are restored by
+// uploading into MomentArena).
+func (o *AdamW) SetState(st State) error {
+	if st.Step < 0 || st.Skipped < 0 {
+		return fmt.Errorf("optim: restore: negative counter in %+v", st)
+	}
+	o.st = st
+	return nil
+}
+
+// GradNorm computes the global gradient norm over the groups and the
+// per-group sums of squares (one download).
+func (o *AdamW) GradNorm() (float64, []float64, error) {
+	for i, g := range o.groups {
+		o.be.SumSquares(o.sums.Slice(i, 1), o.grad.Slice(g.Off, g.N))
+	}
+	o.be.DownloadF32(o.host, o.sums)
+	if err := o.be.Sync(); err != nil {
+		return 0, nil, fmt.Errorf("optim: gradient norm: %w", err)
+	}
+	per := make([]float64, len(o.host))
+	total := 0.0
+	for i, s := range o.host {
+		per[i] = float64(s)
+		total += float64(s)
+	}
+	return math.Sqrt(total), per, nil
+}
+
+// Step clips and applies one AdamW update with learning rate lr and weight
+// decay wd (applied to groups with Decay only). Take lr and wd from a
+// Schedule before stepping it.
+func (o *AdamW) Step(lr, wd float64) (Result, error) {
+	if o.be == nil {
+		panic("optim: Step after Close")
+	}
+	norm, per, err := o.GradNorm()
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{GradNorm: norm, ClipScale: 1, LR: lr, WD: wd, Step: o.st.Step, GroupSumSqr: per}
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		first := 0
+		for i, s := range per {
+			if math.IsNaN(s) || math.IsInf(s, 0) {
+				first = i
+				break
+			}
+		}
+		g := o.groups[first]
+		if o.cfg.NonFinite == AbortNonFinite {
+			return res, fmt.Errorf("%w: norm %v; first non-finite group %d (elements [%d, %d)) has sum of squares %v", ErrNonFiniteGrad, norm, first, g.Off, g.Off+g.N, per[first])
+		}
+		o.st.Skipped++
+		res.Skipped = true
+		return res, nil
+	}
+	if o.cfg.MaxGradNorm > 0 {
+		// torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1.
+		res.ClipScale = math.Min(1, o.cfg.MaxGradNorm/(norm+1e-6))
+	}
+	o.st.Step++
+	res.Step = o.st.Step
+	k := float64(o.st.Step)
+	step := kernels.AdamWStep{
+		LR:              float32(lr),
+		Beta1:           float32(o.cfg.Beta1),
+		Beta2:           float32(o.cfg.Beta2),
+		Eps:             float32(o.cfg.Eps),
+		BiasCorrection1: float32(1 - math.Pow(o.cfg.Beta1, k)),
+		BiasCorrection2: float32(1 - math.Pow(o.cfg.Beta2, k)),
+		GradScale:       float32(res.ClipScale),
+	}
+	m, v := o.Moments()
+	for _, r := range o.runs {
+		s := step
+		if r.Decay {
+			s.WeightDecay = float32(wd)
+		}
+		o.be.AdamW(o.param.Slice(r.Off, r.N), o.grad.Slice(r.Off, r.N), m.Slice(r.Off, r.N), v.Slice(r.Off, r.N), s)
+	}
+	if err := o.be.Sync(); err != nil {
+		return res, fmt.Errorf("optim: AdamW step %d: %w", o.st.Step, err)
+	}
+	return res, nil
+}

@@ -1,0 +1,263 @@
+package rollout
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// oracle answers every turn of every built-in task correctly, reading only
+// the prompt, as a perfect policy would.
+type oracle struct{}
+
+func (oracle) Sample(prompts [][]int32) ([]Completion, error) {
+	out := make([]Completion, len(prompts))
+	for i, p := range prompts {
+		n := len(p)
+		var want int32
+		switch {
+		case p[n-3] == RESULT:
+			want = p[n-2]
+		case p[n-3] == ASK:
+			d, _ := DigitOf(p[n-2])
+			want = p[2+d] // <s> USER x y …
+		case p[1] == USER && n == 7: // compact: <s> USER w x y z ASSIST
+			want = p[5]
+		default: // calc, branch and the compacted context all call the tool
+			want = TOOL
+		}
+		out[i] = Completion{Tokens: []int32{want, EOS}, Logprobs: []float64{-0.5, -0.25}}
+	}
+	return out, nil
+}
+
+// randomPolicy samples 1–3 tokens uniformly from the vocabulary.
+type randomPolicy struct{ rng *rand.Rand }
+
+func (r randomPolicy) Sample(prompts [][]int32) ([]Completion, error) {
+	out := make([]Completion, len(prompts))
+	for i := range prompts {
+		n := 1 + r.rng.IntN(3)
+		for j := 0; j < n; j++ {
+			tok := int32(r.rng.IntN(VocabSize))
+			out[i].Tokens = append(out[i].Tokens, tok)
+			out[i].Logprobs = append(out[i].Logprobs, -3.4657359)
+			if tok == EOS {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// memRecorder keeps what a capture store would receive and checks the
+// protocol: Begin before Record, nothing after Finish.
+type memRecorder struct {
+	t        *testing.T
+	begun    map[string]bool
+	finished map[string]bool
+	calls    map[string][]RecordedCall
+}
+
+func newMemRecorder(t *testing.T) *memRecorder {
+	return &memRecorder{t: t, begun: map[string]bool{}, finished: map[string]bool{}, calls: map[string][]RecordedCall{}}
+}
+
+func (m *memRecorder) Begin(rid, id string) error {
+	if m.finished[rid] {
+		m.t.Errorf("Begin(%s, %s) after Finish", rid, id)
+	}
+	m.begun[id] = true
+	return nil
+}
+
+func (m *memRecorder) Record(c RecordedCall) error {
+	if !m.begun[c.CallID] {
+		m.t.Errorf("Record(%s) without Begin", c.CallID)
+	}
+	if m.finished[c.RolloutID] {
+		m.t.Errorf("Record(%s) after Finish", c.CallID)
+	}
+	m.calls[c.RolloutID] = append(m.calls[c.RolloutID], c)
+	return nil
+}
+
+func (m *memRecorder) Finish(rid string) error {
+	if m.finished[rid] {
+		m.t.Errorf("Finish(%s) twice", rid)
+	}
+	m.finished[rid] = true
+	return nil
+}
+
+func allTasks(t *testing.T) []Task {
+	t.Helper()
+	tasks, err := LookupTasks(TaskNames())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tasks
+}
+
+func TestOracleEarnsFullReward(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	specs := Plan(allTasks(t), 0, 9, 2, rng)
+	rec := newMemRecorder(t)
+	res, err := Run(oracle{}, rec, specs, rand.New(rand.NewPCG(3, 4)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCalls := map[string]int{"calc": 2, "branch": 3, "compact": 3}
+	for _, r := range res {
+		if r.Reward != 1 {
+			t.Errorf("%s (%s): oracle reward %v, want 1", r.RolloutID, r.Task, r.Reward)
+		}
+		if len(r.Calls) != wantCalls[r.Task] {
+			t.Errorf("%s (%s): %d calls, want %d", r.RolloutID, r.Task, len(r.Calls), wantCalls[r.Task])
+		}
+		if !rec.finished[r.RolloutID] {
+			t.Errorf("%s never finished", r.RolloutID)
+		}
+	}
+}
+
+// TestCallGraphShapes checks the parent structure each task promises, which is
+// what makes the two builders produce different trace counts.
+func TestCallGraphShapes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	specs := Plan(allTasks(t), 0, 3, 1, rng)
+	res, err := Run(oracle{}, newMemRecorder(t), specs, rand.New(rand.NewPCG(7, 8)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res {
+		parents := make([]string, len(r.Calls))
+		index := map[string]int{}
+		for i, c := range r.Calls {
+			index[c.CallID] = i
+			parents[i] = "root"
+			if c.ParentCallID != "" {
+				parents[i] = "call" + string(rune('0'+index[c.ParentCallID]))
+			}
+		}
+		want := map[string][]string{
+			"calc":    {"root", "call0"},
+			"branch":  {"root", "call0", "call0"},
+			"compact": {"root", "root", "call1"},
+		}[r.Task]
+		if !slices.Equal(parents, want) {
+			t.Errorf("%s: parents %v, want %v", r.Task, parents, want)
+		}
+	}
+}
+
+// TestRandomPolicyProperties plays many random episodes and checks the
+// invariants every capture must satisfy, and that rewards are in range and
+// not all perfect.
+func TestRandomPolicyProperties(t *testing.T) {
+	for seed := uint64(0); seed < 20; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		specs := Plan(allTasks(t), int(seed), 6, 4, rng)
+		rec := newMemRecorder(t)
+		res, err := Run(randomPolicy{rand.New(rand.NewPCG(seed, 2))}, rec, specs, rand.New(rand.NewPCG(seed, 3)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := map[string]bool{}
+		sum := 0.0
+		for _, r := range res {
+			sum += r.Reward
+			if r.Reward < 0 || r.Reward > 1 {
+				t.Fatalf("reward %v out of range", r.Reward)
+			}
+			byID := map[string]RecordedCall{}
+			for _, c := range r.Calls {
+				if ids[c.CallID] || len(c.CallID) != 32 {
+					t.Fatalf("call id %q duplicated or malformed", c.CallID)
+				}
+				ids[c.CallID] = true
+				byID[c.CallID] = c
+				if c.ParentCallID != "" && !isContinuation(byID[c.ParentCallID], c.Prompt) {
+					t.Fatalf("%s: call %s does not continue its parent", r.RolloutID, c.CallID)
+				}
+				if c.Prompt[len(c.Prompt)-1] != ASSIST {
+					t.Fatalf("%s: prompt %s does not end with ASSIST", r.RolloutID, Render(c.Prompt))
+				}
+			}
+		}
+		if mean := sum / float64(len(res)); mean > 0.5 {
+			t.Errorf("seed %d: random policy mean reward %.3f; the tasks are too easy to show learning", seed, mean)
+		}
+	}
+}
+
+func TestRunIsDeterministic(t *testing.T) {
+	play := func() []Result {
+		rng := rand.New(rand.NewPCG(11, 12))
+		specs := Plan(allTasks(t), 3, 6, 4, rng)
+		res, err := Run(randomPolicy{rand.New(rand.NewPCG(13, 14))}, newMemRecorder(t), specs, rand.New(rand.NewPCG(15, 16)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, b := play(), play()
+	for i := range a {
+		if a[i].Reward != b[i].Reward || len(a[i].Calls) != len(b[i].Calls) {
+			t.Fatalf("rollout %d differs between identical runs", i)
+		}
+		for j := range a[i].Calls {
+			ca, cb := a[i].Calls[j], b[i].Calls[j]
+			if ca.CallID != cb.CallID || !slices.Equal(ca.Generation, cb.Generation) || !slices.Equal(ca.Prompt, cb.Prompt) {
+				t.Fatalf("rollout %d call %d differs between identical runs", i, j)
+			}
+		}
+	}
+}
+
+func TestPlanIDsUniqueAcrossSteps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	seen := map[string]bool{}
+	for step := 0; step < 5; step++ {
+		for _, s := range Plan(allTasks(t), step, 4, 3, rng) {
+			if seen[s.RolloutID] {
+				t.Fatalf("rollout id %s reused at step %d", s.RolloutID, step)
+			}
+			seen[s.RolloutID] = true
+		}
+	}
+	// Every rollout of a task group plays the same instance.
+	specs := Plan(allTasks(t), 0, 3, 4, rng)
+	for i := range specs {
+		g := specs[i].TaskIndex * 4
+		if specs[i].Instance != specs[g].Instance {
+			t.Errorf("rollout %s plays another instance than its group", specs[i].RolloutID)
+		}
+	}
+}
+
+func TestLookupUnknownTask(t *testing.T) {
+	if _, err := LookupTasks([]string{"calc", "chess"}); err == nil {
+		t.Fatal("unknown task accepted")
+	}
+}
+
+func TestTurnScore(t *testing.T) {
+	tests := []struct {
+		name string
+		gen  []int32
+		want float64
+	}{
+		{"exact", []int32{TOOL, EOS}, 1},
+		{"right token, no stop", []int32{TOOL, TOOL}, 0.7},
+		{"right token, long", []int32{TOOL, EOS, EOS}, 0.7},
+		{"wrong token, stops", []int32{USER, EOS}, 0.3},
+		{"alone", []int32{TOOL}, 0.7},
+		{"empty", nil, 0},
+	}
+	for _, tc := range tests {
+		if got := turnScore(tc.gen, TOOL); got != tc.want {
+			t.Errorf("%s: turnScore(%s) = %v, want %v", tc.name, Render(tc.gen), got, tc.want)
+		}
+	}
+}

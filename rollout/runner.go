@@ -1,0 +1,233 @@
+package rollout
+
+import (
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+)
+
+// Completion is what the policy sampled for one prompt: the generated tokens
+// (including the stop token when it stopped) and their log-probabilities under
+// the sampling distribution, as an inference server reports them.
+type Completion struct {
+	Tokens   []int32
+	Logprobs []float64
+}
+
+// Policy samples continuations of a batch of prompts, in order.
+type Policy interface {
+	Sample(prompts [][]int32) ([]Completion, error)
+}
+
+// RecordedCall is one finished model call, exactly as the model served it.
+type RecordedCall struct {
+	RolloutID    string
+	CallID       string // 32 hex digits, like Gym's uuid4().hex
+	ParentCallID string // "" for a root call
+	ResponseID   string // the served response id
+	Prompt       []int32
+	Generation   []int32
+	Logprobs     []float64
+}
+
+// Recorder receives the capture of every call, as Gym's capture middleware
+// would: Begin before the request is dispatched (a durable intent), Record
+// once the complete response is known, Finish when the episode is over.
+type Recorder interface {
+	Begin(rolloutID, callID string) error
+	Record(c RecordedCall) error
+	Finish(rolloutID string) error
+}
+
+// Spec is one logical rollout to run: its capture identity, its task group
+// coordinates and the problem it plays.
+type Spec struct {
+	RolloutID    string // the explicit _ng_rollout_id, assigned before dispatch
+	TaskIndex    int    // the task group (_ng_task_index)
+	RolloutIndex int    // index within the group (_ng_rollout_index)
+	Task         string
+	Instance     Instance
+}
+
+// Result is a finished logical rollout.
+type Result struct {
+	Spec
+	Reward float64
+	Calls  []RecordedCall
+}
+
+// TerminalResponseID is the response id of the episode's last call: the
+// response the verifier scored.
+func (r *Result) TerminalResponseID() string {
+	if len(r.Calls) == 0 {
+		return ""
+	}
+	return r.Calls[len(r.Calls)-1].ResponseID
+}
+
+// Record returns the rollout record as NeMo Gym's rollout collection writes
+// it, ready for capture finalization: the correlation keys, the reward and
+// the scored response's id.
+func (r *Result) Record() map[string]any {
+	return map[string]any{
+		"_ng_task_index":    r.TaskIndex,
+		"_ng_rollout_index": r.RolloutIndex,
+		"_ng_rollout_id":    r.RolloutID,
+		"reward":            r.Reward,
+		"task":              r.Task,
+		"response":          map[string]any{"id": r.TerminalResponseID()},
+	}
+}
+
+// Plan draws the logical rollouts of one GRPO step: prompts task groups of
+// gens rollouts each. Task groups cycle through tasks; every rollout of a
+// group plays the same instance. Rollout ids are unique across steps because
+// they carry the step number, so indices may restart every step.
+func Plan(tasks []Task, step, prompts, gens int, rng *rand.Rand) []Spec {
+	specs := make([]Spec, 0, prompts*gens)
+	for p := 0; p < prompts; p++ {
+		task := tasks[(step*prompts+p)%len(tasks)]
+		inst := task.NewInstance(rng)
+		for g := 0; g < gens; g++ {
+			specs = append(specs, Spec{
+				RolloutID:    fmt.Sprintf("step%06d-%d-%d", step, p, g),
+				TaskIndex:    p,
+				RolloutIndex: g,
+				Task:         task.Name(),
+				Instance:     inst,
+			})
+		}
+	}
+	return specs
+}
+
+// Run plays the episodes of specs to completion in lockstep rounds: each
+// round gathers every active episode's pending calls, in spec order, into
+// one policy batch, so the run is deterministic for a deterministic policy.
+// ids mints the model call ids.
+func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, error) {
+	type active struct {
+		ep    Episode
+		calls []RecordedCall
+		done  bool
+	}
+	eps := make([]active, len(specs))
+	for i, s := range specs {
+		eps[i].ep = s.Instance.NewEpisode()
+	}
+	type pending struct {
+		ep   int
+		call Call
+		id   string
+	}
+	for {
+		var batch []pending
+		for i := range eps {
+			if eps[i].done {
+				continue
+			}
+			calls := eps[i].ep.Next()
+			if len(calls) == 0 {
+				eps[i].done = true
+				if err := rec.Finish(specs[i].RolloutID); err != nil {
+					return nil, fmt.Errorf("rollout: finish %s: %w", specs[i].RolloutID, err)
+				}
+				continue
+			}
+			for _, c := range calls {
+				batch = append(batch, pending{ep: i, call: c, id: newCallID(ids)})
+			}
+		}
+		if len(batch) == 0 {
+			break
+		}
+		prompts := make([][]int32, len(batch))
+		for j, p := range batch {
+			if err := rec.Begin(specs[p.ep].RolloutID, p.id); err != nil {
+				return nil, fmt.Errorf("rollout: begin call %s of %s: %w", p.id, specs[p.ep].RolloutID, err)
+			}
+			prompts[j] = p.call.Prompt
+		}
+		out, err := policy.Sample(prompts)
+		if err != nil {
+			return nil, fmt.Errorf("rollout: sample: %w", err)
+		}
+		if len(out) != len(batch) {
+			return nil, fmt.Errorf("rollout: policy returned %d completions for %d prompts", len(out), len(batch))
+		}
+		gens := make(map[int][][]int32)
+		for j, p := range batch {
+			c := out[j]
+			spec := specs[p.ep]
+			if len(c.Tokens) == 0 || len(c.Tokens) != len(c.Logprobs) {
+				return nil, fmt.Errorf("rollout: %s: policy returned %d tokens and %d logprobs (need equal, at least 1)",
+					spec.RolloutID, len(c.Tokens), len(c.Logprobs))
+			}
+			a := &eps[p.ep]
+			parent := ""
+			if p.call.Parent >= 0 {
+				if p.call.Parent >= len(a.calls) {
+					return nil, fmt.Errorf("rollout: %s task %s: call continues call %d of %d finished calls",
+						spec.RolloutID, spec.Task, p.call.Parent, len(a.calls))
+				}
+				pc := a.calls[p.call.Parent]
+				if !isContinuation(pc, p.call.Prompt) {
+					return nil, fmt.Errorf("rollout: %s task %s: call claims parent %s but its prompt does not extend the parent's tokens",
+						spec.RolloutID, spec.Task, pc.CallID)
+				}
+				parent = pc.CallID
+			}
+			rc := RecordedCall{
+				RolloutID:    spec.RolloutID,
+				CallID:       p.id,
+				ParentCallID: parent,
+				ResponseID:   "resp_" + p.id,
+				Prompt:       slices.Clone(p.call.Prompt),
+				Generation:   slices.Clone(c.Tokens),
+				Logprobs:     slices.Clone(c.Logprobs),
+			}
+			if err := rec.Record(rc); err != nil {
+				return nil, fmt.Errorf("rollout: record call %s of %s: %w", p.id, spec.RolloutID, err)
+			}
+			a.calls = append(a.calls, rc)
+			gens[p.ep] = append(gens[p.ep], rc.Generation)
+		}
+		for i := range eps {
+			if g, ok := gens[i]; ok {
+				eps[i].ep.Observe(g)
+			}
+		}
+	}
+	results := make([]Result, len(specs))
+	for i, s := range specs {
+		r := eps[i].ep.Reward()
+		if r < 0 || r > 1 {
+			return nil, fmt.Errorf("rollout: %s task %s: reward %v outside [0, 1]", s.RolloutID, s.Task, r)
+		}
+		results[i] = Result{Spec: s, Reward: r, Calls: eps[i].calls}
+	}
+	return results, nil
+}
+
+// isContinuation reports whether prompt starts with parent's prompt and generation.
+func isContinuation(parent RecordedCall, prompt []int32) bool {
+	n := len(parent.Prompt) + len(parent.Generation)
+	return len(prompt) > n &&
+		slices.Equal(prompt[:len(parent.Prompt)], parent.Prompt) &&
+		slices.Equal(prompt[len(parent.Prompt):n], parent.Generation)
+}
+
+// newCallID returns 32 hex digits from rng, shaped like uuid4().hex.
+func newCallID(rng *rand.Rand) string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := rng.Uint64()
+		for j := 0; j < 8; j++ {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	return hex.EncodeToString(b[:])
+}
