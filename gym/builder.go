@@ -222,8 +222,7 @@ func materializeDeltas(entries []*TokenEntry) ([]*TokenEntry, []string) {
 		ok     bool
 	}
 	memo := map[string]cumState{}
-	var cumOf func(id string) ([]int32, bool)
-	cumOf = func(id string) ([]int32, bool) {
+	cumOf := func(id string) ([]int32, bool) {
 		if st, ok := memo[id]; ok {
 			return st.tokens, st.ok
 		}

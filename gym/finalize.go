@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 )
 
 // TerminalMetrics is _ng_token_capture.terminal_attribution.
@@ -245,4 +246,39 @@ func terminalWitnesses(rec *Record) TerminalWitnesses {
 		}
 	}
 	return w
+}
+
+// FinalizeBatch finalizes recs concurrently on up to jobs goroutines (jobs
+// < 1 means 1) and returns the results in record order. Each record is
+// finalized exactly as by Finalize (or Refinalize when rebuild is set); the
+// error returned is the first one in record order. src must be safe for
+// concurrent use (Reader and Writer are).
+func FinalizeBatch(recs []*Record, src Source, builder string, rebuild bool, jobs int) ([]*Finalized, error) {
+	if jobs < 1 {
+		jobs = 1
+	}
+	res := make([]*Finalized, len(recs))
+	errs := make([]error, len(recs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < jobs && w < len(recs); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				res[i], errs[i] = finalize(recs[i], src, builder, rebuild)
+			}
+		}()
+	}
+	for i := range recs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
 }
