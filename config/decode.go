@@ -141,7 +141,7 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 			return
 		}
 		nv := reflect.New(t)
-		if t.Kind() == reflect.String {
+		if t.Kind() == reflect.String && n.ShortTag() != "!!binary" {
 			// OmegaConf converts any scalar into a string field.
 			nv.Elem().SetString(n.Value)
 			v.Set(nv.Elem())
