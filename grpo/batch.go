@@ -247,3 +247,13 @@ func checkTrace(tr *gym.TrainingTrace) error {
 	}
 	return nil
 }
+
+// LossRow pairs the row with the model's per-token arrays for Loss: lp
+// (current), lpOld (prev_logprobs; nil with force_on_policy_ratio), lpRef
+// (nil when β = 0) and the gradient output dlp, all of len(r.TokenIDs) and
+// aligned as in the package doc. The row's behaviour log-probs, token mask,
+// sample mask and advantage fill the rest.
+func (r *Row) LossRow(lp, lpOld, lpRef, dlp []float64) LossRow {
+	return LossRow{LP: lp, LPOld: lpOld, LPGen: r.GenLogprobs, LPRef: lpRef, Mask: r.TokenMask,
+		SampleMask: r.SampleMask, Advantage: r.Advantage, DLP: dlp}
+}

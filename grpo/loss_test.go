@@ -300,9 +300,8 @@ func TestSplitMergedEquivalence(t *testing.T) {
 			}
 			rows := make([]LossRow, len(b.Rows))
 			for i, r := range b.Rows {
-				rows[i] = LossRow{LP: current.logprobs(r.TokenIDs, nil, nil), LPOld: behaviour.logprobs(r.TokenIDs, nil, nil),
-					LPGen: r.GenLogprobs, LPRef: ref.logprobs(r.TokenIDs, nil, nil), Mask: r.TokenMask,
-					SampleMask: r.SampleMask, Advantage: r.Advantage, DLP: make([]float64, len(r.TokenIDs))}
+				rows[i] = r.LossRow(current.logprobs(r.TokenIDs, nil, nil), behaviour.logprobs(r.TokenIDs, nil, nil),
+					ref.logprobs(r.TokenIDs, nil, nil), make([]float64, len(r.TokenIDs)))
 			}
 			s, err := Loss(rows, b.GTok, &o)
 			if err != nil {
