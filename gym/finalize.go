@@ -150,6 +150,20 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 	if err != nil {
 		return nil, fmt.Errorf("gym: %w", err)
 	}
+	if upstreamMask && !rebuild {
+		// Gym already masked this rollout; an envelope next to the mask is
+		// stale and is removed.
+		res.Masked, res.Reason = true, ReasonMaskedUpstream
+		rec.Delete(KeyTrainingTraces)
+		if raw, ok := rec.Get(KeyTokenCapture); ok {
+			// Best effort: Gym's list-valued fields may not fit our counts;
+			// encoding/json fills every field it can.
+			var prior CaptureMetrics
+			_ = json.Unmarshal(raw, &prior)
+			res.Metrics = prior
+		}
+		return res, nil
+	}
 	var env *TrainingTraceBatch
 	attached := false
 	if !rebuild {
@@ -161,19 +175,6 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 	if attached && env.RolloutID != rid {
 		return nil, fmt.Errorf("gym: %w", rec.errf(KeyTrainingTraces,
 			fmt.Errorf("envelope rollout_id %q differs from the record's capture key %q", env.RolloutID, rid)))
-	}
-	if upstreamMask && !rebuild {
-		// Gym already masked this rollout; an envelope next to the mask is
-		// stale and is removed.
-		res.Masked, res.Reason = true, ReasonMaskedUpstream
-		rec.Delete(KeyTrainingTraces)
-		if raw, ok := rec.Get(KeyTokenCapture); ok {
-			var prior CaptureMetrics
-			if json.Unmarshal(raw, &prior) == nil {
-				res.Metrics = prior
-			}
-		}
-		return res, nil
 	}
 	if attached {
 		res.Envelope, res.Prebuilt = env, true
