@@ -197,16 +197,24 @@ func TestBatchRejects(t *testing.T) {
 		mutate func(rs []LogicalRollout, o *BatchOptions)
 		want   string
 	}{
+		// Spec §10.1 #5: the six custody mutations.
+		{"schema_version 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.SchemaVersion = 2 }, "schema_version: expected 1, found 2"},
+		{"span end out of range", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].SampledSpans[1].End = 7 }, "start < end <= 6"},
+		{"duplicated trace (double owner)", func(rs []LogicalRollout, _ *BatchOptions) {
+			dup := rs[0].Envelope.Traces[0]
+			dup.TraceID = "r1:copy"
+			rs[0].Envelope.Traces = append(rs[0].Envelope.Traces, dup)
+		}, "already owns a span"},
 		{"misaligned token_ids", func(rs []LogicalRollout, _ *BatchOptions) {
 			tr := &rs[0].Envelope.Traces[0]
 			tr.TokenIDs = tr.TokenIDs[:5]
-		}, "lengths 5, 6, 6"},
+		}, "lengths must match (5, 6, 6)"},
 		{"NaN logprob", func(rs []LogicalRollout, _ *BatchOptions) {
 			rs[0].Envelope.Traces[0].GenerationLogprobs[2] = math.NaN()
-		}, "generation_logprobs[2] = NaN"},
-		{"loss_mask[0]=1", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[0] = 1 }, "loss_mask[0] = 1"},
-		{"mask bit 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[3] = 2 }, "loss_mask[3] = 2"},
-		{"negative token", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].TokenIDs[1] = -3 }, "token_ids[1] = -3"},
+		}, "generation_logprobs[2]: must be finite, found NaN"},
+		{"loss_mask[0]=1", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[0] = 1 }, "loss_mask[0]: the first position is conditioning and must be 0, found 1"},
+		{"mask bit 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[3] = 2 }, "loss_mask[3]: must be 0 or 1, found 2"},
+		{"negative token", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].TokenIDs[1] = -3 }, "token_ids[1]: token ids must be non-negative, found -3"},
 		{"duplicated trace id", func(rs []LogicalRollout, _ *BatchOptions) { rs[1].Envelope.Traces[0].TraceID = "r1:a" }, `trace_id "r1:a" appears in rollouts "r1" and "r2"`},
 		{"envelope of another rollout", func(rs []LogicalRollout, _ *BatchOptions) { rs[1].Envelope.RolloutID = "r1" }, `training_traces.rollout_id "r1", want the row's rollout_id "r2"`},
 		{"duplicate rollout ids", func(rs []LogicalRollout, _ *BatchOptions) {
