@@ -433,3 +433,33 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSet: any --set string either applies or fails with an error; never
+// panics, and an accepted override round-trips through the printed YAML.
+func FuzzSet(f *testing.F) {
+	for _, s := range []string{"grpo.num_prompts_per_step=4", "policy.optimizer=null", "policy.scheduler.0.kwargs.total_iters=7",
+		"loss_fn={ratio_clip_c: 3}", "policy.model_name=${policy.precision}", "data.x.y=1", "env.math={a: 1}", "a=b=c", "=1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		l, err := Load(nil, []string{s})
+		if err != nil {
+			return
+		}
+		b, err := Marshal(&l.Config)
+		if err != nil {
+			t.Fatalf("Marshal: %v", err)
+		}
+		p := filepath.Join(t.TempDir(), "g.yaml")
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		l2, err := Load([]string{p}, nil)
+		if err != nil {
+			t.Fatalf("reload after --set %q: %v\n%s", s, err, b)
+		}
+		if d := cmp.Diff(l.Config, l2.Config); d != "" {
+			t.Fatalf("--set %q round trip (-first +second)\n%s", s, d)
+		}
+	})
+}

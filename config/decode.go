@@ -17,6 +17,8 @@ var ignoredKeys = []string{
 	"grpo.max_rollout_turns", "grpo.max_num_epochs", "grpo.val_period", "grpo.val_at_start",
 	"grpo.val_at_end", "grpo.max_val_samples", "grpo.val_batch_size",
 	"grpo.async_grpo.*", "grpo.reward_shaping.*", "grpo.reward_scaling.*",
+	// dynamic sampling's knobs (refused by the guards when it is enabled).
+	"grpo.batch_multiplier", "grpo.dynamic_sampling_max_gen_batches",
 	// loss_fn: none; every loss key changes the objective.
 	// policy: engines, batching for other engines, tokenizer source.
 	"policy.tokenizer", "policy.generation_batch_size", "policy.logprob_batch_size",
@@ -141,7 +143,7 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 			return
 		}
 		nv := reflect.New(t)
-		if t.Kind() == reflect.String {
+		if t.Kind() == reflect.String && n.ShortTag() != "!!binary" {
 			// OmegaConf converts any scalar into a string field.
 			nv.Elem().SetString(n.Value)
 			v.Set(nv.Elem())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -41,6 +42,9 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 	path = strings.TrimSpace(path)
 	if !ok || path == "" || strings.Contains(path, "..") || strings.HasPrefix(path, ".") || strings.HasSuffix(path, ".") {
 		return fmt.Errorf("config: --set %q: want key.path=value", s)
+	}
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("config: --set %q: not valid UTF-8", s)
 	}
 	n, err := setValue(path, val)
 	if err != nil {

@@ -18,8 +18,8 @@ type LogicalRollout struct {
 	// LossMultiplier already folds in the data set's multiplier and every mask
 	// (env-flagged mask_sample, Gym's capture mask); 0 masks the rollout.
 	LossMultiplier float64
-	// Envelope is the rollout's validated training_traces envelope; nil when
-	// Gym masked the rollout or captured nothing (one inert row).
+	// Envelope is the rollout's training_traces envelope; nil when Gym masked
+	// the rollout or captured nothing (one inert row).
 	Envelope *gym.TrainingTraceBatch
 }
 
@@ -96,10 +96,11 @@ var ErrNoEligibleTokens = errors.New("grpo: Gym logical batch has no eligible tr
 // padding rows (logical index 0, empty ids) bring the count to a multiple of
 // RowMultiple.
 //
-// The envelopes are taken as validated by package gym; BuildBatch still refuses
-// misaligned arrays, a mask bit at position 0 or outside {0,1}, negative tokens,
-// non-finite behaviour log-probabilities on loss positions, and trace ids
-// repeated within the step.
+// Custody is checked before any row is built: every envelope must pass gym's
+// wire-contract validation ((*gym.TrainingTraceBatch).Validate: schema version,
+// aligned arrays, masks, finite log-probabilities, spans, one owner per call),
+// belong to its rollout (envelope rollout_id == RolloutID), and no trace id
+// may repeat within the step.
 func BuildBatch(rollouts []LogicalRollout, opt BatchOptions) (*Batch, error) {
 	if opt.RowMultiple < 1 {
 		return nil, fmt.Errorf("grpo: build batch: row multiple %d, want >= 1", opt.RowMultiple)
@@ -128,6 +129,9 @@ func BuildBatch(rollouts []LogicalRollout, opt BatchOptions) (*Batch, error) {
 		seenRollout[lr.RolloutID] = i
 		if lr.Envelope == nil {
 			continue
+		}
+		if err := lr.Envelope.Validate(); err != nil {
+			return nil, fmt.Errorf("grpo: build batch: rollout %d (%q): %w", i, lr.RolloutID, err)
 		}
 		if lr.Envelope.RolloutID != lr.RolloutID {
 			return nil, fmt.Errorf("grpo: build batch: rollout %d: training_traces.rollout_id %q, want the row's rollout_id %q", i, lr.Envelope.RolloutID, lr.RolloutID)
@@ -246,4 +250,14 @@ func checkTrace(tr *gym.TrainingTrace) error {
 		}
 	}
 	return nil
+}
+
+// LossRow pairs the row with the model's per-token arrays for Loss: lp
+// (current), lpOld (prev_logprobs; nil with force_on_policy_ratio), lpRef
+// (nil when β = 0) and the gradient output dlp, all of len(r.TokenIDs) and
+// aligned as in the package doc. The row's behaviour log-probs, token mask,
+// sample mask and advantage fill the rest.
+func (r *Row) LossRow(lp, lpOld, lpRef, dlp []float64) LossRow {
+	return LossRow{LP: lp, LPOld: lpOld, LPGen: r.GenLogprobs, LPRef: lpRef, Mask: r.TokenMask,
+		SampleMask: r.SampleMask, Advantage: r.Advantage, DLP: dlp}
 }

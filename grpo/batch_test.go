@@ -2,7 +2,9 @@ package grpo
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -195,16 +197,24 @@ func TestBatchRejects(t *testing.T) {
 		mutate func(rs []LogicalRollout, o *BatchOptions)
 		want   string
 	}{
+		// Spec §10.1 #5: the six custody mutations.
+		{"schema_version 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.SchemaVersion = 2 }, "schema_version: expected 1, found 2"},
+		{"span end out of range", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].SampledSpans[1].End = 7 }, "start < end <= 6"},
+		{"duplicated trace (double owner)", func(rs []LogicalRollout, _ *BatchOptions) {
+			dup := rs[0].Envelope.Traces[0]
+			dup.TraceID = "r1:copy"
+			rs[0].Envelope.Traces = append(rs[0].Envelope.Traces, dup)
+		}, "already owns a span"},
 		{"misaligned token_ids", func(rs []LogicalRollout, _ *BatchOptions) {
 			tr := &rs[0].Envelope.Traces[0]
 			tr.TokenIDs = tr.TokenIDs[:5]
-		}, "lengths 5, 6, 6"},
+		}, "lengths must match (5, 6, 6)"},
 		{"NaN logprob", func(rs []LogicalRollout, _ *BatchOptions) {
 			rs[0].Envelope.Traces[0].GenerationLogprobs[2] = math.NaN()
-		}, "generation_logprobs[2] = NaN"},
-		{"loss_mask[0]=1", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[0] = 1 }, "loss_mask[0] = 1"},
-		{"mask bit 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[3] = 2 }, "loss_mask[3] = 2"},
-		{"negative token", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].TokenIDs[1] = -3 }, "token_ids[1] = -3"},
+		}, "generation_logprobs[2]: must be finite, found NaN"},
+		{"loss_mask[0]=1", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[0] = 1 }, "loss_mask[0]: the first position is conditioning and must be 0, found 1"},
+		{"mask bit 2", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].LossMask[3] = 2 }, "loss_mask[3]: must be 0 or 1, found 2"},
+		{"negative token", func(rs []LogicalRollout, _ *BatchOptions) { rs[0].Envelope.Traces[0].TokenIDs[1] = -3 }, "token_ids[1]: token ids must be non-negative, found -3"},
 		{"duplicated trace id", func(rs []LogicalRollout, _ *BatchOptions) { rs[1].Envelope.Traces[0].TraceID = "r1:a" }, `trace_id "r1:a" appears in rollouts "r1" and "r2"`},
 		{"envelope of another rollout", func(rs []LogicalRollout, _ *BatchOptions) { rs[1].Envelope.RolloutID = "r1" }, `training_traces.rollout_id "r1", want the row's rollout_id "r2"`},
 		{"duplicate rollout ids", func(rs []LogicalRollout, _ *BatchOptions) {
@@ -275,5 +285,102 @@ func TestAdvantagesByHand(t *testing.T) {
 	}
 	if _, err := Advantages([]int64{1}, []float64{math.NaN()}, []bool{true}, AdvantageOptions{}); err == nil {
 		t.Error("NaN reward accepted")
+	}
+}
+
+// TestBuildBatchProperties checks the expansion invariants on random steps:
+// every trace appears once, in logical then envelope order, with its exact
+// tokens when valid and as [pad, pad] otherwise; padding completes a multiple
+// of RowMultiple; G_tok and the counts match the rows; every row carries its
+// rollout's advantage.
+func TestBuildBatchProperties(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 5))
+	for trial := range 200 {
+		n := 1 + rng.IntN(7)
+		var rs []LogicalRollout
+		for i := range n {
+			id := fmt.Sprintf("r%d", i)
+			lr := LogicalRollout{RolloutID: id, TaskGroup: int64(rng.IntN(3)), Reward: float64(rng.IntN(3)), LossMultiplier: 1}
+			switch rng.IntN(6) {
+			case 0:
+				lr.LossMultiplier = 0
+			case 1:
+				lr.LossMultiplier = 0.5
+			}
+			if rng.IntN(5) > 0 {
+				var trs []gym.TrainingTrace
+				for k := range 1 + rng.IntN(3) {
+					L := 2 + rng.IntN(8)
+					toks := make([]int32, L)
+					for p := range toks {
+						toks[p] = int32(1 + rng.IntN(50))
+					}
+					s := 1 + rng.IntN(L-1)
+					trs = append(trs, trace(fmt.Sprintf("%s:%d", id, k), toks, -0.25, [2]int{s, s + 1 + rng.IntN(L-s)}))
+				}
+				lr.Envelope = envelope(id, trs...)
+			}
+			rs = append(rs, lr)
+		}
+		opt := BatchOptions{PadTokenID: 0, MaxSeqLen: 2 + rng.IntN(8), RowMultiple: 1 + rng.IntN(4),
+			Advantage: AdvantageOptions{NormalizeRewards: rng.IntN(2) == 0, LeaveOneOut: rng.IntN(2) == 0}}
+		b, err := BuildBatch(rs, opt)
+		if errors.Is(err, ErrNoEligibleTokens) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
+		if len(b.Rows)%opt.RowMultiple != 0 || len(b.Rows) != b.Metrics.Physical+b.Metrics.Padding || b.Metrics.Padding >= opt.RowMultiple {
+			t.Fatalf("trial %d: %d rows, metrics %+v, multiple %d", trial, len(b.Rows), b.Metrics, opt.RowMultiple)
+		}
+		k, g, elig, overlong := 0, 0.0, 0, 0
+		for i, lr := range rs {
+			var trs []gym.TrainingTrace
+			if lr.Envelope != nil {
+				trs = lr.Envelope.Traces
+			}
+			if len(trs) == 0 {
+				trs = []gym.TrainingTrace{{}}
+			}
+			for _, tr := range trs {
+				r := b.Rows[k]
+				k++
+				if r.LogicalIndex != i || r.RolloutID != lr.RolloutID || r.TraceID != tr.TraceID || r.Advantage != b.Advantages.Advantage[i] {
+					t.Fatalf("trial %d row %d: %+v, want rollout %d trace %q", trial, k-1, r, i, tr.TraceID)
+				}
+				long := len(tr.TokenIDs) > opt.MaxSeqLen
+				if long {
+					overlong++
+				}
+				valid := tr.TraceID != "" && !long && lr.LossMultiplier > 0
+				if valid != r.Valid || valid != b.Metrics.LogicalValid[i] && valid {
+					t.Fatalf("trial %d row %d: valid %v, want %v", trial, k-1, r.Valid, valid)
+				}
+				if !valid {
+					if d := cmp.Diff([]int32{0, 0}, r.TokenIDs); d != "" || r.SampleMask != 0 {
+						t.Fatalf("trial %d row %d: inert row %+v", trial, k-1, r)
+					}
+					continue
+				}
+				if d := cmp.Diff(tr.TokenIDs, r.TokenIDs); d != "" || r.SampleMask != lr.LossMultiplier {
+					t.Fatalf("trial %d row %d: tokens (-want +got)\n%s sample mask %g", trial, k-1, d, r.SampleMask)
+				}
+				for _, m := range r.TokenMask {
+					if m == 1 {
+						g += r.SampleMask
+						elig++
+					}
+				}
+			}
+		}
+		if g != b.GTok || elig != b.Metrics.EligibleTokens || overlong != b.Metrics.Overlong {
+			t.Fatalf("trial %d: G_tok %g/%g, eligible %d/%d, overlong %d/%d", trial, b.GTok, g, b.Metrics.EligibleTokens, elig, b.Metrics.Overlong, overlong)
+		}
+		for _, r := range b.Rows[k:] {
+			if r.RolloutID != "" || r.TraceID != "" || r.LogicalIndex != 0 || r.SampleMask != 0 {
+				t.Fatalf("trial %d: padding row %+v", trial, r)
+			}
+		}
 	}
 }

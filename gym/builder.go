@@ -179,17 +179,18 @@ func resolveParent(n *buildNode, byID map[string]*buildNode, trie *prefixTrie, v
 		if cumLen < 0 || cumLen > len(prompt) {
 			return nil, false, noteDigestMismatch
 		}
-		if verifiedProofs || pe.Digest == nil {
-			// The parent's digest (if any) was verified against its own
-			// tokens, so digest equality is token equality.
+		// Gym compares digest(prompt[:cum_len]) with the parent's digest, or
+		// with digest(parent cumulative) when the parent has none.
+		noDigest := pe.Digest == nil || *pe.Digest == ""
+		if verifiedProofs || noDigest {
+			// Equal digests of the parent's own (verified) tokens are equal
+			// tokens, so compare tokens instead of hashing.
 			if cumLen == len(pe.PromptTokenIDs)+len(pe.GenerationTokenIDs) &&
 				tokensEqual(prompt[:len(pe.PromptTokenIDs)], pe.PromptTokenIDs) &&
 				tokensEqual(prompt[len(pe.PromptTokenIDs):cumLen], pe.GenerationTokenIDs) {
 				return parent, false, ""
 			}
-			if pe.Digest == nil {
-				return nil, false, noteDigestMismatch
-			}
+			return nil, false, noteDigestMismatch
 		}
 		if d, ok := computeDigest(prompt[:cumLen]); ok && d == *pe.Digest {
 			return parent, false, ""
@@ -222,8 +223,7 @@ func materializeDeltas(entries []*TokenEntry) ([]*TokenEntry, []string) {
 		ok     bool
 	}
 	memo := map[string]cumState{}
-	var cumOf func(id string) ([]int32, bool)
-	cumOf = func(id string) ([]int32, bool) {
+	cumOf := func(id string) ([]int32, bool) {
 		if st, ok := memo[id]; ok {
 			return st.tokens, st.ok
 		}

@@ -3,9 +3,7 @@ package gym
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"math"
-	"sort"
 	"strings"
 	"testing"
 
@@ -581,12 +579,3 @@ func TestResolveTerminalWitnesses(t *testing.T) {
 		t.Fatalf("collapse: %+v", got)
 	}
 }
-
-// sortedStrings is a helper for set comparisons.
-func sortedStrings(s []string) []string {
-	out := append([]string(nil), s...)
-	sort.Strings(out)
-	return out
-}
-
-var _ = fmt.Sprintf

@@ -5,4 +5,101 @@
 // training_traces v1 envelope and rollout finalization.
 //
 // The package deals in names, tokens and bytes only; it imports no model code.
+//
+// # Data flow
+//
+//	rollout record (RecordReader) ──RolloutIDFromRecord──▶ rollout id
+//	capture store (Reader or Writer: Source) ──Snapshot──▶ []TokenEntry
+//	Build (PrefixMerging | PerRequest) ──▶ BuildOutput ──ProjectTrainingTraces──▶ TrainingTraceBatch
+//	Finalize: the record gains training_traces, or mask_sample + _ng_token_capture.error/reason
+//
+// # File capture store (spec §2.2)
+//
+// One directory; for each rollout id rid (validated against
+// ^[A-Za-z0-9][A-Za-z0-9._-]*$ before any path is formed):
+//
+//	rid.tokens.jsonl       one TokenEntry per line: a sorted-key JSON object, '\n'-terminated,
+//	                       fsync'd before Put returns (or rid.tokens.jsonl.zst: the same bytes, zstd)
+//	rid.tokens.intents     one model_call_id per line from BeginCall; "-id" cancels an intent
+//	rid.tokens.incomplete  one model_call_id per line from MarkIncomplete (its existence marks the rollout)
+//	rid.tokens.state.json  {"frozen","retired","incomplete","snapshot_id","version",
+//	                        "entry_digests":{call: sha256 hex of the line},"indexed_size"}
+//
+// A snapshot is incomplete when the marker exists, the state says so, an
+// intent has no entry, or the entries file ends in a torn line.
+//
+// # Digest (spec §2.1)
+//
+// ComputeDigest(t) = hex(sha256("nemo-gym-tokens" || 0x01 || u64be(len t) ||
+// u64be(t[0]) || ...)), and hex(sha256("nemo-gym-tokens")) for the empty list.
+//
+// # Invariants
+//
+// A delivered envelope satisfies every rule of spec §2.5 (Validate): aligned
+// non-empty arrays, loss_mask[0] == 0, binary masks, non-negative tokens,
+// finite logprobs, spans that exactly cover the loss mask without overlap,
+// unique trace ids, exactly one owner per sampled call across the whole
+// envelope, and an owner for every referenced call. The owned (tokens,
+// logprobs) of each call are the captured ones, byte for byte, and are the
+// same under both builders; the envelope does not depend on capture order.
+//
+// # Errors versus masks (spec §8)
+//
+// Finalize returns an error for: a missing or malformed correlation key; an
+// attached training_traces that violates the wire contract or names another
+// rollout; a capture store written with a TokenEntry schema other than 3; an
+// unreadable store. Everything else that makes a rollout untrainable is a
+// mask with a Reason* code: capture_incomplete, nothing_recorded (zero-call
+// capture: an inert rollout), capture_retired, invalid_capture, mixed_models,
+// terminal_unavailable, proof_mismatch, unresolved_custody, foreign_rollout,
+// routed_experts, empty_prompt, no_trainable_calls, invalid_envelope,
+// masked_upstream.
+//
+// # Decisions where the sources are silent (spec INFERRED points)
+//
+//   - prompt_is_delta defaults to false (spec §2.1).
+//   - Decoding is type-exact everywhere: an integer field takes only a JSON
+//     integer (not 3.0, 1e2 or true), a float field any finite JSON number.
+//     NaN, Infinity and null are rejected with the field and position. Token
+//     ids must be non-negative and fit int32 (the trainer's token type).
+//     Duplicate keys in one object are an error (Python would keep the last).
+//   - A store line that does not decode masks that rollout (invalid_capture,
+//     naming file, line and field), as Gym's finalizer masks a failed read;
+//     but a schema_version other than 3 is a hard error, because it means the
+//     whole store comes from an unsupported writer and masking every rollout
+//     would silently train on nothing.
+//   - A torn final line (no trailing newline and not valid JSON) is dropped
+//     and marks the snapshot incomplete: the call it held was lost, so the
+//     rollout is masked rather than trained without it. The Reader never
+//     truncates it (it never modifies a file); the Writer truncates it on its
+//     next write to that rollout, as Gym does.
+//   - Both rid.tokens.jsonl and rid.tokens.jsonl.zst present is an error.
+//   - Without a state file a snapshot's SnapshotID is the first 32 hex digits
+//     of sha256 over the entries file and its Version the number of entries.
+//   - A retired (dropped) capture masks the rollout (capture_retired).
+//   - Store file names use the correlation pattern (first character
+//     alphanumeric), stricter than Gym's store, so "." and ".." never name a file.
+//   - Correlation: _ng_rollout_id null counts as absent, "" is malformed;
+//     indices must be JSON integers; negative indices are malformed.
+//   - Mixed models: any two entries of a snapshot whose model differs
+//     (including "" against a name) mask the rollout.
+//   - Terminal attribution implements the explicit, declared and response_id
+//     witnesses; Gym's content-fingerprint witness abstains here (its
+//     fingerprint algorithm is not part of the spec), which can only leave a
+//     terminal unattributed, never attribute a wrong one.
+//   - A record whose mask_sample is already true stays masked
+//     (masked_upstream) and loses any stale training_traces. A record that
+//     already carries training_traces is validated, not rebuilt (Finalize);
+//     Refinalize rebuilds from the capture, as Gym's finalizer does.
+//   - An envelope's schema_version may be omitted (it defaults to 1); its
+//     rollout_id must equal the record's capture key.
+//   - _ng_token_capture counts lists (unresolved_parent_calls,
+//     empty_generation_calls, quarantined_calls) and adds builder, traces,
+//     unresolved_retries and reason.
+//   - Gym's legacy main_chain delivery (rebuilding response.output) is not
+//     implemented: tracegrpo consumes all_traces envelopes only.
+//     PrefixMerging(..., allTraces=false) keeps the legacy chain rules for
+//     parity tests.
+//   - The Writer serializes writers within one process; it takes no
+//     cross-process lock, so use one Writer per directory.
 package gym

@@ -258,8 +258,23 @@ func compactRaw(raw []byte) json.RawMessage {
 	return json.RawMessage(b.Bytes())
 }
 
+// arrayCapHint estimates the element count of the flat number array at the
+// cursor (commas before the first ']'), bounded by the input length, so the
+// hot arrays are allocated once.
+func arrayCapHint(s *scanner) int {
+	if s.peek() != '[' {
+		return 0
+	}
+	rest := s.data[s.pos:]
+	end := bytes.IndexByte(rest, ']')
+	if end < 0 {
+		return 0
+	}
+	return bytes.Count(rest[:end], []byte{','}) + 1
+}
+
 func readTokenArray(s *scanner, field string) ([]int32, error) {
-	out := make([]int32, 0, 64)
+	out := make([]int32, 0, arrayCapHint(s))
 	err := s.array(func(i int) error {
 		v, err := s.readInt(math.MinInt64, math.MaxInt64)
 		if err != nil {
@@ -278,7 +293,7 @@ func readTokenArray(s *scanner, field string) ([]int32, error) {
 }
 
 func readFloatArray(s *scanner, field string) ([]float64, error) {
-	out := make([]float64, 0, 64)
+	out := make([]float64, 0, arrayCapHint(s))
 	err := s.array(func(i int) error {
 		v, err := s.readFloat()
 		if err != nil {

@@ -229,8 +229,32 @@ func (b *TrainingTraceBatch) UnmarshalJSON(raw []byte) error {
 // It does not validate; call Validate first for untrusted values.
 func (b TrainingTraceBatch) MarshalJSON() ([]byte, error) { return b.AppendJSON(nil), nil }
 
+// jsonSizeHint is a capacity estimate for AppendJSON's output.
+func (b *TrainingTraceBatch) jsonSizeHint() int {
+	n := 128 + len(b.RolloutID)
+	for i := range b.Traces {
+		tr := &b.Traces[i]
+		n += 160 + len(tr.TraceID) + 7*len(tr.TokenIDs) + 2*len(tr.LossMask)
+		for _, c := range tr.ModelCallIDs {
+			n += len(c) + 3
+		}
+		for _, lp := range tr.GenerationLogprobs {
+			if lp == 0 {
+				n += 4
+			} else {
+				n += 24
+			}
+		}
+		n += len(tr.SampledSpans) * 64
+	}
+	return n
+}
+
 // AppendJSON appends the envelope's JSON encoding.
 func (b *TrainingTraceBatch) AppendJSON(dst []byte) []byte {
+	if dst == nil {
+		dst = make([]byte, 0, b.jsonSizeHint())
+	}
 	dst = append(dst, `{"schema_version":`...)
 	dst = strconv.AppendInt(dst, int64(b.SchemaVersion), 10)
 	dst = append(dst, `,"rollout_id":`...)

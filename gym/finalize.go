@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 )
 
 // TerminalMetrics is _ng_token_capture.terminal_attribution.
@@ -149,6 +150,20 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 	if err != nil {
 		return nil, fmt.Errorf("gym: %w", err)
 	}
+	if upstreamMask && !rebuild {
+		// Gym already masked this rollout; an envelope next to the mask is
+		// stale and is removed.
+		res.Masked, res.Reason = true, ReasonMaskedUpstream
+		rec.Delete(KeyTrainingTraces)
+		if raw, ok := rec.Get(KeyTokenCapture); ok {
+			// Best effort: Gym's list-valued fields may not fit our counts;
+			// encoding/json fills every field it can.
+			var prior CaptureMetrics
+			_ = json.Unmarshal(raw, &prior)
+			res.Metrics = prior
+		}
+		return res, nil
+	}
 	var env *TrainingTraceBatch
 	attached := false
 	if !rebuild {
@@ -160,19 +175,6 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 	if attached && env.RolloutID != rid {
 		return nil, fmt.Errorf("gym: %w", rec.errf(KeyTrainingTraces,
 			fmt.Errorf("envelope rollout_id %q differs from the record's capture key %q", env.RolloutID, rid)))
-	}
-	if upstreamMask && !rebuild {
-		// Gym already masked this rollout; an envelope next to the mask is
-		// stale and is removed.
-		res.Masked, res.Reason = true, ReasonMaskedUpstream
-		rec.Delete(KeyTrainingTraces)
-		if raw, ok := rec.Get(KeyTokenCapture); ok {
-			var prior CaptureMetrics
-			if json.Unmarshal(raw, &prior) == nil {
-				res.Metrics = prior
-			}
-		}
-		return res, nil
 	}
 	if attached {
 		res.Envelope, res.Prebuilt = env, true
@@ -245,4 +247,39 @@ func terminalWitnesses(rec *Record) TerminalWitnesses {
 		}
 	}
 	return w
+}
+
+// FinalizeBatch finalizes recs concurrently on up to jobs goroutines (jobs
+// < 1 means 1) and returns the results in record order. Each record is
+// finalized exactly as by Finalize (or Refinalize when rebuild is set); the
+// error returned is the first one in record order. src must be safe for
+// concurrent use (Reader and Writer are).
+func FinalizeBatch(recs []*Record, src Source, builder string, rebuild bool, jobs int) ([]*Finalized, error) {
+	if jobs < 1 {
+		jobs = 1
+	}
+	res := make([]*Finalized, len(recs))
+	errs := make([]error, len(recs))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for w := 0; w < jobs && w < len(recs); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				res[i], errs[i] = finalize(recs[i], src, builder, rebuild)
+			}
+		}()
+	}
+	for i := range recs {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, nil
 }

@@ -299,9 +299,11 @@ func TestFinalizeErrorsVersusMasks(t *testing.T) {
 	// Upstream masks stay masked and lose a stale envelope.
 	up := parseRec(t, `{"_ng_rollout_id":"4-2","mask_sample":true,"training_traces":{"x":1}}`)
 	res, err = Finalize(up, r, BuilderPrefixMerging)
-	if err == nil {
-		// the stale envelope is malformed: validating it is an error
-		t.Fatalf("malformed stale envelope accepted: %+v", res)
+	if err != nil || !res.Masked || res.Reason != ReasonMaskedUpstream {
+		t.Fatalf("upstream mask with a stale envelope: %v %+v", err, res)
+	}
+	if _, ok := up.Get(KeyTrainingTraces); ok {
+		t.Fatal("stale envelope kept on an upstream-masked record")
 	}
 	up = parseRec(t, `{"_ng_rollout_id":"4-2","mask_sample":true,"_ng_token_capture":{"n_calls":0,"error":"nothing recorded"}}`)
 	res, err = Finalize(up, r, BuilderPrefixMerging)

@@ -530,6 +530,9 @@ func (j *jsonBuf) Write(p []byte) (int, error) { j.b = append(j.b, p...); return
 // shortest round-tripping digits, always with a '.' or an exponent so the
 // value reads back as a float.
 func appendPyFloat(dst []byte, f float64) []byte {
+	if f == 0 && !math.Signbit(f) {
+		return append(dst, '0', '.', '0')
+	}
 	start := len(dst)
 	dst = strconv.AppendFloat(dst, f, 'g', -1, 64)
 	// Python switches to exponent form at 1e16 and below 1e-4, like 'g' with

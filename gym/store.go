@@ -29,6 +29,9 @@ const (
 	SuffixLock       = ".tokens.lock"
 )
 
+// maxEntriesFile bounds the decompressed size of one rollout's entries.
+const maxEntriesFile = 4 << 30
+
 // maxEntryLine bounds one capture line (a 1M-token prompt is about 8 MB).
 const maxEntryLine = 256 << 20
 
@@ -236,9 +239,12 @@ func readEntriesFile(base string) ([]byte, string, error) {
 		return nil, "", fmt.Errorf("gym: %s: %w", base+SuffixEntriesZst, err)
 	}
 	defer dec.Close()
-	data, err := io.ReadAll(dec)
+	data, err := io.ReadAll(io.LimitReader(dec, maxEntriesFile+1))
 	if err != nil {
 		return nil, "", fmt.Errorf("gym: %s: zstd: %w", base+SuffixEntriesZst, err)
+	}
+	if len(data) > maxEntriesFile {
+		return nil, "", fmt.Errorf("gym: %s: decompresses to more than %d bytes", base+SuffixEntriesZst, maxEntriesFile)
 	}
 	return data, base + SuffixEntriesZst, nil
 }

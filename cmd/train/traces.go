@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sort"
 
 	"github.com/spf13/pflag"
@@ -33,6 +34,7 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	builder := fs.String("builder", gym.BuilderPrefixMerging, "trace builder: prefix_merging or per_request")
 	out := fs.String("out", "", "output JSONL (default stdout)")
 	rebuild := fs.Bool("rebuild", false, "rebuild from the captures even when a record already carries training_traces")
+	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "rollouts finalized concurrently (output order is input order)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
@@ -75,7 +77,7 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 		w = outFile
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
-	sum, err := finalizeRecords(gym.NewRecordReader(in, name), src, *builder, *rebuild, bw)
+	sum, err := finalizeRecords(gym.NewRecordReader(in, name), src, *builder, *rebuild, *jobs, bw)
 	if ferr := bw.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("traces: write: %w", ferr)
 	}
@@ -89,43 +91,60 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 }
 
 // finalizeRecords finalizes every record of rr and writes one JSON line per
-// record to w. It stops at the first error (bad input, not a mask).
-func finalizeRecords(rr *gym.RecordReader, src gym.Source, builder string, rebuild bool, w io.Writer) (tracesSummary, error) {
+// record to w, in input order, holding at most 4*jobs records in memory. It
+// stops at the first error (bad input, not a mask).
+func finalizeRecords(rr *gym.RecordReader, src gym.Source, builder string, rebuild bool, jobs int, w io.Writer) (tracesSummary, error) {
 	sum := tracesSummary{byReason: map[string]int{}}
+	if jobs < 1 {
+		jobs = 1
+	}
+	batch := make([]*gym.Record, 0, 4*jobs)
 	var line []byte
+	flush := func() error {
+		results, ferr := gym.FinalizeBatch(batch, src, builder, rebuild, jobs)
+		for i, res := range results {
+			if res == nil {
+				break
+			}
+			sum.rollouts++
+			if res.Masked {
+				sum.masked++
+				sum.byReason[res.Reason]++
+			} else {
+				sum.delivered++
+				sum.traces += len(res.Envelope.Traces)
+				if res.Prebuilt {
+					sum.prebuilt++
+				}
+			}
+			line = batch[i].AppendJSON(line[:0])
+			line = append(line, '\n')
+			if _, err := w.Write(line); err != nil {
+				return fmt.Errorf("traces: write: %w", err)
+			}
+		}
+		batch = batch[:0]
+		if ferr != nil {
+			return fmt.Errorf("traces: %w", ferr)
+		}
+		return nil
+	}
 	for {
 		rec, err := rr.Next()
 		if err == io.EOF {
-			return sum, nil
+			return sum, flush()
 		}
 		if err != nil {
-			return sum, fmt.Errorf("traces: %w", err)
-		}
-		var res *gym.Finalized
-		if rebuild {
-			res, err = gym.Refinalize(rec, src, builder)
-		} else {
-			res, err = gym.Finalize(rec, src, builder)
-		}
-		if err != nil {
-			return sum, fmt.Errorf("traces: %w", err)
-		}
-		sum.rollouts++
-		switch {
-		case res.Masked:
-			sum.masked++
-			sum.byReason[res.Reason]++
-		default:
-			sum.delivered++
-			sum.traces += len(res.Envelope.Traces)
-			if res.Prebuilt {
-				sum.prebuilt++
+			if ferr := flush(); ferr != nil {
+				return sum, ferr
 			}
+			return sum, fmt.Errorf("traces: %w", err)
 		}
-		line = rec.AppendJSON(line[:0])
-		line = append(line, '\n')
-		if _, err := w.Write(line); err != nil {
-			return sum, fmt.Errorf("traces: write: %w", err)
+		batch = append(batch, rec)
+		if len(batch) == cap(batch) {
+			if err := flush(); err != nil {
+				return sum, err
+			}
 		}
 	}
 }

@@ -152,3 +152,34 @@ func TestTracesCommandErrors(t *testing.T) {
 		t.Fatalf("--help: exit %d %s", code, stdout.String())
 	}
 }
+
+// §10.2 item 16: prefix_merging is the default builder; the output does not
+// depend on --jobs; a stale attached envelope that violates the wire
+// contract is an error naming the file, line and field (without --rebuild).
+func TestTracesDefaultsJobsAndAttachedEnvelope(t *testing.T) {
+	captures, rollouts := tracesFixture(t, "")
+	var outs []string
+	for _, jobs := range []string{"1", "3"} {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"traces", "--rebuild", "--jobs", jobs, "--captures", captures, "--rollouts", rollouts}, &stdout, &stderr); code != 0 {
+			t.Fatalf("jobs %s: exit %d %s", jobs, code, stderr.String())
+		}
+		outs = append(outs, stdout.String())
+	}
+	if outs[0] != outs[1] {
+		t.Fatal("output depends on --jobs")
+	}
+	if !strings.Contains(outs[0], `"builder":"prefix_merging"`) {
+		t.Fatalf("default builder is not prefix_merging: %.300s", outs[0])
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"traces", "--captures", captures, "--rollouts", rollouts}, &stdout, &stderr)
+	if code != 1 || !strings.Contains(stderr.String(), "rollouts.jsonl:2: field training_traces:") ||
+		!strings.Contains(stderr.String(), "field stale: unknown field") {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	// The record before the bad one was still written.
+	if n := strings.Count(stdout.String(), "\n"); n != 1 {
+		t.Fatalf("%d records written before the error", n)
+	}
+}

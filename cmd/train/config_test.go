@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/tracegrpo/tracegrpo/config"
+)
+
+const (
+	cfgMegatron = "../../config/testdata/grpo_math_1B_megatron.yaml"
+	cfgOverride = "../../config/testdata/multitrace_override.yaml"
+)
+
+func TestConfigCommand(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run([]string{"config", "--config", cfgMegatron, "--config", cfgOverride, "--set", "grpo.num_prompts_per_step=8",
+		"--set", "policy.train_global_batch_size=16", "--check"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	s := out.String()
+	for _, want := range []string{
+		"# file: " + cfgMegatron,
+		"#   policy.dtensor_cfg\n",
+		"num_prompts_per_step: 8\n",
+		"gym_multi_trace: true\n",
+		"delivery: all_traces\n",
+		"train_global_batch_size: 16\n",
+		"max_new_tokens: 4096\n", // ${policy.max_total_sequence_length} resolved after the override
+		"clip_grad: 1\n",         // ${policy.max_grad_norm}
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	// The printed configuration is itself a loadable recipe with the same values.
+	p := filepath.Join(t.TempDir(), "effective.yaml")
+	if err := os.WriteFile(p, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a, err := config.Load([]string{cfgMegatron, cfgOverride}, []string{"grpo.num_prompts_per_step=8", "policy.train_global_batch_size=16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := config.Load([]string{p}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(a.Config, b.Config); d != "" {
+		t.Errorf("reloaded (-want +got)\n%s", d)
+	}
+}
+
+func TestConfigCommandErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"config", "--set", "grpo.num_prompt_per_step=4"}, 1, "nearest known key: grpo.num_prompts_per_step"},
+		{[]string{"config", "--config", cfgMegatron, "--config", cfgOverride, "--set", "grpo.async_grpo.enabled=true", "--check"}, 1, "grpo.async_grpo.enabled = true"},
+		{[]string{"config", "stray"}, 2, "unexpected arguments"},
+		{[]string{"config", "--bogus"}, 2, "unknown flag"},
+	}
+	for _, tc := range cases {
+		var out, errOut bytes.Buffer
+		code := run(tc.args, &out, &errOut)
+		if code != tc.code || !strings.Contains(errOut.String(), tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", tc.args, code, errOut.String(), tc.code, tc.want)
+		}
+	}
+}
