@@ -246,18 +246,40 @@ func TestTurnScore(t *testing.T) {
 	tests := []struct {
 		name string
 		gen  []int32
-		want float64
+		want int
 	}{
-		{"exact", []int32{TOOL, EOS}, 1},
-		{"right token, no stop", []int32{TOOL, TOOL}, 0.7},
-		{"right token, long", []int32{TOOL, EOS, EOS}, 0.7},
-		{"wrong token, stops", []int32{USER, EOS}, 0.3},
-		{"alone", []int32{TOOL}, 0.7},
+		{"exact", []int32{TOOL, EOS}, 100},
+		{"right token, no stop", []int32{TOOL, TOOL}, 70},
+		{"right token, long", []int32{TOOL, EOS, EOS}, 70},
+		{"wrong token, stops", []int32{USER, EOS}, 30},
+		{"alone", []int32{TOOL}, 70},
 		{"empty", nil, 0},
 	}
 	for _, tc := range tests {
 		if got := turnScore(tc.gen, TOOL); got != tc.want {
 			t.Errorf("%s: turnScore(%s) = %v, want %v", tc.name, Render(tc.gen), got, tc.want)
 		}
+	}
+}
+
+// TestEqualEpisodesHaveBitIdenticalRewards: whatever order the turn scores
+// add up in, equal scores give the same float64, so GRPO sees no spurious
+// variance.
+func TestEqualEpisodesHaveBitIdenticalRewards(t *testing.T) {
+	seen := map[[3]int]float64{}
+	for a := 0; a <= 100; a += 10 {
+		for b := 0; b <= 100; b += 10 {
+			for c := 0; c <= 100; c += 10 {
+				r1 := reward(20, a, 40, b, 40, c)
+				r2 := reward(40, c, 20, a, 40, b)
+				if r1 != r2 {
+					t.Fatalf("reward depends on the order of its terms: %v vs %v", r1, r2)
+				}
+				seen[[3]int{a, b, c}] = r1
+			}
+		}
+	}
+	if reward(30, 100, 30, 100, 40, 100) != 1 || reward(40, 70, 60, 30) != 0.46 {
+		t.Fatal("reward arithmetic")
 	}
 }

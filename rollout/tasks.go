@@ -73,17 +73,29 @@ func LookupTasks(names []string) ([]Task, error) {
 	return out, nil
 }
 
-// turnScore grades one model turn that should be exactly [want, EOS]:
-// 0.7 for the right first token and 0.3 for stopping right after it.
-func turnScore(gen []int32, want int32) float64 {
-	s := 0.0
+// turnScore grades one model turn that should be exactly [want, EOS], in
+// points: 70 for the right first token and 30 for stopping right after it.
+func turnScore(gen []int32, want int32) int {
+	s := 0
 	if len(gen) >= 1 && gen[0] == want {
-		s += 0.7
+		s += 70
 	}
 	if len(gen) == 2 && gen[1] == EOS {
-		s += 0.3
+		s += 30
 	}
 	return s
+}
+
+// reward turns weighted turn points (weights in percent, summing to 100)
+// into a reward in [0, 1]. Scores are summed as integers and divided once,
+// so equal episodes get bit-identical rewards: GRPO's std would otherwise
+// see rounding noise (~1e-17) as variation and divide by it.
+func reward(weighted ...int) float64 {
+	total := 0
+	for i := 0; i+1 < len(weighted); i += 2 {
+		total += weighted[i] * weighted[i+1]
+	}
+	return float64(total) / 10000
 }
 
 func cat(parts ...[]int32) []int32 {
@@ -104,7 +116,7 @@ func cat(parts ...[]int32) []int32 {
 //	call 1: … TOOL </s> RESULT s ASSIST    → s </s>          (s = (a+b) mod 10)
 //
 // Without the tool call the first generation is graded as the answer.
-// Reward: 0.4·turn(call 0, TOOL) + 0.6·turn(answer, s).
+// Reward: 0.4·turn(call 0, TOOL) + 0.6·turn(answer, s), turn ∈ {0, 0.3, 0.7, 1}.
 type calcTask struct{}
 
 func (calcTask) Name() string { return "calc" }
@@ -144,7 +156,7 @@ func (e *calcEpisode) Reward() float64 {
 		return 0
 	}
 	answer := e.gens[len(e.gens)-1]
-	return 0.4*turnScore(e.gens[0], TOOL) + 0.6*turnScore(answer, e.sum())
+	return reward(40, turnScore(e.gens[0], TOOL), 60, turnScore(answer, e.sum()))
 }
 
 // branch: one planning call, then two sub-questions that fork from its
@@ -195,8 +207,8 @@ func (e *branchEpisode) Reward() float64 {
 	if len(e.gens) < 3 {
 		return 0
 	}
-	return 0.2*turnScore(e.gens[0], TOOL) + 0.4*turnScore(e.gens[1], Digit(e.in.x)) +
-		0.4*turnScore(e.gens[2], Digit(e.in.y))
+	return reward(20, turnScore(e.gens[0], TOOL), 40, turnScore(e.gens[1], Digit(e.in.x)),
+		40, turnScore(e.gens[2], Digit(e.in.y)))
 }
 
 // compact: the context is compacted to the model's own summary, and the
@@ -260,9 +272,9 @@ func (e *compactEpisode) Reward() float64 {
 	if len(e.gens) < 2 {
 		return 0
 	}
-	r := 0.3*turnScore(e.gens[0], Digit(e.in.d[3])) + 0.3*turnScore(e.gens[1], TOOL)
+	last := 0
 	if len(e.gens) == 3 {
-		r += 0.4 * turnScore(e.gens[2], e.result())
+		last = turnScore(e.gens[2], e.result())
 	}
-	return r
+	return reward(30, turnScore(e.gens[0], Digit(e.in.d[3])), 30, turnScore(e.gens[1], TOOL), 40, last)
 }

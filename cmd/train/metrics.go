@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 )
 
@@ -12,12 +13,12 @@ import (
 // what a step trained on and how. Counts are exact denominators, so a reader
 // can recompute any mean. Timings are wall-clock seconds.
 type stepMetrics struct {
-	Step       int     `json:"step"`
-	RewardMean float64 `json:"reward_mean"`
-	RewardStd  float64 `json:"reward_std"`
-	Loss       float64 `json:"loss"`
-	GradNorm   float64 `json:"grad_norm"`
-	LR         float64 `json:"lr"`
+	Step       int `json:"step"`
+	RewardMean num `json:"reward_mean"`
+	RewardStd  num `json:"reward_std"`
+	Loss       num `json:"loss"`
+	GradNorm   num `json:"grad_norm"`
+	LR         num `json:"lr"`
 
 	LogicalRollouts        int `json:"logical_rollouts"`
 	PhysicalRows           int `json:"physical_rows"`
@@ -29,39 +30,75 @@ type stepMetrics struct {
 	EligibleTokens         int `json:"eligible_tokens"`
 	NonzeroAdvantageTokens int `json:"nonzero_advantage_tokens"`
 
-	ClipFractionLow  float64 `json:"clip_fraction_low"`
-	ClipFractionHigh float64 `json:"clip_fraction_high"`
-	RatioMin         float64 `json:"ratio_min"`
-	RatioMean        float64 `json:"ratio_mean"`
-	RatioMax         float64 `json:"ratio_max"`
-	KL               float64 `json:"kl"`
-	Entropy          float64 `json:"entropy"`
-	TokenMultProbErr float64 `json:"token_mult_prob_error"`
-	GenKLError       float64 `json:"gen_kl_error"`
-	SkippedUpdate    bool    `json:"skipped_update,omitempty"`
+	ClipFractionLow  num  `json:"clip_fraction_low"`
+	ClipFractionHigh num  `json:"clip_fraction_high"`
+	RatioMin         num  `json:"ratio_min"`
+	RatioMean        num  `json:"ratio_mean"`
+	RatioMax         num  `json:"ratio_max"`
+	KL               num  `json:"kl"`
+	Entropy          num  `json:"entropy"`
+	TokenMultProbErr num  `json:"token_mult_prob_error"`
+	GenKLError       num  `json:"gen_kl_error"`
+	SkippedUpdate    bool `json:"skipped_update,omitempty"`
 
 	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
 	// training forward against the no-gradient forward of the same weights.
 	// It is 0 for a deterministic forward; anything else is a bug.
-	PrevLogprobMaxDiff float64 `json:"prev_logprob_max_diff"`
+	PrevLogprobMaxDiff num `json:"prev_logprob_max_diff"`
 	// TrainTokens counts the tokens of the rows that ran (valid rows).
 	TrainTokens int `json:"train_tokens"`
 
 	MaskReasons map[string]int `json:"mask_reasons,omitempty"`
 
-	TokensPerS float64    `json:"tokens_per_s"`
-	TimeS      float64    `json:"time_s"`
+	TokensPerS num        `json:"tokens_per_s"`
+	TimeS      num        `json:"time_s"`
 	Phases     phaseTimes `json:"phase_s"`
 }
 
 // phaseTimes breaks a step's wall time down by phase.
 type phaseTimes struct {
-	Rollout    float64 `json:"rollout"`
-	Finalize   float64 `json:"finalize"`
-	Logprob    float64 `json:"logprob"`
-	Train      float64 `json:"train"`
-	Optimizer  float64 `json:"optimizer"`
-	Checkpoint float64 `json:"checkpoint"`
+	Rollout    num `json:"rollout"`
+	Finalize   num `json:"finalize"`
+	Logprob    num `json:"logprob"`
+	Train      num `json:"train"`
+	Optimizer  num `json:"optimizer"`
+	Checkpoint num `json:"checkpoint"`
+}
+
+// num is a metric value. JSON has no NaN or infinity, so non-finite values
+// (a step whose loss overflowed) are written as the strings "NaN", "+Inf"
+// and "-Inf" and read back as such.
+type num float64
+
+func (n num) MarshalJSON() ([]byte, error) {
+	f := float64(n)
+	switch {
+	case math.IsNaN(f):
+		return []byte(`"NaN"`), nil
+	case math.IsInf(f, 1):
+		return []byte(`"+Inf"`), nil
+	case math.IsInf(f, -1):
+		return []byte(`"-Inf"`), nil
+	}
+	return json.Marshal(f)
+}
+
+func (n *num) UnmarshalJSON(b []byte) error {
+	switch string(b) {
+	case `"NaN"`:
+		*n = num(math.NaN())
+	case `"+Inf"`:
+		*n = num(math.Inf(1))
+	case `"-Inf"`:
+		*n = num(math.Inf(-1))
+	default:
+		var f float64
+		if err := json.Unmarshal(b, &f); err != nil {
+			return err
+		}
+		*n = num(f)
+	}
+	return nil
 }
 
 // readMetrics reads a metrics.jsonl file, naming the line of any bad record.

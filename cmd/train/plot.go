@@ -52,9 +52,9 @@ func plotCurves(ms []stepMetrics, path string) error {
 		y     func(stepMetrics) float64
 		col   color.Color
 	}{
-		{"reward (mean of the step's rollouts)", func(m stepMetrics) float64 { return m.RewardMean }, color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}},
-		{"loss", func(m stepMetrics) float64 { return m.Loss }, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}},
-		{"tokens/s", func(m stepMetrics) float64 { return m.TokensPerS }, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}},
+		{"reward (mean of the step's rollouts)", func(m stepMetrics) float64 { return float64(m.RewardMean) }, color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}},
+		{"loss", func(m stepMetrics) float64 { return float64(m.Loss) }, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}},
+		{"tokens/s", func(m stepMetrics) float64 { return float64(m.TokensPerS) }, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}},
 	}
 	const w, h = 8 * vg.Inch, 9 * vg.Inch
 	img := vgimg.New(w, h)

@@ -14,7 +14,7 @@ func TestPlotWritesCurves(t *testing.T) {
 	dir := t.TempDir()
 	var buf bytes.Buffer
 	for i := 1; i <= 12; i++ {
-		m := stepMetrics{Step: i, RewardMean: float64(i) / 12, Loss: 1 / float64(i), TokensPerS: 100}
+		m := stepMetrics{Step: i, RewardMean: num(float64(i) / 12), Loss: num(1 / float64(i)), TokensPerS: 100}
 		b, _ := json.Marshal(m)
 		buf.Write(append(b, '\n'))
 	}

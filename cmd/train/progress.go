@@ -23,7 +23,7 @@ func newProgressLine(w io.Writer, quiet bool, total int) *progressLine {
 
 func (p *progressLine) step(m stepMetrics) {
 	p.steps++
-	p.rewards = append(p.rewards, m.RewardMean)
+	p.rewards = append(p.rewards, float64(m.RewardMean))
 	if p.quiet {
 		return
 	}

@@ -232,7 +232,7 @@ func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch,
 	l stepLoss, upd optim.Result, ph phaseTimes, total float64) stepMetrics {
 	rewards := make([]float64, len(logical))
-	m := stepMetrics{Step: step, Phases: ph, TimeS: total}
+	m := stepMetrics{Step: step, Phases: ph, TimeS: num(total)}
 	for i, lr := range logical {
 		rewards[i] = lr.Reward
 		if lr.LossMultiplier == 0 {
@@ -248,21 +248,22 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 			m.MaskReasons[fins[i].Reason]++
 		}
 	}
-	m.RewardMean, m.RewardStd = meanStd(rewards)
+	mean, std := meanStd(rewards)
+	m.RewardMean, m.RewardStd = num(mean), num(std)
 	lm := l.sums.Metrics(b.GTok, t.lossOpt.KLPenalty)
-	m.Loss = lm.Loss
-	m.GradNorm = upd.GradNorm
-	m.LR = upd.LR
+	m.Loss = num(lm.Loss)
+	m.GradNorm = num(upd.GradNorm)
+	m.LR = num(upd.LR)
 	m.SkippedUpdate = upd.Skipped
 	bm := b.Metrics
 	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = bm.Logical, bm.Physical, bm.Padding
 	m.OverlongTraces, m.InvalidRollouts, m.EligibleTokens = bm.Overlong, bm.Invalid, bm.EligibleTokens
 	m.NonzeroAdvantageTokens = lm.NonzeroAdvantageTokens
-	m.ClipFractionLow, m.ClipFractionHigh = lm.ClipFracLow, lm.ClipFracHigh
-	m.RatioMin, m.RatioMean, m.RatioMax = lm.RatioMin, lm.Ratio, lm.RatioMax
-	m.KL, m.Entropy = lm.KL, l.entropy
-	m.TokenMultProbErr, m.GenKLError = lm.TokenMultProbError, lm.GenKLError
-	m.PrevLogprobMaxDiff = l.maxOldDiff
+	m.ClipFractionLow, m.ClipFractionHigh = num(lm.ClipFracLow), num(lm.ClipFracHigh)
+	m.RatioMin, m.RatioMean, m.RatioMax = num(lm.RatioMin), num(lm.Ratio), num(lm.RatioMax)
+	m.KL, m.Entropy = num(lm.KL), num(l.entropy)
+	m.TokenMultProbErr, m.GenKLError = num(lm.TokenMultProbError), num(lm.GenKLError)
+	m.PrevLogprobMaxDiff = num(l.maxOldDiff)
 	var toks int
 	for _, r := range b.Rows {
 		if r.Valid {
@@ -271,7 +272,7 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 	}
 	m.TrainTokens = toks
 	if ph.Logprob+ph.Train > 0 {
-		m.TokensPerS = float64(toks) / (ph.Logprob + ph.Train)
+		m.TokensPerS = num(float64(toks) / float64(ph.Logprob+ph.Train))
 	}
 	return m
 }

@@ -144,11 +144,11 @@ type stopwatch struct{ start, last time.Time }
 func newStopwatch() *stopwatch { n := time.Now(); return &stopwatch{n, n} }
 
 // lap returns the seconds since the previous lap.
-func (s *stopwatch) lap() float64 {
+func (s *stopwatch) lap() num {
 	n := time.Now()
 	d := n.Sub(s.last).Seconds()
 	s.last = n
-	return d
+	return num(d)
 }
 
 func (s *stopwatch) total() float64 { return time.Since(s.start).Seconds() }

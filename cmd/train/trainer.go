@@ -141,7 +141,11 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	}
 
 	// The backend and the policy.
-	if t.be, err = openBackend(o.backend, o.threads, o.stderr); err != nil {
+	blog := o.stderr
+	if o.quiet {
+		blog = io.Discard
+	}
+	if t.be, err = openBackend(o.backend, o.threads, blog); err != nil {
 		return nil, err
 	}
 	if err := t.newModels(); err != nil {
