@@ -35,10 +35,15 @@ type AdvantageResult struct {
 //
 //	b_i = Σ r_j / N,   q_i = Σ r_j² / N,   std_i = sqrt((q_i − b_i²)·N/(N−1)),
 //
-// a NaN std (0·∞ when N = 1, or a rounding-negative variance) becoming 0. Then
-// A_i = r_i − b_i, divided by (std_i + 1e-6) only when normalizing and std_i > 0,
-// and finally clipped. Invalid members of a multi-valid group get a baseline
-// from their valid peers; their rows carry no loss.
+// a NaN std (0·∞ when N = 1, or a rounding-negative variance) becoming 0.
+//
+// One rule is added to NeMo RL's formula: when the rewards that enter a
+// member's sums are all identical, its std is exactly 0 ("no variation"). In
+// exact arithmetic q − b² is 0 there anyway, but the one-pass float sum
+// leaves rounding noise (std ≈ 3e-9 for rewards such as 0.58), and since ε =
+// 1e-6 is only added when std > 0, a member whose peers all tie got |A| ≈
+// 1e5: the built-in job hit a loss of 3718 that way (TestAdvantageTiedPeers,
+// and the golden script applies the same rule).
 func Advantages(groups []int64, rewards []float64, valid []bool, opt AdvantageOptions) (AdvantageResult, error) {
 	n := len(groups)
 	if len(rewards) != n || len(valid) != n {
@@ -83,17 +88,23 @@ func Advantages(groups []int64, rewards []float64, valid []bool, opt AdvantageOp
 		N := float64(nv) - loo
 		for _, i := range idx {
 			var s, q float64
+			tied, first, seen := true, 0.0, false
 			for _, j := range idx {
 				if !valid[j] || (opt.LeaveOneOut && j == i) {
 					continue
 				}
 				s += rewards[j]
 				q += rewards[j] * rewards[j]
+				if !seen {
+					first, seen = rewards[j], true
+				} else if rewards[j] != first {
+					tied = false
+				}
 			}
 			b := s / N
 			q /= N
 			std := math.Sqrt((q - b*b) * (N / (N - 1)))
-			if math.IsNaN(std) {
+			if math.IsNaN(std) || tied {
 				std = 0
 			}
 			res.Baseline[i], res.Std[i] = b, std

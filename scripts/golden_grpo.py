@@ -254,6 +254,13 @@ def torch_advantages(groups, rewards, valid, normalize, loo, clip_low, clip_high
         q = M @ (vv * rv * rv) / N
         c = M @ (vv * rv) / N
         s = torch.sqrt((q - c * c) * (N / (N - 1)))
+        # tracegrpo's one rule beyond NeMo RL: a member whose voting peers'
+        # rewards are all identical has std exactly 0 (the one-pass q - c^2
+        # leaves rounding noise there that epsilon would then divide).
+        W = (M * vv[None, :]) > 0
+        big = torch.where(W, rv[None, :].expand(k, k), torch.full((k, k), -math.inf)).max(1).values
+        small = torch.where(W, rv[None, :].expand(k, k), torch.full((k, k), math.inf)).min(1).values
+        s = torch.where(big == small, torch.zeros_like(s), s)
         s = torch.where(torch.isnan(s), torch.zeros_like(s), s)
         b[idx] = bb
         std[idx] = s
@@ -308,6 +315,23 @@ def main():
         adv_cases.append(dict(name=f"adv/{i}", groups=groups, rewards=rewards, valid=valid,
                               normalize_rewards=normalize, leave_one_out=loo,
                               clip_low=clip_low, clip_high=clip_high, **out))
+
+    # Ties on rewards that are not exact binary fractions (0.58 = 0.4*0.7 +
+    # 0.6*0.3 in a verifier): a member whose peers all tie must get std 0.
+    for i in range(6):
+        n = 8
+        ties = [0.58, 0.46, 0.1, 0.7, 0.3, 0.83][i]
+        rewards = [ties] * n
+        rewards[rng.randint(0, n - 1)] = rng.choice([0.46, 0.58, 0.99])
+        groups = [5] * n
+        valid = [True] * n
+        if i >= 3:
+            valid[rng.randint(0, n - 1)] = False
+        normalize, loo = True, i % 2 == 0
+        out = torch_advantages(groups, rewards, valid, normalize, loo, None, None)
+        adv_cases.append(dict(name=f"adv/ties/{i}", groups=groups, rewards=rewards, valid=valid,
+                              normalize_rewards=normalize, leave_one_out=loo,
+                              clip_low=None, clip_high=None, **out))
 
     doc = dict(
         meta=dict(script="scripts/golden_grpo.py", seed=SEED, torch=torch.__version__, numpy=np.__version__,

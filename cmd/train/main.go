@@ -51,6 +51,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if name == "" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
 			usage(stdout)
+			if c, ok := commands[""]; ok {
+				fmt.Fprintln(stdout)
+				c.run([]string{"--help"}, stdout, stderr)
+			}
 			return 0
 		}
 		c, ok := commands[""]

@@ -447,3 +447,71 @@ func TestNonFiniteLoss(t *testing.T) {
 		t.Errorf("abort on a NaN gradient: %q", msg)
 	}
 }
+
+// TestReferencePolicyKL: with a KL penalty the frozen reference is the
+// initial policy, so the first step's KL is exactly 0 and later ones are
+// not; a resumed run rebuilds the same reference (bit-exact resume).
+func TestReferencePolicyKL(t *testing.T) {
+	kl := []string{"--set", "loss_fn.reference_policy_kl_penalty=0.05"}
+	ref := t.TempDir()
+	mustTrain(t, trainArgs(ref, 4, kl...)...)
+	ms := metricsNoTimes(t, ref)
+	if ms[0].KL != 0 {
+		t.Errorf("step 1 KL %v, want 0 (the policy is the reference)", ms[0].KL)
+	}
+	if !(ms[3].KL > 0) {
+		t.Errorf("step 4 KL %v, want > 0 after three updates", ms[3].KL)
+	}
+	out := t.TempDir()
+	stopAfterStep = 3
+	run(trainArgs(out, 4, kl...), &bytes.Buffer{}, &bytes.Buffer{})
+	stopAfterStep = 0
+	mustTrain(t, append(trainArgs(out, 4, kl...), "--resume")...)
+	sameMetrics(t, ms, metricsNoTimes(t, out))
+}
+
+// TestExternalStepDirectory: a directory of step_<N>.jsonl files is consumed
+// one file per step, waiting for each; a missing file times out by name.
+func TestExternalStepDirectory(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	steps := filepath.Join(dir, "steps")
+	os.MkdirAll(steps, 0o755)
+	data, _ := os.ReadFile(recs)
+	os.WriteFile(filepath.Join(steps, "step_1.jsonl"), data, 0o644)
+	out := filepath.Join(dir, "run")
+	args := append([]string{"--out", out, "--rollouts", steps, "--captures", caps, "--wait", "300ms",
+		"--steps", "2", "--set", "checkpointing.save_period=1"}, externalSets...)
+	msg := failTrain(t, args...)
+	if !strings.Contains(msg, "step_2.jsonl") {
+		t.Errorf("missing step file: %q, want it named", msg)
+	}
+	if ms := metricsNoTimes(t, out); len(ms) != 1 {
+		t.Fatalf("%d steps trained before the wait ran out, want 1", len(ms))
+	}
+	// A file with the wrong number of records is refused.
+	lines := strings.SplitAfter(string(data), "\n")
+	os.WriteFile(filepath.Join(steps, "step_2.jsonl"), []byte(strings.Join(lines[:3], "")), 0o644)
+	msg = failTrain(t, append(args, "--resume")...)
+	if !strings.Contains(msg, "3 records") {
+		t.Errorf("short step file: %q", msg)
+	}
+	// Once the file is there, the run goes on from the checkpoint.
+	os.WriteFile(filepath.Join(steps, "step_2.jsonl"), data, 0o644)
+	mustTrain(t, append(args, "--resume")...)
+	if ms := metricsNoTimes(t, out); len(ms) != 2 {
+		t.Errorf("%d steps after resuming, want 2", len(ms))
+	}
+}
+
+func TestHelpExplains(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--help"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("train --help: exit %d", code)
+	}
+	for _, w := range []string{"--config", "--set", "--resume", "--rollouts", "--backend", "metrics.jsonl"} {
+		if !strings.Contains(stdout.String(), w) {
+			t.Errorf("train --help does not mention %s", w)
+		}
+	}
+}
