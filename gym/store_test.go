@@ -417,3 +417,32 @@ func TestWriterRecoversTailAndTornLine(t *testing.T) {
 		t.Fatalf("%v %d", err, len(snap.Entries))
 	}
 }
+
+// NewCallEntry writes what the builders need: a root and a resolved child
+// round-trip through the store and build the expected chain.
+func TestNewCallEntryThroughStore(t *testing.T) {
+	w, dir := newTestWriter(t)
+	a := NewCallEntry("g", "a", "m", toks(1, 2), toks(3), []float64{-1}, "", "resp-a")
+	b := NewCallEntry("g", "b", "m", toks(1, 2, 3, 4), toks(5, 6), []float64{-1, -2}, "a", "resp-b")
+	for _, e := range []*TokenEntry{a, b} {
+		if err := w.BeginCall("g", e.ModelCallID); err != nil {
+			t.Fatal(err)
+		}
+		mustPut(t, w, e)
+	}
+	if err := w.Freeze("g"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := NewReader(dir)
+	snap, err := r.Snapshot("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, m, err := BuildTrainingTraces(snap, BuilderPrefixMerging, TerminalWitnesses{HaveResponse: true, ResponseID: "resp-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(env.Traces) != 1 || env.Traces[0].TraceID != "g:b" || m.TerminalAttribution.CallID != "b" || *a.CumLen != 3 {
+		t.Fatalf("%+v %+v", env.Traces, m.TerminalAttribution)
+	}
+}
