@@ -580,3 +580,28 @@ func jsonValueEqual(a, b []byte) bool {
 	mb, _ := json.Marshal(y)
 	return bytes.Equal(ma, mb)
 }
+
+// NewCallEntry returns the schema-3 TokenEntry of one served call, stamped
+// with cum_len and digest as Gym's capture middleware writes it: an empty
+// parentCallID makes a root (parent_resolution "root"), otherwise the call
+// is "resolved" to that parent; an empty responseID leaves response_id null.
+// The slices are not copied.
+func NewCallEntry(rolloutID, modelCallID, model string, prompt, gen []int32, logprobs []float64, parentCallID, responseID string) *TokenEntry {
+	e := &TokenEntry{SchemaVersion: TokenEntrySchemaVersion, RolloutID: rolloutID, ModelCallID: modelCallID, Model: model,
+		PromptTokenIDs: prompt, GenerationTokenIDs: gen, GenerationLogProbs: logprobs}
+	if parentCallID == "" {
+		r := ParentRoot
+		e.ParentResolution = &r
+	} else {
+		r, p := ParentResolved, parentCallID
+		e.ParentResolution, e.ParentCallID = &r, &p
+	}
+	if responseID != "" {
+		id := responseID
+		e.ResponseID = &id
+	}
+	if _, ok := digestOfConcat(prompt, gen); ok {
+		e.Stamp()
+	}
+	return e
+}

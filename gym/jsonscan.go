@@ -162,7 +162,7 @@ func (s *scanner) numberEnd(i int) int {
 	return j
 }
 
-// errNotInteger and friends are value-type errors; callers add the field.
+// typeError is a well-formed value of the wrong type; callers add the field.
 type typeError struct{ msg string }
 
 func (e *typeError) Error() string { return e.msg }
@@ -188,9 +188,8 @@ func (s *scanner) readInt(lo, hi int64) (int64, error) {
 		d = d[1:]
 	}
 	var v uint64
-	for i, ch := range d {
+	for _, ch := range d {
 		if ch < '0' || ch > '9' {
-			_ = i
 			return 0, s.typeErr("an integer")
 		}
 		if v > (math.MaxUint64-9)/10 {
@@ -424,7 +423,7 @@ func (s *scanner) readRaw() ([]byte, error) {
 	return s.data[start:s.pos], nil
 }
 
-// objectKeys iterates the members of an object: fn is called with each key and
+// object iterates the members of an object: fn is called with each key and
 // the scanner positioned at its value; fn must consume the value.
 func (s *scanner) object(fn func(key string) error) error {
 	if s.peek() != '{' {

@@ -378,6 +378,7 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 	}
 	tail := data[st.IndexedSize:]
 	off := st.IndexedSize
+	lineNo := bytes.Count(data[:st.IndexedSize], []byte{'\n'})
 	for len(tail) > 0 {
 		nl := bytes.IndexByte(tail, '\n')
 		if nl < 0 {
@@ -388,10 +389,11 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 			break
 		}
 		line := bytes.TrimSpace(tail[:nl])
+		lineNo++
 		if len(line) > 0 {
 			e, err := DecodeTokenEntry(line)
 			if err != nil {
-				return nil, &EntryLineError{File: base + SuffixEntries, Err: err}
+				return nil, &EntryLineError{File: base + SuffixEntries, Line: lineNo, Err: err}
 			}
 			d := lineDigest(line)
 			if old, ok := st.EntryDigests[e.ModelCallID]; ok && old != d {

@@ -382,3 +382,67 @@ func TestStoreDropIsConditional(t *testing.T) {
 		t.Fatalf("put after retire: %v", err)
 	}
 }
+
+// A writer opening a store written by someone else indexes the entries past
+// the state's indexed_size and truncates a torn final line, as Gym does.
+func TestWriterRecoversTailAndTornLine(t *testing.T) {
+	dir := t.TempDir()
+	a := call("a", toks(1, 2), toks(3), "")
+	a.RolloutID = "rr"
+	b := call("b", toks(1, 2, 3, 4), toks(5), "a")
+	b.RolloutID = "rr"
+	path := filepath.Join(dir, "rr"+SuffixEntries)
+	if err := writeEntriesFile(path, []TokenEntry{a}); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString(`{"schema_version":3,"rollout`)
+	f.Close()
+	w, _ := NewWriter(dir)
+	w.SetFsync(false)
+	mustPut(t, w, &a) // already in the file: a no-op
+	mustPut(t, w, &b)
+	changed := a
+	changed.GenerationLogProbs = []float64{-9}
+	if err := w.Put(&changed); !errors.Is(err, ErrConflict) {
+		t.Fatalf("conflict with a tail-indexed entry: %v", err)
+	}
+	data, _ := os.ReadFile(path)
+	if strings.Contains(string(data), `"rollout{`) || strings.Count(string(data), "\n") != 2 {
+		t.Fatalf("torn line not truncated or entries duplicated:\n%s", data)
+	}
+	r, _ := NewReader(dir)
+	snap, err := r.Snapshot("rr")
+	if err != nil || len(snap.Entries) != 2 {
+		t.Fatalf("%v %d", err, len(snap.Entries))
+	}
+}
+
+// NewCallEntry writes what the builders need: a root and a resolved child
+// round-trip through the store and build the expected chain.
+func TestNewCallEntryThroughStore(t *testing.T) {
+	w, dir := newTestWriter(t)
+	a := NewCallEntry("g", "a", "m", toks(1, 2), toks(3), []float64{-1}, "", "resp-a")
+	b := NewCallEntry("g", "b", "m", toks(1, 2, 3, 4), toks(5, 6), []float64{-1, -2}, "a", "resp-b")
+	for _, e := range []*TokenEntry{a, b} {
+		if err := w.BeginCall("g", e.ModelCallID); err != nil {
+			t.Fatal(err)
+		}
+		mustPut(t, w, e)
+	}
+	if err := w.Freeze("g"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := NewReader(dir)
+	snap, err := r.Snapshot("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, m, err := BuildTrainingTraces(snap, BuilderPrefixMerging, TerminalWitnesses{HaveResponse: true, ResponseID: "resp-b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(env.Traces) != 1 || env.Traces[0].TraceID != "g:b" || m.TerminalAttribution.CallID != "b" || *a.CumLen != 3 {
+		t.Fatalf("%+v %+v", env.Traces, m.TerminalAttribution)
+	}
+}
