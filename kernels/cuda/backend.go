@@ -225,7 +225,7 @@ var flagNames = []struct {
 	{1, "Embedding: a token id is outside [0, V) (its row was zeroed)"},
 	{2, "ScatterRows: an index is outside the destination rows (that row was skipped)"},
 	{4, "TokenLogprob: a target id is >= V (the row was treated as masked)"},
-	{8, "AttentionDecode: a length is outside [0, Tmax] (that sequence got zeros)"},
+	{8, "AttentionDecode: a length is outside [1, Tmax] (that sequence got zeros)"},
 }
 
 // Sync implements kernels.Memory: it waits for the stream and returns the
