@@ -163,7 +163,7 @@ var cases = []testCase{
 	}},
 	{"AttentionDecode", func(s *suite) {
 		for _, sh := range []struct {
-			lens               []int32
+			lens              []int32
 			Tmax, NH, NKV, HD int
 		}{{[]int32{1}, 1, 2, 1, 8}, {[]int32{1, 17, 40}, 40, 4, 2, 16}, {[]int32{33, 5}, 70, 6, 3, 128}} {
 			B := len(sh.lens)
@@ -248,7 +248,9 @@ var cases = []testCase{
 			src := s.randn(sh.N*sh.W, 1)
 			ix := s.i32(idx)
 			dst := s.randn(sh.R*sh.W, 1)
-			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) { b.ScatterRows(v(dst), v(src), v(ix), sh.N, sh.W) })
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.ScatterRows(v(dst), v(src), v(ix), sh.N, sh.W)
+			})
 			s.check(fmt.Sprintf("ScatterRows N=%d W=%d R=%d", sh.N, sh.W, sh.R), dst, TolExact)
 		}
 	}},
