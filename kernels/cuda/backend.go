@@ -58,6 +58,11 @@ func Open(opt Options) (kernels.Backend, error) {
 
 // OpenBackend is Open returning the concrete type (for Info, Close, Time).
 func OpenBackend(opt Options) (*Backend, error) {
+	mode, err := opt.Matmul.resolve()
+	if err != nil {
+		return nil, err
+	}
+	opt.Matmul = mode
 	d, err := openDevice(opt)
 	if err != nil {
 		return nil, err
@@ -102,6 +107,9 @@ func (b *Backend) loadKernels() error {
 
 // Info describes the device.
 func (b *Backend) Info() DeviceInfo { return b.d.info }
+
+// MatmulMode is the GEMM arithmetic the backend uses.
+func (b *Backend) MatmulMode() MatmulMode { return b.opt.Matmul }
 
 // Close frees the backend's own buffers and releases the context. Buffers
 // from Alloc must be freed first.
