@@ -121,11 +121,12 @@ func ParseMatmulMode(s string) (MatmulMode, error) {
 type Options struct {
 	// Device is the CUDA device ordinal.
 	Device int
-	// DriverLib is the driver library to dlopen; empty means "libcuda.so.1".
+	// DriverLib is the driver library to dlopen; empty means
+	// $TRACEGRPO_CUDA_DRIVER, else "libcuda.so.1".
 	DriverLib string
-	// BlasLib is the cuBLAS library to dlopen; empty means searching for
-	// libcublas.so.13, .12, .11 in $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH
-	// and the loader's default path.
+	// BlasLib is the cuBLAS library to dlopen; empty means
+	// $TRACEGRPO_CUDA_BLAS, else searching for libcublas.so.13, .12, .11 in
+	// $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH and the loader's default path.
 	BlasLib string
 	// Matmul chooses how Matmul, MatmulBackward and TokenLogprob's GEMMs
 	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or

@@ -42,12 +42,21 @@ func buildEmu() (driver, blas string, skip string, err error) {
 			emu.skipReason = "no g++ to build the CUDA emulator"
 			return
 		}
-		dir, derr := os.MkdirTemp("", "tracegrpo-fakecuda-")
-		if derr != nil {
-			emu.err = derr
+		// TRACEGRPO_EMU_KEEP=DIR builds the libraries into DIR and keeps them
+		// (to run bin/train --backend cuda on the emulator with
+		// TRACEGRPO_CUDA_DRIVER and TRACEGRPO_CUDA_BLAS).
+		dir := os.Getenv("TRACEGRPO_EMU_KEEP")
+		if dir == "" {
+			d, derr := os.MkdirTemp("", "tracegrpo-fakecuda-")
+			if derr != nil {
+				emu.err = derr
+				return
+			}
+			dir, emu.dir = d, d
+		} else if merr := os.MkdirAll(dir, 0o755); merr != nil {
+			emu.err = merr
 			return
 		}
-		emu.dir = dir
 		srcs, _ := filepath.Glob("csrc/*.cu")
 		sort.Strings(srcs)
 		var gen strings.Builder
