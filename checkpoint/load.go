@@ -390,32 +390,42 @@ func loadTensorFile(path string, want FileEntry, kind string, step int64) ([]Ten
 		}
 	}
 	sort.Slice(order, func(a, b int) bool { return infos[order[a]].Begin < infos[order[b]].Begin })
+	// The file is read in chunks; a second goroutine hashes each chunk while
+	// this one decodes it and reads the next (three buffers in rotation).
 	h := sha256.New()
-	r := io.NewSectionReader(fh, 0, want.Size)
-	buf := make([]byte, min(loadChunk, max(want.Size, 1)))
-	hdr := buf[:min(int64(len(buf)), dataStart)]
-	for done := int64(0); done < dataStart; {
-		n := min(int64(len(hdr)), dataStart-done)
-		if _, err := io.ReadFull(r, hdr[:n]); err != nil {
-			return nil, fmt.Errorf("checkpoint: read %s: %w", path, err)
+	free := make(chan []byte, 3)
+	for range 3 {
+		free <- make([]byte, min(loadChunk, max(want.Size, 1)))
+	}
+	toHash := make(chan []byte, 3)
+	hashed := make(chan struct{})
+	go func() {
+		for b := range toHash {
+			h.Write(b)
+			free <- b[:cap(b)]
 		}
-		h.Write(hdr[:n])
+		close(hashed)
+	}()
+	r := io.NewSectionReader(fh, 0, want.Size)
+	var readErr error
+	read := func(n int64) []byte {
+		b := (<-free)[:n]
+		if _, err := io.ReadFull(r, b); err != nil && readErr == nil {
+			readErr = fmt.Errorf("checkpoint: read %s: %w", path, err)
+		}
+		return b
+	}
+	for done := int64(0); done < dataStart && readErr == nil; {
+		n := min(loadChunk, dataStart-done)
+		toHash <- read(n)
 		done += n
 	}
 	for _, i := range order {
 		t := infos[i]
 		var pos int64 // bytes of this tensor done
-		for pos < t.End-t.Begin {
-			n := min(int64(len(buf)), t.End-t.Begin-pos)
-			n -= n % 4 // keep F32 chunks whole (every dtype size divides 4 or is 8)
-			if n == 0 {
-				n = t.End - t.Begin - pos
-			}
-			b := buf[:n]
-			if _, err := io.ReadFull(r, b); err != nil {
-				return nil, fmt.Errorf("checkpoint: read %s: %w", path, err)
-			}
-			h.Write(b)
+		for pos < t.End-t.Begin && readErr == nil {
+			n := min(loadChunk, t.End-t.Begin-pos) // loadChunk is a multiple of every dtype size
+			b := read(n)
 			if out[i].F32 != nil {
 				dst := out[i].F32[pos/4:]
 				for k := range len(b) / 4 {
@@ -424,8 +434,14 @@ func loadTensorFile(path string, want FileEntry, kind string, step int64) ([]Ten
 			} else {
 				copy(out[i].Raw[pos:], b)
 			}
+			toHash <- b
 			pos += n
 		}
+	}
+	close(toHash)
+	<-hashed
+	if readErr != nil {
+		return nil, readErr
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != want.SHA256 {
 		return nil, fmt.Errorf("%w: %s: sha256: %s says %s, file has %s", ErrCorrupt, path, ManifestFile, want.SHA256, got)
