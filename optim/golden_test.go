@@ -263,6 +263,9 @@ func goldenBackends(t *testing.T) map[string]func() (Backend, func()) {
 		}
 	}
 	if be, err := cuda.Open(cuda.Options{}); err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("TRACEGRPO_REQUIRE_GPU=1 but the cuda backend does not open: %v", err)
+		}
 		t.Logf("cuda backend not checked: %v", err)
 	} else {
 		bs["cuda"] = func() (Backend, func()) {
