@@ -248,10 +248,27 @@ type hashingFile struct {
 	n int64
 }
 
+// Write hashes p on a second goroutine while the file write copies it to
+// the kernel; writes come from a 1 MiB bufio.Writer, so the hand-off is
+// cheap next to the work it overlaps.
 func (w *hashingFile) Write(p []byte) (int, error) {
+	if len(p) < 64<<10 {
+		n, err := w.f.Write(p)
+		w.h.Write(p[:n])
+		w.n += int64(n)
+		return n, err
+	}
+	done := make(chan struct{})
+	go func() {
+		w.h.Write(p)
+		close(done)
+	}()
 	n, err := w.f.Write(p)
-	w.h.Write(p[:n])
+	<-done
 	w.n += int64(n)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
 	return n, err
 }
 
