@@ -55,7 +55,7 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	defer b.lock()()
 	b.launch("attention_fwd", ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, threads, smem,
-		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }
 
 // AttentionBackward implements kernels.Ops: dq (T,NH,HD) =, dk, dv (T,NKV,HD) =.
@@ -84,8 +84,8 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
 	b.launch("attention_bwd_dq", ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, threads, smemDq,
-		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
 	b.launch("attention_bwd_dkdv", ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, threads, smemDk,
-		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }

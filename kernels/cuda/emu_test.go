@@ -175,3 +175,19 @@ const (
 	F32 = kernels.F32
 	I32 = kernels.I32
 )
+
+// TestElapsed: events bracket the queued work (on the emulator the launch
+// runs inside f, so the time is positive).
+func TestElapsed(t *testing.T) {
+	b := emuBackend(t, Options{})
+	x, _ := b.Alloc(F32, 1<<16)
+	defer b.Free(x)
+	ms, err := b.Elapsed(func() {
+		for range 20 {
+			b.Scale(x, 1.5)
+		}
+	})
+	if err != nil || !(ms > 0) {
+		t.Fatalf("Elapsed = %v ms, %v; want > 0, nil", ms, err)
+	}
+}

@@ -14,7 +14,7 @@ type testCase struct {
 
 // Shapes shared by the cases.
 var (
-	rowShapes = []struct{ N, C int }{{1, 8}, {37, 33}, {64, 128}, {5, 300}}
+	rowShapes = []struct{ N, C int }{{1, 8}, {37, 33}, {64, 128}, {5, 300}, {3, 12300}} // 12300: wider than a block's shared memory
 	mmShapes  = []struct{ T, C, OC int }{{1, 8, 5}, {37, 33, 65}, {64, 128, 96}, {3, 300, 7}}
 	// Packed micro-batches: sequence lengths.
 	seqShapes = [][]int{
@@ -159,6 +159,28 @@ var cases = []testCase{
 				s.check("AttentionBackward dk "+tag, dk, TolAttention)
 				s.check("AttentionBackward dv "+tag, dv, TolAttention)
 			}
+		}
+	}},
+	{"AttentionBadSeqs", func(s *suite) {
+		const NH, NKV, HD = 2, 1, 8
+		for _, c := range []struct {
+			name   string
+			cu     []int32
+			maxLen int
+			T      int
+		}{
+			{"a sequence longer than MaxLen", []int32{0, 5, 36}, 30, 36},
+			{"offsets not ending at T", []int32{0, 5, 20}, 15, 24},
+			{"offsets decreasing", []int32{0, 9, 4, 12}, 8, 12},
+		} {
+			cuP := s.i32(c.cu)
+			q, k, v := s.randn(c.T*NH*HD, 1), s.randn(c.T*NKV*HD, 1), s.randn(c.T*NKV*HD, 1)
+			out, lse := s.out(c.T*NH*HD), s.out(c.T*NH)
+			both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
+				sq := kernels.Seqs{CuSeqlens: vw(cuP), S: len(c.cu) - 1, MaxLen: c.maxLen}
+				b.Attention(vw(out), vw(lse), vw(q), vw(k), vw(v), sq, NH, NKV, HD)
+			})
+			s.wantSyncError("Attention with " + c.name)
 		}
 	}},
 	{"AttentionDecode", func(s *suite) {

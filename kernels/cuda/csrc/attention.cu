@@ -13,9 +13,9 @@
 // q, out, dq, dout (T,NH,HD); k, v, dk, dv (T,NKV,HD); cu (S+1) I32 holds
 // the sequence offsets (kernels.Seqs). Sequence s is tokens [cu[s], cu[s+1]),
 // positions restart at 0, and a query at position i sees keys 0..i of its own
-// sequence. Query head h reads key/value head h/(NH/NKV). HD <= 128. A
-// sequence longer than the grid covers (Seqs.MaxLen too small) or with a
-// negative length sets TG_ERR_SEQS.
+// sequence. Query head h reads key/value head h/(NH/NKV). HD <= 128.
+// Offsets that do not run from 0 to T, or a sequence longer than Seqs.MaxLen
+// or of negative length, set TG_ERR_SEQS (the outputs are then unspecified).
 //
 // Work split (block = 256 threads = 8 warps; a lane owns head dimensions
 // d = lane + 32·j, j < 4):
@@ -38,14 +38,23 @@
 #define DK_BC 8     // key rows per dkdv block (1 per warp)
 #define BQ 32       // queries per dkdv tile (one per lane)
 
+// Flags TG_ERR_SEQS for sequence s of length len when it is negative or
+// longer than maxlen (Seqs.MaxLen, which sized the grid), or, for s = 0,
+// when cu[0] != 0 or cu[S] != T: the checks kernels/cpu makes.
+__device__ __forceinline__ void check_seq(const int* cu, int s, int S, int T, int maxlen, int len,
+                                          int* flags) {
+  if (len < 0 || len > maxlen || (s == 0 && (cu[0] != 0 || cu[S] != T))) atomicOr(flags, TG_ERR_SEQS);
+}
+
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
-                  const int* cu, int NH, int NKV, int HD, float scale, int* flags) {
+                  const int* cu, int S, int T, int maxlen, int NH, int NKV, int HD, float scale,
+                  int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
   const int start = cu[s], len = cu[s + 1] - start;
-  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * FWD_BR))
-    atomicOr(flags, TG_ERR_SEQS);
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;  // flagged; never read outside q, k, v
   const int q0 = blockIdx.x * FWD_BR;
   if (q0 >= len) return;  // whole block
   const int HDP = HD + 1;
@@ -141,13 +150,13 @@ extern "C" __global__ void attention_bwd_dot(float* D, const float* dout, const 
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_bwd_dq(float* dq, const float* dout, const float* lse, const float* D,
-                     const float* q, const float* k, const float* v, const int* cu, int NH,
-                     int NKV, int HD, float scale, int* flags) {
+                     const float* q, const float* k, const float* v, const int* cu, int S,
+                     int T, int maxlen, int NH, int NKV, int HD, float scale, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
   const int start = cu[s], len = cu[s + 1] - start;
-  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * DQ_BR))
-    atomicOr(flags, TG_ERR_SEQS);
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;  // flagged; never read outside q, k, v
   const int q0 = blockIdx.x * DQ_BR;
   if (q0 >= len) return;
   const int HDP = HD + 1;
@@ -219,13 +228,13 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     attention_bwd_dkdv(float* dk, float* dv, const float* dout, const float* lse, const float* D,
-                       const float* q, const float* k, const float* v, const int* cu, int NH,
-                       int NKV, int HD, float scale, int* flags) {
+                       const float* q, const float* k, const float* v, const int* cu, int S,
+                       int T, int maxlen, int NH, int NKV, int HD, float scale, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, kvh = blockIdx.z, G = NH / NKV;
   const int start = cu[s], len = cu[s + 1] - start;
-  if (blockIdx.x == 0 && threadIdx.x == 0 && (len < 0 || len > gridDim.x * DK_BC))
-    atomicOr(flags, TG_ERR_SEQS);
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;  // flagged; never read outside q, k, v
   const int k0 = blockIdx.x * DK_BC;
   if (k0 >= len) return;
   const int HDP = HD + 1;
