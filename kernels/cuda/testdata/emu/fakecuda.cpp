@@ -52,6 +52,7 @@ int warp_arrived[32];
 unsigned warp_gen[32];
 uint64_t slots[32][32];
 long progress;
+uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 tg_invoker cur_fn;
 void** cur_params;
 
@@ -118,10 +119,25 @@ static int run_block(const char* name) {
     f.ctx.uc_link = &sched;
     makecontext(&f.ctx, entry, 0);
   }
+  // Each pass resumes the fibers in a new pseudo-random order, so a thread
+  // that reads shared memory another thread writes without a barrier in
+  // between sees stale data on some passes and the kernel's result changes:
+  // missing __syncthreads show up as test failures, not silently.
+  static std::vector<int> order;
+  order.resize(nthreads);
+  for (int t = 0; t < nthreads; t++) order[t] = t;
   int remaining = nthreads;
   while (remaining > 0) {
     long before = progress;
-    for (int t = 0; t < nthreads; t++) {
+    for (int i = nthreads - 1; i > 0; i--) {
+      rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+      int j = (int)((rng_state >> 33) % (uint64_t)(i + 1));
+      int tmp = order[i];
+      order[i] = order[j];
+      order[j] = tmp;
+    }
+    for (int oi = 0; oi < nthreads; oi++) {
+      int t = order[oi];
       if (fibers[t].done) continue;
       set_thread(t);
       if (!_setjmp(sched_jb)) {
