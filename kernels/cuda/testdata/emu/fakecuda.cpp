@@ -40,6 +40,7 @@ struct Fiber {
   jmp_buf jb;
   char* stack = nullptr;
   bool done = false, started = false;
+  long wait_gen = -1;  // the block-barrier generation it waits on, or -1
 };
 const size_t kStack = 256 << 10;
 ucontext_t sched;
@@ -82,10 +83,12 @@ void __syncthreads() {
     return;
   }
   int me = cur;
+  fibers[me].wait_gen = g;
   while (blk_gen == g) {
     yield();
     set_thread(me);
   }
+  fibers[me].wait_gen = -1;
 }
 
 void tg_emu_warp_barrier() {
@@ -119,36 +122,57 @@ static int run_block(const char* name) {
     f.ctx.uc_link = &sched;
     makecontext(&f.ctx, entry, 0);
   }
-  // Each pass resumes the fibers in a new pseudo-random order, so a thread
-  // that reads shared memory another thread writes without a barrier in
-  // between sees stale data on some passes and the kernel's result changes:
-  // missing __syncthreads show up as test failures, not silently.
-  static std::vector<int> order;
-  order.resize(nthreads);
-  for (int t = 0; t < nthreads; t++) order[t] = t;
+  // Warps run one at a time, in a new pseudo-random order for every phase
+  // between two __syncthreads, each as far as it can go (to the next
+  // __syncthreads or its end) before the next warp starts; lanes within a
+  // warp are resumed in a random order too. So warps drift as far apart as
+  // the barriers allow: a thread that reads shared memory another warp
+  // writes without a __syncthreads in between sees the wrong phase's data
+  // and the kernel's result changes. Missing barriers fail tests.
+  static std::vector<int> worder, lorder;
+  const int nwarps = (nthreads + 31) / 32;
+  worder.resize(nwarps);
+  for (int w = 0; w < nwarps; w++) worder[w] = w;
+  lorder.resize(32);
+  for (int i = 0; i < 32; i++) lorder[i] = i;
+  auto shuffle = [](std::vector<int>& v) {
+    for (int i = (int)v.size() - 1; i > 0; i--) {
+      rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+      int j = (int)((rng_state >> 33) % (uint64_t)(i + 1));
+      int tmp = v[i];
+      v[i] = v[j];
+      v[j] = tmp;
+    }
+  };
+  auto runnable = [](int t) {
+    return !fibers[t].done && (fibers[t].wait_gen < 0 || (long)blk_gen != fibers[t].wait_gen);
+  };
   int remaining = nthreads;
   while (remaining > 0) {
     long before = progress;
-    for (int i = nthreads - 1; i > 0; i--) {
-      rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-      int j = (int)((rng_state >> 33) % (uint64_t)(i + 1));
-      int tmp = order[i];
-      order[i] = order[j];
-      order[j] = tmp;
-    }
-    for (int oi = 0; oi < nthreads; oi++) {
-      int t = order[oi];
-      if (fibers[t].done) continue;
-      set_thread(t);
-      if (!_setjmp(sched_jb)) {
-        if (!fibers[t].started) {
-          fibers[t].started = true;
-          swapcontext(&sched, &fibers[t].ctx);
-        } else {
-          _longjmp(fibers[t].jb, 1);
+    shuffle(worder);
+    for (int w : worder) {
+      for (;;) {  // run warp w until none of its lanes can move
+        long wbefore = progress;
+        bool any = false;
+        shuffle(lorder);
+        for (int li : lorder) {
+          int t = w * 32 + li;
+          if (t >= nthreads || !runnable(t)) continue;
+          any = true;
+          set_thread(t);
+          if (!_setjmp(sched_jb)) {
+            if (!fibers[t].started) {
+              fibers[t].started = true;
+              swapcontext(&sched, &fibers[t].ctx);
+            } else {
+              _longjmp(fibers[t].jb, 1);
+            }
+          }
+          if (fibers[t].done) remaining--;
         }
+        if (!any || progress == wbefore) break;
       }
-      if (fibers[t].done) remaining--;
     }
     if (remaining > 0 && progress == before) {
       fprintf(stderr,
