@@ -51,12 +51,16 @@ func crashWriter(dir string) int {
 		fmt.Fprintf(os.Stderr, "resume: %v\n", err)
 		return 3
 	}
-	for step := start; ; step++ {
+	// Stop if the test that started us is gone, or after a bound, so that a
+	// writer is never left running.
+	parent, deadline := os.Getppid(), time.Now().Add(time.Minute)
+	for step := start; os.Getppid() == parent && time.Now().Before(deadline); step++ {
 		if _, err := Save(dir, testState(step, crashTensorSize), SaveOptions{KeepTopK: 3, CompressOptimizer: step%2 == 0}); err != nil {
 			fmt.Fprintf(os.Stderr, "save step %d: %v\n", step, err)
 			return 3
 		}
 	}
+	return 0
 }
 
 // TestCrashSafety runs the writer in a subprocess and SIGKILLs it at random

@@ -3,13 +3,16 @@ package checkpoint
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -267,21 +270,33 @@ func ParseTrainerState(b []byte) (TrainerState, error) {
 	return ts, nil
 }
 
-// Load verifies the checkpoint at path (see Verify) and reads it.
+// Load verifies the checkpoint at path (everything Verify checks) and reads
+// it. An uncompressed tensor file is hashed and decoded in one sequential
+// pass; its tensors are returned only if the whole file matches its sha256.
 func Load(path string, opt LoadOptions) (*State, error) {
-	man, err := Verify(path)
+	man, err := checkStructure(path)
 	if err != nil {
 		return nil, err
 	}
-	st := &State{}
+	entry := map[string]FileEntry{}
 	var optEntry FileEntry
 	for _, f := range man.Files {
+		entry[f.Name] = f
 		if f.Name == OptimizerFile || f.Name == OptimizerZstdFile {
 			optEntry = f
 		}
 	}
+	st := &State{}
+	readChecked := func(name string) ([]byte, error) {
+		p := filepath.Join(path, name)
+		b, err := readSmall(p)
+		if err != nil {
+			return nil, err
+		}
+		return b, checkBytes(p, b, entry[name])
+	}
 	tsPath := filepath.Join(path, TrainerStateFile)
-	tb, err := readSmall(tsPath)
+	tb, err := readChecked(TrainerStateFile)
 	if err != nil {
 		return nil, err
 	}
@@ -291,7 +306,7 @@ func Load(path string, opt LoadOptions) (*State, error) {
 	if st.Trainer.Step != man.Step {
 		return nil, fmt.Errorf("%w: %s: step: want %d (the manifest's), found %d", ErrCorrupt, tsPath, man.Step, st.Trainer.Step)
 	}
-	if st.ModelConfig, err = readSmall(filepath.Join(path, ConfigFile)); err != nil {
+	if st.ModelConfig, err = readChecked(ConfigFile); err != nil {
 		return nil, err
 	}
 	if opt.ExpectConfig != nil {
@@ -303,13 +318,140 @@ func Load(path string, opt LoadOptions) (*State, error) {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(path, ConfigFile), err)
 		}
 	}
-	if st.Model, err = readTensors(filepath.Join(path, ModelFile), 0, "checkpoint-model", man.Step); err != nil {
-		return nil, err
+	var wg sync.WaitGroup
+	var modelErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		st.Model, modelErr = loadTensorFile(filepath.Join(path, ModelFile), entry[ModelFile], "checkpoint-model", man.Step)
+	}()
+	optPath := filepath.Join(path, optEntry.Name)
+	var optErr error
+	if optEntry.UncompressedSize > 0 {
+		if optErr = checkHash(optPath, optEntry); optErr == nil {
+			st.Optimizer, optErr = readTensors(optPath, optEntry.UncompressedSize, "checkpoint-optimizer", man.Step)
+		}
+	} else {
+		st.Optimizer, optErr = loadTensorFile(optPath, optEntry, "checkpoint-optimizer", man.Step)
 	}
-	if st.Optimizer, err = readTensors(filepath.Join(path, optEntry.Name), optEntry.UncompressedSize, "checkpoint-optimizer", man.Step); err != nil {
+	wg.Wait()
+	if err := errors.Join(modelErr, optErr); err != nil {
 		return nil, err
 	}
 	return st, nil
+}
+
+func checkBytes(path string, b []byte, want FileEntry) error {
+	if int64(len(b)) != want.Size {
+		return fmt.Errorf("%w: %s: size: %s says %d bytes, read %d", ErrCorrupt, path, ManifestFile, want.Size, len(b))
+	}
+	sum := sha256.Sum256(b)
+	if got := hex.EncodeToString(sum[:]); got != want.SHA256 {
+		return fmt.Errorf("%w: %s: sha256: %s says %s, file has %s", ErrCorrupt, path, ManifestFile, want.SHA256, got)
+	}
+	return nil
+}
+
+// loadChunk is the read size of the one-pass tensor loader.
+const loadChunk = 4 << 20
+
+// loadTensorFile reads an uncompressed safetensors file in one sequential
+// pass that both hashes every byte and decodes the tensors, then checks the
+// hash against want before returning them.
+func loadTensorFile(path string, want FileEntry, kind string, step int64) ([]Tensor, error) {
+	fh, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer fh.Close()
+	sf, err := safetensors.NewFile(fh, want.Size, path)
+	if err != nil {
+		// Report the hash mismatch, which says more than a parse error.
+		if herr := checkHash(path, want); herr != nil {
+			return nil, herr
+		}
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	infos := append([]safetensors.TensorInfo(nil), sf.Tensors()...)
+	var dataLen int64
+	for _, t := range infos {
+		dataLen = max(dataLen, t.End)
+	}
+	dataStart := want.Size - dataLen
+	out := make([]Tensor, len(infos)) // name order, as Tensors returns them
+	order := make([]int, len(infos))
+	for i, t := range infos {
+		order[i] = i
+		out[i].Spec = safetensors.Spec{Name: t.Name, DType: t.DType, Shape: append(make([]int, 0, len(t.Shape)), t.Shape...)}
+		if t.DType == safetensors.F32 {
+			out[i].F32 = make([]float32, t.NumElements())
+		} else {
+			out[i].Raw = make([]byte, t.End-t.Begin)
+		}
+	}
+	sort.Slice(order, func(a, b int) bool { return infos[order[a]].Begin < infos[order[b]].Begin })
+	// The file is read in chunks; a second goroutine hashes each chunk while
+	// this one decodes it and reads the next (three buffers in rotation).
+	h := sha256.New()
+	free := make(chan []byte, 3)
+	for range 3 {
+		free <- make([]byte, min(loadChunk, max(want.Size, 1)))
+	}
+	toHash := make(chan []byte, 3)
+	hashed := make(chan struct{})
+	go func() {
+		for b := range toHash {
+			h.Write(b)
+			free <- b[:cap(b)]
+		}
+		close(hashed)
+	}()
+	r := io.NewSectionReader(fh, 0, want.Size)
+	var readErr error
+	read := func(n int64) []byte {
+		b := (<-free)[:n]
+		if _, err := io.ReadFull(r, b); err != nil && readErr == nil {
+			readErr = fmt.Errorf("checkpoint: read %s: %w", path, err)
+		}
+		return b
+	}
+	for done := int64(0); done < dataStart && readErr == nil; {
+		n := min(loadChunk, dataStart-done)
+		toHash <- read(n)
+		done += n
+	}
+	for _, i := range order {
+		t := infos[i]
+		var pos int64 // bytes of this tensor done
+		for pos < t.End-t.Begin && readErr == nil {
+			n := min(loadChunk, t.End-t.Begin-pos) // loadChunk is a multiple of every dtype size
+			b := read(n)
+			if out[i].F32 != nil {
+				dst := out[i].F32[pos/4:]
+				for k := range len(b) / 4 {
+					dst[k] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*k:]))
+				}
+			} else {
+				copy(out[i].Raw[pos:], b)
+			}
+			toHash <- b
+			pos += n
+		}
+	}
+	close(toHash)
+	<-hashed
+	if readErr != nil {
+		return nil, readErr
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != want.SHA256 {
+		return nil, fmt.Errorf("%w: %s: sha256: %s says %s, file has %s", ErrCorrupt, path, ManifestFile, want.SHA256, got)
+	}
+	md := sf.Metadata()
+	if md["tracegrpo_format"] != kind || md["tracegrpo_version"] != strconv.Itoa(FormatVersion) || md["step"] != strconv.FormatInt(step, 10) {
+		return nil, fmt.Errorf("%w: %s: __metadata__: want tracegrpo_format %q, tracegrpo_version %d, step %d; found %q, %q, %q",
+			ErrCorrupt, path, kind, FormatVersion, step, md["tracegrpo_format"], md["tracegrpo_version"], md["step"])
+	}
+	return out, nil
 }
 
 // readTensors reads a safetensors file, zstd-compressed when uncompressed > 0

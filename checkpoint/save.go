@@ -154,19 +154,27 @@ func Save(dir string, st *State, opt SaveOptions) (string, error) {
 		return "", err
 	}
 	final := filepath.Join(dir, name)
+	trash := ""
 	if _, err := os.Lstat(final); err == nil {
-		trash := filepath.Join(dir, trashPrefix+name+"-"+randSuffix())
+		trash = filepath.Join(dir, trashPrefix+name+"-"+randSuffix())
 		if err := os.Rename(final, trash); err != nil {
 			return "", fmt.Errorf("checkpoint: save: move the existing %s aside: %w", final, err)
 		}
-		defer os.RemoveAll(trash)
 	}
 	if err := os.Rename(tmp, final); err != nil {
+		if trash != "" {
+			os.Rename(trash, final) // put the old checkpoint back
+		}
 		return "", fmt.Errorf("checkpoint: save: %w", err)
 	}
 	ok = true
 	if err := syncDir(dir); err != nil {
 		return "", err
+	}
+	if trash != "" {
+		if err := os.RemoveAll(trash); err != nil {
+			return final, fmt.Errorf("checkpoint: save: remove the replaced %s: %w", trash, err)
+		}
 	}
 	if opt.KeepTopK > 0 {
 		if err := retain(dir, opt.KeepTopK); err != nil {
@@ -240,10 +248,27 @@ type hashingFile struct {
 	n int64
 }
 
+// Write hashes p on a second goroutine while the file write copies it to
+// the kernel; writes come from a 1 MiB bufio.Writer, so the hand-off is
+// cheap next to the work it overlaps.
 func (w *hashingFile) Write(p []byte) (int, error) {
+	if len(p) < 64<<10 {
+		n, err := w.f.Write(p)
+		w.h.Write(p[:n])
+		w.n += int64(n)
+		return n, err
+	}
+	done := make(chan struct{})
+	go func() {
+		w.h.Write(p)
+		close(done)
+	}()
 	n, err := w.f.Write(p)
-	w.h.Write(p[:n])
+	<-done
 	w.n += int64(n)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
 	return n, err
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
 )
 
 // Tolerances against the PyTorch goldens (scripts/golden_optim.py).
@@ -251,15 +252,47 @@ func goldenGroups(g *goldenFile) []Group {
 	return gs
 }
 
+// goldenBackends are the backends the AdamW goldens run on: the CPU
+// backend at 1 and 2 threads, and CUDA when this binary and machine have it.
+func goldenBackends(t *testing.T) map[string]func() (Backend, func()) {
+	bs := map[string]func() (Backend, func()){}
+	for _, threads := range []int{1, 2} {
+		bs[fmt.Sprintf("cpu%d", threads)] = func() (Backend, func()) {
+			be := cpu.New(threads)
+			return be, be.Close
+		}
+	}
+	if be, err := cuda.Open(cuda.Options{}); err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("TRACEGRPO_REQUIRE_GPU=1 but the cuda backend does not open: %v", err)
+		}
+		t.Logf("cuda backend not checked: %v", err)
+	} else {
+		bs["cuda"] = func() (Backend, func()) {
+			return be, func() {}
+		}
+		t.Cleanup(func() {
+			if c, ok := be.(interface{ Close() error }); ok {
+				c.Close()
+			} else if c, ok := be.(interface{ Close() }); ok {
+				c.Close()
+			}
+		})
+	}
+	return bs
+}
+
 func TestAdamWGolden(t *testing.T) {
 	g := loadGolden(t)
 	init := f32s(t, g.Arena.InitParams)
-	for _, threads := range []int{1, 2} {
+	for bname, newBackend := range goldenBackends(t) {
 		for _, c := range g.AdamCases {
-			t.Run(fmt.Sprintf("%s/threads=%d", c.Name, threads), func(t *testing.T) {
-				be := cpu.New(threads)
-				defer be.Close()
+			t.Run(c.Name+"/"+bname, func(t *testing.T) {
+				be, done := newBackend()
+				defer done()
 				param, grad := allocF32(t, be, g.Arena.N), allocF32(t, be, g.Arena.N)
+				defer be.Free(param)
+				defer be.Free(grad)
 				be.UploadF32(param, init)
 				o, err := New(be, param, grad, goldenGroups(g), Config{
 					Beta1: c.Adam.Beta1, Beta2: c.Adam.Beta2, Eps: c.Adam.Eps, MaxGradNorm: c.Adam.MaxGradNorm,

@@ -19,6 +19,7 @@ const (
 	attKeyTile  = 32
 	attMaxHD    = 128
 	attMaxGridY = 65535
+	attThreads  = 128 // ATT_THREADS
 )
 
 func checkAttention(op string, seqs kernels.Seqs, T, NH, NKV, HD int) {
@@ -54,8 +55,8 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	scale := float32(1 / math.Sqrt(float64(HD)))
 	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	defer b.lock()()
-	b.launch("attention_fwd", ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, threads, smem,
-		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+	b.launch("attention_fwd", ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
+		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }
 
 // AttentionBackward implements kernels.Ops: dq (T,NH,HD) =, dk, dv (T,NKV,HD) =.
@@ -83,9 +84,9 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	b.launch("attention_bwd_dot", max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs)), 1, 1, threads, 0,
 		pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
-	b.launch("attention_bwd_dq", ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, threads, smemDq,
-		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+	b.launch("attention_bwd_dq", ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
+		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
-	b.launch("attention_bwd_dkdv", ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, threads, smemDk,
-		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+	b.launch("attention_bwd_dkdv", ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
+		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }

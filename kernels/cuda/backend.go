@@ -58,6 +58,11 @@ func Open(opt Options) (kernels.Backend, error) {
 
 // OpenBackend is Open returning the concrete type (for Info, Close, Time).
 func OpenBackend(opt Options) (*Backend, error) {
+	mode, err := opt.Matmul.resolve()
+	if err != nil {
+		return nil, err
+	}
+	opt.Matmul = mode
 	d, err := openDevice(opt)
 	if err != nil {
 		return nil, err
@@ -102,6 +107,9 @@ func (b *Backend) loadKernels() error {
 
 // Info describes the device.
 func (b *Backend) Info() DeviceInfo { return b.d.info }
+
+// MatmulMode is the GEMM arithmetic the backend uses.
+func (b *Backend) MatmulMode() MatmulMode { return b.opt.Matmul }
 
 // Close frees the backend's own buffers and releases the context. Buffers
 // from Alloc must be freed first.
@@ -225,7 +233,8 @@ var flagNames = []struct {
 	{1, "Embedding: a token id is outside [0, V) (its row was zeroed)"},
 	{2, "ScatterRows: an index is outside the destination rows (that row was skipped)"},
 	{4, "TokenLogprob: a target id is >= V (the row was treated as masked)"},
-	{8, "AttentionDecode: a length is outside [0, Tmax] (that sequence got zeros)"},
+	{8, "AttentionDecode: a length is outside [1, Tmax] (that sequence got zeros)"},
+	{16, "Attention: cu_seqlens does not run from 0 to T, or a sequence is longer than Seqs.MaxLen or negative (outputs unspecified)"},
 }
 
 // Sync implements kernels.Memory: it waits for the stream and returns the
@@ -323,4 +332,40 @@ func (b *Backend) elementwise(name string, n int, args ...uint64) {
 func (b *Backend) lock() func() {
 	b.mu.Lock()
 	return b.mu.Unlock
+}
+
+// Elapsed queues f's ops between two CUDA events and returns the device
+// time between them (it waits for the second event): per-op timing without
+// a stream sync around every op.
+func (b *Backend) Elapsed(f func()) (float32, error) {
+	b.mu.Lock()
+	start, err := b.d.newEvent()
+	if err != nil {
+		b.mu.Unlock()
+		return 0, err
+	}
+	end, err := b.d.newEvent()
+	if err != nil {
+		b.d.destroyEvent(start)
+		b.mu.Unlock()
+		return 0, err
+	}
+	defer func() {
+		b.mu.Lock()
+		b.d.destroyEvent(start)
+		b.d.destroyEvent(end)
+		b.mu.Unlock()
+	}()
+	err = b.d.record(start)
+	b.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	f()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.d.record(end); err != nil {
+		return 0, err
+	}
+	return b.d.elapsed(start, end)
 }

@@ -52,6 +52,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 )
 
 // ErrNotBuilt is returned by Open in a binary built without cgo.
@@ -61,8 +62,12 @@ var ErrNotBuilt = errors.New("cuda: CUDA support is not built in (this binary wa
 type MatmulMode uint8
 
 const (
+	// MatmulDefault takes the mode from $TRACEGRPO_CUDA_MATMUL ("fp32",
+	// "tf32" or "bf16") and is MatmulFP32 when that is unset, so a caller
+	// that passes Options{} (train bench) can be switched without a flag.
+	MatmulDefault MatmulMode = iota
 	// MatmulFP32 is plain fp32 (CUBLAS_COMPUTE_32F).
-	MatmulFP32 MatmulMode = iota
+	MatmulFP32
 	// MatmulTF32 lets cuBLAS use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32;
 	// inputs rounded to 10 mantissa bits, fp32 accumulation).
 	MatmulTF32
@@ -74,6 +79,8 @@ const (
 
 func (m MatmulMode) String() string {
 	switch m {
+	case MatmulDefault:
+		return "default"
 	case MatmulFP32:
 		return "fp32"
 	case MatmulTF32:
@@ -82,6 +89,22 @@ func (m MatmulMode) String() string {
 		return "bf16"
 	}
 	return fmt.Sprintf("MatmulMode(%d)", uint8(m))
+}
+
+// resolve turns MatmulDefault into the mode $TRACEGRPO_CUDA_MATMUL names.
+func (m MatmulMode) resolve() (MatmulMode, error) {
+	if m != MatmulDefault {
+		return m, nil
+	}
+	env := os.Getenv("TRACEGRPO_CUDA_MATMUL")
+	if env == "" {
+		return MatmulFP32, nil
+	}
+	mode, err := ParseMatmulMode(env)
+	if err != nil {
+		return 0, fmt.Errorf("$TRACEGRPO_CUDA_MATMUL: %w", err)
+	}
+	return mode, nil
 }
 
 // ParseMatmulMode parses "fp32", "tf32" or "bf16".
@@ -98,14 +121,16 @@ func ParseMatmulMode(s string) (MatmulMode, error) {
 type Options struct {
 	// Device is the CUDA device ordinal.
 	Device int
-	// DriverLib is the driver library to dlopen; empty means "libcuda.so.1".
+	// DriverLib is the driver library to dlopen; empty means
+	// $TRACEGRPO_CUDA_DRIVER, else "libcuda.so.1".
 	DriverLib string
-	// BlasLib is the cuBLAS library to dlopen; empty means searching for
-	// libcublas.so.13, .12, .11 in $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH
-	// and the loader's default path.
+	// BlasLib is the cuBLAS library to dlopen; empty means
+	// $TRACEGRPO_CUDA_BLAS, else searching for libcublas.so.13, .12, .11 in
+	// $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH and the loader's default path.
 	BlasLib string
 	// Matmul chooses how Matmul, MatmulBackward and TokenLogprob's GEMMs
-	// run on F32 buffers: MatmulFP32 (the default), MatmulTF32, MatmulBF16.
+	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or
+	// MatmulDefault ($TRACEGRPO_CUDA_MATMUL, else fp32).
 	Matmul MatmulMode
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
 	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).

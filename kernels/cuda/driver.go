@@ -352,6 +352,9 @@ func loadTable(path string, tab unsafe.Pointer, which C.int, what string) error 
 
 func openDriver(path string) (*driver, error) {
 	if path == "" {
+		path = os.Getenv("TRACEGRPO_CUDA_DRIVER")
+	}
+	if path == "" {
 		path = "libcuda.so.1"
 	}
 	d := (*C.tg_driver)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_driver{}))))
@@ -387,6 +390,9 @@ func blasCandidates() []string {
 }
 
 func openBlas(path string) (*blasLib, error) {
+	if path == "" {
+		path = os.Getenv("TRACEGRPO_CUDA_BLAS")
+	}
 	paths := []string{path}
 	if path == "" {
 		paths = blasCandidates()

@@ -6,7 +6,7 @@
 // One warp per (head, sequence): grid (NH, B), block 32; for each tile of 32
 // cached keys lane j scores key j, the warp does the online softmax update
 // and p_j is broadcast by shuffle for p·V (a lane owns d = lane + 32·j).
-// HD <= 128. lens[b] outside [0, Tmax] is treated as 0 (zeros out) and sets
+// HD <= 128. lens[b] outside [1, Tmax] (as kernels/cpu requires) gives zeros and sets
 // TG_ERR_DECODELEN.
 #include "common.cuh"
 
@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(32)
   float* Ks = Qs + HD;       // (BC, HDP)
   float* Vs = Ks + BC * HDP; // (BC, HD)
   int n = lens[b];
-  if (n < 0 || n > Tmax) {
+  if (n < 1 || n > Tmax) {
     if (lane == 0) atomicOr(flags, TG_ERR_DECODELEN);
     n = 0;
   }

@@ -47,8 +47,8 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 #define TG_ERR_TOKEN 1     // embedding: token id outside [0, V)
 #define TG_ERR_SCATTER 2   // scatter_rows: index outside [0, rows)
 #define TG_ERR_TARGET 4    // token_logprob: target id >= V
-#define TG_ERR_DECODELEN 8 // attention_decode: lens[b] outside [0, Tmax]
-#define TG_ERR_SEQS 16     // attention: a sequence longer than the grid (Seqs.MaxLen) or negative
+#define TG_ERR_DECODELEN 8 // attention_decode: lens[b] outside [1, Tmax]
+#define TG_ERR_SEQS 16     // attention: cu_seqlens not 0..T, or a length < 0 or > Seqs.MaxLen
 
 // Grid-stride loop over [0, n) with a 64-bit index.
 #define TG_FOR(i, n)                                                        \

@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/model"
+)
+
+func init() {
+	register(command{
+		name:    "bench",
+		summary: "time forward + backward + AdamW of a model on random tokens",
+		run:     runBench,
+	})
+}
+
+// benchResult is the JSON line bench prints.
+type benchResult struct {
+	Backend     string  `json:"backend"`
+	Threads     int     `json:"threads,omitempty"`
+	Model       string  `json:"model"`
+	Params      int     `json:"params"`
+	Rows        int     `json:"rows"`
+	Seq         int     `json:"seq"`
+	Steps       int     `json:"steps"`
+	MsPerStep   float64 `json:"ms_per_step"`
+	MsMin       float64 `json:"ms_min"`
+	TokensPerS  float64 `json:"tokens_per_s"`
+	PeakRSSMiB  float64 `json:"peak_rss_mib,omitempty"`
+	FinalLogp   float64 `json:"mean_logprob_last_step"`
+	WeightsFrom string  `json:"weights"`
+}
+
+func runBench(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("bench", "train bench --model CONFIG.json --rows R --seq T [--steps N] [--backend B]", stdout)
+	cfgPath := fs.String("model", "", "HF config.json of the model to time")
+	rows := fs.Int("rows", 8, "packed sequences per step")
+	seq := fs.Int("seq", 256, "tokens per sequence")
+	steps := fs.Int("steps", 5, "timed steps (after one warm-up step); the median is reported")
+	backend := fs.String("backend", "cpu", "cpu or cuda")
+	threads := fs.Int("threads", 0, "CPU threads (0: all)")
+	weights := fs.String("weights", "", "load HF weights from this directory instead of random ones")
+	profile := fs.Bool("profile", false, "print time per op to stderr")
+	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 {
+		return fmt.Errorf("%w: bench needs --model and positive --rows, --seq, --steps", errUsage)
+	}
+	cfg, err := model.LoadConfig(*cfgPath)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	var be kernels.Backend
+	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, WeightsFrom: "random"}
+	switch *backend {
+	case "cpu":
+		c := cpu.New(*threads)
+		defer c.Close()
+		be, res.Threads = c, c.Threads()
+	case "cuda":
+		if be, err = cuda.Open(cuda.Options{}); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		if c, ok := be.(interface{ Close() error }); ok {
+			defer c.Close()
+		}
+	default:
+		return fmt.Errorf("%w: --backend: expected cpu or cuda, found %q", errUsage, *backend)
+	}
+	var prof *timedBackend
+	if *profile {
+		prof = newTimedBackend(be)
+		be = prof
+	}
+	T := *rows * *seq
+	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: *rows})
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer m.Close()
+	res.Params = m.Table().Total
+	if *weights != "" {
+		if err := m.LoadHF(*weights); err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		res.WeightsFrom = *weights
+	} else {
+		m.InitRandom(*seed)
+	}
+	mom, err := be.Alloc(kernels.F32, 2*m.Table().Total)
+	if err != nil {
+		return fmt.Errorf("bench: AdamW moments: %w", err)
+	}
+	defer be.Free(mom)
+	r := rand.New(rand.NewPCG(*seed, 2))
+	tokens := make([]int32, T)
+	for i := range tokens {
+		tokens[i] = int32(r.IntN(cfg.VocabSize))
+	}
+	cu := make([]int32, *rows+1)
+	for s := range cu {
+		cu[s] = int32(s * *seq)
+	}
+	dl := make([]float32, T)
+	for i := range dl {
+		dl[i] = float32(r.NormFloat64()) / float32(T)
+	}
+	var lastMean float64
+	step := func(n int) error {
+		m.ZeroGrad()
+		lp, _, err := m.Forward(tokens, cu, 1)
+		if err != nil {
+			return err
+		}
+		lastMean = 0
+		for _, x := range lp {
+			lastMean += float64(x)
+		}
+		lastMean /= float64(len(lp))
+		if err := m.Backward(dl); err != nil {
+			return err
+		}
+		benchAdamW(be, m, mom, n)
+		return be.Sync()
+	}
+	if err := step(1); err != nil {
+		return fmt.Errorf("bench: warm-up step: %w", err)
+	}
+	if prof != nil {
+		prof.reset()
+	}
+	times := make([]float64, *steps)
+	for i := range times {
+		t0 := time.Now()
+		if err := step(i + 2); err != nil {
+			return fmt.Errorf("bench: step %d: %w", i+1, err)
+		}
+		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e6
+	}
+	sorted := append([]float64(nil), times...)
+	sort.Float64s(sorted)
+	med := sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		med = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
+	res.MsPerStep, res.MsMin = med, sorted[0]
+	res.TokensPerS = float64(T) / (med / 1e3)
+	res.PeakRSSMiB = peakRSSMiB()
+	res.FinalLogp = lastMean
+	if prof != nil {
+		prof.report(stderr, *steps, sumOf(times))
+	}
+	b, _ := json.Marshal(res)
+	fmt.Fprintln(stdout, string(b))
+	return nil
+}
+
+func sumOf(x []float64) float64 {
+	var s float64
+	for _, v := range x {
+		s += v
+	}
+	return s
+}
+
+// benchAdamW updates every parameter with AdamW (weight decay 0.01 on
+// matrices, none on norm weights), one call per parameter tensor.
+func benchAdamW(be kernels.Backend, m *model.Model, mom kernels.Buf, step int) {
+	const lr, b1, b2 = 1e-6, 0.9, 0.999
+	tot := m.Table().Total
+	for _, p := range m.Table().Params {
+		wd := float32(0)
+		if p.Decay {
+			wd = 0.01
+		}
+		be.AdamW(m.Params().Slice(p.Offset, p.N), m.Grads().Slice(p.Offset, p.N),
+			mom.Slice(p.Offset, p.N), mom.Slice(tot+p.Offset, p.N), kernels.AdamWStep{
+				LR: lr, Beta1: b1, Beta2: b2, Eps: 1e-8, WeightDecay: wd,
+				BiasCorrection1: float32(1 - pow(b1, step)), BiasCorrection2: float32(1 - pow(b2, step)),
+				GradScale: 1,
+			})
+	}
+}
+
+func pow(x float64, n int) float64 {
+	r := 1.0
+	for range n {
+		r *= x
+	}
+	return r
+}
+
+// peakRSSMiB reads VmHWM from /proc/self/status (0 where unavailable).
+func peakRSSMiB() float64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmHWM:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// opStat accumulates one op's calls and time.
+type opStat struct {
+	calls int
+	dur   time.Duration
+}
+
+// timedBackend wraps a backend and times every op (syncing after each so a
+// device backend's time lands on the op that spent it).
+type timedBackend struct {
+	kernels.Backend
+	stats map[string]*opStat
+	err   error
+}
+
+func newTimedBackend(b kernels.Backend) *timedBackend {
+	return &timedBackend{Backend: b, stats: map[string]*opStat{}}
+}
+
+func (p *timedBackend) reset() { p.stats = map[string]*opStat{} }
+
+func (p *timedBackend) time(name string, f func()) {
+	t0 := time.Now()
+	f()
+	if err := p.Backend.Sync(); err != nil && p.err == nil {
+		p.err = err
+	}
+	s := p.stats[name]
+	if s == nil {
+		s = &opStat{}
+		p.stats[name] = s
+	}
+	s.calls++
+	s.dur += time.Since(t0)
+}
+
+// Sync returns an error the timing syncs collected first.
+func (p *timedBackend) Sync() error {
+	if p.err != nil {
+		err := p.err
+		p.err = nil
+		return err
+	}
+	return p.Backend.Sync()
+}
+
+func (p *timedBackend) report(w io.Writer, steps int, totalMs float64) {
+	names := make([]string, 0, len(p.stats))
+	var opMs float64
+	for n, s := range p.stats {
+		names = append(names, n)
+		opMs += float64(s.dur.Microseconds()) / 1e3
+	}
+	sort.Slice(names, func(i, j int) bool { return p.stats[names[i]].dur > p.stats[names[j]].dur })
+	fmt.Fprintf(w, "%-22s %8s %12s %10s %7s\n", "op", "calls", "ms/step", "ms/call", "share")
+	for _, n := range names {
+		s := p.stats[n]
+		ms := float64(s.dur.Microseconds()) / 1e3
+		fmt.Fprintf(w, "%-22s %8d %12.2f %10.3f %6.1f%%\n", n, s.calls/steps, ms/float64(steps), ms/float64(s.calls), 100*ms/totalMs)
+	}
+	fmt.Fprintf(w, "%-22s %8s %12.2f %10s %6.1f%%\n", "(outside ops)", "", (totalMs-opMs)/float64(steps), "", 100*(totalMs-opMs)/totalMs)
+	fmt.Fprintf(w, "goroutines %d, GOMAXPROCS %d\n", runtime.NumGoroutine(), runtime.GOMAXPROCS(0))
+}
+
+func (p *timedBackend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
+	p.time("Embedding", func() { p.Backend.Embedding(out, wte, tokens, T, C) })
+}
+func (p *timedBackend) EmbeddingBackward(dwte, dout, tokens kernels.Buf, T, C int) {
+	p.time("EmbeddingBackward", func() { p.Backend.EmbeddingBackward(dwte, dout, tokens, T, C) })
+}
+func (p *timedBackend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
+	p.time("RMSNorm", func() { p.Backend.RMSNorm(out, rstd, inp, weight, N, C, eps) })
+}
+func (p *timedBackend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
+	p.time("RMSNormBackward", func() { p.Backend.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C) })
+}
+func (p *timedBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
+	p.time("Matmul", func() { p.Backend.Matmul(out, inp, weight, T, C, OC) })
+}
+func (p *timedBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	p.time("MatmulBackward", func() { p.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC) })
+}
+func (p *timedBackend) Rope(x, pos kernels.Buf, T, H, HD int, theta float32) {
+	p.time("Rope", func() { p.Backend.Rope(x, pos, T, H, HD, theta) })
+}
+func (p *timedBackend) RopeBackward(dx, pos kernels.Buf, T, H, HD int, theta float32) {
+	p.time("RopeBackward", func() { p.Backend.RopeBackward(dx, pos, T, H, HD, theta) })
+}
+func (p *timedBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
+	p.time("Attention", func() { p.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD) })
+}
+func (p *timedBackend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
+	p.time("AttentionBackward", func() { p.Backend.AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, seqs, NH, NKV, HD) })
+}
+func (p *timedBackend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH, NKV, HD int) {
+	p.time("AttentionDecode", func() { p.Backend.AttentionDecode(out, q, kc, vc, lens, B, Tmax, NH, NKV, HD) })
+}
+func (p *timedBackend) SwiGLU(out, gate, up kernels.Buf, N int) {
+	p.time("SwiGLU", func() { p.Backend.SwiGLU(out, gate, up, N) })
+}
+func (p *timedBackend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) {
+	p.time("SwiGLUBackward", func() { p.Backend.SwiGLUBackward(dgate, dup, dout, gate, up, N) })
+}
+func (p *timedBackend) Add(out, a, b kernels.Buf, N int) {
+	p.time("Add", func() { p.Backend.Add(out, a, b, N) })
+}
+func (p *timedBackend) Accumulate(dst, src kernels.Buf, N int) {
+	p.time("Accumulate", func() { p.Backend.Accumulate(dst, src, N) })
+}
+func (p *timedBackend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
+	p.time("TokenLogprob", func() { p.Backend.TokenLogprob(logprob, entropy, lse, hidden, weight, targets, T, C, V, invTemp) })
+}
+func (p *timedBackend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse kernels.Buf, T, C, V int, invTemp float32) {
+	p.time("TokenLogprobBackward", func() {
+		p.Backend.TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse, T, C, V, invTemp)
+	})
+}
+func (p *timedBackend) ScatterRows(dst, src, idx kernels.Buf, N, W int) {
+	p.time("ScatterRows", func() { p.Backend.ScatterRows(dst, src, idx, N, W) })
+}
+func (p *timedBackend) Fill(x kernels.Buf, v float32) {
+	p.time("Fill", func() { p.Backend.Fill(x, v) })
+}
+func (p *timedBackend) Copy(dst, src kernels.Buf) {
+	p.time("Copy", func() { p.Backend.Copy(dst, src) })
+}
+func (p *timedBackend) Scale(x kernels.Buf, s float32) {
+	p.time("Scale", func() { p.Backend.Scale(x, s) })
+}
+func (p *timedBackend) AdamW(param, grad, m, v kernels.Buf, step kernels.AdamWStep) {
+	p.time("AdamW", func() { p.Backend.AdamW(param, grad, m, v, step) })
+}
+func (p *timedBackend) SumSquares(out, x kernels.Buf) {
+	p.time("SumSquares", func() { p.Backend.SumSquares(out, x) })
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/model"
+)
+
+func init() {
+	register(command{
+		name:    "score",
+		summary: "log-probability and entropy of each token of JSONL token_ids under an HF model (CPU)",
+		run:     runScore,
+	})
+}
+
+// scoreBudget is the most tokens packed into one forward pass of score.
+const scoreBudget = 4096
+
+// scoreLine is one input record.
+type scoreLine struct {
+	TokenIDs []int32 `json:"token_ids"`
+}
+
+// scoreOut is one output record: entries i is for input token i+1.
+type scoreOut struct {
+	Logprobs []float32 `json:"logprobs"`
+	Entropy  []float32 `json:"entropy"`
+}
+
+func runScore(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("score", "train score --model DIR --input FILE [--temperature T]", stdout)
+	dir := fs.String("model", "", "HF model directory (config.json + model.safetensors or a sharded index)")
+	input := fs.String("input", "", `JSONL file of {"token_ids": [...]} ("-" for stdin)`)
+	temp := fs.Float32("temperature", 1, "divide the logits by this before the softmax")
+	threads := fs.Int("threads", 0, "CPU threads (0: all)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *dir == "" || *input == "" {
+		return fmt.Errorf("%w: score needs --model and --input", errUsage)
+	}
+	if !(*temp > 0) {
+		return fmt.Errorf("%w: --temperature must be positive, found %g", errUsage, *temp)
+	}
+	var in io.Reader = os.Stdin
+	name := "stdin"
+	if *input != "-" {
+		f, err := os.Open(*input)
+		if err != nil {
+			return fmt.Errorf("score: %w", err)
+		}
+		defer f.Close()
+		in, name = f, *input
+	}
+	cfg, err := model.LoadConfig(filepath.Join(*dir, "config.json"))
+	if err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	// Read every record first so the model is sized once.
+	var recs [][]int32
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 1<<30)
+	longest := 0
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var rec scoreLine
+		dec := json.NewDecoder(bytes.NewReader(b))
+		if err := dec.Decode(&rec); err != nil {
+			return fmt.Errorf("score: %s line %d: %w", name, line, err)
+		}
+		if len(rec.TokenIDs) == 0 {
+			return fmt.Errorf("score: %s line %d: field token_ids: expected at least one token, found none", name, line)
+		}
+		for i, x := range rec.TokenIDs {
+			if x < 0 || int(x) >= cfg.VocabSize {
+				return fmt.Errorf("score: %s line %d: field token_ids[%d]: expected an id in [0, %d), found %d", name, line, i, cfg.VocabSize, x)
+			}
+		}
+		recs = append(recs, rec.TokenIDs)
+		longest = max(longest, len(rec.TokenIDs))
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("score: %s: %w", name, err)
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	b := cpu.New(*threads)
+	defer b.Close()
+	budget := max(scoreBudget, longest)
+	m, err := model.New(b, cfg, model.Options{MaxTokens: budget, MaxSeqs: budget})
+	if err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	defer m.Close()
+	if err := m.LoadHF(*dir); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	w := bufio.NewWriter(stdout)
+	enc := json.NewEncoder(w)
+	var tokens, cu []int32
+	for start := 0; start < len(recs); {
+		tokens, cu = tokens[:0], append(cu[:0], 0)
+		end := start
+		for end < len(recs) && len(tokens)+len(recs[end]) <= budget {
+			tokens = append(tokens, recs[end]...)
+			cu = append(cu, int32(len(tokens)))
+			end++
+		}
+		lp, ent, err := m.Forward(tokens, cu, *temp)
+		if err != nil {
+			return fmt.Errorf("score: records %d to %d: %w", start+1, end, err)
+		}
+		for s := 0; s < end-start; s++ {
+			lo, hi := cu[s]+1, cu[s+1]
+			if err := enc.Encode(scoreOut{Logprobs: nonNil(lp[lo:hi]), Entropy: nonNil(ent[lo:hi])}); err != nil {
+				return fmt.Errorf("score: %w", err)
+			}
+		}
+		start = end
+	}
+	if err := w.Flush(); err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	return nil
+}
+
+// nonNil makes an empty slice encode as [] rather than null.
+func nonNil(x []float32) []float32 {
+	if x == nil {
+		return []float32{}
+	}
+	return x
+}

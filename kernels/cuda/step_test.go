@@ -1,0 +1,152 @@
+//go:build cgo
+
+package cuda_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/kernels/kerneltest"
+	"github.com/tracegrpo/tracegrpo/model"
+)
+
+// stepResult is everything one training step of the tiny model produces.
+type stepResult struct {
+	logprob, entropy []float32
+	loss             float64
+	grads, params    []float32
+}
+
+// Tolerances of one whole step, CUDA against CPU: the per-op differences of
+// kerneltest compounded through 2 layers forward and backward.
+var (
+	tolStepLogprob = kerneltest.Tol{Atol: 2e-5, Rtol: 1e-4}
+	tolStepLoss    = 1e-5 // relative
+	// Gradients are sums of many products; atomics and other orders shift
+	// them by a few ulps of their magnitude (~1e-3 here).
+	tolStepGrads = kerneltest.Tol{Atol: 1e-7, Rtol: 1e-3}
+	// One AdamW step (first step, eps 1e-6) moves a weight by
+	// lr·g/(|g|+eps); its sensitivity to g peaks at lr/(4·eps) = 250 for
+	// |g| ≈ eps, so the gradient atol of 1e-7 allows 2.5e-5 there. A wrong
+	// update (decay, bias correction, sign) is off by O(lr) = 1e-3.
+	tolStepParams = kerneltest.Tol{Atol: 3e-5, Rtol: 1e-5}
+)
+
+// tinyStep runs one GRPO-shaped training step of model/testdata/qwen3_tied
+// (2 layers, C 64, GQA 4:2, tied head, V 512) on be: forward of a packed
+// micro-batch, loss = −mean logprob, backward, AdamW on the whole arena.
+func tinyStep(t *testing.T, be kernels.Backend) stepResult {
+	t.Helper()
+	cfg, err := model.LoadConfig("../../model/testdata/qwen3_tied/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.New(be, cfg, model.Options{MaxTokens: 96, MaxSeqs: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.InitRandom(11)
+	r := rand.New(rand.NewPCG(3, 4))
+	tokens, cu := []int32{}, []int32{0}
+	for _, n := range []int{1, 23, 5, 40, 2, 17} {
+		for range n {
+			tokens = append(tokens, int32(r.IntN(cfg.VocabSize)))
+		}
+		cu = append(cu, int32(len(tokens)))
+	}
+	m.ZeroGrad()
+	lp, ent, err := m.Forward(tokens, cu, 0.8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := stepResult{logprob: append([]float32(nil), lp...), entropy: append([]float32(nil), ent...)}
+	dl := make([]float32, len(tokens))
+	n := 0
+	for s := 0; s+1 < len(cu); s++ {
+		for i := cu[s] + 1; i < cu[s+1]; i++ {
+			res.loss -= float64(lp[i])
+			n++
+		}
+	}
+	res.loss /= float64(n)
+	for s := 0; s+1 < len(cu); s++ {
+		for i := cu[s] + 1; i < cu[s+1]; i++ {
+			dl[i] = -1 / float32(n)
+		}
+	}
+	if err := m.Backward(dl); err != nil {
+		t.Fatal(err)
+	}
+	total := m.Table().Total
+	res.grads = make([]float32, total)
+	be.DownloadF32(res.grads, m.Grads())
+	mom, err := be.Alloc(kernels.F32, 2*total)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Free(mom)
+	be.AdamW(m.Params(), m.Grads(), mom.Slice(0, total), mom.Slice(total, total), kernels.AdamWStep{
+		LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-6, WeightDecay: 0.01,
+		BiasCorrection1: 0.1, BiasCorrection2: 0.001, GradScale: 1,
+	})
+	res.params = m.ParamsHost()
+	if err := be.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func compareSteps(t *testing.T, want, got stepResult) {
+	t.Helper()
+	for _, c := range []struct {
+		name      string
+		want, got []float32
+		tol       kerneltest.Tol
+	}{
+		{"logprob", want.logprob, got.logprob, tolStepLogprob},
+		{"entropy", want.entropy, got.entropy, tolStepLogprob},
+		{"gradients", want.grads, got.grads, tolStepGrads},
+		{"updated weights", want.params, got.params, tolStepParams},
+	} {
+		if msg := kerneltest.Compare(c.want, c.got, c.tol); msg != "" {
+			t.Errorf("tiny-model step %s: %s", c.name, msg)
+		}
+	}
+	if d := math.Abs(got.loss-want.loss) / math.Abs(want.loss); d > tolStepLoss {
+		t.Errorf("tiny-model step loss: got %.8g want %.8g (rel err %.3g)", got.loss, want.loss, d)
+	}
+	t.Logf("loss cpu %.8g, cuda %.8g", want.loss, got.loss)
+}
+
+// TestTinyStepEmu: one training step of the tiny model through the whole
+// CUDA backend on the CPU emulator equals the CPU backend's step.
+func TestTinyStepEmu(t *testing.T) {
+	ref := cpu.New(2)
+	defer ref.Close()
+	want := tinyStep(t, ref)
+	got := tinyStep(t, cuda.EmuBackend(t, cuda.Options{}))
+	compareSteps(t, want, got)
+}
+
+// TestTinyStepGPU: the same on CUDA device 0 (skips without one, unless
+// TRACEGRPO_REQUIRE_GPU=1).
+func TestTinyStepGPU(t *testing.T) {
+	be, err := cuda.OpenBackend(cuda.Options{})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device: %v", err)
+		}
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer be.Close()
+	t.Logf("device: %s", be.Info())
+	ref := cpu.New(2)
+	defer ref.Close()
+	compareSteps(t, tinyStep(t, ref), tinyStep(t, be))
+}

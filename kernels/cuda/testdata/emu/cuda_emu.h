@@ -1,0 +1,82 @@
+// cuda_emu.h: just enough of CUDA C++ to compile kernels/cuda/csrc/*.cu as
+// plain C++ and run them on the CPU (force-included with g++ -include).
+// Each CUDA thread of a block is a ucontext fiber on one OS thread;
+// __syncthreads and the warp shuffles are cooperative barriers. Blocks run
+// one after another, so __shared__ (static here) is one copy per block.
+// Used only by kernels/cuda's emulator test (emu_test.go): it checks the
+// kernels' logic and indexing, not GPU timing or memory-model behaviour.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#define TG_EMU 1
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define TG_INF INFINITY
+#define TG_DYN_SMEM(T, name) T* name = (T*)tg_emu_dyn_smem
+
+struct tg_dim3 {
+  unsigned x, y, z;
+};
+extern tg_dim3 threadIdx, blockIdx, blockDim, gridDim;
+extern char* tg_emu_dyn_smem;
+
+void __syncthreads();
+void tg_emu_warp_barrier();
+uint64_t* tg_emu_warp_slots();
+inline void __syncwarp(unsigned = 0xffffffffu) { tg_emu_warp_barrier(); }
+
+template <class T>
+T tg_emu_shfl(T v, int src) {
+  uint64_t* s = tg_emu_warp_slots();
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof(T));
+  s[threadIdx.x & 31] = bits;
+  tg_emu_warp_barrier();
+  uint64_t r = s[src & 31];
+  tg_emu_warp_barrier();
+  T out;
+  memcpy(&out, &r, sizeof(T));
+  return out;
+}
+template <class T>
+T __shfl_xor_sync(unsigned, T v, int m) {
+  return tg_emu_shfl(v, (int)(threadIdx.x & 31) ^ m);
+}
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+  return tg_emu_shfl(v, src);
+}
+
+// One OS thread runs every fiber: plain read-modify-write is atomic.
+inline float atomicAdd(float* p, float v) {
+  float o = *p;
+  *p = o + v;
+  return o;
+}
+inline int atomicOr(int* p, int v) {
+  int o = *p;
+  *p = o | v;
+  return o;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+inline float __int_as_float(int i) {
+  float f;
+  memcpy(&f, &i, 4);
+  return f;
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+using std::cos;
+using std::exp;
+using std::pow;
+using std::sin;

@@ -1,0 +1,351 @@
+// fakecuda.cpp: a CPU stand-in for libcuda.so.1 exporting the driver calls
+// kernels/cuda binds, running the real kernels (compiled from csrc/*.cu with
+// cuda_emu.h) on fibers. Device memory is host memory with a PROT_NONE page
+// right after each allocation, so a kernel writing or reading past the end
+// of a buffer crashes the test instead of passing silently. Launches check
+// the limits a GPU enforces (block size, grid y/z, 48 KiB of dynamic shared
+// memory) and abort on a barrier deadlock (divergent __syncthreads or a
+// thread exiting while others wait at one).
+#include <sys/mman.h>
+#include <time.h>
+#include <setjmp.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cuda_emu.h"
+
+typedef void (*tg_invoker)(void** params);
+struct tg_kernel {
+  const char* name;
+  tg_invoker fn;
+};
+extern const tg_kernel tg_kernels[];
+extern const int tg_nkernels;
+
+tg_dim3 threadIdx, blockIdx, blockDim, gridDim;
+char* tg_emu_dyn_smem;
+
+namespace {
+// A fiber starts through makecontext/swapcontext once per block and then
+// switches with _setjmp/_longjmp, which (unlike swapcontext) make no
+// sigprocmask system call: the emulator spends its time in the kernels.
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf jb;
+  char* stack = nullptr;
+  bool done = false, started = false;
+  long wait_gen = -1;  // the block-barrier generation it waits on, or -1
+};
+const size_t kStack = 256 << 10;
+ucontext_t sched;
+jmp_buf sched_jb;
+std::vector<Fiber> fibers;
+int cur, nthreads;
+int blk_arrived;
+unsigned blk_gen;
+int warp_arrived[32];
+unsigned warp_gen[32];
+uint64_t slots[32][32];
+long progress;
+uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+tg_invoker cur_fn;
+void** cur_params;
+
+void yield() {
+  if (!_setjmp(fibers[cur].jb)) _longjmp(sched_jb, 1);
+}
+
+void entry() {
+  cur_fn(cur_params);
+  fibers[cur].done = true;
+  progress++;
+  _longjmp(sched_jb, 1);  // never returns
+}
+
+void set_thread(int t) {
+  cur = t;
+  threadIdx = {(unsigned)t, 0, 0};
+}
+}  // namespace
+
+void __syncthreads() {
+  unsigned g = blk_gen;
+  progress++;
+  if (++blk_arrived == nthreads) {
+    blk_arrived = 0;
+    blk_gen++;
+    return;
+  }
+  int me = cur;
+  fibers[me].wait_gen = g;
+  while (blk_gen == g) {
+    yield();
+    set_thread(me);
+  }
+  fibers[me].wait_gen = -1;
+}
+
+void tg_emu_warp_barrier() {
+  int w = threadIdx.x >> 5;
+  unsigned g = warp_gen[w];
+  progress++;
+  if (++warp_arrived[w] == 32) {
+    warp_arrived[w] = 0;
+    warp_gen[w]++;
+    return;
+  }
+  int me = cur;
+  while (warp_gen[w] == g) {
+    yield();
+    set_thread(me);
+  }
+}
+
+uint64_t* tg_emu_warp_slots() { return slots[threadIdx.x >> 5]; }
+
+static int run_block(const char* name) {
+  blk_arrived = 0;
+  memset(warp_arrived, 0, sizeof warp_arrived);
+  for (int t = 0; t < nthreads; t++) {
+    Fiber& f = fibers[t];
+    f.done = false;
+    f.started = false;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &sched;
+    makecontext(&f.ctx, entry, 0);
+  }
+  // Warps run one at a time, in a new pseudo-random order for every phase
+  // between two __syncthreads, each as far as it can go (to the next
+  // __syncthreads or its end) before the next warp starts; lanes within a
+  // warp are resumed in a random order too. So warps drift as far apart as
+  // the barriers allow: a thread that reads shared memory another warp
+  // writes without a __syncthreads in between sees the wrong phase's data
+  // and the kernel's result changes. Missing barriers fail tests.
+  static std::vector<int> worder, lorder;
+  const int nwarps = (nthreads + 31) / 32;
+  worder.resize(nwarps);
+  for (int w = 0; w < nwarps; w++) worder[w] = w;
+  lorder.resize(32);
+  for (int i = 0; i < 32; i++) lorder[i] = i;
+  auto shuffle = [](std::vector<int>& v) {
+    for (int i = (int)v.size() - 1; i > 0; i--) {
+      rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+      int j = (int)((rng_state >> 33) % (uint64_t)(i + 1));
+      int tmp = v[i];
+      v[i] = v[j];
+      v[j] = tmp;
+    }
+  };
+  auto runnable = [](int t) {
+    return !fibers[t].done && (fibers[t].wait_gen < 0 || (long)blk_gen != fibers[t].wait_gen);
+  };
+  int remaining = nthreads;
+  while (remaining > 0) {
+    long before = progress;
+    shuffle(worder);
+    for (int w : worder) {
+      for (;;) {  // run warp w until none of its lanes can move
+        long wbefore = progress;
+        bool any = false;
+        shuffle(lorder);
+        for (int li : lorder) {
+          int t = w * 32 + li;
+          if (t >= nthreads || !runnable(t)) continue;
+          any = true;
+          set_thread(t);
+          if (!_setjmp(sched_jb)) {
+            if (!fibers[t].started) {
+              fibers[t].started = true;
+              swapcontext(&sched, &fibers[t].ctx);
+            } else {
+              _longjmp(fibers[t].jb, 1);
+            }
+          }
+          if (fibers[t].done) remaining--;
+        }
+        if (!any || progress == wbefore) break;
+      }
+    }
+    if (remaining > 0 && progress == before) {
+      fprintf(stderr,
+              "fakecuda: kernel %s block (%u,%u,%u): barrier deadlock, %d of %d threads "
+              "waiting (divergent __syncthreads/shuffle, or a thread exited early)\n",
+              name, blockIdx.x, blockIdx.y, blockIdx.z, remaining, nthreads);
+      abort();
+    }
+  }
+  return 0;
+}
+
+static std::map<uint64_t, std::pair<char*, size_t>> allocs;  // ptr -> (mapping, length)
+
+#define API extern "C" __attribute__((visibility("default"))) int
+
+API cuInit(unsigned) { return 0; }
+API cuDriverGetVersion(int* v) {
+  *v = 11080;
+  return 0;
+}
+API cuDeviceGetCount(int* n) {
+  *n = 1;
+  return 0;
+}
+API cuDeviceGet(int* d, int ord) {
+  if (ord != 0) return 101;  // CUDA_ERROR_INVALID_DEVICE
+  *d = 0;
+  return 0;
+}
+API cuDeviceGetName(char* name, int len, int) {
+  snprintf(name, len, "tracegrpo CPU emulator");
+  return 0;
+}
+API cuDeviceGetAttribute(int* v, int attr, int) {
+  switch (attr) {
+    case 16: *v = 2; return 0;   // SMs: small, so grid-stride loops wrap
+    case 75: *v = 8; return 0;   // compute capability 8.0
+    case 76: *v = 0; return 0;
+  }
+  return 1;
+}
+API cuDeviceTotalMem_v2(size_t* m, int) {
+  *m = (size_t)1 << 30;
+  return 0;
+}
+API cuDevicePrimaryCtxRetain(void** ctx, int) {
+  static int c;
+  *ctx = &c;
+  return 0;
+}
+API cuDevicePrimaryCtxRelease_v2(int) { return 0; }
+API cuCtxSetCurrent(void*) { return 0; }
+
+API cuMemAlloc_v2(uint64_t* p, size_t bytes) {
+  size_t page = sysconf(_SC_PAGESIZE);
+  size_t body = (bytes + page - 1) / page * page;
+  char* m = (char*)mmap(nullptr, body + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return 2;  // CUDA_ERROR_OUT_OF_MEMORY
+  mprotect(m + body, page, PROT_NONE);
+  char* user = m + body - (bytes + 15) / 16 * 16;  // end flush with the guard page, 16-aligned
+  memset(user, 0xA5, body - (user - m));           // garbage, as cuMemAlloc gives
+  allocs[(uint64_t)user] = {m, body + page};
+  *p = (uint64_t)user;
+  return 0;
+}
+API cuMemFree_v2(uint64_t p) {
+  auto it = allocs.find(p);
+  if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
+  munmap(it->second.first, it->second.second);
+  allocs.erase(it);
+  return 0;
+}
+API cuMemcpyHtoDAsync_v2(uint64_t d, const void* s, size_t n, void*) {
+  memcpy((void*)d, s, n);
+  return 0;
+}
+API cuMemcpyDtoHAsync_v2(void* d, uint64_t s, size_t n, void*) {
+  memcpy(d, (void*)s, n);
+  return 0;
+}
+API cuMemcpyDtoDAsync_v2(uint64_t d, uint64_t s, size_t n, void*) {
+  memmove((void*)d, (void*)s, n);
+  return 0;
+}
+API cuMemsetD8Async(uint64_t d, unsigned char v, size_t n, void*) {
+  memset((void*)d, v, n);
+  return 0;
+}
+API cuMemsetD32Async(uint64_t d, unsigned v, size_t n, void*) {
+  unsigned* p = (unsigned*)d;
+  for (size_t i = 0; i < n; i++) p[i] = v;
+  return 0;
+}
+API cuStreamCreate(void** s, unsigned) {
+  static int st;
+  *s = &st;
+  return 0;
+}
+API cuStreamDestroy_v2(void*) { return 0; }
+API cuStreamSynchronize(void*) { return 0; }
+API cuEventCreate(void** e, unsigned) {
+  *e = new double(0);
+  return 0;
+}
+API cuEventDestroy_v2(void* e) {
+  delete (double*)e;
+  return 0;
+}
+API cuEventRecord(void* e, void*) {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  *(double*)e = ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+  return 0;
+}
+API cuEventSynchronize(void*) { return 0; }
+API cuEventElapsedTime(float* ms, void* a, void* b) {
+  *ms = (float)(*(double*)b - *(double*)a);
+  return 0;
+}
+API cuModuleLoadDataEx(void** mod, const void* image, unsigned, int*, void**) {
+  if (strncmp((const char*)image, "// Code generated by make ptx", 29) != 0) return 218;  // INVALID_PTX
+  static int m;
+  *mod = &m;
+  return 0;
+}
+API cuModuleUnload(void*) { return 0; }
+API cuModuleGetFunction(void** fn, void*, const char* name) {
+  for (int i = 0; i < tg_nkernels; i++) {
+    if (strcmp(tg_kernels[i].name, name) == 0) {
+      *fn = (void*)&tg_kernels[i];
+      return 0;
+    }
+  }
+  return 500;  // CUDA_ERROR_NOT_FOUND
+}
+API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned smem, void*, void** params, void**) {
+  const tg_kernel* k = (const tg_kernel*)fn;
+  if (bx == 0 || bx > 1024 || bx % 32 != 0 || by != 1 || bz != 1 || gx == 0 || gy == 0 ||
+      gz == 0 || gy > 65535 || gz > 65535 || smem > 48 * 1024) {
+    fprintf(stderr, "fakecuda: %s: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %u\n", k->name,
+            gx, gy, gz, bx, by, bz, smem);
+    return 1;  // CUDA_ERROR_INVALID_VALUE
+  }
+  nthreads = bx;
+  if ((int)fibers.size() < nthreads) {
+    size_t old = fibers.size();
+    fibers.resize(nthreads);
+    for (size_t i = old; i < fibers.size(); i++) fibers[i].stack = (char*)malloc(kStack);
+  }
+  std::vector<char> dyn(smem + 16);
+  blockDim = {bx, 1, 1};
+  gridDim = {gx, gy, gz};
+  cur_fn = k->fn;
+  cur_params = params;
+  for (unsigned z = 0; z < gz; z++)
+    for (unsigned y = 0; y < gy; y++)
+      for (unsigned x = 0; x < gx; x++) {
+        memset(dyn.data(), 0xFF, dyn.size());  // NaN: unwritten shared memory shows up
+        tg_emu_dyn_smem = dyn.data();
+        blockIdx = {x, y, z};
+        run_block(k->name);
+      }
+  return 0;
+}
+API cuGetErrorString(int code, const char** s) {
+  *s = code == 0 ? "no error" : "emulated error";
+  return 0;
+}
+API cuGetErrorName(int code, const char** s) {
+  static char buf[64];
+  snprintf(buf, sizeof buf, "CUDA_ERROR_%d", code);
+  *s = buf;
+  return 0;
+}

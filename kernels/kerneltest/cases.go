@@ -1,0 +1,322 @@
+package kerneltest
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+type testCase struct {
+	name string
+	run  func(s *suite)
+}
+
+// Shapes shared by the cases.
+var (
+	rowShapes = []struct{ N, C int }{{1, 8}, {37, 33}, {64, 128}, {5, 300}, {3, 12300}} // 12300: wider than a block's shared memory
+	mmShapes  = []struct{ T, C, OC int }{{1, 8, 5}, {37, 33, 65}, {64, 128, 96}, {3, 300, 7}}
+	// Packed micro-batches: sequence lengths.
+	seqShapes = [][]int{
+		{1},
+		{37},
+		{5, 1, 17, 33, 2},
+		{3, 1, 2, 4, 1, 1, 3, 2, 4, 1, 2, 3, 1, 4, 2, 1, 3, 1, 2, 2}, // many short
+		{70, 3},
+	}
+	headShapes = []struct{ NH, NKV, HD int }{{4, 4, 16}, {4, 2, 40}, {6, 1, 8}, {2, 1, 128}}
+)
+
+func (s *suite) randTokens(n, V int) []int32 {
+	v := make([]int32, n)
+	for i := range v {
+		v[i] = int32(s.rng.IntN(V))
+	}
+	return v
+}
+
+func seqs(s *suite, lens []int) (kernels.Seqs, *pairBuf, int) {
+	cu := []int32{0}
+	maxLen := 0
+	for _, l := range lens {
+		cu = append(cu, cu[len(cu)-1]+int32(l))
+		maxLen = max(maxLen, l)
+	}
+	p := s.i32(cu)
+	T := int(cu[len(cu)-1])
+	return kernels.Seqs{S: len(lens), MaxLen: maxLen}, p, T
+}
+
+// both runs f on the reference's and the backend's views.
+func both(s *suite, f func(b kernels.Backend, view func(*pairBuf) kernels.Buf)) {
+	f(s.ref, func(p *pairBuf) kernels.Buf { return p.r })
+	f(s.dut, func(p *pairBuf) kernels.Buf { return p.d })
+}
+
+var cases = []testCase{
+	{"Embedding", func(s *suite) {
+		for _, sh := range []struct{ T, C, V int }{{1, 8, 5}, {37, 33, 50}, {100, 64, 7}} {
+			wte := s.randn(sh.V*sh.C, 1)
+			tok := s.i32(s.randTokens(sh.T, sh.V))
+			out := s.out(sh.T * sh.C)
+			dout := s.randn(sh.T*sh.C, 1)
+			dwte := s.randn(sh.V*sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Embedding(v(out), v(wte), v(tok), sh.T, sh.C)
+				b.EmbeddingBackward(v(dwte), v(dout), v(tok), sh.T, sh.C)
+			})
+			s.check(fmt.Sprintf("Embedding out T=%d C=%d", sh.T, sh.C), out, TolExact)
+			s.check(fmt.Sprintf("EmbeddingBackward dwte T=%d C=%d V=%d", sh.T, sh.C, sh.V), dwte, TolReduce)
+		}
+	}},
+	{"EmbeddingBadToken", func(s *suite) {
+		wte := s.randn(5*8, 1)
+		tok := s.i32([]int32{1, 7, 2})
+		out := s.out(3 * 8)
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) { b.Embedding(v(out), v(wte), v(tok), 3, 8) })
+		s.wantSyncError("token id 7 of a 5-row table")
+		s.check("Embedding out (bad token row zeroed)", out, TolExact)
+	}},
+	{"RMSNorm", func(s *suite) {
+		for _, sh := range rowShapes {
+			inp := s.randn(sh.N*sh.C, 2)
+			w := s.randn(sh.C, 1)
+			out, rstd := s.out(sh.N*sh.C), s.out(sh.N)
+			dout := s.randn(sh.N*sh.C, 1)
+			dinp, dw := s.randn(sh.N*sh.C, 1), s.randn(sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.RMSNorm(v(out), v(rstd), v(inp), v(w), sh.N, sh.C, 1e-6)
+				b.RMSNormBackward(v(dinp), v(dw), v(dout), v(inp), v(w), v(rstd), sh.N, sh.C)
+			})
+			tag := fmt.Sprintf("N=%d C=%d", sh.N, sh.C)
+			s.check("RMSNorm out "+tag, out, TolElementwise)
+			s.check("RMSNorm rstd "+tag, rstd, TolElementwise)
+			s.check("RMSNormBackward dinp "+tag, dinp, TolReduce)
+			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
+		}
+	}},
+	{"Matmul", func(s *suite) {
+		for _, sh := range mmShapes {
+			inp, w := s.randn(sh.T*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+			out := s.out(sh.T * sh.OC)
+			dout := s.randn(sh.T*sh.OC, 1)
+			dinp, dw := s.randn(sh.T*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+			dw2 := s.randn(sh.OC*sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Matmul(v(out), v(inp), v(w), sh.T, sh.C, sh.OC)
+				b.MatmulBackward(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+				// dinp skipped (zero-length): only dweight accumulates.
+				b.MatmulBackward(kernels.Buf{}, v(dw2), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+			})
+			tag := fmt.Sprintf("T=%d C=%d OC=%d", sh.T, sh.C, sh.OC)
+			s.check("Matmul out "+tag, out, TolMatmul)
+			s.check("MatmulBackward dinp "+tag, dinp, TolMatmul)
+			s.check("MatmulBackward dweight "+tag, dw, TolMatmul)
+			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
+		}
+	}},
+	{"Rope", func(s *suite) {
+		for _, sh := range []struct {
+			T, H, HD int
+			theta    float32
+			maxPos   int
+		}{{1, 1, 2, 10000, 1}, {37, 3, 8, 10000, 100}, {20, 2, 34, 1e6, 4096}, {9, 2, 128, 1e6, 40000}} {
+			pos := s.i32(s.randTokens(sh.T, sh.maxPos))
+			x := s.randn(sh.T*sh.H*sh.HD, 1)
+			dx := s.randn(sh.T*sh.H*sh.HD, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Rope(v(x), v(pos), sh.T, sh.H, sh.HD, sh.theta)
+				b.RopeBackward(v(dx), v(pos), sh.T, sh.H, sh.HD, sh.theta)
+			})
+			tag := fmt.Sprintf("T=%d H=%d HD=%d theta=%g maxpos=%d", sh.T, sh.H, sh.HD, sh.theta, sh.maxPos)
+			s.check("Rope x "+tag, x, TolRope)
+			s.check("RopeBackward dx "+tag, dx, TolRope)
+		}
+	}},
+	{"Attention", func(s *suite) {
+		for i, lens := range seqShapes {
+			for j, h := range headShapes {
+				if (i+j)%2 == 1 && h.HD == 128 {
+					continue // keep the suite fast: HD=128 on half the packings
+				}
+				sq, cuP, T := seqs(s, lens)
+				q := s.randn(T*h.NH*h.HD, 1)
+				k := s.randn(T*h.NKV*h.HD, 1)
+				v := s.randn(T*h.NKV*h.HD, 1)
+				out, lse := s.out(T*h.NH*h.HD), s.out(T*h.NH)
+				dout := s.randn(T*h.NH*h.HD, 1)
+				dq, dk, dv := s.out(T*h.NH*h.HD), s.out(T*h.NKV*h.HD), s.out(T*h.NKV*h.HD)
+				both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
+					sb := sq
+					sb.CuSeqlens = vw(cuP)
+					b.Attention(vw(out), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+					b.AttentionBackward(vw(dq), vw(dk), vw(dv), vw(dout), vw(out), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+				})
+				tag := fmt.Sprintf("lens=%v NH=%d NKV=%d HD=%d", lens, h.NH, h.NKV, h.HD)
+				s.check("Attention out "+tag, out, TolAttention)
+				s.check("Attention lse "+tag, lse, TolAttention)
+				s.check("AttentionBackward dq "+tag, dq, TolAttention)
+				s.check("AttentionBackward dk "+tag, dk, TolAttention)
+				s.check("AttentionBackward dv "+tag, dv, TolAttention)
+			}
+		}
+	}},
+	{"AttentionBadSeqs", func(s *suite) {
+		const NH, NKV, HD = 2, 1, 8
+		for _, c := range []struct {
+			name   string
+			cu     []int32
+			maxLen int
+			T      int
+		}{
+			{"a sequence longer than MaxLen", []int32{0, 5, 36}, 30, 36},
+			{"offsets not ending at T", []int32{0, 5, 20}, 15, 24},
+			{"offsets decreasing", []int32{0, 9, 4, 12}, 8, 12},
+		} {
+			cuP := s.i32(c.cu)
+			q, k, v := s.randn(c.T*NH*HD, 1), s.randn(c.T*NKV*HD, 1), s.randn(c.T*NKV*HD, 1)
+			out, lse := s.out(c.T*NH*HD), s.out(c.T*NH)
+			both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
+				sq := kernels.Seqs{CuSeqlens: vw(cuP), S: len(c.cu) - 1, MaxLen: c.maxLen}
+				b.Attention(vw(out), vw(lse), vw(q), vw(k), vw(v), sq, NH, NKV, HD)
+			})
+			s.wantSyncError("Attention with " + c.name)
+		}
+	}},
+	{"AttentionDecode", func(s *suite) {
+		for _, sh := range []struct {
+			lens              []int32
+			Tmax, NH, NKV, HD int
+		}{{[]int32{1}, 1, 2, 1, 8}, {[]int32{1, 17, 40}, 40, 4, 2, 16}, {[]int32{33, 5}, 70, 6, 3, 128}} {
+			B := len(sh.lens)
+			q := s.randn(B*sh.NH*sh.HD, 1)
+			kc := s.randn(B*sh.Tmax*sh.NKV*sh.HD, 1)
+			vc := s.randn(B*sh.Tmax*sh.NKV*sh.HD, 1)
+			lens := s.i32(sh.lens)
+			out := s.out(B * sh.NH * sh.HD)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.AttentionDecode(v(out), v(q), v(kc), v(vc), v(lens), B, sh.Tmax, sh.NH, sh.NKV, sh.HD)
+			})
+			s.check(fmt.Sprintf("AttentionDecode out lens=%v Tmax=%d NH=%d NKV=%d HD=%d", sh.lens, sh.Tmax, sh.NH, sh.NKV, sh.HD), out, TolAttention)
+		}
+	}},
+	{"SwiGLU", func(s *suite) {
+		for _, N := range []int{1, 1000} {
+			g, u := s.randn(N, 3), s.randn(N, 1)
+			out := s.out(N)
+			dout := s.randn(N, 1)
+			dg, du := s.out(N), s.out(N)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.SwiGLU(v(out), v(g), v(u), N)
+				b.SwiGLUBackward(v(dg), v(du), v(dout), v(g), v(u), N)
+			})
+			s.check(fmt.Sprintf("SwiGLU out N=%d", N), out, TolElementwise)
+			s.check(fmt.Sprintf("SwiGLUBackward dgate N=%d", N), dg, TolElementwise)
+			s.check(fmt.Sprintf("SwiGLUBackward dup N=%d", N), du, TolElementwise)
+		}
+	}},
+	{"AddAccumulate", func(s *suite) {
+		for _, N := range []int{1, 1001} {
+			a, b2 := s.randn(N, 1), s.randn(N, 1)
+			out := s.out(N)
+			alias := s.randn(N, 1)
+			dst := s.randn(N, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Add(v(out), v(a), v(b2), N)
+				b.Add(v(alias), v(alias), v(b2), N) // out aliases a
+				b.Accumulate(v(dst), v(a), N)
+			})
+			s.check(fmt.Sprintf("Add N=%d", N), out, TolExact)
+			s.check(fmt.Sprintf("Add aliased N=%d", N), alias, TolExact)
+			s.check(fmt.Sprintf("Accumulate N=%d", N), dst, TolExact)
+		}
+	}},
+	{"TokenLogprob", func(s *suite) {
+		for _, sh := range []struct {
+			T, C, V int
+			invTemp float32
+		}{{1, 8, 5, 1}, {37, 33, 300, 1}, {20, 64, 1000, 0.7}} {
+			hidden := s.randn(sh.T*sh.C, 1)
+			w := s.randn(sh.V*sh.C, 0.5)
+			tg := s.randTokens(sh.T, sh.V)
+			for i := range tg {
+				if i%5 == 3 {
+					tg[i] = -1 // masked rows
+				}
+			}
+			targets := s.i32(tg)
+			lp, ent, lse := s.out(sh.T), s.out(sh.T), s.out(sh.T)
+			dlp := s.randn(sh.T, 1)
+			dh, dw := s.randn(sh.T*sh.C, 1), s.randn(sh.V*sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.TokenLogprob(v(lp), v(ent), v(lse), v(hidden), v(w), v(targets), sh.T, sh.C, sh.V, sh.invTemp)
+				b.TokenLogprobBackward(v(dh), v(dw), v(dlp), v(hidden), v(w), v(targets), v(lse), sh.T, sh.C, sh.V, sh.invTemp)
+			})
+			tag := fmt.Sprintf("T=%d C=%d V=%d invTemp=%g", sh.T, sh.C, sh.V, sh.invTemp)
+			s.check("TokenLogprob logprob "+tag, lp, TolLogprob)
+			s.check("TokenLogprob entropy "+tag, ent, TolLogprob)
+			s.check("TokenLogprob lse "+tag, lse, TolLogprob)
+			s.check("TokenLogprobBackward dhidden "+tag, dh, TolLogprob)
+			s.check("TokenLogprobBackward dweight "+tag, dw, TolLogprob)
+		}
+	}},
+	{"ScatterRows", func(s *suite) {
+		for _, sh := range []struct{ N, W, R int }{{1, 1, 1}, {5, 33, 9}, {40, 7, 40}} {
+			perm := s.rng.Perm(sh.R)[:sh.N]
+			idx := make([]int32, sh.N)
+			for i, p := range perm {
+				idx[i] = int32(p)
+			}
+			src := s.randn(sh.N*sh.W, 1)
+			ix := s.i32(idx)
+			dst := s.randn(sh.R*sh.W, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.ScatterRows(v(dst), v(src), v(ix), sh.N, sh.W)
+			})
+			s.check(fmt.Sprintf("ScatterRows N=%d W=%d R=%d", sh.N, sh.W, sh.R), dst, TolExact)
+		}
+	}},
+	{"FillCopyScale", func(s *suite) {
+		for _, N := range []int{1, 777} {
+			x, y := s.out(N), s.randn(N, 1)
+			c := s.out(N)
+			z := s.randn(N, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Fill(v(x), -1.25)
+				b.Copy(v(c), v(y))
+				b.Scale(v(z), 0.3)
+			})
+			s.check(fmt.Sprintf("Fill N=%d", N), x, TolExact)
+			s.check(fmt.Sprintf("Copy N=%d", N), c, TolExact)
+			s.check(fmt.Sprintf("Scale N=%d", N), z, TolExact)
+		}
+	}},
+	{"AdamW", func(s *suite) {
+		for _, st := range []kernels.AdamWStep{
+			{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.01, BiasCorrection1: 0.1, BiasCorrection2: 0.001, GradScale: 1},
+			{LR: 3e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-6, WeightDecay: 0, BiasCorrection1: 1 - float32(math.Pow(0.9, 50)), BiasCorrection2: 1 - float32(math.Pow(0.95, 50)), GradScale: 0.25},
+		} {
+			N := 1001
+			p, g := s.randn(N, 1), s.randn(N, 1)
+			m := s.randn(N, 0.1)
+			vv := make([]float32, N)
+			for i := range vv {
+				vv[i] = float32(s.rng.Float64() * 0.01)
+			}
+			v := s.f32(vv)
+			both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) { b.AdamW(vw(p), vw(g), vw(m), vw(v), st) })
+			tag := fmt.Sprintf("lr=%g wd=%g", st.LR, st.WeightDecay)
+			s.check("AdamW param "+tag, p, TolElementwise)
+			s.check("AdamW m "+tag, m, TolElementwise)
+			s.check("AdamW v "+tag, v, TolElementwise)
+		}
+	}},
+	{"SumSquares", func(s *suite) {
+		for _, N := range []int{1, 1000, 100003} {
+			x := s.randn(N, 1)
+			out := s.out(1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) { b.SumSquares(v(out), v(x)) })
+			s.check(fmt.Sprintf("SumSquares N=%d", N), out, Tol{0, 1e-6})
+		}
+	}},
+}

@@ -1,0 +1,276 @@
+// Package kerneltest is the conformance suite of kernels.Backend: Run checks
+// every op of a backend against kernels/cpu, the reference, on random inputs
+// of odd shapes (lengths that are not multiples of 32, one-token sequences,
+// many short packed sequences, grouped-query ratios), with a named
+// tolerance per op.
+//
+// Every buffer is a view into a larger allocation with a random margin on
+// both sides: the suite checks that an op writes only inside its views, and
+// that a backend honours Buf.Off. Outputs start from random contents, so an
+// assigned (=) output an op forgets to write, or an accumulated (+=) one it
+// overwrites, fails. Ops that set a sticky error on the reference must set
+// one on the backend too.
+//
+// In CI kerneltest's own test runs the CPU backend against itself (a second
+// instance with a different thread count); kernels/cuda runs it on a GPU, and
+// on its CPU emulator.
+package kerneltest
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// Tol is |got − want| ≤ Atol + Rtol·|want|.
+type Tol struct{ Atol, Rtol float64 }
+
+// The per-op tolerances of a backend against kernels/cpu, both fp32 with
+// different summation orders and transcendental implementations.
+var (
+	// Exact: pure data movement or one correctly rounded fp32 operation.
+	TolExact = Tol{0, 0}
+	// TolElementwise: one or two calls of exp/sqrt whose last bit differs
+	// between libraries.
+	TolElementwise = Tol{1e-6, 1e-5}
+	// TolReduce: sums over up to a few hundred terms in another order
+	// (atomics across blocks, tree reductions).
+	TolReduce = Tol{1e-5, 1e-5}
+	// TolMatmul: fp32 dot products of length ≤ 300 of N(0,1) terms in
+	// another blocking order.
+	TolMatmul = Tol{1e-4, 1e-4}
+	// TolAttention: softmax over ≤ 100 keys, online (rescaled per tile) on
+	// one side, and the backward pass's products of those.
+	TolAttention = Tol{2e-5, 1e-4}
+	// TolLogprob: log-sum-exp over a vocabulary of a few hundred, formed in
+	// chunks; entropy is lse − E[z], a difference of two O(10) numbers.
+	TolLogprob = Tol{1e-4, 1e-4}
+	// TolRope: the same float32 angle on both sides, cos/sin from different
+	// libraries.
+	TolRope = Tol{1e-5, 1e-5}
+)
+
+// Run checks every op of the backends newBackend returns against
+// kernels/cpu. newBackend is called once; the backend is closed at the end
+// if it has a Close method.
+func Run(t *testing.T, newBackend func() kernels.Backend) {
+	dut := newBackend()
+	ref := cpu.New(2)
+	defer ref.Close()
+	defer closeBackend(t, dut)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(uint64(len(c.name)), 0x7eace))
+			s := &suite{t: t, ref: ref, dut: dut, rng: rng}
+			defer s.freeAll()
+			c.run(s)
+			s.syncBoth()
+			s.checkMargins()
+		})
+	}
+}
+
+func closeBackend(t *testing.T, b kernels.Backend) {
+	switch c := b.(type) {
+	case io.Closer:
+		if err := c.Close(); err != nil {
+			t.Errorf("close %s backend: %v", b.Name(), err)
+		}
+	case interface{ Close() }:
+		c.Close()
+	}
+}
+
+// pairBuf is one buffer on both backends: the views the op sees and the
+// allocations around them.
+type pairBuf struct {
+	r, d         kernels.Buf // the views
+	rAll, dAll   kernels.Buf // the allocations
+	init         []float32   // F32 initial contents of the allocation
+	initI        []int32     // I32 initial contents of the allocation
+	off, n       int
+	checkMargins bool
+}
+
+type suite struct {
+	t        *testing.T
+	ref, dut kernels.Backend
+	rng      *rand.Rand
+	bufs     []*pairBuf
+}
+
+func (s *suite) alloc(dt kernels.DType, n int) *pairBuf {
+	s.t.Helper()
+	lo, hi := s.rng.IntN(5), s.rng.IntN(5)
+	p := &pairBuf{off: lo, n: n, checkMargins: true}
+	var err error
+	if p.rAll, err = s.ref.Alloc(dt, lo+n+hi); err != nil {
+		s.t.Fatal(err)
+	}
+	if p.dAll, err = s.dut.Alloc(dt, lo+n+hi); err != nil {
+		s.t.Fatalf("%s: Alloc(%s, %d): %v", s.dut.Name(), dt, lo+n+hi, err)
+	}
+	p.r, p.d = p.rAll.Slice(lo, n), p.dAll.Slice(lo, n)
+	s.bufs = append(s.bufs, p)
+	return p
+}
+
+// f32 is a buffer holding vals on both backends (random margins around it).
+func (s *suite) f32(vals []float32) *pairBuf {
+	p := s.alloc(kernels.F32, len(vals))
+	p.init = make([]float32, p.rAll.N)
+	for i := range p.init {
+		p.init[i] = float32(s.rng.NormFloat64())
+	}
+	copy(p.init[p.off:], vals)
+	s.ref.UploadF32(p.rAll, p.init)
+	s.dut.UploadF32(p.dAll, p.init)
+	return p
+}
+
+// i32 is an I32 buffer holding vals on both backends.
+func (s *suite) i32(vals []int32) *pairBuf {
+	p := s.alloc(kernels.I32, len(vals))
+	p.initI = make([]int32, p.rAll.N)
+	for i := range p.initI {
+		p.initI[i] = -12345
+	}
+	copy(p.initI[p.off:], vals)
+	s.ref.UploadI32(p.rAll, p.initI)
+	s.dut.UploadI32(p.dAll, p.initI)
+	return p
+}
+
+// randn is an F32 buffer of n N(0, sd²) values.
+func (s *suite) randn(n int, sd float64) *pairBuf {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(s.rng.NormFloat64() * sd)
+	}
+	return s.f32(v)
+}
+
+// out is an F32 output buffer with random initial contents (the same on
+// both backends), so that an unwritten element shows.
+func (s *suite) out(n int) *pairBuf { return s.randn(n, 1) }
+
+func (s *suite) syncBoth() {
+	s.t.Helper()
+	rerr, derr := s.ref.Sync(), s.dut.Sync()
+	if (rerr == nil) != (derr == nil) {
+		s.t.Errorf("sticky errors differ: cpu %v, %s %v", rerr, s.dut.Name(), derr)
+	}
+}
+
+// wantSyncError checks that both backends report an error at Sync.
+func (s *suite) wantSyncError(what string) {
+	s.t.Helper()
+	rerr, derr := s.ref.Sync(), s.dut.Sync()
+	if rerr == nil {
+		s.t.Fatalf("%s: the cpu reference reported no error; the case is wrong", what)
+	}
+	if derr == nil {
+		s.t.Errorf("%s: %s reported no error at Sync (cpu: %v)", what, s.dut.Name(), rerr)
+	}
+}
+
+func (s *suite) freeAll() {
+	for _, p := range s.bufs {
+		s.ref.Free(p.rAll)
+		s.dut.Free(p.dAll)
+	}
+	s.bufs = nil
+}
+
+// check compares the F32 view p on both backends.
+func (s *suite) check(name string, p *pairBuf, tol Tol) {
+	s.t.Helper()
+	want := make([]float32, p.n)
+	got := make([]float32, p.n)
+	s.ref.DownloadF32(want, p.r)
+	s.dut.DownloadF32(got, p.d)
+	if msg := Compare(want, got, tol); msg != "" {
+		s.t.Errorf("%s (%d elements): %s", name, p.n, msg)
+	}
+}
+
+// checkMargins verifies that no op wrote outside its views on the backend
+// under test.
+func (s *suite) checkMargins() {
+	s.t.Helper()
+	for i, p := range s.bufs {
+		if p.init == nil && p.initI == nil {
+			continue
+		}
+		n := p.dAll.N
+		for _, region := range [][2]int{{0, p.off}, {p.off + p.n, n}} {
+			if region[0] == region[1] {
+				continue
+			}
+			if p.init != nil {
+				got := make([]float32, n)
+				s.dut.DownloadF32(got, p.dAll)
+				for j := region[0]; j < region[1]; j++ {
+					if math.Float32bits(got[j]) != math.Float32bits(p.init[j]) {
+						s.t.Errorf("buffer %d: element %d outside the view [%d, %d) changed from %v to %v",
+							i, j, p.off, p.off+p.n, p.init[j], got[j])
+						break
+					}
+				}
+			} else {
+				got := make([]int32, n)
+				s.dut.DownloadI32(got, p.dAll)
+				for j := region[0]; j < region[1]; j++ {
+					if got[j] != p.initI[j] {
+						s.t.Errorf("buffer %d: I32 element %d outside the view changed", i, j)
+						break
+					}
+				}
+			}
+		}
+	}
+}
+
+// Compare returns "" when every got[i] is within tol of want[i], else the
+// max abs and rel errors and the first mismatches.
+func Compare(want, got []float32, tol Tol) string {
+	if len(want) != len(got) {
+		return fmt.Sprintf("length %d, want %d", len(got), len(want))
+	}
+	var maxAbs, maxRel float64
+	var first []string
+	bad := 0
+	for i := range want {
+		w, g := float64(want[i]), float64(got[i])
+		d := math.Abs(g - w)
+		if math.IsNaN(g) != math.IsNaN(w) || math.IsInf(g, 0) != math.IsInf(w, 0) {
+			d = math.Inf(1)
+		} else if math.IsNaN(g) || (math.IsInf(g, 0) && g == w) {
+			d = 0
+		}
+		maxAbs = math.Max(maxAbs, d)
+		if w != 0 {
+			maxRel = math.Max(maxRel, d/math.Abs(w))
+		}
+		scale := math.Abs(w)
+		if math.IsNaN(scale) || math.IsInf(scale, 0) {
+			scale = 0
+		}
+		if !(d <= tol.Atol+tol.Rtol*scale) {
+			bad++
+			if len(first) < 5 {
+				first = append(first, fmt.Sprintf("[%d] got %g want %g", i, g, w))
+			}
+		}
+	}
+	if bad == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d mismatches beyond atol %g rtol %g (max abs err %.3g, max rel err %.3g); first: %v",
+		bad, tol.Atol, tol.Rtol, maxAbs, maxRel, first)
+}
