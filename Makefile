@@ -41,8 +41,12 @@ bench:
 golden:
 	@for s in scripts/golden_*.py; do echo "$(PYTHON) $$s"; $(PYTHON) $$s || exit 1; done
 
+# The main job: the built-in agentic task on the CPU, into runs/builtin (a
+# previous run of it there is replaced), then its curves.
 run: build
-	./bin/train --help
+	rm -rf runs/builtin
+	./bin/train --out runs/builtin
+	./bin/train plot --out runs/builtin
 
 ptx:
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC)

@@ -32,8 +32,7 @@ The run directory (--out) receives metrics.jsonl (one line per step),
 config.yaml (the effective config), checkpoints/step_<N>/ and, for the
 built-in job, captures/.
 
-Flags:
-`
+Flags:`
 
 // runTrain is the default command: parse flags, set up, then the loop.
 func runTrain(args []string, stdout, stderr io.Writer) error {
