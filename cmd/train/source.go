@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"bufio"
 	"encoding/json"
 	"errors"
@@ -161,6 +162,9 @@ func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) 
 		lp := make([]float64, len(o.Logprobs))
 		for j, x := range o.Logprobs {
 			lp[j] = float64(x)
+			if math.IsNaN(lp[j]) || math.IsInf(lp[j], 0) {
+				return nil, fmt.Errorf("the policy sampled token %d of prompt %d with log-probability %v: its weights are not finite or its logits overflow (earlier non-finite updates were skipped; see skipped_update in metrics.jsonl)", j, i, x)
+			}
 		}
 		cs[i] = rollout.Completion{Tokens: o.Tokens, Logprobs: lp}
 	}

@@ -411,8 +411,8 @@ func TestBadInputFailsBeforeWork(t *testing.T) {
 	}
 }
 
-// TestNonFiniteLoss starts from weights so large that the logits overflow:
-// the loss and the gradient are not finite. By default the update is skipped and counted; with
+// TestNonFiniteLoss starts from weights so large that the activations
+// overflow: the gradient is not finite. By default the update is skipped and counted; with
 // --on-nonfinite abort the run stops with an error.
 func TestNonFiniteLoss(t *testing.T) {
 	dir := t.TempDir()
@@ -436,13 +436,28 @@ func TestNonFiniteLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := filepath.Join(dir, "skip")
-	mustTrain(t, trainArgs(out, 2, "--init-from", init)...)
-	for _, m := range metricsNoTimes(t, out) {
-		if !m.SkippedUpdate {
-			t.Errorf("step %d: a NaN gradient was not reported as a skipped update", m.Step)
-		}
+	mustTrain(t, trainArgs(out, 1, "--init-from", init)...)
+	ms := metricsNoTimes(t, out)
+	if g := float64(ms[0].GradNorm); len(ms) != 1 || !ms[0].SkippedUpdate || !(math.IsNaN(g) || math.IsInf(g, 0)) {
+		t.Fatalf("a non-finite gradient was not reported as a non-finite grad_norm and a skipped update: %+v", ms)
 	}
-	msg := failTrain(t, trainArgs(filepath.Join(dir, "abort"), 2, "--init-from", init, "--on-nonfinite", "abort")...)
+	// The weights are unchanged by the skipped update.
+	if d, where := maxAbsDiff(weights(t, out, 1), func() map[string][]float32 {
+		w := map[string][]float32{}
+		for _, x := range st.Model {
+			w[x.Name] = x.F32
+		}
+		return w
+	}()); d != 0 {
+		t.Errorf("a skipped update changed the weights by %g at %s", d, where)
+	}
+	// Sampling from such a policy gives non-finite logprobs: a clear error,
+	// never a capture with NaN in it.
+	msg := failTrain(t, trainArgs(filepath.Join(dir, "skip2"), 3, "--init-from", init)...)
+	if !strings.Contains(msg, "log-probability") && !strings.Contains(msg, "non-finite") {
+		t.Errorf("sampling from a non-finite policy: %q", msg)
+	}
+	msg = failTrain(t, trainArgs(filepath.Join(dir, "abort"), 2, "--init-from", init, "--on-nonfinite", "abort")...)
 	if !strings.Contains(msg, "non-finite") {
 		t.Errorf("abort on a NaN gradient: %q", msg)
 	}
