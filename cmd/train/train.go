@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/optim"
 	"github.com/tracegrpo/tracegrpo/rollout"
 )
 
@@ -118,7 +119,7 @@ func (t *trainer) run() error {
 		if err != nil {
 			return fmt.Errorf("step %d: optimizer: %w", step, err)
 		}
-		t.sched.Step(int64(batch.Metrics.Logical))
+		t.sched.Step(optim.StepSamples(len(batch.Rows), batch.Metrics.Logical))
 		t.model.ZeroGrad()
 		t.step, t.consumed = step, t.consumed+int64(len(recs))
 		ph.Optimizer = sw.lap()

@@ -530,3 +530,31 @@ func TestHelpExplains(t *testing.T) {
 		}
 	}
 }
+
+// TestSchedulerCountsLogicalRollouts: the scheduler's clock advances by the
+// logical rollout count of each step (12 here), however many physical rows
+// the traces expanded into, and the optimizer steps once per GRPO step.
+func TestSchedulerCountsLogicalRollouts(t *testing.T) {
+	out := t.TempDir()
+	mustTrain(t, trainArgs(out, 4)...)
+	ms := metricsNoTimes(t, out)
+	rows := map[int]bool{}
+	for _, m := range ms {
+		rows[m.PhysicalRows+m.PaddingRows] = true
+	}
+	ts, err := checkpoint.ParseTrainerState(checkpointBytes(t, out, 4, "trainer_state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sched struct{ Samples, Steps int64 }
+	var opt struct{ Step int64 }
+	json.Unmarshal(ts.Scheduler, &sched)
+	json.Unmarshal(ts.Optimizer, &opt)
+	if sched.Samples != 4*12 || sched.Steps != 4 || opt.Step != 4 {
+		t.Errorf("after 4 steps of 12 logical rollouts (physical row counts %v): scheduler %+v, optimizer step %d; want 48 samples, 4 ticks, 4 updates",
+			rows, sched, opt.Step)
+	}
+	if ts.ConsumedRollouts != 48 {
+		t.Errorf("consumed_logical_rollouts = %d, want 48", ts.ConsumedRollouts)
+	}
+}
