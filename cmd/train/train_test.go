@@ -558,3 +558,23 @@ func TestSchedulerCountsLogicalRollouts(t *testing.T) {
 		t.Errorf("consumed_logical_rollouts = %d, want 48", ts.ConsumedRollouts)
 	}
 }
+
+// TestBuiltinJobLearns guards the main job's learning in CI time: 40 steps
+// of the built-in job at a higher learning rate must raise the mean reward
+// of the last 10 steps well above the first 10 (the full 300-step job is
+// measured in the README).
+func TestBuiltinJobLearns(t *testing.T) {
+	out := t.TempDir()
+	mustTrain(t, "--out", out, "--quiet", "--steps", "40",
+		"--set", "policy.megatron_cfg.optimizer.lr=3e-3", "--set", "checkpointing.enabled=false")
+	ms := metricsNoTimes(t, out)
+	var first, last float64
+	for i := 0; i < 10; i++ {
+		first += float64(ms[i].RewardMean) / 10
+		last += float64(ms[len(ms)-1-i].RewardMean) / 10
+	}
+	if last-first < 0.2 {
+		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: the built-in job did not learn", first, last)
+	}
+	t.Logf("mean reward: first 10 steps %.3f, last 10 %.3f", first, last)
+}
