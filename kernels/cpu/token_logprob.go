@@ -63,6 +63,9 @@ func tokenLogprobRows[F Float](ws *wscratch, logprob, entropy, lse, hidden, weig
 					zr[i] *= invTemp
 					cm = max(cm, zr[i])
 				}
+				if tg >= v0 && tg < v0+vc {
+					zt[r] = float64(zr[tg-v0])
+				}
 				if float64(cm) > m[r] {
 					alpha := math.Exp(m[r] - float64(cm))
 					s2[r] = alpha * (s2[r] + (m[r]-float64(cm))*s1[r])
@@ -74,17 +77,27 @@ func tokenLogprobRows[F Float](ws *wscratch, logprob, entropy, lse, hidden, weig
 				}
 				mf := F(m[r])
 				var a1, a2 F
-				for _, v := range zr {
-					d := v - mf
-					e := expF(d)
-					a1 += e
-					a2 += e * d
+				if isF32[F]() && ws != nil {
+					// d = z − m, then e = exp(d) by the vector exp into a
+					// copy, then Σ e·d.
+					d := asF32(zr)
+					for i := range d {
+						d[i] -= float32(mf)
+					}
+					e := ws.get(slotRow, len(d))
+					copy(e, d)
+					a1 = F(expScaleShift(e, 1, 0))
+					a2 = F(dotF(e, d))
+				} else {
+					for _, v := range zr {
+						d := v - mf
+						e := expF(d)
+						a1 += e
+						a2 += e * d
+					}
 				}
 				s1[r] += float64(a1)
 				s2[r] += float64(a2)
-				if tg >= v0 && tg < v0+vc {
-					zt[r] = float64(zr[tg-v0])
-				}
 			}
 		}
 		for r := 0; r < nr; r++ {
@@ -122,8 +135,14 @@ func tokenLogprobBackwardRows[F Float](ws *wscratch, dz, dhidden, hidden, weight
 		}
 		g := dlogprob[t] * invTemp
 		l := lse[t]
-		for i, v := range zr {
-			zr[i] = -g * expF(v*invTemp-l)
+		if isF32[F]() && ws != nil {
+			z32 := asF32(zr)
+			expScaleShift(z32, float32(invTemp), float32(l))
+			scaleRange(z32, float32(-g))
+		} else {
+			for i, v := range zr {
+				zr[i] = -g * expF(v*invTemp-l)
+			}
 		}
 		if tg >= v0 && tg < v0+vc {
 			zr[tg-v0] += g
