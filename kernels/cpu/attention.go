@@ -28,10 +28,20 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
+// dotF is Σ a[i]·b[i] with four interleaved partial sums (i mod 4) added
+// as (s0+s1)+(s2+s3), then the tail: a fixed order for a given length.
 func dotF[F Float](a, b []F) F {
 	b = b[:len(a)]
-	var s F
-	for i := range a {
+	var s0, s1, s2, s3 F
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	s := (s0 + s1) + (s2 + s3)
+	for ; i < len(a); i++ {
 		s += a[i] * b[i]
 	}
 	return s
@@ -79,7 +89,7 @@ func attnForwardRow[F Float](out, lse, q, k, v []F, t, h, s0, NH, NKV, HD int, s
 
 // attnBackwardGroup computes dq for the query heads of key/value head kvh and
 // dk, dv of kvh over the sequence [s0, s1).
-func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1, kvh, NH, NKV, HD int, sc []F) {
+func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1, kvh, NH, NKV, HD int) {
 	scale := 1 / sqrtF(F(HD))
 	g := NH / NKV
 	for j := s0; j < s1; j++ {
@@ -105,7 +115,6 @@ func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1,
 			}
 		}
 	}
-	_ = sc
 }
 
 // attnQBlock is the number of query rows the float32 path processes per
@@ -217,7 +226,6 @@ type attnTask struct {
 
 func (t *attnTask) run(w, lo, hi int) {
 	ws := &t.ws[w]
-	sc := ws.get(slotAttnS, t.maxLen)
 	if t.bwd {
 		for it := lo; it < hi; it++ {
 			s, kvh := it/t.NKV, it%t.NKV
@@ -226,7 +234,6 @@ func (t *attnTask) run(w, lo, hi int) {
 		}
 		return
 	}
-	_ = sc
 	for it := lo; it < hi; it++ {
 		blk := t.blocks[it]
 		s0 := int(t.cu[blk.seq])
@@ -285,6 +292,9 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	blocks := b.tasks.attnBlocks[:0]
 	for s := 0; s < seqs.S; s++ {
 		L := int(cu[s+1] - cu[s])
+		if L == 0 {
+			continue
+		}
 		for i0 := (L - 1) / attnQBlock * attnQBlock; i0 >= 0; i0 -= attnQBlock {
 			for h := 0; h < NH; h++ {
 				blocks = append(blocks, attnBlock{int32(s), int32(h), int32(i0), int32(min(i0+attnQBlock, L))})
