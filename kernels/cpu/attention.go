@@ -16,10 +16,18 @@ package cpu
 //	          dk (T,NKV,HD) = Σ_{t,h in group} dS_j · q_t / sqrt(HD)    =
 //	          dv (T,NKV,HD) = Σ_{t,h in group} P_j · dout_t             =
 //
-// The forward computes each (token, head) row on its own: a max-subtracted
-// softmax over the row's scores, saving lse. The backward recomputes P from
-// lse and splits work by (sequence, key/value head), so every dk/dv element
-// is summed by one grain in a fixed order: both are thread-count invariant.
+// The Backend's float32 path works in blocks of attnQBlock query rows of one
+// head: S = Q·Kᵀ over keys [0, end of block) by the packed gemm, a masked,
+// max-subtracted softmax per row (the whole row of scores is held, at most
+// MaxLen floats, so no online rescaling is needed), lse saved, O = P·V by
+// gemm. The backward recomputes P from lse block by block and splits work by
+// (sequence, key/value head), so every dk/dv element is summed by one grain in
+// a fixed order. Both are thread-count invariant. Scratch per worker is
+// 2·attnQBlock·MaxLen floats.
+//
+// attnForwardRow and attnBackwardGroup are the generic row-by-row reference
+// (float64 instantiation finite-difference checked; the float32 path is
+// compared against it).
 
 import (
 	"fmt"
