@@ -150,6 +150,10 @@ type Options struct {
 	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or
 	// MatmulDefault ($TRACEGRPO_CUDA_MATMUL, else fp32).
 	Matmul MatmulMode
+	// DecodeSplit is how many cache rows one warp of AttentionDecode covers
+	// before the splits are combined (flash-decoding); 0 means 256. Rounded
+	// down to a multiple of 32.
+	DecodeSplit int
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
 	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
 	LogitsScratch int
