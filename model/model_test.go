@@ -2,6 +2,7 @@ package model
 
 import (
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -368,4 +369,37 @@ func TestInitRandom(t *testing.T) {
 			t.Errorf("%s: variance %g, want about %g", p.Name, std, InitStd*InitStd)
 		}
 	}
+}
+
+// FuzzParseConfig: any input is rejected with an error or parses to a valid
+// config that survives a JSON round trip.
+func FuzzParseConfig(f *testing.F) {
+	for _, v := range goldenVariants {
+		b, err := os.ReadFile(filepath.Join("testdata", v, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"model_type":"llama","hidden_size":8,"intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":3,"eos_token_id":[1,2]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig(data, "fuzz")
+		if err != nil {
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("parsed config fails Validate: %v", err)
+		}
+		out, err := c.JSON("float32")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := ParseConfig(out, "rewritten")
+		if err != nil {
+			t.Fatalf("rewritten config rejected: %v\n%s", err, out)
+		}
+		if d := cmp.Diff(c, c2, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra"), cmpopts.EquateEmpty()); d != "" {
+			t.Fatalf("round trip (-first +second):\n%s", d)
+		}
+	})
 }
