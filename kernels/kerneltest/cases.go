@@ -274,6 +274,26 @@ var cases = []testCase{
 			s.check("TokenLogprobBackward dweight "+tag, dw, TolLogprob)
 		}
 	}},
+	{"DataErrors", func(s *suite) {
+		// ScatterRows with an index past the destination's rows.
+		src := s.randn(3*5, 1)
+		ix := s.i32([]int32{0, 4, 2}) // dst has 4 rows
+		dst := s.randn(4*5, 1)
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) { b.ScatterRows(v(dst), v(src), v(ix), 3, 5) })
+		s.wantSyncError("ScatterRows index 4 of 4 rows")
+		s.check("ScatterRows dst with a bad index (the valid rows land)", dst, TolExact)
+		// TokenLogprob with a target id past the vocabulary: that row is zero.
+		const T, C, V = 6, 8, 40
+		hidden, w := s.randn(T*C, 1), s.randn(V*C, 1)
+		targets := s.i32([]int32{3, 40, -1, 0, 39, 7})
+		lp, ent, lse := s.out(T), s.out(T), s.out(T)
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+			b.TokenLogprob(v(lp), v(ent), v(lse), v(hidden), v(w), v(targets), T, C, V, 1)
+		})
+		s.wantSyncError("TokenLogprob target 40 of V=40")
+		s.check("TokenLogprob logprob with a bad target", lp, TolLogprob)
+		s.check("TokenLogprob lse with a bad target", lse, TolLogprob)
+	}},
 	{"ScatterRows", func(s *suite) {
 		for _, sh := range []struct{ N, W, R int }{{1, 1, 1}, {5, 33, 9}, {40, 7, 40}} {
 			perm := s.rng.Perm(sh.R)[:sh.N]
