@@ -22,9 +22,33 @@ var ErrNoForward = errors.New("model: Backward without a preceding Forward")
 // sequence's first token. The returned slices belong to the model and are
 // overwritten by the next Forward. Activations are kept for Backward.
 func (m *Model) Forward(tokens []int32, cuSeqlens []int32, temperature float32) (logprob, entropy []float32, err error) {
+	return m.ForwardMasked(tokens, cuSeqlens, temperature, nil)
+}
+
+// ForwardMasked is Forward computing logprob[t] and entropy[t] only where
+// need[t] is true (len(need) = len(tokens); nil means everywhere): the LM
+// head, the costliest op per token, skips every other position, which get 0.
+// Backward then ignores dlogprob at those positions. Use it to skip prompt
+// and tool-output tokens that carry no loss.
+func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool) (logprob, entropy []float32, err error) {
 	T := len(tokens)
+	if need != nil && len(need) != T {
+		m.haveForward = false
+		return nil, nil, fmt.Errorf("model: forward: need has %d entries for %d tokens", len(need), T)
+	}
 	if err := m.stage(tokens, cuSeqlens, temperature); err != nil {
 		return nil, nil, err
+	}
+	if need != nil {
+		// Row t of the head predicts token t+1.
+		for s := 0; s < m.lastS; s++ {
+			for t := cuSeqlens[s]; t+1 < cuSeqlens[s+1]; t++ {
+				if !need[t+1] {
+					m.hTarget[t] = -1
+				}
+			}
+		}
+		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
 	m.forward()
 	b := m.b

@@ -3,6 +3,7 @@ package model
 import (
 	"math/rand/v2"
 	"os"
+	"slices"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -402,4 +403,56 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("round trip (-first +second):\n%s", d)
 		}
 	})
+}
+
+// TestForwardMasked: masked positions get 0 and no gradient; the others are
+// exactly what the unmasked forward gives.
+func TestForwardMasked(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "llama_tied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	defer m.Close()
+	r := rand.New(rand.NewPCG(8, 9))
+	tokens, cu := randomBatch(r, 5, 12, 512)
+	need := make([]bool, len(tokens))
+	coef := make([]float32, len(tokens))
+	masked := make([]float32, len(tokens))
+	for i := range need {
+		need[i] = r.IntN(2) == 0
+		coef[i] = float32(r.NormFloat64())
+		if need[i] {
+			masked[i] = coef[i]
+		}
+	}
+	full, fullEnt, err := m.Forward(tokens, cu, 1.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, fullEnt = slices.Clone(full), slices.Clone(fullEnt)
+	m.ZeroGrad()
+	if err := m.Backward(masked); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, m.Table().Total)
+	b.DownloadF32(want, m.Grads())
+	lp, ent, err := m.ForwardMasked(tokens, cu, 1.1, need)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range lp {
+		wl, we := full[i], fullEnt[i]
+		if !need[i] {
+			wl, we = 0, 0
+		}
+		if lp[i] != wl || ent[i] != we {
+			t.Fatalf("token %d (need %v): logprob %g entropy %g, want %g %g", i, need[i], lp[i], ent[i], wl, we)
+		}
+	}
+	m.ZeroGrad()
+	if err := m.Backward(coef); err != nil { // dlogprob at unneeded positions is ignored
+		t.Fatal(err)
+	}
+	got := make([]float32, m.Table().Total)
+	b.DownloadF32(got, m.Grads())
+	compareClose(t, "masked gradients", got, want, 0, 0)
 }
