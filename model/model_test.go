@@ -3,8 +3,8 @@ package model
 import (
 	"math/rand/v2"
 	"os"
-	"slices"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
