@@ -20,6 +20,7 @@
 #                                              logprobs, loss, gradients and
 #                                              AdamW-updated weights, CUDA vs CPU
 #                         TestMatmulModesGPU   fp32 / tf32 / bf16 GEMMs vs float64
+#                         TestPTXAssemblesSM90 the PTX through that ptxas, if any
 #   qwen3-0.6b.json     the Qwen3-0.6B config the benchmark builds (random weights)
 #   bench_bf16.json     train bench --backend cuda, 8 × 1024 packed tokens, one
 #   bench_fp32.json     step = forward + backward + AdamW; GEMMs in bf16 (fp32
@@ -91,7 +92,7 @@ say "cuBLAS folders: ${TRACEGRPO_CUDA_LIBS:-none found (relying on the loader pa
 # 3. Conformance, tiny-model step, GEMM modes (test binary built here, run in
 # its package folder so it finds csrc/ and model/testdata).
 (cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout 120 "$bin/cuda.test" \
-	-test.run 'GPU$' -test.v -test.count=1 -test.timeout 115s) >"$out/gpu-tests.txt" 2>&1
+	-test.run 'GPU$|SM90$' -test.v -test.count=1 -test.timeout 115s) >"$out/gpu-tests.txt" 2>&1
 rc=$?
 for t in TestConformanceGPU TestTinyStepGPU TestMatmulModesGPU; do
 	if grep -q -- "--- PASS: $t " "$out/gpu-tests.txt"; then
@@ -102,6 +103,8 @@ for t in TestConformanceGPU TestTinyStepGPU TestMatmulModesGPU; do
 	fi
 done
 [ $rc -eq 0 ] || { say "FAIL: cuda.test exited $rc"; status=1; }
+# The committed PTX through that machine's ptxas (CUDA 13), if it has one.
+grep -E -- "--- (PASS|SKIP|FAIL): TestPTXAssemblesSM90" "$out/gpu-tests.txt" | sed 's/^--- //' | tee -a "$summary"
 grep -E "device: |loss cpu" "$out/gpu-tests.txt" | sed 's/^ */  /' | tee -a "$summary"
 
 # 4. Throughput of one training step of a Qwen3-0.6B-shaped random model.
