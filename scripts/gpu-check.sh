@@ -19,6 +19,8 @@
 #                                              Qwen3 (model/testdata/qwen3_tied):
 #                                              logprobs, loss, gradients and
 #                                              AdamW-updated weights, CUDA vs CPU
+#                         TestSamplerGPU       greedy sampling through prefill and
+#                                              the KV cache (AttentionDecode), CUDA vs CPU
 #                         TestMatmulModesGPU   fp32 / tf32 / bf16 GEMMs vs float64
 #                         TestPTXAssemblesSM90 the PTX through that ptxas, if any
 #   qwen3-0.6b.json     the Qwen3-0.6B config the benchmark builds (random weights)
@@ -94,7 +96,7 @@ say "cuBLAS folders: ${TRACEGRPO_CUDA_LIBS:-none found (relying on the loader pa
 (cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout 120 "$bin/cuda.test" \
 	-test.run 'GPU$|SM90$' -test.v -test.count=1 -test.timeout 115s) >"$out/gpu-tests.txt" 2>&1
 rc=$?
-for t in TestConformanceGPU TestTinyStepGPU TestMatmulModesGPU; do
+for t in TestConformanceGPU TestTinyStepGPU TestSamplerGPU TestMatmulModesGPU; do
 	if grep -q -- "--- PASS: $t " "$out/gpu-tests.txt"; then
 		say "PASS: $t"
 	else
