@@ -456,3 +456,71 @@ func TestForwardMasked(t *testing.T) {
 	b.DownloadF32(got, m.Grads())
 	compareClose(t, "masked gradients", got, want, 0, 0)
 }
+
+// TestRecompute: activation recomputation gives bit-identical logprobs,
+// entropies, gradients and samples, allocates nothing per step, and uses
+// less activation memory.
+func TestRecompute(t *testing.T) {
+	for _, v := range []string{"qwen3_untied", "llama_tied"} {
+		t.Run(v, func(t *testing.T) {
+			b := cpu.New(2)
+			defer b.Close()
+			plain := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8})
+			defer plain.Close()
+			re := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8, Recompute: true})
+			defer re.Close()
+			if re.acts.N >= plain.acts.N {
+				t.Errorf("recompute activations %d floats, plain %d", re.acts.N, plain.acts.N)
+			}
+			r := rand.New(rand.NewPCG(11, 12))
+			tokens, cu := randomBatch(r, 5, 12, 512)
+			coef := make([]float32, len(tokens))
+			for i := range coef {
+				coef[i] = float32(r.NormFloat64())
+			}
+			type result struct{ lp, ent, grads []float32 }
+			run := func(m *Model) result {
+				lp, ent, err := m.Forward(tokens, cu, 0.8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res := result{lp: slices.Clone(lp), ent: slices.Clone(ent), grads: make([]float32, m.Table().Total)}
+				m.ZeroGrad()
+				if err := m.Backward(coef); err != nil {
+					t.Fatal(err)
+				}
+				b.DownloadF32(res.grads, m.Grads())
+				return res
+			}
+			if d := cmp.Diff(run(plain), run(re), cmp.AllowUnexported(result{})); d != "" {
+				t.Fatalf("recompute differs (-plain +recompute):\n%s", d)
+			}
+			step := func() {
+				if _, _, err := re.Forward(tokens, cu, 1); err != nil {
+					t.Fatal(err)
+				}
+				if err := re.Backward(coef); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := testing.AllocsPerRun(3, step); n != 0 {
+				t.Errorf("recompute step allocates %v times", n)
+			}
+			sample := func(m *Model) []Sample {
+				s, err := NewSampler(m, 4, 20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 6}, rand.New(rand.NewPCG(1, 1)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			if d := cmp.Diff(sample(plain), sample(re)); d != "" {
+				t.Fatalf("samples differ (-plain +recompute):\n%s", d)
+			}
+		})
+	}
+}
