@@ -104,8 +104,8 @@ func ParseConfig(data []byte, name string) (Config, error) {
 			return nil
 		}
 		var f float64
-		if err := json.Unmarshal(v, &f); err != nil || !(f > 0) || math.IsInf(f, 0) {
-			return bad(k, "a positive number", string(v))
+		if err := json.Unmarshal(v, &f); err != nil || !(float32(f) > 0) || math.IsInf(float64(float32(f)), 0) {
+			return bad(k, "a positive number within float32 range", string(v))
 		}
 		*dst = float32(f)
 		return nil
@@ -217,6 +217,10 @@ func ParseConfig(data []byte, name string) (Config, error) {
 	return c, nil
 }
 
+// maxDim bounds every size in a config so that products of two sizes (a
+// weight matrix) cannot overflow.
+const maxDim = 1 << 24
+
 // Validate checks the sizes for consistency.
 func (c Config) Validate() error {
 	if _, ok := archClass[c.Arch]; !ok {
@@ -230,8 +234,8 @@ func (c Config) Validate() error {
 		{"num_hidden_layers", c.NumHiddenLayers}, {"num_attention_heads", c.NumAttentionHeads},
 		{"num_key_value_heads", c.NumKeyValueHeads}, {"head_dim", c.HeadDim}, {"vocab_size", c.VocabSize},
 	} {
-		if f.v <= 0 {
-			return fmt.Errorf("field %s: expected a positive integer, found %d", f.k, f.v)
+		if f.v <= 0 || f.v > maxDim {
+			return fmt.Errorf("field %s: expected an integer in [1, %d], found %d", f.k, maxDim, f.v)
 		}
 	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {

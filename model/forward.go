@@ -22,9 +22,33 @@ var ErrNoForward = errors.New("model: Backward without a preceding Forward")
 // sequence's first token. The returned slices belong to the model and are
 // overwritten by the next Forward. Activations are kept for Backward.
 func (m *Model) Forward(tokens []int32, cuSeqlens []int32, temperature float32) (logprob, entropy []float32, err error) {
+	return m.ForwardMasked(tokens, cuSeqlens, temperature, nil)
+}
+
+// ForwardMasked is Forward computing logprob[t] and entropy[t] only where
+// need[t] is true (len(need) = len(tokens); nil means everywhere): the LM
+// head, the costliest op per token, skips every other position, which get 0.
+// Backward then ignores dlogprob at those positions. Use it to skip prompt
+// and tool-output tokens that carry no loss.
+func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool) (logprob, entropy []float32, err error) {
 	T := len(tokens)
+	if need != nil && len(need) != T {
+		m.haveForward = false
+		return nil, nil, fmt.Errorf("model: forward: need has %d entries for %d tokens", len(need), T)
+	}
 	if err := m.stage(tokens, cuSeqlens, temperature); err != nil {
 		return nil, nil, err
+	}
+	if need != nil {
+		// Row t of the head predicts token t+1.
+		for s := 0; s < m.lastS; s++ {
+			for t := cuSeqlens[s]; t+1 < cuSeqlens[s+1]; t++ {
+				if !need[t+1] {
+					m.hTarget[t] = -1
+				}
+			}
+		}
+		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
 	m.forward()
 	b := m.b
@@ -117,15 +141,32 @@ func (m *Model) forward() {
 		m.haveForward = true
 		return
 	}
-	m.forwardBody()
+	m.forwardBody(nil)
 	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHead,
 		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
 	m.haveForward = true
 }
 
 // forwardBody queues the decoder layers and the final norm of the staged
-// micro-batch (T > 0), leaving the normed hidden states in lnf.
-func (m *Model) forwardBody() {
+// micro-batch (T > 0), leaving the normed hidden states in lnf. after, if
+// not nil, runs once each layer's activations are ready (with
+// Options.Recompute they are overwritten by the next layer).
+func (m *Model) forwardBody(after func(l int)) {
+	T, C := m.lastT, m.cfg.HiddenSize
+	m.b.Embedding(m.la[0].x.Slice(0, T*C), m.wte, m.tokens.Slice(0, T), T, C)
+	for l := range m.la {
+		m.layerForward(l, true)
+		if after != nil {
+			after(l)
+		}
+	}
+	m.b.RMSNorm(m.lnf.Slice(0, T*C), m.rstdf.Slice(0, T), m.xf.Slice(0, T*C), m.norm, T, C, m.cfg.RMSNormEps)
+}
+
+// layerForward queues decoder layer l from its input la[l].x. With full it
+// also writes the layer's output (the next layer's input or xf); without,
+// it stops once every activation the layer's backward needs is ready.
+func (m *Model) layerForward(l int, full bool) {
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -133,41 +174,39 @@ func (m *Model) forwardBody() {
 	eps, theta := c.RMSNormEps, c.RopeTheta
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
-
-	b.Embedding(tc(m.la[0].x, C), m.wte, m.tokens.Slice(0, T), T, C)
-	for l := range m.la {
-		a, w := &m.la[l], &m.layers[l]
-		x := tc(a.x, C)
-		b.RMSNorm(tc(a.ln1, C), a.rstd1.Slice(0, T), x, w.ln1, T, C, eps)
-		q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
-		if c.Arch == Qwen3 {
-			b.Matmul(tc(a.qraw, qn), tc(a.ln1, C), w.q, T, C, qn)
-			b.Matmul(tc(a.kraw, kn), tc(a.ln1, C), w.k, T, C, kn)
-			b.RMSNorm(q, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
-			b.RMSNorm(k, a.krstd.Slice(0, T*NKV), tc(a.kraw, kn), w.kNorm, T*NKV, HD, eps)
-		} else {
-			b.Matmul(q, tc(a.ln1, C), w.q, T, C, qn)
-			b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
-		}
-		b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
-		b.Rope(q, pos, T, NH, HD, theta)
-		b.Rope(k, pos, T, NKV, HD, theta)
-		b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
-		xmid := tc(a.xmid, C)
-		b.Matmul(xmid, tc(a.att, qn), w.o, T, qn, C)
-		b.Add(xmid, xmid, x, T*C)
-		b.RMSNorm(tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, w.ln2, T, C, eps)
-		b.Matmul(tc(a.gate, I), tc(a.ln2, C), w.gate, T, C, I)
-		b.Matmul(tc(a.up, I), tc(a.ln2, C), w.up, T, C, I)
-		b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
-		next := tc(m.xf, C)
-		if l+1 < len(m.la) {
-			next = tc(m.la[l+1].x, C)
-		}
-		b.Matmul(next, tc(a.h, I), w.down, T, I, C)
-		b.Add(next, next, xmid, T*C)
+	a, w := &m.la[l], &m.layers[l]
+	x := tc(a.x, C)
+	b.RMSNorm(tc(a.ln1, C), a.rstd1.Slice(0, T), x, w.ln1, T, C, eps)
+	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
+	if c.Arch == Qwen3 {
+		b.Matmul(tc(a.qraw, qn), tc(a.ln1, C), w.q, T, C, qn)
+		b.Matmul(tc(a.kraw, kn), tc(a.ln1, C), w.k, T, C, kn)
+		b.RMSNorm(q, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
+		b.RMSNorm(k, a.krstd.Slice(0, T*NKV), tc(a.kraw, kn), w.kNorm, T*NKV, HD, eps)
+	} else {
+		b.Matmul(q, tc(a.ln1, C), w.q, T, C, qn)
+		b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
 	}
-	b.RMSNorm(tc(m.lnf, C), m.rstdf.Slice(0, T), tc(m.xf, C), m.norm, T, C, eps)
+	b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
+	b.Rope(q, pos, T, NH, HD, theta)
+	b.Rope(k, pos, T, NKV, HD, theta)
+	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
+	xmid := tc(a.xmid, C)
+	b.Matmul(xmid, tc(a.att, qn), w.o, T, qn, C)
+	b.Add(xmid, xmid, x, T*C)
+	b.RMSNorm(tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, w.ln2, T, C, eps)
+	b.Matmul(tc(a.gate, I), tc(a.ln2, C), w.gate, T, C, I)
+	b.Matmul(tc(a.up, I), tc(a.ln2, C), w.up, T, C, I)
+	b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
+	if !full {
+		return
+	}
+	next := tc(m.xf, C)
+	if l+1 < len(m.la) {
+		next = tc(m.la[l+1].x, C)
+	}
+	b.Matmul(next, tc(a.h, I), w.down, T, I, C)
+	b.Add(next, next, xmid, T*C)
 }
 
 // Backward accumulates into Grads the gradient of L with respect to every
@@ -220,6 +259,9 @@ func (m *Model) backward() {
 
 	for l := len(m.la) - 1; l >= 0; l-- {
 		a, w, dw := &m.la[l], &m.layers[l], &m.dlayers[l]
+		if m.opt.Recompute {
+			m.layerForward(l, false)
+		}
 		// MLP: x_{l+1} = xmid + down(silu(gate)·up).
 		dh := tc(m.dh, I)
 		b.Fill(dh, 0)

@@ -10,6 +10,12 @@ import (
 type Options struct {
 	MaxTokens int // most tokens of one packed micro-batch (T)
 	MaxSeqs   int // most sequences in one micro-batch (S); 0 means MaxTokens
+	// Recompute keeps only each layer's input across the forward pass and
+	// recomputes the layer's other activations in the backward pass
+	// (activation checkpointing): about one extra forward of the decoder
+	// layers per step for activation memory of C floats per token per layer
+	// plus one layer's worth. Results are bit-identical.
+	Recompute bool
 }
 
 // layerView holds one decoder layer's parameter views (or gradient views).
@@ -176,8 +182,13 @@ func (m *Model) allocActs() error {
 	var f arenaPlan
 	m.la = make([]layerActs, c.NumHiddenLayers)
 	for l := range m.la {
+		f.add(&m.la[l].x, T*C)
+	}
+	for l := range m.la {
+		if m.opt.Recompute && l > 0 {
+			break // every layer shares layer 0's activations
+		}
 		a := &m.la[l]
-		f.add(&a.x, T*C)
 		f.add(&a.ln1, T*C)
 		f.add(&a.rstd1, T)
 		if c.Arch == Qwen3 {
@@ -218,6 +229,13 @@ func (m *Model) allocActs() error {
 		return fmt.Errorf("model: activations of %d floats for %d tokens: %w", f.n, T, err)
 	}
 	f.cut(m.acts)
+	if m.opt.Recompute {
+		for l := 1; l < len(m.la); l++ {
+			x := m.la[l].x
+			m.la[l] = m.la[0]
+			m.la[l].x = x
+		}
+	}
 	var ip arenaPlan
 	ip.add(&m.tokens, T)
 	ip.add(&m.pos, T)

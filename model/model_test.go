@@ -2,7 +2,9 @@ package model
 
 import (
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -367,5 +369,158 @@ func TestInitRandom(t *testing.T) {
 		if std < 0.018*0.018 || std > 0.022*0.022 {
 			t.Errorf("%s: variance %g, want about %g", p.Name, std, InitStd*InitStd)
 		}
+	}
+}
+
+// FuzzParseConfig: any input is rejected with an error or parses to a valid
+// config that survives a JSON round trip.
+func FuzzParseConfig(f *testing.F) {
+	for _, v := range goldenVariants {
+		b, err := os.ReadFile(filepath.Join("testdata", v, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(`{"model_type":"llama","hidden_size":8,"intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":3,"eos_token_id":[1,2]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig(data, "fuzz")
+		if err != nil {
+			return
+		}
+		if err := c.Validate(); err != nil {
+			t.Fatalf("parsed config fails Validate: %v", err)
+		}
+		out, err := c.JSON("float32")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := ParseConfig(out, "rewritten")
+		if err != nil {
+			t.Fatalf("rewritten config rejected: %v\n%s", err, out)
+		}
+		if d := cmp.Diff(c, c2, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra"), cmpopts.EquateEmpty()); d != "" {
+			t.Fatalf("round trip (-first +second):\n%s", d)
+		}
+	})
+}
+
+// TestForwardMasked: masked positions get 0 and no gradient; the others are
+// exactly what the unmasked forward gives.
+func TestForwardMasked(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "llama_tied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	defer m.Close()
+	r := rand.New(rand.NewPCG(8, 9))
+	tokens, cu := randomBatch(r, 5, 12, 512)
+	need := make([]bool, len(tokens))
+	coef := make([]float32, len(tokens))
+	masked := make([]float32, len(tokens))
+	for i := range need {
+		need[i] = r.IntN(2) == 0
+		coef[i] = float32(r.NormFloat64())
+		if need[i] {
+			masked[i] = coef[i]
+		}
+	}
+	full, fullEnt, err := m.Forward(tokens, cu, 1.1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full, fullEnt = slices.Clone(full), slices.Clone(fullEnt)
+	m.ZeroGrad()
+	if err := m.Backward(masked); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, m.Table().Total)
+	b.DownloadF32(want, m.Grads())
+	lp, ent, err := m.ForwardMasked(tokens, cu, 1.1, need)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range lp {
+		wl, we := full[i], fullEnt[i]
+		if !need[i] {
+			wl, we = 0, 0
+		}
+		if lp[i] != wl || ent[i] != we {
+			t.Fatalf("token %d (need %v): logprob %g entropy %g, want %g %g", i, need[i], lp[i], ent[i], wl, we)
+		}
+	}
+	m.ZeroGrad()
+	if err := m.Backward(coef); err != nil { // dlogprob at unneeded positions is ignored
+		t.Fatal(err)
+	}
+	got := make([]float32, m.Table().Total)
+	b.DownloadF32(got, m.Grads())
+	compareClose(t, "masked gradients", got, want, 0, 0)
+}
+
+// TestRecompute: activation recomputation gives bit-identical logprobs,
+// entropies, gradients and samples, allocates nothing per step, and uses
+// less activation memory.
+func TestRecompute(t *testing.T) {
+	for _, v := range []string{"qwen3_untied", "llama_tied"} {
+		t.Run(v, func(t *testing.T) {
+			b := cpu.New(2)
+			defer b.Close()
+			plain := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8})
+			defer plain.Close()
+			re := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8, Recompute: true})
+			defer re.Close()
+			if re.acts.N >= plain.acts.N {
+				t.Errorf("recompute activations %d floats, plain %d", re.acts.N, plain.acts.N)
+			}
+			r := rand.New(rand.NewPCG(11, 12))
+			tokens, cu := randomBatch(r, 5, 12, 512)
+			coef := make([]float32, len(tokens))
+			for i := range coef {
+				coef[i] = float32(r.NormFloat64())
+			}
+			type result struct{ lp, ent, grads []float32 }
+			run := func(m *Model) result {
+				lp, ent, err := m.Forward(tokens, cu, 0.8)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res := result{lp: slices.Clone(lp), ent: slices.Clone(ent), grads: make([]float32, m.Table().Total)}
+				m.ZeroGrad()
+				if err := m.Backward(coef); err != nil {
+					t.Fatal(err)
+				}
+				b.DownloadF32(res.grads, m.Grads())
+				return res
+			}
+			if d := cmp.Diff(run(plain), run(re), cmp.AllowUnexported(result{})); d != "" {
+				t.Fatalf("recompute differs (-plain +recompute):\n%s", d)
+			}
+			step := func() {
+				if _, _, err := re.Forward(tokens, cu, 1); err != nil {
+					t.Fatal(err)
+				}
+				if err := re.Backward(coef); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if n := testing.AllocsPerRun(3, step); n != 0 {
+				t.Errorf("recompute step allocates %v times", n)
+			}
+			sample := func(m *Model) []Sample {
+				s, err := NewSampler(m, 4, 20)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 6}, rand.New(rand.NewPCG(1, 1)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			if d := cmp.Diff(sample(plain), sample(re)); d != "" {
+				t.Fatalf("samples differ (-plain +recompute):\n%s", d)
+			}
+		})
 	}
 }

@@ -266,20 +266,21 @@ func (s *Sampler) prefill(prompts [][]int32) error {
 		if err := m.stage(s.prefillTokens, s.prefillCu, 1); err != nil {
 			return fmt.Errorf("model: sample: prefill: %w", err)
 		}
-		m.forwardBody()
 		T := len(s.prefillTokens)
 		for p := start; p < end; p++ {
 			lo := int(s.prefillCu[p-start])
 			for j := range prompts[p] {
 				s.hIdx[lo+j] = int32(p*s.maxLen + j)
 			}
-			last := int(s.prefillCu[p-start+1]) - 1
-			m.b.Copy(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C))
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
-		for l := range m.la {
+		m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
 			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
 			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+		})
+		for p := start; p < end; p++ {
+			last := int(s.prefillCu[p-start+1]) - 1
+			m.b.Copy(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C))
 		}
 		start = end
 	}

@@ -19,9 +19,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 $GO build -o "$DIR/train" ./cmd/train
+# Debian's torch uses libblas.so.3, the reference BLAS unless configured
+# otherwise (~2.5 GFLOP/s): point it at OpenBLAS when that is installed
+# (apt-get install libopenblas0-pthread) so the reference is a realistic one.
+OPENBLAS=${TORCH_BLAS_DIR:-/usr/lib/x86_64-linux-gnu/openblas-pthread}
+if [ -e "$OPENBLAS/libblas.so.3" ]; then
+  export LD_LIBRARY_PATH="$OPENBLAS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" OPENBLAS_NUM_THREADS=$THREADS
+else
+  echo "bench_compare: OpenBLAS not found at $OPENBLAS; torch uses the system libblas.so.3" >&2
+fi
 torch=$($PYTHON scripts/bench_torch.py --out "$DIR/model" --rows 8 --seq 256 --steps "$STEPS" --threads "$THREADS" $PROFILE)
 echo "$torch"
-ours=$("$DIR/train" bench --model "$DIR/model/config.json" --weights "$DIR/model" --rows 8 --seq 256 --steps "$STEPS" --threads "$THREADS" $PROFILE)
+ours=$(env -u LD_LIBRARY_PATH "$DIR/train" bench --model "$DIR/model/config.json" --weights "$DIR/model" --rows 8 --seq 256 --steps "$STEPS" --threads "$THREADS" $PROFILE)
 echo "$ours"
 $PYTHON - "$torch" "$ours" <<'PY'
 import json, sys

@@ -13,6 +13,11 @@ batch), causal GQA attention, logits ÷ temperature (1), log-softmax, gather of
 the next token and entropy (no gradient), loss = Σ dl·logprob, backward, and
 AdamW with weight decay 0.01 on matrices and 0 on norm weights.
 
+Debian's python3-torch calls whatever libblas.so.3 resolves to, which is the
+reference (unoptimised) BLAS unless an optimised one is installed; the JSON line
+names the library used. scripts/bench_compare.sh points it at OpenBLAS when
+libopenblas0-pthread is installed, so the reference is a realistic PyTorch.
+
 Run: /usr/bin/python3 scripts/bench_torch.py --out /tmp/tracegrpo-bench [--threads 2]
 """
 import argparse
@@ -69,6 +74,18 @@ def save_dir(path, params):
             f.write(t.detach().contiguous().numpy().astype("<f4").tobytes())
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(CONFIG, f, indent=2, sort_keys=True)
+
+
+def blas_in_use():
+    """The BLAS library mapped into this process (Debian's torch uses whatever
+    libblas.so.3 resolves to: the slow reference BLAS by default)."""
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1] if len(line.split()) >= 6 else ""
+            if "blas" in os.path.basename(path):
+                libs.add(path)
+    return ",".join(sorted(libs)) or "unknown"
 
 
 def rms_norm(x, w, eps):
@@ -166,7 +183,7 @@ def main():
     n = len(times)
     med = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
     print(json.dumps({
-        "backend": "torch", "torch": torch.__version__, "threads": a.threads, "rows": a.rows, "seq": a.seq,
+        "backend": "torch", "torch": torch.__version__, "blas": blas_in_use(), "threads": a.threads, "rows": a.rows, "seq": a.seq,
         "steps": a.steps, "params": sum(t.numel() for t in P.values()), "ms_per_step": med, "ms_min": times[0],
         "tokens_per_s": a.rows * a.seq / (med / 1e3),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "weights": a.out,

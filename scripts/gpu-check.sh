@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh: everything a GPU machine should check of the CUDA backend, in
-# one command that finishes in under 6 minutes (its timeouts add up to 330 s)
+# one command that finishes in under 6 minutes (its timeouts add up to 340 s)
 # and builds nothing there.
 #
 #   scripts/gpu-check.sh --build     on the development machine (Go + gcc, no
@@ -12,6 +12,7 @@
 #
 # What the run writes into OUTDIR:
 #   nvidia-smi.txt      nvidia-smi and its GPU query (name, driver, memory, clocks)
+#   optim-tests.txt     optim's TestAdamWGolden (PyTorch goldens) on cpu and cuda
 #   gpu-tests.txt       go test -v of kernels/cuda's device tests, with
 #                       TRACEGRPO_REQUIRE_GPU=1 so that "no device" fails:
 #                         TestConformanceGPU   kerneltest: every op, CUDA vs CPU
@@ -19,7 +20,10 @@
 #                                              Qwen3 (model/testdata/qwen3_tied):
 #                                              logprobs, loss, gradients and
 #                                              AdamW-updated weights, CUDA vs CPU
+#                         TestSamplerGPU       greedy sampling through prefill and
+#                                              the KV cache (AttentionDecode), CUDA vs CPU
 #                         TestMatmulModesGPU   fp32 / tf32 / bf16 GEMMs vs float64
+#                         TestPTXAssemblesSM90 the PTX through that ptxas, if any
 #   qwen3-0.6b.json     the Qwen3-0.6B config the benchmark builds (random weights)
 #   bench_bf16.json     train bench --backend cuda, 8 × 1024 packed tokens, one
 #   bench_fp32.json     step = forward + backward + AdamW; GEMMs in bf16 (fp32
@@ -44,8 +48,9 @@ if [ "${1:-}" = "--build" ]; then
 	set -e
 	mkdir -p bin/gpu-check
 	go test -c -o bin/gpu-check/cuda.test ./kernels/cuda
+	go test -c -o bin/gpu-check/optim.test ./optim
 	go build -o bin/gpu-check/train ./cmd/train
-	echo "built bin/gpu-check/{cuda.test,train}; carry bin/gpu-check to the GPU machine"
+	echo "built bin/gpu-check/{cuda.test,optim.test,train}; carry bin/gpu-check to the GPU machine"
 	exit 0
 fi
 if [ $# -ne 1 ]; then
@@ -61,7 +66,7 @@ summary=$out/summary.txt
 : >"$summary"
 status=0
 say() { echo "$*" | tee -a "$summary"; }
-for f in cuda.test train; do
+for f in cuda.test optim.test train; do
 	if [ ! -x "$bin/$f" ]; then
 		say "FAIL: $bin/$f missing: run scripts/gpu-check.sh --build on the development machine and carry bin/gpu-check"
 		exit 1
@@ -90,10 +95,10 @@ say "cuBLAS folders: ${TRACEGRPO_CUDA_LIBS:-none found (relying on the loader pa
 
 # 3. Conformance, tiny-model step, GEMM modes (test binary built here, run in
 # its package folder so it finds csrc/ and model/testdata).
-(cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout 120 "$bin/cuda.test" \
-	-test.run 'GPU$' -test.v -test.count=1 -test.timeout 115s) >"$out/gpu-tests.txt" 2>&1
+(cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout 100 "$bin/cuda.test" \
+	-test.run 'GPU$|SM90$' -test.v -test.count=1 -test.timeout 95s) >"$out/gpu-tests.txt" 2>&1
 rc=$?
-for t in TestConformanceGPU TestTinyStepGPU TestMatmulModesGPU; do
+for t in TestConformanceGPU TestTinyStepGPU TestSamplerGPU TestMatmulModesGPU; do
 	if grep -q -- "--- PASS: $t " "$out/gpu-tests.txt"; then
 		say "PASS: $t"
 	else
@@ -102,7 +107,19 @@ for t in TestConformanceGPU TestTinyStepGPU TestMatmulModesGPU; do
 	fi
 done
 [ $rc -eq 0 ] || { say "FAIL: cuda.test exited $rc"; status=1; }
+# The committed PTX through that machine's ptxas (CUDA 13), if it has one.
+grep -E -- "--- (PASS|SKIP|FAIL): TestPTXAssemblesSM90" "$out/gpu-tests.txt" | sed 's/^--- //' | tee -a "$summary"
 grep -E "device: |loss cpu" "$out/gpu-tests.txt" | sed 's/^ */  /' | tee -a "$summary"
+
+# optim's AdamW goldens (PyTorch-authored) on the cuda backend too.
+(cd "$root/optim" && TRACEGRPO_REQUIRE_GPU=1 timeout 60 "$bin/optim.test" \
+	-test.run 'AdamWGolden' -test.v -test.count=1) >"$out/optim-tests.txt" 2>&1
+if [ $? -eq 0 ] && grep -q -- "--- PASS: TestAdamWGolden" "$out/optim-tests.txt"; then
+	say "PASS: optim TestAdamWGolden (cpu and cuda)"
+else
+	say "FAIL: optim TestAdamWGolden (see optim-tests.txt)"
+	status=1
+fi
 
 # 4. Throughput of one training step of a Qwen3-0.6B-shaped random model.
 cfg=$out/qwen3-0.6b.json
@@ -136,7 +153,7 @@ fi
 bench() { # mode steps extra-args... ; prints the JSON line to stdout
 	local mode=$1 steps=$2
 	shift 2
-	TRACEGRPO_CUDA_MATMUL=$mode timeout 70 "$bin/train" bench --backend cuda --model "$cfg" \
+	TRACEGRPO_CUDA_MATMUL=$mode timeout 60 "$bin/train" bench --backend cuda --model "$cfg" \
 		--rows $ROWS --seq $SEQ --steps "$steps" "$@"
 }
 bench bf16 3 >"$out/bench_bf16.json" 2>"$out/bench_bf16.err" || say "FAIL: bf16 benchmark (see bench_bf16.err)"

@@ -37,6 +37,7 @@ type benchResult struct {
 	Rows        int     `json:"rows"`
 	Seq         int     `json:"seq"`
 	Steps       int     `json:"steps"`
+	Recompute   bool    `json:"recompute"`
 	MsPerStep   float64 `json:"ms_per_step"`
 	MsMin       float64 `json:"ms_min"`
 	TokensPerS  float64 `json:"tokens_per_s"`
@@ -55,6 +56,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
 	weights := fs.String("weights", "", "load HF weights from this directory instead of random ones")
 	profile := fs.Bool("profile", false, "print time per op to stderr")
+	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass (activation checkpointing)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -67,7 +69,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	var be kernels.Backend
-	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, WeightsFrom: "random"}
+	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, Recompute: *recompute, WeightsFrom: "random"}
 	switch *backend {
 	case "cpu":
 		c := cpu.New(*threads)
@@ -89,7 +91,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		be = prof
 	}
 	T := *rows * *seq
-	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: *rows})
+	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: *rows, Recompute: *recompute})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}

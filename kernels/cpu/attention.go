@@ -16,10 +16,18 @@ package cpu
 //	          dk (T,NKV,HD) = Σ_{t,h in group} dS_j · q_t / sqrt(HD)    =
 //	          dv (T,NKV,HD) = Σ_{t,h in group} P_j · dout_t             =
 //
-// The forward computes each (token, head) row on its own: a max-subtracted
-// softmax over the row's scores, saving lse. The backward recomputes P from
-// lse and splits work by (sequence, key/value head), so every dk/dv element
-// is summed by one grain in a fixed order: both are thread-count invariant.
+// The Backend's float32 path works in blocks of attnQBlock query rows of one
+// head: S = Q·Kᵀ over keys [0, end of block) by the packed gemm, a masked,
+// max-subtracted softmax per row (the whole row of scores is held, at most
+// MaxLen floats, so no online rescaling is needed), lse saved, O = P·V by
+// gemm. The backward recomputes P from lse block by block and splits work by
+// (sequence, key/value head), so every dk/dv element is summed by one grain in
+// a fixed order. Both are thread-count invariant. Scratch per worker is
+// 2·attnQBlock·MaxLen floats.
+//
+// attnForwardRow and attnBackwardGroup are the generic row-by-row reference
+// (float64 instantiation finite-difference checked; the float32 path is
+// compared against it).
 
 import (
 	"fmt"
@@ -28,10 +36,20 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
+// dotF is Σ a[i]·b[i] with four interleaved partial sums (i mod 4) added
+// as (s0+s1)+(s2+s3), then the tail: a fixed order for a given length.
 func dotF[F Float](a, b []F) F {
 	b = b[:len(a)]
-	var s F
-	for i := range a {
+	var s0, s1, s2, s3 F
+	i := 0
+	for ; i+4 <= len(a); i += 4 {
+		s0 += a[i] * b[i]
+		s1 += a[i+1] * b[i+1]
+		s2 += a[i+2] * b[i+2]
+		s3 += a[i+3] * b[i+3]
+	}
+	s := (s0 + s1) + (s2 + s3)
+	for ; i < len(a); i++ {
 		s += a[i] * b[i]
 	}
 	return s
@@ -79,7 +97,7 @@ func attnForwardRow[F Float](out, lse, q, k, v []F, t, h, s0, NH, NKV, HD int, s
 
 // attnBackwardGroup computes dq for the query heads of key/value head kvh and
 // dk, dv of kvh over the sequence [s0, s1).
-func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1, kvh, NH, NKV, HD int, sc []F) {
+func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1, kvh, NH, NKV, HD int) {
 	scale := 1 / sqrtF(F(HD))
 	g := NH / NKV
 	for j := s0; j < s1; j++ {
@@ -105,7 +123,89 @@ func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1,
 			}
 		}
 	}
-	_ = sc
+}
+
+// attnQBlock is the number of query rows the float32 path processes per
+// gemm (a multiple of the micro-kernel's 12 rows).
+const attnQBlock = 48
+
+// attnForwardBlock32 is the float32 fast path of the forward for query rows
+// [i0, i1) of head h in the sequence starting at token s0: S = Q·Kᵀ by gemm
+// over keys [0, i1), a masked softmax per row (saving lse), O = P·V by gemm.
+func attnForwardBlock32(ws *wscratch, out, lse, q, k, v []float32, s0, i0, i1, h, NH, NKV, HD int) {
+	kvh := h / (NH / NKV)
+	qb, nk := i1-i0, i1
+	scale := 1 / float32(sqrtF(float64(HD)))
+	S := ws.get(slotAttnS, qb*nk)
+	qrow := q[((s0+i0)*NH+h)*HD:]
+	krow := k[(s0*NKV+kvh)*HD:]
+	vrow := v[(s0*NKV+kvh)*HD:]
+	gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, NKV*HD, S, nk, false)
+	inv := ws.get(slotAttnAux, qb)
+	for r := 0; r < qb; r++ {
+		i := i0 + r
+		row := S[r*nk : (r+1)*nk]
+		valid := row[:i+1]
+		m := maxF32(valid) * scale
+		sum := expScaleShift(valid, scale, m)
+		clear(row[i+1:])
+		inv[r] = 1 / sum
+		lse[(s0+i)*NH+h] = m + float32(logF(float64(sum)))
+	}
+	o := out[((s0+i0)*NH+h)*HD:]
+	gemm(ws, false, false, qb, HD, nk, S, nk, vrow, NKV*HD, o, NH*HD, false)
+	for r := 0; r < qb; r++ {
+		scaleRange(o[r*NH*HD:r*NH*HD+HD], inv[r])
+	}
+}
+
+// attnBackwardGroup32 is the float32 fast path of the backward for key/value
+// head kvh over the sequence [s0, s1), query blocks of attnQBlock rows.
+func attnBackwardGroup32(ws *wscratch, dq, dk, dv, dout, out, lse, q, k, v []float32, s0, s1, kvh, NH, NKV, HD int) {
+	g := NH / NKV
+	scale := 1 / float32(sqrtF(float64(HD)))
+	L := s1 - s0
+	for j := s0; j < s1; j++ {
+		clear(dk[(j*NKV+kvh)*HD : (j*NKV+kvh+1)*HD])
+		clear(dv[(j*NKV+kvh)*HD : (j*NKV+kvh+1)*HD])
+	}
+	krow := k[(s0*NKV+kvh)*HD:]
+	vrow := v[(s0*NKV+kvh)*HD:]
+	dkrow := dk[(s0*NKV+kvh)*HD:]
+	dvrow := dv[(s0*NKV+kvh)*HD:]
+	for h := kvh * g; h < (kvh+1)*g; h++ {
+		for i0 := 0; i0 < L; i0 += attnQBlock {
+			i1 := min(i0+attnQBlock, L)
+			qb, nk := i1-i0, i1
+			P := ws.get(slotAttnS, qb*nk)
+			dP := ws.get(slotAttnP, qb*nk)
+			Dv := ws.get(slotAttnAux, qb)
+			off := ((s0+i0)*NH + h) * HD
+			qrow, dorow, orow, dqrow := q[off:], dout[off:], out[off:], dq[off:]
+			gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, NKV*HD, P, nk, false)
+			for r := 0; r < qb; r++ {
+				i := i0 + r
+				row := P[r*nk : (r+1)*nk]
+				expScaleShift(row[:i+1], scale, lse[(s0+i)*NH+h])
+				clear(row[i+1:])
+				Dv[r] = dotF(dorow[r*NH*HD:r*NH*HD+HD], orow[r*NH*HD:r*NH*HD+HD])
+			}
+			// dV += Pᵀ·dO
+			gemm(ws, true, false, nk, HD, qb, P, nk, dorow, NH*HD, dvrow, NKV*HD, true)
+			// dP = dO·Vᵀ, then dS = P ⊙ (dP − D)·scale in place.
+			gemm(ws, false, true, qb, nk, HD, dorow, NH*HD, vrow, NKV*HD, dP, nk, false)
+			for r := 0; r < qb; r++ {
+				pr, dr := P[r*nk:(r+1)*nk], dP[r*nk:(r+1)*nk]
+				d := Dv[r]
+				for j := range dr {
+					dr[j] = pr[j] * (dr[j] - d) * scale
+				}
+			}
+			// dQ = dS·K; dK += dSᵀ·Q
+			gemm(ws, false, false, qb, HD, nk, dP, nk, krow, NKV*HD, dqrow, NH*HD, false)
+			gemm(ws, true, false, nk, HD, qb, dP, nk, qrow, NH*HD, dkrow, NKV*HD, true)
+		}
+	}
 }
 
 // seqOf returns the sequence holding token t: the s with cu[s] ≤ t < cu[s+1].
@@ -129,24 +229,30 @@ type attnTask struct {
 	cu                  []int32   // (S+1)
 	NH, NKV, HD, maxLen int
 	bwd                 bool
+	blocks              []attnBlock
 }
 
 func (t *attnTask) run(w, lo, hi int) {
 	ws := &t.ws[w]
-	sc := ws.get(slotAttnS, t.maxLen)
 	if t.bwd {
 		for it := lo; it < hi; it++ {
 			s, kvh := it/t.NKV, it%t.NKV
-			attnBackwardGroup(t.dq, t.dk, t.dv, t.dout, t.out, t.lse, t.q, t.k, t.v,
-				int(t.cu[s]), int(t.cu[s+1]), kvh, t.NH, t.NKV, t.HD, sc)
+			attnBackwardGroup32(ws, t.dq, t.dk, t.dv, t.dout, t.out, t.lse, t.q, t.k, t.v,
+				int(t.cu[s]), int(t.cu[s+1]), kvh, t.NH, t.NKV, t.HD)
 		}
 		return
 	}
 	for it := lo; it < hi; it++ {
-		tok, h := it/t.NH, it%t.NH
-		s0 := int(t.cu[seqOf(t.cu, tok)])
-		attnForwardRow(t.out, t.lse, t.q, t.k, t.v, tok, h, s0, t.NH, t.NKV, t.HD, sc)
+		blk := t.blocks[it]
+		s0 := int(t.cu[blk.seq])
+		attnForwardBlock32(ws, t.out, t.lse, t.q, t.k, t.v, s0, int(blk.i0), int(blk.i1), int(blk.h), t.NH, t.NKV, t.HD)
 	}
+}
+
+// attnBlock is one forward work item: query rows [i0, i1) of head h of
+// sequence seq.
+type attnBlock struct {
+	seq, h, i0, i1 int32
 }
 
 // checkSeqs validates cu_seqlens against T and returns it; on bad data it
@@ -189,7 +295,23 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 		q: b.F32(q), k: b.f32n(k, T*NKV*HD, "Attention k"), v: b.f32n(v, T*NKV*HD, "Attention v"),
 		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1),
 	}
-	b.pool.parallel(t, T*NH, 16)
+	// Work items: (sequence, head, query block), longest blocks first so the
+	// pool's dynamic hand-out balances; the list depends only on the shapes.
+	blocks := b.tasks.attnBlocks[:0]
+	for s := 0; s < seqs.S; s++ {
+		L := int(cu[s+1] - cu[s])
+		if L == 0 {
+			continue
+		}
+		for i0 := (L - 1) / attnQBlock * attnQBlock; i0 >= 0; i0 -= attnQBlock {
+			for h := 0; h < NH; h++ {
+				blocks = append(blocks, attnBlock{int32(s), int32(h), int32(i0), int32(min(i0+attnQBlock, L))})
+			}
+		}
+	}
+	b.tasks.attnBlocks = blocks
+	t.blocks = blocks
+	b.pool.parallel(t, len(blocks), 1)
 	*t = attnTask{}
 }
 

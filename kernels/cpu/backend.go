@@ -13,16 +13,26 @@
 // # Threads and determinism
 //
 // A Backend owns a fixed pool of worker goroutines (New(threads)); ops split
-// their work into fixed-size grains that never depend on the thread count, and
-// every output element is produced by exactly one grain in a fixed order.
-// Reductions across rows (weight gradients, SumSquares) either assign each
-// output element to one grain or combine fixed-size partial sums in index
-// order. Every op is therefore bit-identical for any thread count on a given
-// machine; the results depend only on which SIMD path the CPU selects (see
-// simd.go), which is fixed per machine and reported by Backend.Features.
+// their work into grains whose boundaries never depend on the thread count,
+// and every output element is produced by exactly one grain in a fixed order:
+//
+//   - elementwise ops (Fill, Copy, Scale, Add, Accumulate, SwiGLU, AdamW),
+//     Rope, RMSNorm's forward and Embedding: split by element or row;
+//   - Matmul, MatmulBackward and the gemms inside Attention and TokenLogprob:
+//     split by fixed output tiles, each summing its whole K range in order;
+//   - EmbeddingBackward and ScatterRows: split by column, rows in index order;
+//   - RMSNormBackward's dweight and SumSquares: fixed-size blocks whose
+//     partial sums are added in block order;
+//   - AttentionBackward: split by (sequence, key/value head).
+//
+// Every op is therefore bit-identical for any thread count
+// (TestThreadCountInvariance checks 1, 2, 3 and 5). Results do depend on the
+// SIMD path chosen at start-up (see simd.go and Backend.Features), which is
+// fixed for a machine.
 //
 // A Backend is not safe for concurrent use: one goroutine drives it, as with a
-// device stream. It allocates nothing per op call after warm-up.
+// device stream. It allocates nothing per op call after warm-up
+// (TestNoAllocsAfterWarmup).
 //
 // # Errors
 //

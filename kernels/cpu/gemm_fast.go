@@ -17,6 +17,7 @@ const (
 	gemmMR = 12
 	gemmNR = 32
 	gemmKC = 256
+	gemmNC = 512 // columns per packed B block (kc·NC·4 bytes = 512 KiB of L2)
 )
 
 // microKernel computes the MR×NR block C += or = Apanel·Bpanel over k steps.
@@ -190,12 +191,11 @@ func packBPanel(pb []float32, transB bool, B []float32, ldb, N, K, kb, jp int) {
 // this call's columns start at panel jp0 of it.
 func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, pbAll []float32, jp0Npad int, C []float32, ldc int, acc bool) {
 	mp := (M + gemmMR - 1) / gemmMR
-	np := (N + gemmNR - 1) / gemmNR
 	kcMax := min(K, gemmKC)
 	pa := ws.get(slotPackA, mp*gemmMR*kcMax)
 	var pb []float32
 	if pbAll == nil {
-		pb = ws.get(slotPackB, np*gemmNR*kcMax)
+		pb = ws.get(slotPackB, min(N+gemmNR-1, gemmNC)/gemmNR*gemmNR*kcMax)
 	}
 	jp0, npadAll := jp0Npad&0xffffffff, jp0Npad>>32
 	tile := ws.get(slotTile, gemmMR*gemmNR)
@@ -203,37 +203,48 @@ func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda
 	for k0 := 0; k0 < K; k0 += gemmKC {
 		kc := min(gemmKC, K-k0)
 		packA(pa, transA, A, lda, M, k0, kc)
-		if pbAll == nil {
-			packB(pb, transB, B, ldb, N, k0, kc)
-		} else {
-			pb = pbAll[k0*npadAll+jp0*kc*gemmNR:]
-		}
 		add := 0
 		if acc || k0 > 0 {
 			add = 1
 		}
-		for ip := 0; ip < mp; ip++ {
-			i0 := ip * gemmMR
-			mr := min(gemmMR, M-i0)
-			ap := &pa[ip*kc*gemmMR]
-			for jp := 0; jp < np; jp++ {
-				j0 := jp * gemmNR
-				nr := min(gemmNR, N-j0)
-				bp := &pb[jp*kc*gemmNR]
-				if mr == gemmMR && nr == gemmNR {
-					kern(kc, ap, bp, &C[i0*ldc+j0], ldc, add)
-					continue
+		// Columns in blocks of gemmNC so a packed B block stays in L2.
+		for n0 := 0; n0 < N; n0 += gemmNC {
+			nc := min(gemmNC, N-n0)
+			np := (nc + gemmNR - 1) / gemmNR
+			if pbAll == nil {
+				var src []float32
+				if transB {
+					src = B[n0*ldb:]
+				} else {
+					src = B[n0:]
 				}
-				kern(kc, ap, bp, &tile[0], gemmNR, 0)
-				for r := 0; r < mr; r++ {
-					cr := C[(i0+r)*ldc+j0 : (i0+r)*ldc+j0+nr]
-					tr := tile[r*gemmNR : r*gemmNR+nr]
-					if add != 0 {
-						for j := range cr {
-							cr[j] += tr[j]
+				packB(pb, transB, src, ldb, nc, k0, kc)
+			} else {
+				pb = pbAll[k0*npadAll+(jp0+n0/gemmNR)*kc*gemmNR:]
+			}
+			for ip := 0; ip < mp; ip++ {
+				i0 := ip * gemmMR
+				mr := min(gemmMR, M-i0)
+				ap := &pa[ip*kc*gemmMR]
+				for jp := 0; jp < np; jp++ {
+					j0 := n0 + jp*gemmNR
+					nr := min(gemmNR, N-j0)
+					bp := &pb[jp*kc*gemmNR]
+					if mr == gemmMR && nr == gemmNR {
+						kern(kc, ap, bp, &C[i0*ldc+j0], ldc, add)
+						continue
+					}
+					kern(kc, ap, bp, &tile[0], gemmNR, 0)
+					for r := 0; r < mr; r++ {
+						cr := C[(i0+r)*ldc+j0 : (i0+r)*ldc+j0+nr]
+						tr := tile[r*gemmNR : r*gemmNR+nr]
+						if add != 0 {
+							for j := range cr {
+								cr[j] += tr[j]
+							}
+						} else {
+							copy(cr, tr)
 						}
-					} else {
-						copy(cr, tr)
 					}
 				}
 			}

@@ -25,7 +25,7 @@ func availableKernels() map[string]microKernel {
 func TestGemmFastMatchesReference(t *testing.T) {
 	saved := kernel12x32
 	defer func() { kernel12x32 = saved }()
-	shapes := []struct{ M, N, K int }{{1, 1, 1}, {12, 32, 5}, {13, 33, 7}, {25, 70, 300}, {7, 5, 513}}
+	shapes := []struct{ M, N, K int }{{1, 1, 1}, {12, 32, 5}, {13, 33, 7}, {25, 70, 300}, {7, 5, 513}, {5, 600, 30}, {14, 1100, 260}}
 	for name, kern := range availableKernels() {
 		kernel12x32 = kern
 		for _, s := range shapes {

@@ -590,3 +590,154 @@ done2_3:
 	VZEROUPPER
 	RET
 
+DATA expc<>+0(SB)/4, $0x42b00000
+DATA expc<>+4(SB)/4, $0x42b00000
+DATA expc<>+8(SB)/4, $0x42b00000
+DATA expc<>+12(SB)/4, $0x42b00000
+DATA expc<>+16(SB)/4, $0x42b00000
+DATA expc<>+20(SB)/4, $0x42b00000
+DATA expc<>+24(SB)/4, $0x42b00000
+DATA expc<>+28(SB)/4, $0x42b00000
+DATA expc<>+32(SB)/4, $0xc2ae0000
+DATA expc<>+36(SB)/4, $0xc2ae0000
+DATA expc<>+40(SB)/4, $0xc2ae0000
+DATA expc<>+44(SB)/4, $0xc2ae0000
+DATA expc<>+48(SB)/4, $0xc2ae0000
+DATA expc<>+52(SB)/4, $0xc2ae0000
+DATA expc<>+56(SB)/4, $0xc2ae0000
+DATA expc<>+60(SB)/4, $0xc2ae0000
+DATA expc<>+64(SB)/4, $0x3fb8aa3b
+DATA expc<>+68(SB)/4, $0x3fb8aa3b
+DATA expc<>+72(SB)/4, $0x3fb8aa3b
+DATA expc<>+76(SB)/4, $0x3fb8aa3b
+DATA expc<>+80(SB)/4, $0x3fb8aa3b
+DATA expc<>+84(SB)/4, $0x3fb8aa3b
+DATA expc<>+88(SB)/4, $0x3fb8aa3b
+DATA expc<>+92(SB)/4, $0x3fb8aa3b
+DATA expc<>+96(SB)/4, $0x3f318000
+DATA expc<>+100(SB)/4, $0x3f318000
+DATA expc<>+104(SB)/4, $0x3f318000
+DATA expc<>+108(SB)/4, $0x3f318000
+DATA expc<>+112(SB)/4, $0x3f318000
+DATA expc<>+116(SB)/4, $0x3f318000
+DATA expc<>+120(SB)/4, $0x3f318000
+DATA expc<>+124(SB)/4, $0x3f318000
+DATA expc<>+128(SB)/4, $0x395e8083
+DATA expc<>+132(SB)/4, $0x395e8083
+DATA expc<>+136(SB)/4, $0x395e8083
+DATA expc<>+140(SB)/4, $0x395e8083
+DATA expc<>+144(SB)/4, $0x395e8083
+DATA expc<>+148(SB)/4, $0x395e8083
+DATA expc<>+152(SB)/4, $0x395e8083
+DATA expc<>+156(SB)/4, $0x395e8083
+DATA expc<>+160(SB)/4, $0x39506967
+DATA expc<>+164(SB)/4, $0x39506967
+DATA expc<>+168(SB)/4, $0x39506967
+DATA expc<>+172(SB)/4, $0x39506967
+DATA expc<>+176(SB)/4, $0x39506967
+DATA expc<>+180(SB)/4, $0x39506967
+DATA expc<>+184(SB)/4, $0x39506967
+DATA expc<>+188(SB)/4, $0x39506967
+DATA expc<>+192(SB)/4, $0x3ab743ce
+DATA expc<>+196(SB)/4, $0x3ab743ce
+DATA expc<>+200(SB)/4, $0x3ab743ce
+DATA expc<>+204(SB)/4, $0x3ab743ce
+DATA expc<>+208(SB)/4, $0x3ab743ce
+DATA expc<>+212(SB)/4, $0x3ab743ce
+DATA expc<>+216(SB)/4, $0x3ab743ce
+DATA expc<>+220(SB)/4, $0x3ab743ce
+DATA expc<>+224(SB)/4, $0x3c088908
+DATA expc<>+228(SB)/4, $0x3c088908
+DATA expc<>+232(SB)/4, $0x3c088908
+DATA expc<>+236(SB)/4, $0x3c088908
+DATA expc<>+240(SB)/4, $0x3c088908
+DATA expc<>+244(SB)/4, $0x3c088908
+DATA expc<>+248(SB)/4, $0x3c088908
+DATA expc<>+252(SB)/4, $0x3c088908
+DATA expc<>+256(SB)/4, $0x3d2aa9c1
+DATA expc<>+260(SB)/4, $0x3d2aa9c1
+DATA expc<>+264(SB)/4, $0x3d2aa9c1
+DATA expc<>+268(SB)/4, $0x3d2aa9c1
+DATA expc<>+272(SB)/4, $0x3d2aa9c1
+DATA expc<>+276(SB)/4, $0x3d2aa9c1
+DATA expc<>+280(SB)/4, $0x3d2aa9c1
+DATA expc<>+284(SB)/4, $0x3d2aa9c1
+DATA expc<>+288(SB)/4, $0x3e2aaaaa
+DATA expc<>+292(SB)/4, $0x3e2aaaaa
+DATA expc<>+296(SB)/4, $0x3e2aaaaa
+DATA expc<>+300(SB)/4, $0x3e2aaaaa
+DATA expc<>+304(SB)/4, $0x3e2aaaaa
+DATA expc<>+308(SB)/4, $0x3e2aaaaa
+DATA expc<>+312(SB)/4, $0x3e2aaaaa
+DATA expc<>+316(SB)/4, $0x3e2aaaaa
+DATA expc<>+320(SB)/4, $0x3f000000
+DATA expc<>+324(SB)/4, $0x3f000000
+DATA expc<>+328(SB)/4, $0x3f000000
+DATA expc<>+332(SB)/4, $0x3f000000
+DATA expc<>+336(SB)/4, $0x3f000000
+DATA expc<>+340(SB)/4, $0x3f000000
+DATA expc<>+344(SB)/4, $0x3f000000
+DATA expc<>+348(SB)/4, $0x3f000000
+DATA expc<>+352(SB)/4, $0x3f800000
+DATA expc<>+356(SB)/4, $0x3f800000
+DATA expc<>+360(SB)/4, $0x3f800000
+DATA expc<>+364(SB)/4, $0x3f800000
+DATA expc<>+368(SB)/4, $0x3f800000
+DATA expc<>+372(SB)/4, $0x3f800000
+DATA expc<>+376(SB)/4, $0x3f800000
+DATA expc<>+380(SB)/4, $0x3f800000
+DATA expc<>+384(SB)/4, $0x0000007f
+DATA expc<>+388(SB)/4, $0x0000007f
+DATA expc<>+392(SB)/4, $0x0000007f
+DATA expc<>+396(SB)/4, $0x0000007f
+DATA expc<>+400(SB)/4, $0x0000007f
+DATA expc<>+404(SB)/4, $0x0000007f
+DATA expc<>+408(SB)/4, $0x0000007f
+DATA expc<>+412(SB)/4, $0x0000007f
+GLOBL expc<>(SB), RODATA|NOPTR, $416
+
+// func expScaleShiftAVX2(x *float32, n int, scale, shift float32) float32
+TEXT ·expScaleShiftAVX2(SB), NOSPLIT, $0-28
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+	VBROADCASTSS scale+16(FP), Y0
+	VBROADCASTSS shift+20(FP), Y1
+	VXORPS Y14, Y14, Y14
+	SHRQ $3, CX
+	JZ expdone
+exploop:
+	VMOVUPS (SI), Y2
+	VFMSUB213PS Y1, Y0, Y2
+	VMINPS expc<>+0(SB), Y2, Y2
+	VMAXPS expc<>+32(SB), Y2, Y2
+	VMULPS expc<>+64(SB), Y2, Y3
+	VROUNDPS $0, Y3, Y3
+	VFNMADD231PS expc<>+96(SB), Y3, Y2
+	VFMADD231PS expc<>+128(SB), Y3, Y2
+	VMOVUPS expc<>+160(SB), Y4
+	VFMADD213PS expc<>+192(SB), Y2, Y4
+	VFMADD213PS expc<>+224(SB), Y2, Y4
+	VFMADD213PS expc<>+256(SB), Y2, Y4
+	VFMADD213PS expc<>+288(SB), Y2, Y4
+	VFMADD213PS expc<>+320(SB), Y2, Y4
+	VMULPS Y2, Y2, Y5
+	VFMADD213PS Y2, Y5, Y4
+	VADDPS expc<>+352(SB), Y4, Y4
+	VCVTPS2DQ Y3, Y3
+	VPADDD expc<>+384(SB), Y3, Y3
+	VPSLLD $23, Y3, Y3
+	VMULPS Y3, Y4, Y4
+	VMOVUPS Y4, (SI)
+	VADDPS Y4, Y14, Y14
+	ADDQ $32, SI
+	DECQ CX
+	JNZ exploop
+expdone:
+	VEXTRACTF128 $1, Y14, X15
+	VADDPS X15, X14, X14
+	VHADDPS X14, X14, X14
+	VHADDPS X14, X14, X14
+	VZEROUPPER
+	MOVSS X14, ret+24(FP)
+	RET
+

@@ -62,7 +62,7 @@ func attnBwd64(dout, out, lse, q, k, v []float64, lens []int, NH, NKV, HD int) (
 	dq, dk, dv = make([]float64, T*NH*HD), make([]float64, T*NKV*HD), make([]float64, T*NKV*HD)
 	for s := range lens {
 		for kvh := 0; kvh < NKV; kvh++ {
-			attnBackwardGroup(dq, dk, dv, dout, out, lse, q, k, v, int(cu[s]), int(cu[s+1]), kvh, NH, NKV, HD, nil)
+			attnBackwardGroup(dq, dk, dv, dout, out, lse, q, k, v, int(cu[s]), int(cu[s+1]), kvh, NH, NKV, HD)
 		}
 	}
 	return

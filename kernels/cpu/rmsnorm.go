@@ -21,10 +21,7 @@ func rmsnormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps F) {
 	for r := lo; r < hi; r++ {
 		x := inp[r*C : (r+1)*C]
 		o := out[r*C : (r+1)*C]
-		var ss F
-		for _, v := range x {
-			ss += v * v
-		}
+		ss := dotF(x, x)
 		rs := 1 / sqrtF(ss/F(C)+eps)
 		rstd[r] = rs
 		for i, v := range x {
@@ -42,8 +39,18 @@ func rmsnormBackwardRows[F Float](dinp, dwpart, dout, inp, weight, rstd []F, lo,
 		x := inp[r*C : (r+1)*C]
 		d := dout[r*C : (r+1)*C]
 		rs := rstd[r]
-		var dot F
-		for i := range x {
+		var d0, d1 F
+		i := 0
+		for ; i+2 <= len(x); i += 2 {
+			xh0, xh1 := x[i]*rs, x[i+1]*rs
+			dw0, dw1 := d[i]*w[i], d[i+1]*w[i+1]
+			dwpart[i] += d[i] * xh0
+			dwpart[i+1] += d[i+1] * xh1
+			d0 += dw0 * xh0
+			d1 += dw1 * xh1
+		}
+		dot := d0 + d1
+		for ; i < len(x); i++ {
 			xh := x[i] * rs
 			dwpart[i] += d[i] * xh
 			dot += d[i] * w[i] * xh

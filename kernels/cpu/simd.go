@@ -12,8 +12,12 @@ import "os"
 // for a given path and any thread count; different paths round differently.
 var simdPath = selectSIMD(os.Getenv("TRACEGRPO_CPU_SIMD"))
 
+// useVecExp selects the AVX2 vector exp in expScaleShift.
+var useVecExp bool
+
 func selectSIMD(want string) string {
 	avx2, avx512 := detectSIMD()
+	useVecExp = avx2 && want != "go"
 	switch {
 	case avx512 && want == "avx512":
 		kernel12x32 = kernel12x32AVX512

@@ -32,3 +32,6 @@ func detectSIMD() (avx2fma, avx512 bool) {
 	avx512 = avx2fma && xcr0&0xe6 == 0xe6 && ebx7&(1<<16) != 0
 	return avx2fma, avx512
 }
+
+//go:noescape
+func expScaleShiftAVX2(x *float32, n int, scale, shift float32) float32

@@ -15,6 +15,7 @@ type tasks struct {
 	rope       ropeTask
 	ropeCache  ropeCache
 	attn       attnTask
+	attnBlocks []attnBlock
 	decode     decodeTask
 	tlp        tlpTask
 	bad        []int

@@ -15,13 +15,18 @@ package cpu
 // outputs and contribute nothing to the gradients; a target ≥ V is a data error
 // (sticky, the row is treated as masked).
 //
-// The forward keeps, per row, a running max m, s1 = Σ exp(z−m) and
-// s2 = Σ exp(z−m)·(z−m) in float64 across chunks of tlpVChunk logits, so that
-// entropy = log s1 − s2/s1 has no cancellation. The backward walks the
-// vocabulary in chunks of at most tlpBwdBudget/T columns: for each chunk it
-// recomputes the logits and dz of every row (rows split across threads, dhidden
-// rows disjoint), then adds dzᵀ·hidden into that chunk of dweight (output tiles
-// split across threads). Both are thread-count invariant.
+// The Backend walks the vocabulary in chunks of vc = tlpBudget/T columns
+// (a multiple of 32): one packed gemm forms the (T, vc) logits of the chunk;
+// the forward then folds them into each row's running max m and, in float64,
+// s1 = Σ exp(z−m) and s2 = Σ exp(z−m)·(z−m), so entropy = log s1 − s2/s1 has
+// no cancellation; the backward turns them into dz and adds dz·weight_chunk
+// into dhidden and dzᵀ·hidden into the chunk's rows of dweight with two more
+// gemms. Row passes own disjoint rows and the gemms are tile-deterministic:
+// thread-count invariant. invTemp must be positive.
+//
+// tokenLogprobRows and tokenLogprobBackwardRows are the generic reference
+// (the float64 instantiation is finite-difference checked; the float32
+// Backend is compared against it).
 
 import (
 	"math"
@@ -30,9 +35,8 @@ import (
 )
 
 const (
-	tlpRowBlock  = 96      // rows per grain (amortises packing each weight chunk)
-	tlpVChunk    = 256     // logits per forward chunk
-	tlpBwdBudget = 1 << 22 // dz elements held by the backward (16 MiB)
+	tlpRowBlock = 32  // rows per grain of the row passes
+	tlpVChunk   = 256 // logits per chunk of the generic (float64 reference) forward
 )
 
 // tokenLogprobRows computes rows [lo, hi). It returns the first row whose
@@ -63,6 +67,9 @@ func tokenLogprobRows[F Float](ws *wscratch, logprob, entropy, lse, hidden, weig
 					zr[i] *= invTemp
 					cm = max(cm, zr[i])
 				}
+				if tg >= v0 && tg < v0+vc {
+					zt[r] = float64(zr[tg-v0])
+				}
 				if float64(cm) > m[r] {
 					alpha := math.Exp(m[r] - float64(cm))
 					s2[r] = alpha * (s2[r] + (m[r]-float64(cm))*s1[r])
@@ -82,9 +89,6 @@ func tokenLogprobRows[F Float](ws *wscratch, logprob, entropy, lse, hidden, weig
 				}
 				s1[r] += float64(a1)
 				s2[r] += float64(a2)
-				if tg >= v0 && tg < v0+vc {
-					zt[r] = float64(zr[tg-v0])
-				}
 			}
 		}
 		for r := 0; r < nr; r++ {
@@ -134,37 +138,123 @@ func tokenLogprobBackwardRows[F Float](ws *wscratch, dz, dhidden, hidden, weight
 	}
 }
 
+// The float32 Backend path: per vocabulary chunk of vc = tlpBudget/T
+// columns, the (T, vc) logits come from one parallelGemm, then a row pass
+// updates each row's running max and sums (forward) or turns the logits into
+// dz (backward), and the backward's two gradient products are parallelGemm
+// calls too. Row passes write disjoint rows; parallelGemm is tile-deterministic.
+
+// tlpBudget is the number of logits held per chunk (16 MiB); a variable so
+// tests can force many chunks on small shapes.
+var tlpBudget = 1 << 22
+
 type tlpTask struct {
 	ws                              []wscratch
 	logprob, entropy, lse, dlogprob []float32 // (T) each
-	hidden, weight, dhidden, dz     []float32 // (T,C), (V,C), (T,C), (T,vc)
+	z                               []float32 // (T, vc) logits of the chunk, then dz
+	state                           []float64 // (T, 4): m, s1, s2, z[target]
 	targets                         []int32   // (T)
-	C, V, v0, vc                    int
+	V, v0, vc                       int
 	invTemp                         float32
-	bwd                             bool
+	phase                           int // 0 forward update, 1 forward finish, 2 backward dz
 	bad                             []int
 }
 
 func (t *tlpTask) run(w, lo, hi int) {
-	ws := &t.ws[w]
-	if t.bwd {
-		tokenLogprobBackwardRows(ws, t.dz[lo*t.vc:hi*t.vc], t.dhidden, t.hidden, t.weight, t.dlogprob, t.lse, t.targets, lo, hi, t.v0, t.vc, t.C, t.V, t.invTemp)
-		return
+	for r := lo; r < hi; r++ {
+		tg := int(t.targets[r])
+		valid := tg >= 0 && tg < t.V
+		switch t.phase {
+		case 0:
+			if valid {
+				t.update(w, r, tg)
+			}
+		case 1:
+			if !valid {
+				if tg >= t.V && (t.bad[w] < 0 || r < t.bad[w]) {
+					t.bad[w] = r
+				}
+				t.logprob[r], t.entropy[r], t.lse[r] = 0, 0, 0
+				continue
+			}
+			st := t.state[4*r : 4*r+4]
+			ls := st[0] + math.Log(st[1])
+			t.lse[r] = float32(ls)
+			t.logprob[r] = float32(st[3] - ls)
+			t.entropy[r] = float32(math.Log(st[1]) - st[2]/st[1])
+		case 2:
+			zr := t.z[r*t.vc : (r+1)*t.vc]
+			if !valid {
+				clear(zr)
+				continue
+			}
+			g := t.dlogprob[r] * t.invTemp
+			expScaleShift(zr, t.invTemp, t.lse[r])
+			scaleRange(zr, -g)
+			if tg >= t.v0 && tg < t.v0+t.vc {
+				zr[tg-t.v0] += g
+			}
+		}
 	}
-	if bad := tokenLogprobRows(ws, t.logprob, t.entropy, t.lse, t.hidden, t.weight, t.targets, lo, hi, t.C, t.V, t.invTemp); bad >= 0 && (t.bad[w] < 0 || bad < t.bad[w]) {
-		t.bad[w] = bad
+}
+
+// update folds row r's logits of the current chunk into its running state.
+func (t *tlpTask) update(w, r, tg int) {
+	st := t.state[4*r : 4*r+4]
+	zr := t.z[r*t.vc : (r+1)*t.vc]
+	scaleRange(zr, t.invTemp)
+	if tg >= t.v0 && tg < t.v0+t.vc {
+		st[3] = float64(zr[tg-t.v0])
 	}
+	cm := float64(maxF32(zr))
+	if cm > st[0] {
+		if math.IsInf(st[0], -1) {
+			st[1], st[2] = 0, 0
+		} else {
+			alpha := math.Exp(st[0] - cm)
+			st[2] = alpha * (st[2] + (st[0]-cm)*st[1])
+			st[1] *= alpha
+		}
+		st[0] = cm
+	}
+	m := float32(st[0])
+	for i := range zr {
+		zr[i] -= m
+	}
+	e := t.ws[w].get(slotRow, len(zr))
+	copy(e, zr)
+	st[1] += float64(expScaleShift(e, 1, 0))
+	st[2] += float64(dotF(e, zr))
+}
+
+// tlpChunk is the vocabulary chunk for T rows: tlpBudget logits, a whole
+// number of micro-kernel columns, at most V.
+func tlpChunk(T, V int) int {
+	return min(V, max(gemmNR, tlpBudget/max(T, 1)/gemmNR*gemmNR))
 }
 
 // TokenLogprob implements kernels.Ops.
 func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
+	h := b.f32n(hidden, T*C, "TokenLogprob hidden") // (T,C)
+	w := b.f32n(weight, V*C, "TokenLogprob weight") // (V,C)
 	t := &b.tasks.tlp
 	*t = tlpTask{
 		ws: b.scratch.w, logprob: b.f32n(logprob, T, "TokenLogprob logprob"), entropy: b.f32n(entropy, T, "TokenLogprob entropy"),
-		lse: b.f32n(lse, T, "TokenLogprob lse"), hidden: b.f32n(hidden, T*C, "TokenLogprob hidden"),
-		weight: b.f32n(weight, V*C, "TokenLogprob weight"), targets: b.i32n(targets, T, "TokenLogprob targets"),
-		C: C, V: V, invTemp: invTemp, bad: b.badRows(),
+		lse: b.f32n(lse, T, "TokenLogprob lse"), targets: b.i32n(targets, T, "TokenLogprob targets"),
+		V: V, invTemp: invTemp, bad: b.badRows(), state: b.scratch.getPartials(4 * T),
 	}
+	for r := 0; r < T; r++ {
+		t.state[4*r], t.state[4*r+1], t.state[4*r+2], t.state[4*r+3] = math.Inf(-1), 0, 0, 0
+	}
+	chunk := tlpChunk(T, V)
+	for v0 := 0; v0 < V; v0 += chunk {
+		t.v0, t.vc = v0, min(chunk, V-v0)
+		t.z = b.scratch.getShared(sharedDZ, T*t.vc)
+		b.parallelGemm(false, true, T, t.vc, C, h, C, w[v0*C:], C, t.z, t.vc, false)
+		t.phase = 0
+		b.pool.parallel(t, T, tlpRowBlock)
+	}
+	t.phase = 1
 	b.pool.parallel(t, T, tlpRowBlock)
 	b.reportBad("TokenLogprob", t.bad, t.targets, V)
 	*t = tlpTask{}
@@ -175,22 +265,28 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	if T == 0 {
 		return
 	}
+	dh := b.f32opt(dhidden, T*C, "TokenLogprobBackward dhidden") // (T,C)
+	dw := b.f32opt(dweight, V*C, "TokenLogprobBackward dweight") // (V,C)
+	h := b.f32n(hidden, T*C, "TokenLogprobBackward hidden")      // (T,C)
+	w := b.f32n(weight, V*C, "TokenLogprobBackward weight")      // (V,C)
 	t := &b.tasks.tlp
 	*t = tlpTask{
-		ws: b.scratch.w, dhidden: b.f32opt(dhidden, T*C, "TokenLogprobBackward dhidden"),
-		dlogprob: b.f32n(dlogprob, T, "TokenLogprobBackward dlogprob"), hidden: b.f32n(hidden, T*C, "TokenLogprobBackward hidden"),
-		weight: b.f32n(weight, V*C, "TokenLogprobBackward weight"), targets: b.i32n(targets, T, "TokenLogprobBackward targets"),
-		lse: b.f32n(lse, T, "TokenLogprobBackward lse"), C: C, V: V, invTemp: invTemp, bwd: true,
+		ws: b.scratch.w, dlogprob: b.f32n(dlogprob, T, "TokenLogprobBackward dlogprob"),
+		targets: b.i32n(targets, T, "TokenLogprobBackward targets"), lse: b.f32n(lse, T, "TokenLogprobBackward lse"),
+		V: V, invTemp: invTemp, phase: 2,
 	}
-	dw := b.f32opt(dweight, V*C, "TokenLogprobBackward dweight")
-	chunk := min(V, max(32, tlpBwdBudget/T/32*32))
+	chunk := tlpChunk(T, V)
 	for v0 := 0; v0 < V; v0 += chunk {
 		vc := min(chunk, V-v0)
 		t.v0, t.vc = v0, vc
-		t.dz = b.scratch.getShared(sharedDZ, T*vc)
+		t.z = b.scratch.getShared(sharedDZ, T*vc)
+		b.parallelGemm(false, true, T, vc, C, h, C, w[v0*C:], C, t.z, vc, false)
 		b.pool.parallel(t, T, tlpRowBlock)
+		if dh != nil {
+			b.parallelGemm(false, false, T, C, vc, t.z, vc, w[v0*C:], C, dh, C, true)
+		}
 		if dw != nil {
-			b.parallelGemm(true, false, vc, C, T, t.dz, vc, t.hidden, C, dw[v0*C:], C, true)
+			b.parallelGemm(true, false, vc, C, T, t.z, vc, h, C, dw[v0*C:], C, true)
 		}
 	}
 	*t = tlpTask{}

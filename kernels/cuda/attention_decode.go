@@ -2,7 +2,8 @@
 
 package cuda
 
-// AttentionDecode: csrc/attention_decode.cu.
+// AttentionDecode: csrc/attention_decode.cu (split over the cache length,
+// then combined).
 
 import (
 	"fmt"
@@ -26,8 +27,22 @@ func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH,
 		return
 	}
 	scale := float32(1 / math.Sqrt(float64(HD)))
+	split := b.opt.DecodeSplit
+	if split <= 0 {
+		split = 256
+	}
+	split = max(32, split/32*32)
+	nsplit := max(1, ceilDiv(Tmax, split))
+	if nsplit > attMaxGridY {
+		panic(fmt.Sprintf("cuda: AttentionDecode: Tmax %d needs %d splits of %d (at most %d)", Tmax, nsplit, split, attMaxGridY))
+	}
 	smem := 4 * (HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	defer b.lock()()
-	b.launch("attention_decode", NH, B, 1, 32, smem,
-		pa(out), pa(q), pa(kc), pa(vc), pa(lens), ia(Tmax), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+	part := b.work("decode partials", 4*B*NH*nsplit*(HD+2))
+	if part == 0 {
+		return
+	}
+	b.launch("attention_decode_partial", NH, B, nsplit, 32, smem,
+		pu(part), pa(q), pa(kc), pa(vc), pa(lens), ia(Tmax), ia(NH), ia(NKV), ia(HD), fa(scale), ia(split), pu(b.flags))
+	b.launch("attention_decode_combine", NH, B, 1, 32, 0, pa(out), pu(part), ia(NH), ia(HD), ia(nsplit))
 }

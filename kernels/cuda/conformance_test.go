@@ -13,9 +13,9 @@ import (
 // TestConformanceEmu runs the conformance suite on the CPU emulator of the
 // driver and cuBLAS: the real backend and the real kernel sources, compiled
 // for the CPU. LogitsScratch is small so TokenLogprob works in several
-// vocabulary chunks.
+// vocabulary chunks, DecodeSplit so AttentionDecode combines several splits.
 func TestConformanceEmu(t *testing.T) {
-	b := emuBackend(t, Options{LogitsScratch: 37 * 64})
+	b := emuBackend(t, Options{LogitsScratch: 37 * 64, DecodeSplit: 32})
 	kerneltest.Run(t, func() kernels.Backend { return noClose{b} })
 }
 
@@ -28,17 +28,13 @@ func (noClose) Close() error { return nil }
 // CPU. It skips when no driver or device is present (CI), and fails when
 // TRACEGRPO_REQUIRE_GPU=1 (scripts/gpu-check.sh) and none is.
 func TestConformanceGPU(t *testing.T) {
-	for _, mode := range []MatmulMode{MatmulFP32} {
-		t.Run(mode.String(), func(t *testing.T) {
-			b, err := OpenBackend(Options{Matmul: mode, LogitsScratch: 37 * 64})
-			if err != nil {
-				if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
-					t.Fatalf("no CUDA device: %v", err)
-				}
-				t.Skipf("no CUDA device: %v", err)
-			}
-			t.Logf("device: %s", b.Info())
-			kerneltest.Run(t, func() kernels.Backend { return b })
-		})
+	b, err := OpenBackend(Options{Matmul: MatmulFP32, LogitsScratch: 37 * 64, DecodeSplit: 32})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device: %v", err)
+		}
+		t.Skipf("no CUDA device: %v", err)
 	}
+	t.Logf("device: %s", b.Info())
+	kerneltest.Run(t, func() kernels.Backend { return b })
 }

@@ -47,6 +47,24 @@
 // tensor cores or bf16 inputs with fp32 accumulation by Options.Matmul. Attention's backward pass and SumSquares are
 // deterministic; EmbeddingBackward and RMSNormBackward's dweight add across
 // blocks with atomics (equal to the CPU within rounding, not bitwise).
+//
+// # Testing
+//
+// Without a GPU (CI, development machines) the tests build a stand-in
+// libcuda and cuBLAS with g++ (testdata/emu): the .cu files compile as C++
+// against a small CUDA emulation header and run on fibers, one per CUDA
+// thread, with __syncthreads and warp shuffles as cooperative barriers.
+// Warps run one at a time to their next barrier in a random order and lanes
+// in a random order, so a missing __syncthreads changes results; allocations
+// sit against a guard page, so out-of-bounds accesses crash; launches
+// enforce block, grid and shared-memory limits. The backend opened on it
+// runs the conformance suite (kernels/kerneltest) and one training step of
+// the tiny model against kernels/cpu. What the emulator cannot show: GPU
+// timing, the hardware memory model beyond barriers, warp-divergence
+// behaviour of real hardware, PTX JIT, and cuBLAS's own numerics.
+// TestConformanceGPU, TestTinyStepGPU and TestMatmulModesGPU run the same
+// checks on device 0 and skip without one (fail, with
+// TRACEGRPO_REQUIRE_GPU=1); scripts/gpu-check.sh runs them there.
 package cuda
 
 import (
@@ -132,6 +150,10 @@ type Options struct {
 	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or
 	// MatmulDefault ($TRACEGRPO_CUDA_MATMUL, else fp32).
 	Matmul MatmulMode
+	// DecodeSplit is how many cache rows one warp of AttentionDecode covers
+	// before the splits are combined (flash-decoding); 0 means 256. Rounded
+	// down to a multiple of 32.
+	DecodeSplit int
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
 	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
 	LogitsScratch int

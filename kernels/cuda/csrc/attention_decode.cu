@@ -1,44 +1,54 @@
-// attention_decode.cu: one query per sequence against a KV cache.
+// attention_decode.cu: one query per sequence against a KV cache, split over
+// the cache length (flash-decoding) so that a few long sequences still fill
+// the GPU.
 //
 //   attention_decode: out (B,NH,HD) = softmax(scale·q·kᵀ)·v for q (B,NH,HD) over
 //                     kc, vc (B,Tmax,NKV,HD), rows [0, lens[b]) of sequence b  (=)
 //
-// One warp per (head, sequence): grid (NH, B), block 32; for each tile of 32
-// cached keys lane j scores key j, the warp does the online softmax update
-// and p_j is broadcast by shuffle for p·V (a lane owns d = lane + 32·j).
-// HD <= 128. lens[b] outside [1, Tmax] (as kernels/cpu requires) gives zeros and sets
-// TG_ERR_DECODELEN.
+// attention_decode_partial: grid (NH, B, nsplit), block 32 (one warp). Split
+// z covers cache rows [z·split, (z+1)·split) ∩ [0, lens[b]); for each tile of
+// 32 rows lane j scores row j, the warp does the online softmax update and
+// p_j is broadcast by shuffle for p·V (a lane owns d = lane + 32·j). It
+// writes the split's unnormalized state to part (B,NH,nsplit,HD+2):
+// {acc[0..HD), m, l}, with m = −inf and l = 0 for an empty split.
+// attention_decode_combine: grid (NH, B), block 32: out = Σ_z acc_z·e^(m_z−M)
+// / Σ_z l_z·e^(m_z−M), M = max_z m_z, combining splits in order.
+//
+// HD <= 128. lens[b] outside [1, Tmax] (as kernels/cpu requires) gives zeros
+// and sets TG_ERR_DECODELEN.
 #include "common.cuh"
 
 #define ATT_MAXJ 4
 #define BC 32
 
 extern "C" __global__ void __launch_bounds__(32)
-    attention_decode(float* out, const float* q, const float* kc, const float* vc,
-                     const int* lens, int Tmax, int NH, int NKV, int HD, float scale,
-                     int* flags) {
+    attention_decode_partial(float* part, const float* q, const float* kc, const float* vc,
+                             const int* lens, int Tmax, int NH, int NKV, int HD, float scale,
+                             int split, int* flags) {
   TG_DYN_SMEM(float, sm);
-  const int h = blockIdx.x, b = blockIdx.y, kvh = h / (NH / NKV), lane = threadIdx.x;
+  const int h = blockIdx.x, b = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
+  const int kvh = h / (NH / NKV), lane = threadIdx.x;
   const int HDP = HD + 1;
   float* Qs = sm;            // (HD), pre-scaled
   float* Ks = Qs + HD;       // (BC, HDP)
   float* Vs = Ks + BC * HDP; // (BC, HD)
   int n = lens[b];
   if (n < 1 || n > Tmax) {
-    if (lane == 0) atomicOr(flags, TG_ERR_DECODELEN);
+    if (lane == 0 && h == 0 && z == 0) atomicOr(flags, TG_ERR_DECODELEN);
     n = 0;
   }
+  const int lo = z * split, hi = min(n, lo + split);
   const long long qrow = (long long)b * NH + h;
   for (int d = lane; d < HD; d += 32) Qs[d] = q[qrow * HD + d] * scale;
   float m = -TG_INF, l = 0.f, acc[ATT_MAXJ];
 #pragma unroll
   for (int j = 0; j < ATT_MAXJ; j++) acc[j] = 0.f;
-  for (int k0 = 0; k0 < n; k0 += BC) {
-    __syncwarp();
+  for (int k0 = lo; k0 < hi; k0 += BC) {
+    __syncwarp();  // Q stored; the previous tile is consumed
     for (int i = lane; i < BC * HD; i += 32) {
       int r = i / HD, d = i % HD, kj = k0 + r;
       float kv = 0.f, vv = 0.f;
-      if (kj < n) {
+      if (kj < hi) {
         long long off = (((long long)b * Tmax + kj) * NKV + kvh) * HD + d;
         kv = kc[off];
         vv = vc[off];
@@ -48,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(32)
     }
     __syncwarp();
     float sc = -TG_INF;
-    if (k0 + lane < n) {
+    if (k0 + lane < hi) {
       float dot = 0.f;
       for (int d = 0; d < HD; d++) dot += Qs[d] * Ks[lane * HDP + d];
       sc = dot;
@@ -69,7 +79,41 @@ extern "C" __global__ void __launch_bounds__(32)
       }
     }
   }
-  const float inv = l > 0.f ? 1.f / l : 0.f;  // an empty cache gives zeros
+  float* o = part + (qrow * nsplit + z) * (HD + 2);
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) {
+    int d = lane + 32 * j;
+    if (d < HD) o[d] = acc[j];
+  }
+  if (lane == 0) {
+    o[HD] = m;
+    o[HD + 1] = l;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    attention_decode_combine(float* out, const float* part, int NH, int HD, int nsplit) {
+  const int h = blockIdx.x, b = blockIdx.y, lane = threadIdx.x;
+  const long long qrow = (long long)b * NH + h;
+  const float* p = part + qrow * nsplit * (HD + 2);
+  float M = -TG_INF;
+  for (int z = 0; z < nsplit; z++) M = fmaxf(M, p[z * (HD + 2) + HD]);
+  float L = 0.f, acc[ATT_MAXJ];
+#pragma unroll
+  for (int j = 0; j < ATT_MAXJ; j++) acc[j] = 0.f;
+  for (int z = 0; z < nsplit; z++) {
+    const float* pz = p + z * (HD + 2);
+    const float mz = pz[HD];
+    if (mz == -TG_INF) continue;  // empty split
+    const float e = expf(mz - M);
+    L += pz[HD + 1] * e;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXJ; j++) {
+      int d = lane + 32 * j;
+      if (d < HD) acc[j] += pz[d] * e;
+    }
+  }
+  const float inv = L > 0.f ? 1.f / L : 0.f;  // an empty cache gives zeros
 #pragma unroll
   for (int j = 0; j < ATT_MAXJ; j++) {
     int d = lane + 32 * j;

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"os"
 )
 
@@ -29,6 +30,7 @@ func main() {
 	w("")
 	avx512(w)
 	avx2(w)
+	expAVX2(w)
 	if err := os.WriteFile(*out, b.Bytes(), 0o644); err != nil {
 		log.Fatal(err)
 	}
@@ -142,6 +144,87 @@ func avx2(w func(string, ...any)) {
 		w("done2_%d:", sub)
 	}
 	w("\tVZEROUPPER")
+	w("\tRET")
+	w("")
+}
+
+// expAVX2 emits expScaleShiftAVX2: x[i] = exp(x[i]·scale − shift) for n (a
+// multiple of 8) floats in place, returning their sum (8 lane sums, then a
+// fixed horizontal order). exp is the Cephes expf scheme: clamp to
+// [−87, 88], n = round(x·log2 e), r = x − n·ln 2 in two parts, a degree-6
+// polynomial, times 2ⁿ built in the exponent bits.
+func expAVX2(w func(string, ...any)) {
+	consts := []struct {
+		name string
+		bits uint32
+	}{
+		{"hi", math.Float32bits(88.0)},
+		{"lo", math.Float32bits(-87.0)},
+		{"log2e", math.Float32bits(1.44269504088896341)},
+		{"c1", math.Float32bits(0.693359375)},
+		{"c2", math.Float32bits(2.12194440e-4)},
+		{"p0", math.Float32bits(1.9875691500e-4)},
+		{"p1", math.Float32bits(1.3981999507e-3)},
+		{"p2", math.Float32bits(8.3334519073e-3)},
+		{"p3", math.Float32bits(4.1665795894e-2)},
+		{"p4", math.Float32bits(1.6666665459e-1)},
+		{"p5", math.Float32bits(5.0000001201e-1)},
+		{"one", math.Float32bits(1.0)},
+		{"bias", 127},
+	}
+	for i, c := range consts {
+		for lane := 0; lane < 8; lane++ {
+			w("DATA expc<>+%d(SB)/4, $0x%08x", 32*i+4*lane, c.bits)
+		}
+	}
+	w("GLOBL expc<>(SB), RODATA|NOPTR, $%d", 32*len(consts))
+	w("")
+	off := map[string]int{}
+	for i, c := range consts {
+		off[c.name] = 32 * i
+	}
+	m := func(name string) string { return fmt.Sprintf("expc<>+%d(SB)", off[name]) }
+	w("// func expScaleShiftAVX2(x *float32, n int, scale, shift float32) float32")
+	w("TEXT ·expScaleShiftAVX2(SB), NOSPLIT, $0-28")
+	w("\tMOVQ x+0(FP), SI")
+	w("\tMOVQ n+8(FP), CX")
+	w("\tVBROADCASTSS scale+16(FP), Y0")
+	w("\tVBROADCASTSS shift+20(FP), Y1")
+	w("\tVXORPS Y14, Y14, Y14")
+	w("\tSHRQ $3, CX")
+	w("\tJZ expdone")
+	w("exploop:")
+	w("\tVMOVUPS (SI), Y2")
+	w("\tVFMSUB213PS Y1, Y0, Y2")
+	w("\tVMINPS %s, Y2, Y2", m("hi"))
+	w("\tVMAXPS %s, Y2, Y2", m("lo"))
+	w("\tVMULPS %s, Y2, Y3", m("log2e"))
+	w("\tVROUNDPS $0, Y3, Y3")
+	w("\tVFNMADD231PS %s, Y3, Y2", m("c1"))
+	w("\tVFMADD231PS %s, Y3, Y2", m("c2"))
+	w("\tVMOVUPS %s, Y4", m("p0"))
+	for _, p := range []string{"p1", "p2", "p3", "p4", "p5"} {
+		w("\tVFMADD213PS %s, Y2, Y4", m(p))
+	}
+	w("\tVMULPS Y2, Y2, Y5")
+	w("\tVFMADD213PS Y2, Y5, Y4")
+	w("\tVADDPS %s, Y4, Y4", m("one"))
+	w("\tVCVTPS2DQ Y3, Y3")
+	w("\tVPADDD %s, Y3, Y3", m("bias"))
+	w("\tVPSLLD $23, Y3, Y3")
+	w("\tVMULPS Y3, Y4, Y4")
+	w("\tVMOVUPS Y4, (SI)")
+	w("\tVADDPS Y4, Y14, Y14")
+	w("\tADDQ $32, SI")
+	w("\tDECQ CX")
+	w("\tJNZ exploop")
+	w("expdone:")
+	w("\tVEXTRACTF128 $1, Y14, X15")
+	w("\tVADDPS X15, X14, X14")
+	w("\tVHADDPS X14, X14, X14")
+	w("\tVHADDPS X14, X14, X14")
+	w("\tVZEROUPPER")
+	w("\tMOVSS X14, ret+24(FP)")
 	w("\tRET")
 	w("")
 }

@@ -189,7 +189,11 @@ static std::map<uint64_t, std::pair<char*, size_t>> allocs;  // ptr -> (mapping,
 
 #define API extern "C" __attribute__((visibility("default"))) int
 
-API cuInit(unsigned) { return 0; }
+API cuInit(unsigned) {
+  // TRACEGRPO_EMU_SEED varies the warp and lane orders (default fixed).
+  if (const char* seed = getenv("TRACEGRPO_EMU_SEED")) rng_state ^= strtoull(seed, nullptr, 10) * 0x9e3779b97f4a7c15ull;
+  return 0;
+}
 API cuDriverGetVersion(int* v) {
   *v = 11080;
   return 0;

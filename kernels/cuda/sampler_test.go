@@ -1,0 +1,97 @@
+//go:build cgo
+
+package cuda_test
+
+import (
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/kernels/kerneltest"
+	"github.com/tracegrpo/tracegrpo/model"
+)
+
+// tolSampleLogprob: the sampled tokens' logprobs through prefill and the KV
+// cache (AttentionDecode), CUDA against CPU.
+var tolSampleLogprob = kerneltest.Tol{Atol: 2e-5, Rtol: 1e-4}
+
+// sampleTiny samples from the tiny Qwen3 with the model's sampler (prefill,
+// KV cache, decode steps, slots retired and moved) on be.
+func sampleTiny(t *testing.T, be kernels.Backend) []model.Sample {
+	t.Helper()
+	cfg, err := model.LoadConfig("../../model/testdata/qwen3_tied/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.New(be, cfg, model.Options{MaxTokens: 64, MaxSeqs: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.InitRandom(5)
+	s, err := model.NewSampler(m, 4, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	prompts := [][]int32{{5, 17, 300, 2}, {42}, {7, 7, 7, 100, 200, 311, 12, 9, 8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}, {500, 1}}
+	// Greedy (temperature 0) so that both backends take the same path as
+	// long as their logits agree; the random source is then unused.
+	out, err := s.Sample(prompts, model.SampleOptions{Temperature: 0, MaxNewTokens: 12, StopTokens: []int32{3}}, rand.New(rand.NewPCG(1, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func compareSamples(t *testing.T, want, got []model.Sample) {
+	t.Helper()
+	if len(want) != len(got) {
+		t.Fatalf("%d samples, want %d", len(got), len(want))
+	}
+	n := 0
+	for _, w := range want {
+		n += len(w.Tokens)
+	}
+	if n < 12 {
+		t.Fatalf("only %d tokens sampled in all: the comparison would say little", n)
+	}
+	for i := range want {
+		if diff := cmp.Diff(want[i].Tokens, got[i].Tokens); diff != "" {
+			t.Errorf("sample %d tokens (-cpu +cuda):\n%s", i, diff)
+			continue
+		}
+		if msg := kerneltest.Compare(want[i].Logprobs, got[i].Logprobs, tolSampleLogprob); msg != "" {
+			t.Errorf("sample %d logprobs: %s", i, msg)
+		}
+	}
+}
+
+// TestSamplerEmu: greedy sampling through prefill and the KV cache on the
+// emulated CUDA backend gives the CPU's tokens and logprobs.
+func TestSamplerEmu(t *testing.T) {
+	ref := cpu.New(2)
+	defer ref.Close()
+	want := sampleTiny(t, ref)
+	got := sampleTiny(t, cuda.EmuBackend(t, cuda.Options{DecodeSplit: 32}))
+	compareSamples(t, want, got)
+}
+
+// TestSamplerGPU: the same on CUDA device 0.
+func TestSamplerGPU(t *testing.T) {
+	be, err := cuda.OpenBackend(cuda.Options{DecodeSplit: 32})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device: %v", err)
+		}
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer be.Close()
+	ref := cpu.New(2)
+	defer ref.Close()
+	compareSamples(t, sampleTiny(t, ref), sampleTiny(t, be))
+}
