@@ -28,7 +28,10 @@
 // I32.
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // DType is an element type of a buffer.
 type DType uint8
@@ -101,11 +104,28 @@ type Seqs struct {
 //	v  = β2·v + (1−β2)·g²
 //	p  = p − (LR/BiasCorrection1) · m / (sqrt(v)/sqrt(BiasCorrection2) + Eps)
 //
-// BiasCorrectionK is 1 − βK^step.
+// BiasCorrectionK is 1 − βK^step. OneMinusBetaK is 1 − βK computed in
+// float64 and rounded once, as torch does with its Python-double β: computed
+// from the float32 β2 = 0.999 it would be off by 1.3e-5 relative, and every
+// element of v would inherit that error. Build steps with NewAdamWStep.
 type AdamWStep struct {
 	LR, Beta1, Beta2, Eps, WeightDecay float32
+	OneMinusBeta1, OneMinusBeta2       float32
 	BiasCorrection1, BiasCorrection2   float32
 	GradScale                          float32
+}
+
+// NewAdamWStep returns the scalars of update number step (1-based), each
+// computed in float64 and rounded once to float32.
+func NewAdamWStep(lr, beta1, beta2, eps, weightDecay float64, step int64, gradScale float64) AdamWStep {
+	k := float64(step)
+	return AdamWStep{
+		LR: float32(lr), Beta1: float32(beta1), Beta2: float32(beta2), Eps: float32(eps),
+		WeightDecay:   float32(weightDecay),
+		OneMinusBeta1: float32(1 - beta1), OneMinusBeta2: float32(1 - beta2),
+		BiasCorrection1: float32(1 - math.Pow(beta1, k)), BiasCorrection2: float32(1 - math.Pow(beta2, k)),
+		GradScale: float32(gradScale),
+	}
 }
 
 // Memory is the allocation and transfer half of a backend.

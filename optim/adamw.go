@@ -224,16 +224,7 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 	}
 	o.st.Step++
 	res.Step = o.st.Step
-	k := float64(o.st.Step)
-	step := kernels.AdamWStep{
-		LR:              float32(lr),
-		Beta1:           float32(o.cfg.Beta1),
-		Beta2:           float32(o.cfg.Beta2),
-		Eps:             float32(o.cfg.Eps),
-		BiasCorrection1: float32(1 - math.Pow(o.cfg.Beta1, k)),
-		BiasCorrection2: float32(1 - math.Pow(o.cfg.Beta2, k)),
-		GradScale:       float32(res.ClipScale),
-	}
+	step := kernels.NewAdamWStep(lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, res.ClipScale)
 	m, v := o.Moments()
 	for _, r := range o.runs {
 		s := step

@@ -23,14 +23,10 @@ const (
 	// absolute part of the bound is rtolParam × max|want| over the array:
 	// elementwise relative to the array's scale, never looser than 1e-6 of it.
 	rtolParam = 1e-6
-	// rtolMomentV is looser than rtolParam because kernels.AdamWStep carries
-	// β2 as float32 and the backend forms (1−β2) from it: for β2 = 0.999,
-	// 1 − float32(0.999) is 1.3e-5 (relative) away from the float32(1 − 0.999)
-	// torch uses, and v = Σ(1−β2)β2^k g² inherits that factor exactly (measured
-	// 1.32e-5 on every element). Parameters are unaffected beyond 1e-6 because
-	// the update depends on sqrt(v). Tighten to rtolParam once AdamWStep
-	// carries 1−β1 and 1−β2 computed in float64 (reported to the lead).
-	rtolMomentV = 2e-5
+	// rtolMomentV is rtolParam: kernels.AdamWStep carries 1−β1 and 1−β2
+	// computed in float64 (NewAdamWStep), as torch's Python doubles are; formed
+	// from the float32 β2 = 0.999 instead, v was off by 1.32e-5 everywhere.
+	rtolMomentV = rtolParam
 	// rtolNorm: torch takes the norm of per-tensor norms in float32; we sum
 	// squares in float64 and round once.
 	rtolNorm = 1e-6

@@ -192,11 +192,7 @@ func benchAdamW(be kernels.Backend, m *model.Model, mom kernels.Buf, step int) {
 			wd = 0.01
 		}
 		be.AdamW(m.Params().Slice(p.Offset, p.N), m.Grads().Slice(p.Offset, p.N),
-			mom.Slice(p.Offset, p.N), mom.Slice(tot+p.Offset, p.N), kernels.AdamWStep{
-				LR: lr, Beta1: b1, Beta2: b2, Eps: 1e-8, WeightDecay: wd,
-				BiasCorrection1: float32(1 - pow(b1, step)), BiasCorrection2: float32(1 - pow(b2, step)),
-				GradScale: 1,
-			})
+			mom.Slice(p.Offset, p.N), mom.Slice(tot+p.Offset, p.N), kernels.NewAdamWStep(lr, b1, b2, 1e-8, float64(wd), int64(step), 1))
 	}
 }
 

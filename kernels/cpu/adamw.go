@@ -11,8 +11,9 @@ package cpu
 //	denom = sqrt(v) / sqrt(BiasCorrection2) + Eps
 //	p     = p + (−LR/BiasCorrection1)·m / denom          param.addcdiv_(m, denom, value=-step_size)
 //
-// Scalars that torch computes in Python doubles (1 − lr·wd, lr/bc1,
-// sqrt(bc2)) are computed in float64 here and rounded once to float32, as
+// Scalars that torch computes in Python doubles (1 − β, which the caller
+// supplies as OneMinusBeta, and 1 − lr·wd, lr/bc1, sqrt(bc2)) are computed in
+// float64 here and rounded once to float32, as
 // torch does when it hands a Python scalar to a float32 kernel. Every product
 // is rounded explicitly (float32(...)), so the compiler cannot fuse it into
 // an FMA. Elementwise: thread-count invariant.
@@ -32,9 +33,9 @@ func newAdamwScalars(s kernels.AdamWStep) adamwScalars {
 		gradScale: s.GradScale,
 		decay:     float32(1 - float64(s.LR)*float64(s.WeightDecay)),
 		b1:        s.Beta1,
-		omb1:      float32(1 - float64(s.Beta1)),
+		omb1:      s.OneMinusBeta1,
 		b2:        s.Beta2,
-		omb2:      float32(1 - float64(s.Beta2)),
+		omb2:      s.OneMinusBeta2,
 		bc2sqrt:   float32(math.Sqrt(float64(s.BiasCorrection2))),
 		eps:       s.Eps,
 		negStep:   float32(-(float64(s.LR) / float64(s.BiasCorrection1))),

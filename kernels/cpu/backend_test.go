@@ -275,7 +275,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.SwiGLU(ao, q, q, T*NH*HD)
 		e.b.TokenLogprob(lp, ent, lse2, x, wv, tb, T, C, V, 1)
 		e.b.TokenLogprobBackward(dx, dwv, lp, x, wv, tb, lse2, T, C, V, 1)
-		e.b.AdamW(w, dw, mom, vel, kernels.AdamWStep{LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, BiasCorrection1: 0.1, BiasCorrection2: 0.001, GradScale: 1})
+		e.b.AdamW(w, dw, mom, vel, kernels.NewAdamWStep(1e-3, 0.9, 0.999, 1e-8, 0, 1, 1))
 		e.b.SumSquares(sq, dw)
 		e.b.Fill(dw, 0)
 	}
@@ -336,10 +336,7 @@ func TestAdamWMatchesFloat64(t *testing.T) {
 	for i := range v {
 		v[i] = math.Abs(v[i])
 	}
-	st := kernels.AdamWStep{LR: 3e-3, Beta1: 0.9, Beta2: 0.95, Eps: 1e-8, WeightDecay: 0.1, GradScale: 0.5}
-	step := 7
-	st.BiasCorrection1 = float32(1 - math.Pow(0.9, float64(step)))
-	st.BiasCorrection2 = float32(1 - math.Pow(0.95, float64(step)))
+	st := kernels.NewAdamWStep(3e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.5)
 	pb, gb, mb, vb := e.f32(p), e.f32(g), e.f32(m), e.f32(v)
 	e.b.AdamW(pb, gb, mb, vb, st)
 	e.sync()
@@ -348,8 +345,9 @@ func TestAdamWMatchesFloat64(t *testing.T) {
 		gg := g[i] * float64(st.GradScale)
 		// The exact math on the float32 scalars the step carries.
 		b1, b2, lr, wd := float64(st.Beta1), float64(st.Beta2), float64(st.LR), float64(st.WeightDecay)
-		wm[i] = b1*m[i] + (1-b1)*gg
-		wv[i] = b2*v[i] + (1-b2)*gg*gg
+		omb1, omb2 := float64(st.OneMinusBeta1), float64(st.OneMinusBeta2)
+		wm[i] = b1*m[i] + omb1*gg
+		wv[i] = b2*v[i] + omb2*gg*gg
 		den := math.Sqrt(wv[i])/math.Sqrt(float64(st.BiasCorrection2)) + float64(st.Eps)
 		wp[i] = p[i]*(1-lr*wd) - lr/float64(st.BiasCorrection1)*wm[i]/den
 	}

@@ -15,6 +15,6 @@ func (b *Backend) AdamW(param, grad, m, v kernels.Buf, s kernels.AdamWStep) {
 	want(v, kernels.F32, N, "AdamW v")
 	defer b.lock()()
 	b.elementwise("adamw", N, pa(param), pa(grad), pa(m), pa(v), la(N),
-		fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.Eps), fa(s.WeightDecay), fa(s.BiasCorrection1),
-		fa(s.BiasCorrection2), fa(s.GradScale))
+		fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.OneMinusBeta1), fa(s.OneMinusBeta2), fa(s.Eps),
+		fa(s.WeightDecay), fa(s.BiasCorrection1), fa(s.BiasCorrection2), fa(s.GradScale))
 }

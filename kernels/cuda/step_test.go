@@ -91,10 +91,7 @@ func tinyStep(t *testing.T, be kernels.Backend) stepResult {
 		t.Fatal(err)
 	}
 	defer be.Free(mom)
-	be.AdamW(m.Params(), m.Grads(), mom.Slice(0, total), mom.Slice(total, total), kernels.AdamWStep{
-		LR: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-6, WeightDecay: 0.01,
-		BiasCorrection1: 0.1, BiasCorrection2: 0.001, GradScale: 1,
-	})
+	be.AdamW(m.Params(), m.Grads(), mom.Slice(0, total), mom.Slice(total, total), kernels.NewAdamWStep(1e-3, 0.9, 0.999, 1e-6, 0.01, 1, 1))
 	res.params = m.ParamsHost()
 	if err := be.Sync(); err != nil {
 		t.Fatal(err)

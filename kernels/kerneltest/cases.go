@@ -2,7 +2,6 @@ package kerneltest
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
@@ -328,8 +327,8 @@ var cases = []testCase{
 	{"AdamW", func(s *suite) {
 		for _, st := range []kernels.AdamWStep{
 			// lr·wd = 1e-3: a missing decay moves p far beyond TolElementwise.
-			{LR: 1e-2, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, WeightDecay: 0.1, BiasCorrection1: 0.1, BiasCorrection2: 0.001, GradScale: 1},
-			{LR: 3e-4, Beta1: 0.9, Beta2: 0.95, Eps: 1e-6, WeightDecay: 0, BiasCorrection1: 1 - float32(math.Pow(0.9, 50)), BiasCorrection2: 1 - float32(math.Pow(0.95, 50)), GradScale: 0.25},
+			kernels.NewAdamWStep(1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
+			kernels.NewAdamWStep(3e-4, 0.9, 0.95, 1e-6, 0, 50, 0.25),
 		} {
 			N := 1001
 			p, g := s.randn(N, 1), s.randn(N, 1)
