@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test lint fuzz bench golden run ptx clean
+.PHONY: all build build-nocgo test lint fuzz bench golden run ptx ptx-sm90 gpu-check-build clean
 
 all: build
 
@@ -50,6 +50,14 @@ run: build
 
 ptx:
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC)
+
+# Assemble every committed PTX for Hopper (needs ptxas from the CUDA toolkit).
+ptx-sm90:
+	$(MAKE) -C kernels/cuda/csrc sm90
+
+# Build what scripts/gpu-check.sh runs on a GPU machine (carry bin/gpu-check there).
+gpu-check-build:
+	scripts/gpu-check.sh --build
 
 clean:
 	rm -rf bin
