@@ -337,7 +337,8 @@ func NewWriter(dir string) (*Writer, error) {
 }
 
 // SetFsync turns per-write fsync off (tests, benchmarks and throwaway stores)
-// or back on. It is on by default.
+// or back on. It is on by default. Without fsync, Put also leaves state.json
+// to the next Freeze (its index is rebuilt from the entries file's tail).
 func (w *Writer) SetFsync(on bool) {
 	w.mu.Lock()
 	w.fsync = on
@@ -567,7 +568,12 @@ func (w *Writer) Put(e *TokenEntry) error {
 	st.EntryDigests[e.ModelCallID] = d
 	st.Version++
 	// The entry's fsync is the durability guarantee; the index is rebuilt
-	// from the file tail if this state write is lost.
+	// from the file tail if this state write is lost. Without fsync (a
+	// throwaway store) the state is only written when it changes meaning
+	// (freeze, incomplete, conflict, retire), which readers rely on.
+	if !w.fsync {
+		return nil
+	}
 	return w.writeState(e.RolloutID, st, false)
 }
 
