@@ -58,7 +58,7 @@ func load(base *Recipe, files []string, sets []string) (*Loaded, error) {
 		}
 		ld.mark(t, base.Name)
 		if lookup(t, []string{"defaults"}) != nil {
-			return nil, fmt.Errorf("config: %s: an in-memory recipe cannot use defaults:", base.Name)
+			return nil, fmt.Errorf("config: %s: an in-memory recipe cannot use a defaults key", base.Name)
 		}
 		ld.files = append(ld.files, base.Name)
 		root = merge(root, t)

@@ -196,14 +196,6 @@ func benchAdamW(be kernels.Backend, m *model.Model, mom kernels.Buf, step int) {
 	}
 }
 
-func pow(x float64, n int) float64 {
-	r := 1.0
-	for range n {
-		r *= x
-	}
-	return r
-}
-
 // peakRSSMiB reads VmHWM from /proc/self/status (0 where unavailable).
 func peakRSSMiB() float64 {
 	data, err := os.ReadFile("/proc/self/status")

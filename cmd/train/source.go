@@ -1,12 +1,12 @@
 package main
 
 import (
-	"math"
 	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
