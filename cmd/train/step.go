@@ -70,6 +70,10 @@ type microBatch struct {
 	rows   []int
 	tokens []int32
 	cu     []int32
+	// need marks the positions that carry loss (mask 1 in a valid row): the
+	// only ones whose log-probabilities the loss, the KL and the metrics
+	// read, so the LM head runs nowhere else.
+	need []bool
 }
 
 // pack packs the rows that train (valid rows) into micro-batches of at most
@@ -92,6 +96,9 @@ func (t *trainer) pack(b *grpo.Batch) []microBatch {
 		cur.rows = append(cur.rows, r)
 		cur.tokens = append(cur.tokens, row.TokenIDs...)
 		cur.cu = append(cur.cu, int32(len(cur.tokens)))
+		for _, m := range row.TokenMask {
+			cur.need = append(cur.need, m != 0 && row.SampleMask > 0)
+		}
 	}
 	if len(cur.rows) > 0 {
 		out = append(out, cur)
@@ -129,13 +136,13 @@ func (t *trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		t.rowLPRef = rowSlices(t.rowLPRef, b)
 	}
 	for _, mb := range mbs {
-		lp, _, err := t.model.Forward(mb.tokens, mb.cu, t.temp)
+		lp, _, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
 		if err != nil {
 			return err
 		}
 		scatter(t.rowLPOld, mb, lp)
 		if t.ref != nil {
-			lp, _, err := t.ref.Forward(mb.tokens, mb.cu, t.temp)
+			lp, _, err := t.ref.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
 			if err != nil {
 				return err
 			}
@@ -174,7 +181,7 @@ func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	var entSum, entN float64
 	for _, mb := range mbs {
-		lp, ent, err := t.model.Forward(mb.tokens, mb.cu, t.temp)
+		lp, ent, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
 		if err != nil {
 			return out, err
 		}
