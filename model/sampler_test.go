@@ -302,3 +302,31 @@ func TestTruncatedMatchesFullSort(t *testing.T) {
 		}
 	}
 }
+
+// TestSamplerPrefillChunks: prompts prefilled in several chunks (a model
+// sized for 9 tokens) sample what one chunk gives.
+func TestSamplerPrefillChunks(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	sample := func(maxTokens int) []Sample {
+		m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: maxTokens, MaxSeqs: 2})
+		defer m.Close()
+		s, err := NewSampler(m, 4, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 8}, rand.New(rand.NewPCG(4, 4)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	one, chunked := sample(64), sample(9)
+	for i := range one {
+		if !slices.Equal(one[i].Tokens, chunked[i].Tokens) {
+			t.Fatalf("prompt %d: tokens %v in one chunk, %v in several", i, one[i].Tokens, chunked[i].Tokens)
+		}
+		compareClose(t, "chunked prefill logprobs", chunked[i].Logprobs, one[i].Logprobs, samplerLogprobTol, 0)
+	}
+}
