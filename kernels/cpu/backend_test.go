@@ -55,7 +55,9 @@ func opCases(scale int) []opCase {
 			return outputs(e, "out", out, "rstd", rstd, "dinp", dinp, "dweight", dw)
 		}},
 		{"matmul", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
-			T, C, OC := 45*scale+3, 70, 37*scale+6
+			// Several output tiles in both directions (tileM 192, tileN 256) and
+			// two K blocks (gemmKC 256): the shared pre-packed op(B) path.
+			T, C, OC := 200*scale+3, 270, 37*scale+260
 			inp, w, dout := round32(randVec(r, T*C, 1)), round32(randVec(r, OC*C, 1)), round32(randVec(r, T*OC, 1))
 			out, dinp, dw := e.zeros(T*OC), e.f32(round32(randVec(r, T*C, 1))), e.f32(round32(randVec(r, OC*C, 1)))
 			dinp0, dw0 := e.get(dinp), e.get(dw)
