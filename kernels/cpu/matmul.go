@@ -89,6 +89,7 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 }
 
 // Matmul implements kernels.Ops.
+// Shapes: out (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	o := b.f32n(out, T*OC, "Matmul out")       // (T,OC)
 	x := b.f32n(inp, T*C, "Matmul inp")        // (T,C)
@@ -97,6 +98,7 @@ func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 }
 
 // MatmulBackward implements kernels.Ops.
+// Shapes: dinp (T,C) or empty, dweight (OC,C) or empty, dout (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
 	dx := b.f32opt(dinp, T*C, "MatmulBackward dinp")        // (T,C)
 	dw := b.f32opt(dweight, OC*C, "MatmulBackward dweight") // (OC,C)
