@@ -28,10 +28,6 @@ type microKernel func(k int, a, b, c *float32, ldc int, acc int)
 // kernel12x32 is the micro-kernel in use (see simd.go).
 var kernel12x32 microKernel = kernel12x32Go
 
-// useFastGemm selects the packed gemm for float32 (always on; kept as a
-// switch so tests can compare against gemmRef through the same entry point).
-var useFastGemm = true
-
 // kernel12x32Go is the portable micro-kernel.
 func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 	as := unsafeSlice(a, k*gemmMR)
