@@ -53,3 +53,36 @@ func BenchmarkForwardBackward(b *testing.B) {
 	}
 	b.ReportMetric(float64(rows*seq)*float64(b.N)/b.Elapsed().Seconds(), "tokens/s")
 }
+
+// BenchmarkSample times incremental decoding of the bench shape: 8 prompts of
+// 32 tokens, 64 new tokens each, top-p 0.95, on 2 threads.
+func BenchmarkSample(b *testing.B) {
+	const batch, promptLen, newTokens = 8, 32, 64
+	be := cpu.New(2)
+	defer be.Close()
+	m, err := New(be, benchConfig, Options{MaxTokens: batch * promptLen, MaxSeqs: batch})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	m.InitRandom(1)
+	s, err := NewSampler(m, batch, promptLen+newTokens)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	r := rand.New(rand.NewPCG(1, 2))
+	prompts := make([][]int32, batch)
+	for i := range prompts {
+		for range promptLen {
+			prompts[i] = append(prompts[i], int32(r.IntN(benchConfig.VocabSize)))
+		}
+	}
+	opt := SampleOptions{Temperature: 1, TopP: 0.95, MaxNewTokens: newTokens}
+	for b.Loop() {
+		if _, err := s.Sample(prompts, opt, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(batch*newTokens)*float64(b.N)/b.Elapsed().Seconds(), "new_tokens/s")
+}

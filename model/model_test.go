@@ -1,6 +1,7 @@
 package model
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -195,6 +196,14 @@ func TestLoadHFRejects(t *testing.T) {
 			for i := range ts {
 				if ts[i].Name == "model.norm.weight" {
 					ts[i].Shape = []int{2, 32}
+				}
+			}
+			return ts
+		}},
+		{"nan", "model.layers.1.mlp.up_proj.weight element 7 is NaN", func(ts []safetensors.Tensor) []safetensors.Tensor {
+			for i := range ts {
+				if ts[i].Name == "model.layers.1.mlp.up_proj.weight" {
+					ts[i].F32[7] = float32(math.NaN())
 				}
 			}
 			return ts

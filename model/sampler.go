@@ -378,43 +378,12 @@ func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int
 		}
 		return int32(tok), float32(math.Log(p[tok] / sum))
 	}
-	// Most likely first; ties by token id.
-	order := s.order[:V]
-	for i := range order {
-		order[i] = int32(i)
-	}
-	slices.SortFunc(order, func(a, b int32) int {
-		if p[a] != p[b] {
-			if p[a] > p[b] {
-				return -1
-			}
-			return 1
-		}
-		return int(a - b)
-	})
-	keep := V
-	if opt.TopK > 0 && opt.TopK < keep {
-		keep = opt.TopK
-	}
+	order := s.truncated(p, opt)
 	var sum float64
-	for _, i := range order[:keep] {
+	for _, i := range order {
 		sum += p[i]
 	}
-	if opt.TopP > 0 && opt.TopP < 1 {
-		// Smallest prefix whose renormalised mass reaches TopP.
-		target, acc := float64(opt.TopP)*sum, 0.0
-		for j, i := range order[:keep] {
-			acc += p[i]
-			if acc >= target {
-				keep = j + 1
-				break
-			}
-		}
-		sum = 0
-		for _, i := range order[:keep] {
-			sum += p[i]
-		}
-	}
+	keep := len(order)
 	u := rng.Float64() * sum
 	tok, acc := order[keep-1], 0.0
 	for _, i := range order[:keep] {
@@ -425,4 +394,70 @@ func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int
 		}
 	}
 	return tok, float32(math.Log(p[tok] / sum))
+}
+
+// truncated returns the tokens kept by top-k then top-p, most likely first
+// (ties by token id), given unnormalised probabilities p. It sorts only the
+// tokens with p ≥ τ for a threshold τ lowered until that set provably
+// contains the kept set: at least TopK tokens, or (without TopK) at least
+// TopP of the mass, since every token below τ sorts after every token above.
+func (s *Sampler) truncated(p []float64, opt SampleOptions) []int32 {
+	V := len(p)
+	var total, pmax float64
+	for _, x := range p {
+		total += x
+		pmax = math.Max(pmax, x)
+	}
+	topK := opt.TopK
+	if topK <= 0 || topK > V {
+		topK = V
+	}
+	topP := float64(opt.TopP)
+	if topP <= 0 || topP > 1 {
+		topP = 1
+	}
+	order := s.order[:0]
+	for tau := pmax * 1e-3; ; tau *= 1e-3 {
+		order = order[:0]
+		var mass float64
+		for i, x := range p {
+			if x >= tau {
+				order = append(order, int32(i))
+				mass += x
+			}
+		}
+		if len(order) == V || (topK < V && len(order) >= topK) || (topK == V && topP < 1 && mass >= topP*total) || tau == 0 {
+			break
+		}
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		if p[a] != p[b] {
+			if p[a] > p[b] {
+				return -1
+			}
+			return 1
+		}
+		return int(a - b)
+	})
+	if len(order) > topK {
+		order = order[:topK]
+	}
+	if topP < 1 {
+		sum := total // the mass top-p is a fraction of: all tokens, or the top k
+		if topK < V {
+			sum = 0
+			for _, i := range order {
+				sum += p[i]
+			}
+		}
+		acc := 0.0
+		for j, i := range order {
+			acc += p[i]
+			if acc >= topP*sum {
+				order = order[:j+1]
+				break
+			}
+		}
+	}
+	return order
 }

@@ -245,3 +245,88 @@ func TestSamplerRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestTruncatedMatchesFullSort: the pruned top-k/top-p selection equals
+// sorting the whole vocabulary, on random distributions from flat to peaked
+// and with ties.
+func TestTruncatedMatchesFullSort(t *testing.T) {
+	const V = 3000
+	s := &Sampler{order: make([]int32, V)}
+	r := rand.New(rand.NewPCG(21, 22))
+	ref := func(p []float64, topK int, topP float64) []int32 {
+		order := make([]int32, len(p))
+		for i := range order {
+			order[i] = int32(i)
+		}
+		sort.SliceStable(order, func(a, b int) bool { return p[order[a]] > p[order[b]] })
+		keep := len(p)
+		if topK > 0 && topK < keep {
+			keep = topK
+		}
+		var mass float64
+		for _, i := range order[:keep] {
+			mass += p[i]
+		}
+		if topP > 0 && topP < 1 {
+			acc := 0.0
+			for j, i := range order[:keep] {
+				acc += p[i]
+				if acc >= topP*mass {
+					keep = j + 1
+					break
+				}
+			}
+		}
+		return order[:keep]
+	}
+	p := make([]float64, V)
+	for it := range 300 {
+		scale := math.Exp(r.NormFloat64() * 2.5)
+		for i := range p {
+			z := r.NormFloat64() * scale
+			if it%5 == 0 {
+				z = math.Round(z) // ties
+			}
+			p[i] = z
+		}
+		zmax := slices.Max(p)
+		for i := range p {
+			p[i] = math.Exp(p[i] - zmax)
+		}
+		topK := []int{0, 1, 5, 50, 2999, 3000, 5000}[r.IntN(7)]
+		topP := []float64{0, 0.1, 0.5, 0.9, 0.999, 1}[r.IntN(6)]
+		got := s.truncated(p, SampleOptions{TopK: topK, TopP: float32(topP)})
+		want := ref(p, topK, float64(float32(topP)))
+		if !slices.Equal(got, want) {
+			t.Fatalf("iteration %d (scale %g, topK %d, topP %g): kept %d tokens, full sort keeps %d", it, scale, topK, topP, len(got), len(want))
+		}
+	}
+}
+
+// TestSamplerPrefillChunks: prompts prefilled in several chunks (a model
+// sized for 9 tokens) sample what one chunk gives.
+func TestSamplerPrefillChunks(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	sample := func(maxTokens int) []Sample {
+		m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: maxTokens, MaxSeqs: 2})
+		defer m.Close()
+		s, err := NewSampler(m, 4, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 8}, rand.New(rand.NewPCG(4, 4)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	one, chunked := sample(64), sample(9)
+	for i := range one {
+		if !slices.Equal(one[i].Tokens, chunked[i].Tokens) {
+			t.Fatalf("prompt %d: tokens %v in one chunk, %v in several", i, one[i].Tokens, chunked[i].Tokens)
+		}
+		compareClose(t, "chunked prefill logprobs", chunked[i].Logprobs, one[i].Logprobs, samplerLogprobTol, 0)
+	}
+}

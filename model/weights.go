@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
@@ -67,16 +66,18 @@ func ignoredTensor(name string) bool {
 
 // LoadHF reads dir/model.safetensors (or the shards of
 // dir/model.safetensors.index.json), converting F32, BF16 or F16 to the
-// fp32 parameter arena. Every parameter must be present with its exact shape;
-// a tensor the model has no place for is an error (for a tied model, a stored
-// lm_head.weight must equal the embedding).
+// fp32 parameter arena one tensor at a time. Every parameter must be present
+// with its exact shape and finite values; a tensor the model has no place for
+// is an error (for a tied model, a stored lm_head.weight must equal the
+// embedding). The checks run before anything is uploaded; after a read error
+// the parameters are unspecified.
 func (m *Model) LoadHF(dir string) error {
 	set, err := safetensors.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("model: load %s: %w", dir, err)
 	}
 	defer set.Close()
-	host := make([]float32, m.table.Total)
+	largest := 0
 	for _, p := range m.table.Params {
 		ti, ok := set.Tensor(p.Name)
 		if !ok {
@@ -85,10 +86,12 @@ func (m *Model) LoadHF(dir string) error {
 		if !equalShape(ti.Shape, p.Shape) {
 			return fmt.Errorf("model: load %s: tensor %s: expected shape %v from config.json, found %v", set.Source(), p.Name, p.Shape, ti.Shape)
 		}
-		if err := set.ReadF32(p.Name, host[p.Offset:p.Offset+p.N]); err != nil {
-			return fmt.Errorf("model: load: %w", err)
+		if !ti.DType.Float() {
+			return fmt.Errorf("model: load %s: tensor %s: expected dtype F32, BF16 or F16, found %s", set.Source(), p.Name, ti.DType)
 		}
+		largest = max(largest, p.N)
 	}
+	tiedHead := false
 	for _, ti := range set.Tensors() {
 		if _, ok := m.table.Lookup(ti.Name); ok || ignoredTensor(ti.Name) {
 			continue
@@ -98,33 +101,39 @@ func (m *Model) LoadHF(dir string) error {
 			if !equalShape(ti.Shape, wte.Shape) {
 				return fmt.Errorf("model: load %s: tensor lm_head.weight of a tied model: expected shape %v, found %v", set.Source(), wte.Shape, ti.Shape)
 			}
-			head := make([]float32, wte.N)
-			if err := set.ReadF32(ti.Name, head); err != nil {
-				return fmt.Errorf("model: load: %w", err)
-			}
-			for i, x := range head {
-				if x != host[wte.Offset+i] {
-					return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), i, x, host[wte.Offset+i])
-				}
-			}
+			tiedHead = true
 			continue
 		}
 		return fmt.Errorf("model: load %s: unexpected tensor %s (shape %v): this %s config.json has no such parameter", set.Source(), ti.Name, ti.Shape, m.cfg.Arch)
 	}
-	for i, x := range host {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			p := m.table.at(i)
-			return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), p.Name, i-p.Offset, x)
+	host := make([]float32, largest)
+	for _, p := range m.table.Params {
+		buf := host[:p.N]
+		if err := set.ReadF32(p.Name, buf); err != nil {
+			return fmt.Errorf("model: load: %w", err)
 		}
+		for i, x := range buf {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), p.Name, i, x)
+			}
+		}
+		if tiedHead && p.Name == "model.embed_tokens.weight" {
+			head := make([]float32, p.N)
+			if err := set.ReadF32("lm_head.weight", head); err != nil {
+				return fmt.Errorf("model: load: %w", err)
+			}
+			for i, x := range head {
+				if x != buf[i] {
+					return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), i, x, buf[i])
+				}
+			}
+		}
+		m.b.UploadF32(m.params.Slice(p.Offset, p.N), buf)
 	}
-	m.b.UploadF32(m.params, host)
+	if err := m.b.Sync(); err != nil {
+		return fmt.Errorf("model: load: %w", err)
+	}
 	return nil
-}
-
-// at returns the parameter holding arena element i.
-func (t *ParamTable) at(i int) Param {
-	j := sort.Search(len(t.Params), func(j int) bool { return t.Params[j].Offset+t.Params[j].N > i })
-	return t.Params[j]
 }
 
 func equalShape(a, b []int) bool {
@@ -155,19 +164,28 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("model: save: %w", err)
 	}
-	host := m.ParamsHost()
-	if err := m.b.Sync(); err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	tensors := make([]safetensors.Tensor, len(m.table.Params))
+	specs := make([]safetensors.Spec, len(m.table.Params))
+	largest := 0
 	for i, p := range m.table.Params {
-		tensors[i] = safetensors.Tensor{
-			Spec: safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape},
-			F32:  host[p.Offset : p.Offset+p.N],
-		}
+		specs[i] = safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape}
+		largest = max(largest, p.N)
 	}
+	host := make([]float32, largest)
 	meta := map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
-	if err := safetensors.WriteFile(filepath.Join(dir, safetensors.SingleFileName), tensors, meta); err != nil {
+	err := safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, func(w *safetensors.Writer) error {
+		for _, t := range w.Tensors() {
+			p, _ := m.table.Lookup(t.Name)
+			m.b.DownloadF32(host[:p.N], m.params.Slice(p.Offset, p.N))
+			if err := m.b.Sync(); err != nil {
+				return err
+			}
+			if err := w.WriteF32(t.Name, host[:p.N]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("model: save: %w", err)
 	}
 	cfgJSON, err := m.cfg.JSON(torchName)

@@ -419,3 +419,47 @@ func FuzzNewFile(f *testing.F) {
 		}
 	})
 }
+
+// TestWriteFileStreamAtomic: a failed stream leaves no file behind and does
+// not replace an existing one.
+func TestWriteFileStreamAtomic(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.safetensors")
+	if err := os.WriteFile(path, []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	specs := []Spec{{Name: "a", DType: F32, Shape: []int{2}}}
+	boom := errors.New("boom")
+	err := WriteFileStream(path, specs, nil, func(w *Writer) error {
+		if err := w.WriteF32("a", []float32{1}); err != nil {
+			return err
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("error %v, want the callback's", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "old" {
+		t.Fatalf("file replaced after a failed write: %q", b)
+	}
+	// An incomplete stream is caught by Close.
+	if err := WriteFileStream(path, specs, nil, func(w *Writer) error { return w.WriteF32("a", []float32{1}) }); err == nil {
+		t.Fatal("incomplete tensor accepted")
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left behind: %v", entries)
+	}
+	if err := WriteFileStream(path, specs, nil, func(w *Writer) error { return w.WriteF32("a", []float32{1, 2}) }); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]float32, 2)
+	if err := f.ReadF32("a", got); err != nil || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("read back %v, %v", got, err)
+	}
+}

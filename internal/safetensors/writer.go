@@ -228,13 +228,38 @@ type Tensor struct {
 
 // WriteFile writes tensors to path atomically: a temporary file in the same
 // directory is written, synced and renamed over path.
-func WriteFile(path string, tensors []Tensor, metadata map[string]string) (err error) {
+func WriteFile(path string, tensors []Tensor, metadata map[string]string) error {
 	specs := make([]Spec, len(tensors))
 	byName := make(map[string]*Tensor, len(tensors))
 	for i := range tensors {
 		specs[i] = tensors[i].Spec
 		byName[tensors[i].Name] = &tensors[i]
 	}
+	return WriteFileStream(path, specs, metadata, func(w *Writer) error {
+		for _, t := range w.Tensors() {
+			src := byName[t.Name]
+			var err error
+			if src.F32 != nil {
+				if len(src.F32) != t.NumElements() {
+					return fmt.Errorf("safetensors: write %s: tensor %q: %d values for shape %v", path, t.Name, len(src.F32), t.Shape)
+				}
+				err = w.WriteF32(t.Name, src.F32)
+			} else {
+				err = w.WriteRaw(t.Name, src.Raw)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// WriteFileStream writes the declared tensors to path atomically, calling
+// write to stream their data in file order (Writer.Tensors) so that no
+// tensor needs to be in memory all at once. The file appears at path only
+// if write and every check succeed.
+func WriteFileStream(path string, specs []Spec, metadata map[string]string, write func(w *Writer) error) (err error) {
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
 		return fmt.Errorf("safetensors: %w", err)
@@ -249,19 +274,8 @@ func WriteFile(path string, tensors []Tensor, metadata map[string]string) (err e
 	if err != nil {
 		return err
 	}
-	for _, t := range w.Tensors() {
-		src := byName[t.Name]
-		if src.F32 != nil {
-			if len(src.F32) != t.NumElements() {
-				return fmt.Errorf("safetensors: write %s: tensor %q: %d values for shape %v", path, t.Name, len(src.F32), t.Shape)
-			}
-			err = w.WriteF32(t.Name, src.F32)
-		} else {
-			err = w.WriteRaw(t.Name, src.Raw)
-		}
-		if err != nil {
-			return err
-		}
+	if err = write(w); err != nil {
+		return err
 	}
 	if err = w.Close(); err != nil {
 		return err

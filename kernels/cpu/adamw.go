@@ -69,6 +69,7 @@ func (t *adamwTask) run(_, lo, hi int) {
 }
 
 // AdamW implements kernels.Ops.
+// Shapes: param, grad, m, v (N).
 func (b *Backend) AdamW(param, grad, m, v kernels.Buf, step kernels.AdamWStep) {
 	n := param.N
 	t := &b.tasks.adamw

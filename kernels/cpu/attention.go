@@ -283,6 +283,7 @@ func attnShape(q kernels.Buf, NH, NKV, HD int) int {
 }
 
 // Attention implements kernels.Ops.
+// Shapes: out (T,NH,HD), lse (T,NH), q (T,NH,HD), k (T,NKV,HD), v (T,NKV,HD), seqs.CuSeqlens (S+1) I32.
 func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	T := attnShape(q, NH, NKV, HD)
 	cu := b.checkSeqs("Attention", seqs, T)
@@ -316,6 +317,7 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 }
 
 // AttentionBackward implements kernels.Ops.
+// Shapes: dq, dout, out (T,NH,HD); dk, dv, k, v (T,NKV,HD); lse (T,NH); q (T,NH,HD).
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	T := attnShape(q, NH, NKV, HD)
 	cu := b.checkSeqs("AttentionBackward", seqs, T)

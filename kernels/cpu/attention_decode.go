@@ -67,6 +67,7 @@ func (t *decodeTask) run(w, lo, hi int) {
 }
 
 // AttentionDecode implements kernels.Ops.
+// Shapes: out, q (B,NH,HD); kc, vc (B,Tmax,NKV,HD); lens (B) I32.
 func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH, NKV, HD int) {
 	if NH <= 0 || NKV <= 0 || NH%NKV != 0 {
 		panic("cpu: AttentionDecode: NH must be a positive multiple of NKV")

@@ -55,7 +55,32 @@ func opCases(scale int) []opCase {
 			return outputs(e, "out", out, "rstd", rstd, "dinp", dinp, "dweight", dw)
 		}},
 		{"matmul", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
-			T, C, OC := 45*scale+3, 70, 37*scale+6
+			// Several output tiles in both directions (tileM 192, tileN 256) and
+			// two K blocks (gemmKC 256): the shared pre-packed op(B) path.
+			T, C, OC := 200*scale+3, 270, 37*scale+260
+			inp, w, dout := round32(randVec(r, T*C, 1)), round32(randVec(r, OC*C, 1)), round32(randVec(r, T*OC, 1))
+			out, dinp, dw := e.zeros(T*OC), e.f32(round32(randVec(r, T*C, 1))), e.f32(round32(randVec(r, OC*C, 1)))
+			dinp0, dw0 := e.get(dinp), e.get(dw)
+			e.b.Matmul(out, e.f32(inp), e.f32(w), T, C, OC)
+			e.b.MatmulBackward(dinp, dw, e.f32(dout), e.f32(inp), e.f32(w), T, C, OC)
+			e.sync()
+			if check {
+				wdinp, wdw := matmulBwd64(dout, inp, w, T, C, OC)
+				for i := range wdinp {
+					wdinp[i] += dinp0[i]
+				}
+				for i := range wdw {
+					wdw[i] += dw0[i]
+				}
+				checkClose(e.t, "out", e.get(out), matmul64(inp, w, T, C, OC), f32Atol*4, f32Rtol)
+				checkClose(e.t, "dinp", e.get(dinp), wdinp, f32Atol*4, f32Rtol)
+				checkClose(e.t, "dweight", e.get(dw), wdw, f32Atol*float64(T)/16, f32Rtol)
+			}
+			return outputs(e, "out", out, "dinp", dinp, "dweight", dw)
+		}},
+		{"matmul_wide", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
+			// One row of output tiles, several columns: op(A) pre-packed alone.
+			T, C, OC := 50, 300, 600*scale
 			inp, w, dout := round32(randVec(r, T*C, 1)), round32(randVec(r, OC*C, 1)), round32(randVec(r, T*OC, 1))
 			out, dinp, dw := e.zeros(T*OC), e.f32(round32(randVec(r, T*C, 1))), e.f32(round32(randVec(r, OC*C, 1)))
 			dinp0, dw0 := e.get(dinp), e.get(dw)

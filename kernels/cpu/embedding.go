@@ -68,6 +68,7 @@ func (t *embeddingTask) run(w, lo, hi int) {
 }
 
 // Embedding implements kernels.Ops.
+// Shapes: out (T,C), wte (V,C), tokens (T) I32.
 func (b *Backend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
 	if C <= 0 || wte.N%C != 0 {
 		panic("cpu: Embedding: wte length is not a multiple of C")
@@ -83,6 +84,7 @@ func (b *Backend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
 }
 
 // EmbeddingBackward implements kernels.Ops.
+// Shapes: dwte (V,C), dout (T,C), tokens (T) I32.
 func (b *Backend) EmbeddingBackward(dwte, dout, tokens kernels.Buf, T, C int) {
 	if C <= 0 || dwte.N%C != 0 {
 		panic("cpu: EmbeddingBackward: dwte length is not a multiple of C")

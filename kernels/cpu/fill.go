@@ -41,6 +41,7 @@ func scaleRange[F Float](x []F, s F) {
 }
 
 // Fill implements kernels.Ops: x = v.
+// Shapes: x (N).
 func (b *Backend) Fill(x kernels.Buf, v float32) {
 	xs := b.F32(x)
 	b.tasks.fill = fillTask{x: xs, v: v, mode: 0}
@@ -49,6 +50,7 @@ func (b *Backend) Fill(x kernels.Buf, v float32) {
 }
 
 // Copy implements kernels.Ops: dst = src (same length and dtype).
+// Shapes: dst (N), src (N), any dtype.
 func (b *Backend) Copy(dst, src kernels.Buf) {
 	if dst.N != src.N || dst.DType != src.DType {
 		panic(fmt.Sprintf("cpu: Copy of %d %s into %d %s", src.N, src.DType, dst.N, dst.DType))
@@ -68,6 +70,7 @@ func (b *Backend) Copy(dst, src kernels.Buf) {
 }
 
 // Scale implements kernels.Ops: x *= s.
+// Shapes: x (N).
 func (b *Backend) Scale(x kernels.Buf, s float32) {
 	xs := b.F32(x)
 	b.tasks.fill = fillTask{x: xs, v: s, mode: 2}

@@ -9,8 +9,9 @@ package cpu
 // leading dimension ldc. acc selects += over =.
 //
 // gemm runs on the calling goroutine; ops parallelise over tiles of C. For
-// float32 it uses the packed SIMD path of gemm_fast.go when the CPU has one,
-// otherwise gemmRef. Both sum each element's K products in a fixed order that
+// float32 with worker scratch it uses the packed path of gemm_fast.go (SIMD
+// micro-kernel where the CPU has one, else the Go one); the float64
+// instantiation the tests use is gemmRef. Both sum each element's K products in a fixed order that
 // depends only on K, so results never depend on the thread count.
 
 // gemmRef is the straightforward reference: each element is one left-to-right
@@ -56,7 +57,7 @@ func gemm[F Float](ws *wscratch, transA, transB bool, M, N, K int, A []F, lda in
 		}
 		return
 	}
-	if isF32[F]() && ws != nil && useFastGemm {
+	if isF32[F]() && ws != nil {
 		gemmFast(ws, transA, transB, M, N, K, asF32(A), lda, asF32(B), ldb, asF32(C), ldc, acc)
 		return
 	}

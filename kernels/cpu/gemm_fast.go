@@ -28,10 +28,6 @@ type microKernel func(k int, a, b, c *float32, ldc int, acc int)
 // kernel12x32 is the micro-kernel in use (see simd.go).
 var kernel12x32 microKernel = kernel12x32Go
 
-// useFastGemm selects the packed gemm for float32 (always on; kept as a
-// switch so tests can compare against gemmRef through the same entry point).
-var useFastGemm = true
-
 // kernel12x32Go is the portable micro-kernel.
 func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 	as := unsafeSlice(a, k*gemmMR)
@@ -158,7 +154,39 @@ func packB(dst []float32, transB bool, B []float32, ldb, n, k0, kc int) {
 }
 
 func gemmFast(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, C []float32, ldc int, acc bool) {
-	gemmPacked(ws, transA, transB, M, N, K, A, lda, B, ldb, nil, 0, C, ldc, acc)
+	gemmPacked(ws, transA, transB, M, N, K, A, lda, B, ldb, nil, 0, 0, C, ldc, acc)
+}
+
+// prepacked holds op(A) and/or op(B) of a whole product packed once
+// (packedASize/packedBSize layouts), shared by all tiles; nil means the tile
+// packs that operand itself.
+type prepacked struct {
+	pa, pb     []float32
+	mpad, npad int
+}
+
+// packedASize returns the length of op(A) (M,K) packed whole: for each K
+// block starting at k0, its panels occupy Mpad·kc floats from k0·Mpad, panel
+// ip at ip·kc·MR within the block.
+func packedASize(M, K int) int {
+	return ((M + gemmMR - 1) / gemmMR) * gemmMR * K
+}
+
+// packAPanel packs panel ip of K block kb of op(A) into its place in pa.
+func packAPanel(pa []float32, transA bool, A []float32, lda, M, K, kb, ip int) {
+	mpad := ((M + gemmMR - 1) / gemmMR) * gemmMR
+	k0 := kb * gemmKC
+	kc := min(gemmKC, K-k0)
+	i0 := ip * gemmMR
+	mr := min(gemmMR, M-i0)
+	dst := pa[k0*mpad+ip*kc*gemmMR : k0*mpad+(ip+1)*kc*gemmMR]
+	var src []float32
+	if transA {
+		src = A[i0:]
+	} else {
+		src = A[i0*lda:]
+	}
+	packA(dst, transA, src, lda, mr, k0, kc)
 }
 
 // packedBSize returns the length of op(B) (K,N) packed whole: for each K
@@ -185,24 +213,32 @@ func packBPanel(pb []float32, transB bool, B []float32, ldb, N, K, kb, jp int) {
 	packB(dst, transB, src, ldb, nr, k0, kc)
 }
 
-// gemmPacked computes C (M,N) (+)= op(A)·op(B). If pbAll is nil it packs
-// op(B) itself, block by block; otherwise pbAll holds op(B) of a wider
-// product packed whole (see packedBSize) with npadAll padded columns, and
-// this call's columns start at panel jp0 of it.
-func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, pbAll []float32, jp0Npad int, C []float32, ldc int, acc bool) {
+// gemmPacked computes C (M,N) (+)= op(A)·op(B). Operands that pre does
+// not hold are packed here, block by block; those it holds belong to a wider
+// product whose tile this is, starting at row i0t and column j0t (multiples
+// of MR and NR) of it.
+func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, pre *prepacked, i0t, j0t int, C []float32, ldc int, acc bool) {
 	mp := (M + gemmMR - 1) / gemmMR
 	kcMax := min(K, gemmKC)
-	pa := ws.get(slotPackA, mp*gemmMR*kcMax)
-	var pb []float32
+	var pa, pb, paAll, pbAll []float32
+	if pre != nil {
+		paAll, pbAll = pre.pa, pre.pb
+	}
+	if paAll == nil {
+		pa = ws.get(slotPackA, mp*gemmMR*kcMax)
+	}
 	if pbAll == nil {
 		pb = ws.get(slotPackB, min(N+gemmNR-1, gemmNC)/gemmNR*gemmNR*kcMax)
 	}
-	jp0, npadAll := jp0Npad&0xffffffff, jp0Npad>>32
 	tile := ws.get(slotTile, gemmMR*gemmNR)
 	kern := kernel12x32
 	for k0 := 0; k0 < K; k0 += gemmKC {
 		kc := min(gemmKC, K-k0)
-		packA(pa, transA, A, lda, M, k0, kc)
+		if paAll == nil {
+			packA(pa, transA, A, lda, M, k0, kc)
+		} else {
+			pa = paAll[k0*pre.mpad+(i0t/gemmMR)*kc*gemmMR:]
+		}
 		add := 0
 		if acc || k0 > 0 {
 			add = 1
@@ -220,7 +256,7 @@ func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda
 				}
 				packB(pb, transB, src, ldb, nc, k0, kc)
 			} else {
-				pb = pbAll[k0*npadAll+(jp0+n0/gemmNR)*kc*gemmNR:]
+				pb = pbAll[k0*pre.npad+((j0t+n0)/gemmNR)*kc*gemmNR:]
 			}
 			for ip := 0; ip < mp; ip++ {
 				i0 := ip * gemmMR

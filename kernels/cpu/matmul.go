@@ -28,15 +28,24 @@ type gemmTask struct {
 	lda, ldb, ldc  int
 	acc            bool
 	nN             int
-	pb             []float32 // op(B) packed whole (packedBSize), shared
-	npad, np, nkb  int
+	pre            prepacked // op(A), op(B) packed whole when tiles share them
+	np, mp, nkb    int
 	packing        bool
 }
 
 func (t *gemmTask) run(w, lo, hi int) {
 	if t.packing {
+		nb := 0
+		if t.pre.pb != nil {
+			nb = t.nkb * t.np
+		}
 		for it := lo; it < hi; it++ {
-			packBPanel(t.pb, t.transB, t.B, t.ldb, t.N, t.K, it/t.np, it%t.np)
+			if it < nb {
+				packBPanel(t.pre.pb, t.transB, t.B, t.ldb, t.N, t.K, it/t.np, it%t.np)
+			} else {
+				ia := it - nb
+				packAPanel(t.pre.pa, t.transA, t.A, t.lda, t.M, t.K, ia/t.mp, ia%t.mp)
+			}
 		}
 		return
 	}
@@ -51,14 +60,14 @@ func (t *gemmTask) run(w, lo, hi int) {
 		} else {
 			a = t.A[i0*t.lda:]
 		}
-		if t.pb != nil {
-			gemmPacked(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, nil, 0, t.pb, (j0/gemmNR)|t.npad<<32, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
-			continue
-		}
 		if t.transB {
 			b = t.B[j0*t.ldb:]
 		} else {
 			b = t.B[j0:]
+		}
+		if t.pre.pa != nil || t.pre.pb != nil {
+			gemmPacked(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, b, t.ldb, &t.pre, i0, j0, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
+			continue
 		}
 		gemm(&t.ws[w], t.transA, t.transB, m, n, t.K, a, t.lda, b, t.ldb, t.C[i0*t.ldc+j0:], t.ldc, t.acc)
 	}
@@ -74,14 +83,25 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 	nN := (N + tileN - 1) / tileN
 	*t = gemmTask{ws: b.scratch.w, transA: transA, transB: transB, M: M, N: N, K: K,
 		A: A, B: B, C: C, lda: lda, ldb: ldb, ldc: ldc, acc: acc, nN: nN}
-	if K > 0 && nM > 1 {
-		// Pack op(B) once, shared by every row of tiles.
+	if K > 0 && (nM > 1 || nN > 1) {
+		// Pack op(B) once if several rows of tiles share it, op(A) once if
+		// several columns of tiles do.
 		t.np = (N + gemmNR - 1) / gemmNR
-		t.npad = t.np * gemmNR
+		t.mp = (M + gemmMR - 1) / gemmMR
 		t.nkb = (K + gemmKC - 1) / gemmKC
-		t.pb = b.scratch.getShared(sharedPackB, packedBSize(N, K))
+		items := 0
+		if nM > 1 {
+			t.pre.npad = t.np * gemmNR
+			t.pre.pb = b.scratch.getShared(sharedPackB, packedBSize(N, K))
+			items += t.nkb * t.np
+		}
+		if nN > 1 {
+			t.pre.mpad = t.mp * gemmMR
+			t.pre.pa = b.scratch.getShared(sharedPackA, packedASize(M, K))
+			items += t.nkb * t.mp
+		}
 		t.packing = true
-		b.pool.parallel(t, t.nkb*t.np, 4)
+		b.pool.parallel(t, items, 4)
 		t.packing = false
 	}
 	b.pool.parallel(t, nM*nN, 1)
@@ -89,6 +109,7 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 }
 
 // Matmul implements kernels.Ops.
+// Shapes: out (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	o := b.f32n(out, T*OC, "Matmul out")       // (T,OC)
 	x := b.f32n(inp, T*C, "Matmul inp")        // (T,C)
@@ -97,6 +118,7 @@ func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 }
 
 // MatmulBackward implements kernels.Ops.
+// Shapes: dinp (T,C) or empty, dweight (OC,C) or empty, dout (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
 	dx := b.f32opt(dinp, T*C, "MatmulBackward dinp")        // (T,C)
 	dw := b.f32opt(dweight, OC*C, "MatmulBackward dweight") // (OC,C)

@@ -34,6 +34,7 @@ func (t *sumSquaresTask) run(_, lo, hi int) {
 }
 
 // SumSquares implements kernels.Ops.
+// Shapes: out (1), x (N).
 func (b *Backend) SumSquares(out, x kernels.Buf) {
 	o := b.f32n(out, 1, "SumSquares out")
 	xs := b.F32(x)

@@ -26,6 +26,7 @@ func addRange[F Float](out, a, b []F) {
 }
 
 // Add implements kernels.Ops.
+// Shapes: out (N), a (N), b (N).
 func (b *Backend) Add(out, x, y kernels.Buf, N int) {
 	t := &b.tasks.add
 	*t = addTask{out: b.f32n(out, N, "Add out"), a: b.f32n(x, N, "Add a"), b: b.f32n(y, N, "Add b")}
@@ -34,6 +35,7 @@ func (b *Backend) Add(out, x, y kernels.Buf, N int) {
 }
 
 // Accumulate implements kernels.Ops.
+// Shapes: dst (N), src (N).
 func (b *Backend) Accumulate(dst, src kernels.Buf, N int) {
 	d := b.f32n(dst, N, "Accumulate dst")
 	t := &b.tasks.add

@@ -86,6 +86,7 @@ func (t *rmsnormTask) run(_, lo, hi int) {
 }
 
 // RMSNorm implements kernels.Ops.
+// Shapes: out (N,C), rstd (N), inp (N,C), weight (C).
 func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
 	t := &b.tasks.rmsnorm
 	*t = rmsnormTask{
@@ -98,6 +99,7 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 }
 
 // RMSNormBackward implements kernels.Ops.
+// Shapes: dinp (N,C) or empty, dweight (C) or empty, dout (N,C), inp (N,C), weight (C), rstd (N).
 func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
 	nb := (N + rmsBlock - 1) / rmsBlock
 	t := &b.tasks.rmsnorm

@@ -117,11 +117,13 @@ func (b *Backend) rope(x, pos kernels.Buf, T, H, HD int, theta float32, inverse 
 }
 
 // Rope implements kernels.Ops.
+// Shapes: x (T,H,HD), pos (T) I32.
 func (b *Backend) Rope(x, pos kernels.Buf, T, H, HD int, theta float32) {
 	b.rope(x, pos, T, H, HD, theta, false)
 }
 
 // RopeBackward implements kernels.Ops.
+// Shapes: dx (T,H,HD), pos (T) I32.
 func (b *Backend) RopeBackward(dx, pos kernels.Buf, T, H, HD int, theta float32) {
 	b.rope(dx, pos, T, H, HD, theta, true)
 }

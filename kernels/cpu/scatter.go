@@ -31,6 +31,7 @@ func scatterRowsCols[F Float](dst, src []F, idx []int32, N, W, c0, c1 int) {
 }
 
 // ScatterRows implements kernels.Ops.
+// Shapes: dst (R,W), src (N,W), idx (N) I32.
 func (b *Backend) ScatterRows(dst, src, idx kernels.Buf, N, W int) {
 	if W <= 0 || dst.N%W != 0 {
 		panic("cpu: ScatterRows: dst length is not a multiple of W")

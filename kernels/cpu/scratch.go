@@ -37,6 +37,7 @@ type scratch struct {
 // Shared buffer slots: one per concurrent use within an op.
 const (
 	sharedPackB = iota // parallelGemm's packed op(B)
+	sharedPackA        // parallelGemm's packed op(A)
 	sharedDZ           // TokenLogprobBackward's dz chunk
 	sharedRMS          // RMSNormBackward's dweight partial sums
 	numShared

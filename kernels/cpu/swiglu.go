@@ -82,6 +82,7 @@ func swigluBackward32(dgate, dup, dout, gate, up, en []float32) {
 }
 
 // SwiGLU implements kernels.Ops.
+// Shapes: out, gate, up (N).
 func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	t := &b.tasks.swiglu
 	*t = swigluTask{ws: b.scratch.w, out: b.f32n(out, N, "SwiGLU out"), gate: b.f32n(gate, N, "SwiGLU gate"), up: b.f32n(up, N, "SwiGLU up")}
@@ -90,6 +91,7 @@ func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
 }
 
 // SwiGLUBackward implements kernels.Ops. (The task's out field carries dout.)
+// Shapes: dgate, dup, dout, gate, up (N).
 func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) {
 	t := &b.tasks.swiglu
 	*t = swigluTask{

@@ -234,6 +234,7 @@ func tlpChunk(T, V int) int {
 }
 
 // TokenLogprob implements kernels.Ops.
+// Shapes: logprob, entropy, lse (T); hidden (T,C); weight (V,C); targets (T) I32.
 func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
 	h := b.f32n(hidden, T*C, "TokenLogprob hidden") // (T,C)
 	w := b.f32n(weight, V*C, "TokenLogprob weight") // (V,C)
@@ -261,6 +262,7 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 }
 
 // TokenLogprobBackward implements kernels.Ops.
+// Shapes: dhidden (T,C) or empty, dweight (V,C) or empty, dlogprob (T), hidden (T,C), weight (V,C), targets (T) I32, lse (T).
 func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse kernels.Buf, T, C, V int, invTemp float32) {
 	if T == 0 {
 		return
