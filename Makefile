@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test lint fuzz bench golden run ptx ptx-sm90 gpu-check-build clean
+.PHONY: all build build-nocgo test lint fuzz bench golden run ptx ptx-sm90 gpu-check-build bench-torch clean
 
 all: build
 
@@ -35,6 +35,12 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...
+
+# The same forward+backward+AdamW step in PyTorch and tracegrpo (same weights,
+# 2 threads), with the ratio. Debian's default libblas is the reference BLAS;
+# install libopenblas0-pthread for a realistic torch (the script says which).
+bench-torch:
+	scripts/bench_compare.sh --threads 2 --steps 5
 
 # Regenerate the committed goldens with the independent implementations
 # (Debian's python3-torch and python3-numpy; Python's hashlib).

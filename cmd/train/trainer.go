@@ -174,6 +174,11 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	if err := t.openMetrics(); err != nil {
 		return nil, err
 	}
+	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
+		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
+			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
+			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
+	}
 	t.progress = newProgressLine(o.stderr, o.quiet, t.maxSteps)
 	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
 		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
@@ -406,4 +411,11 @@ func writeFileAtomic(path string, data []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+func ptrStr(p *int) string {
+	if p == nil {
+		return "null"
+	}
+	return fmt.Sprint(*p)
 }
