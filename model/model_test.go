@@ -331,9 +331,21 @@ func TestNoAllocsPerStep(t *testing.T) {
 		}
 	}
 	step()
-	if n := testing.AllocsPerRun(5, step); n != 0 {
+	if n := minAllocsPerRun(3, 5, step); n != 0 {
 		t.Errorf("Forward+Backward allocates %v times per step after warm-up", n)
 	}
+}
+
+// minAllocsPerRun is the least of tries testing.AllocsPerRun measurements.
+// When the CPU backend's workers park under load, the Go runtime may allocate
+// a sudog for the blocked goroutine (counted as a malloc, then cached and
+// reused); an allocation the step itself makes shows up in every measurement.
+func minAllocsPerRun(tries, runs int, f func()) float64 {
+	best := testing.AllocsPerRun(runs, f)
+	for i := 1; i < tries && best != 0; i++ {
+		best = min(best, testing.AllocsPerRun(runs, f))
+	}
+	return best
 }
 
 func TestInitRandom(t *testing.T) {

@@ -305,7 +305,14 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.Fill(dw, 0)
 	}
 	step()
-	if n := testing.AllocsPerRun(5, step); n != 0 {
+	// The least of three measurements: under load the runtime may allocate a
+	// sudog when a parked worker blocks (counted as a malloc, then reused); an
+	// allocation an op makes shows up in every measurement.
+	n := testing.AllocsPerRun(5, step)
+	for i := 0; i < 2 && n != 0; i++ {
+		n = min(n, testing.AllocsPerRun(5, step))
+	}
+	if n != 0 {
 		t.Errorf("warmed-up op sequence allocates %v times per run, want 0", n)
 	}
 }
