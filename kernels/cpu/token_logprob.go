@@ -15,14 +15,16 @@ package cpu
 // outputs and contribute nothing to the gradients; a target ≥ V is a data error
 // (sticky, the row is treated as masked).
 //
-// The Backend walks the vocabulary in chunks of vc = tlpBudget/T columns
-// (a multiple of 32): one packed gemm forms the (T, vc) logits of the chunk;
-// the forward then folds them into each row's running max m and, in float64,
-// s1 = Σ exp(z−m) and s2 = Σ exp(z−m)·(z−m), so entropy = log s1 − s2/s1 has
-// no cancellation; the backward turns them into dz and adds dz·weight_chunk
+// The Backend walks the vocabulary in chunks of vc ≈ tlpBudget/T columns
+// (a multiple of 256): one packed gemm forms the (T, vc) logits of the chunk;
+// the forward then folds them, 256 at a time, into each row's running max m
+// and, in float64, s1 = Σ exp(z−m) and s2 = Σ exp(z−m)·(z−m), so
+// entropy = log s1 − s2/s1 has no cancellation; the backward turns them into dz and adds dz·weight_chunk
 // into dhidden and dzᵀ·hidden into the chunk's rows of dweight with two more
 // gemms. Row passes own disjoint rows and the gemms are tile-deterministic:
-// thread-count invariant. invTemp must be positive.
+// thread-count invariant; every per-row sum runs over the same 256-aligned
+// vocabulary blocks whatever T is, so a row's outputs and dhidden do not
+// depend on the other rows. invTemp must be positive.
 //
 // tokenLogprobRows and tokenLogprobBackwardRows are the generic reference
 // (the float64 instantiation is finite-difference checked; the float32
