@@ -287,14 +287,17 @@ store2_0:
 	VMOVUPS Y11, 32(DX)
 	ADDQ R8, DX
 done2_0:
-	// rows 0..5, columns 16..31
+	// rows 6..11, columns 0..15
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
-	ADDQ $0, SI
+	ADDQ $24, SI
 	MOVQ b+16(FP), DI
-	ADDQ $64, DI
+	ADDQ $0, DI
 	MOVQ c+24(FP), DX
-	ADDQ $64, DX
+	MOVQ R8, R10
+	IMULQ $6, R10
+	ADDQ R10, DX
+	ADDQ $0, DX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -385,17 +388,14 @@ store2_1:
 	VMOVUPS Y11, 32(DX)
 	ADDQ R8, DX
 done2_1:
-	// rows 6..11, columns 0..15
+	// rows 0..5, columns 16..31
 	MOVQ k+0(FP), CX
 	MOVQ a+8(FP), SI
-	ADDQ $24, SI
+	ADDQ $0, SI
 	MOVQ b+16(FP), DI
-	ADDQ $0, DI
+	ADDQ $64, DI
 	MOVQ c+24(FP), DX
-	MOVQ R8, R10
-	IMULQ $6, R10
-	ADDQ R10, DX
-	ADDQ $0, DX
+	ADDQ $64, DX
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2

@@ -90,7 +90,7 @@ func avx2(w func(string, ...any)) {
 	w("\tSHLQ $2, R8")
 	w("\tMOVQ acc+40(FP), R9")
 	for sub := 0; sub < 4; sub++ {
-		ro, co := 6*(sub/2), 16*(sub%2)
+		ro, co := 6*(sub%2), 16*(sub/2)
 		w("\t// rows %d..%d, columns %d..%d", ro, ro+5, co, co+15)
 		w("\tMOVQ k+0(FP), CX")
 		w("\tMOVQ a+8(FP), SI")
