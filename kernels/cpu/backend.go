@@ -30,6 +30,15 @@
 // SIMD path chosen at start-up (see simd.go and Backend.Features), which is
 // fixed for a machine.
 //
+// Per-row results are also pack-invariant: a row's Matmul output and dinp,
+// a sequence's Attention outputs and gradients, and a row's TokenLogprob
+// outputs and dhidden are bit-identical whether computed alone or packed with
+// other rows or sequences (every sum runs over fixed 256-wide K blocks and
+// query blocks aligned to the sequence start), so splitting or merging
+// micro-batches cannot change per-token values (TestMatmulRowInvariance,
+// TestAttentionSequenceInvariance, TestTokenLogprobRowInvariance). Sums over
+// tokens (weight gradients) naturally depend on which tokens are present.
+//
 // A Backend is not safe for concurrent use: one goroutine drives it, as with a
 // device stream. It allocates nothing per op call after warm-up
 // (TestNoAllocsAfterWarmup).

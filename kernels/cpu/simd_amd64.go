@@ -2,7 +2,7 @@
 
 package cpu
 
-//go:generate go run ./internal/asmgen -out gen_kernels_amd64.s
+//go:generate go run ./internal/asmgen/cmd -out gen_kernels_amd64.s
 
 func cpuid(eaxArg, ecxArg uint32) (eax, ebx, ecx, edx uint32)
 func xgetbv() (eax, edx uint32)

@@ -15,14 +15,16 @@ package cpu
 // outputs and contribute nothing to the gradients; a target ≥ V is a data error
 // (sticky, the row is treated as masked).
 //
-// The Backend walks the vocabulary in chunks of vc = tlpBudget/T columns
-// (a multiple of 32): one packed gemm forms the (T, vc) logits of the chunk;
-// the forward then folds them into each row's running max m and, in float64,
-// s1 = Σ exp(z−m) and s2 = Σ exp(z−m)·(z−m), so entropy = log s1 − s2/s1 has
-// no cancellation; the backward turns them into dz and adds dz·weight_chunk
+// The Backend walks the vocabulary in chunks of vc ≈ tlpBudget/T columns
+// (a multiple of 256): one packed gemm forms the (T, vc) logits of the chunk;
+// the forward then folds them, 256 at a time, into each row's running max m
+// and, in float64, s1 = Σ exp(z−m) and s2 = Σ exp(z−m)·(z−m), so
+// entropy = log s1 − s2/s1 has no cancellation; the backward turns them into dz and adds dz·weight_chunk
 // into dhidden and dzᵀ·hidden into the chunk's rows of dweight with two more
 // gemms. Row passes own disjoint rows and the gemms are tile-deterministic:
-// thread-count invariant. invTemp must be positive.
+// thread-count invariant; every per-row sum runs over the same 256-aligned
+// vocabulary blocks whatever T is, so a row's outputs and dhidden do not
+// depend on the other rows. invTemp must be positive.
 //
 // tokenLogprobRows and tokenLogprobBackwardRows are the generic reference
 // (the float64 instantiation is finite-difference checked; the float32
@@ -36,7 +38,7 @@ import (
 
 const (
 	tlpRowBlock = 32  // rows per grain of the row passes
-	tlpVChunk   = 256 // logits per chunk of the generic (float64 reference) forward
+	tlpVChunk   = 256 // logits per sub-chunk of the running softmax (= gemmKC)
 )
 
 // tokenLogprobRows computes rows [lo, hi). It returns the first row whose
@@ -198,39 +200,48 @@ func (t *tlpTask) run(w, lo, hi int) {
 	}
 }
 
-// update folds row r's logits of the current chunk into its running state.
+// update folds row r's logits of the current chunk into its running state,
+// tlpVChunk logits at a time (sub-chunks aligned to multiples of tlpVChunk
+// in the vocabulary), so the order of every sum depends only on V, never on
+// the chunk size tlpChunk picked from T.
 func (t *tlpTask) update(w, r, tg int) {
 	st := t.state[4*r : 4*r+4]
-	zr := t.z[r*t.vc : (r+1)*t.vc]
-	scaleRange(zr, t.invTemp)
+	row := t.z[r*t.vc : (r+1)*t.vc]
+	scaleRange(row, t.invTemp)
 	if tg >= t.v0 && tg < t.v0+t.vc {
-		st[3] = float64(zr[tg-t.v0])
+		st[3] = float64(row[tg-t.v0])
 	}
-	cm := float64(maxF32(zr))
-	if cm > st[0] {
-		if math.IsInf(st[0], -1) {
-			st[1], st[2] = 0, 0
-		} else {
-			alpha := math.Exp(st[0] - cm)
-			st[2] = alpha * (st[2] + (st[0]-cm)*st[1])
-			st[1] *= alpha
+	e := t.ws[w].get(slotRow, tlpVChunk)
+	for c0 := 0; c0 < len(row); c0 += tlpVChunk {
+		zr := row[c0:min(c0+tlpVChunk, len(row))]
+		cm := float64(maxF32(zr))
+		if cm > st[0] {
+			if math.IsInf(st[0], -1) {
+				st[1], st[2] = 0, 0
+			} else {
+				alpha := math.Exp(st[0] - cm)
+				st[2] = alpha * (st[2] + (st[0]-cm)*st[1])
+				st[1] *= alpha
+			}
+			st[0] = cm
 		}
-		st[0] = cm
+		m := float32(st[0])
+		for i := range zr {
+			zr[i] -= m
+		}
+		e = e[:len(zr)]
+		copy(e, zr)
+		st[1] += float64(expScaleShift(e, 1, 0))
+		st[2] += float64(dotF(e, zr))
 	}
-	m := float32(st[0])
-	for i := range zr {
-		zr[i] -= m
-	}
-	e := t.ws[w].get(slotRow, len(zr))
-	copy(e, zr)
-	st[1] += float64(expScaleShift(e, 1, 0))
-	st[2] += float64(dotF(e, zr))
 }
 
-// tlpChunk is the vocabulary chunk for T rows: tlpBudget logits, a whole
-// number of micro-kernel columns, at most V.
+// tlpChunk is the vocabulary chunk for T rows: about tlpBudget logits, a
+// whole number of tlpVChunk sub-chunks (so the gemm's 256-wide K blocks of
+// dz·weight and the forward's sub-chunks fall on the same vocabulary
+// boundaries for every T), at most V.
 func tlpChunk(T, V int) int {
-	return min(V, max(gemmNR, tlpBudget/max(T, 1)/gemmNR*gemmNR))
+	return min(V, max(tlpVChunk, tlpBudget/max(T, 1)/tlpVChunk*tlpVChunk))
 }
 
 // TokenLogprob implements kernels.Ops.
