@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test lint fuzz bench golden run ptx ptx-sm90 gpu-check-build bench-torch clean
+.PHONY: all build build-nocgo test lint fuzz bench golden run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -41,6 +41,10 @@ bench:
 # install libopenblas0-pthread for a realistic torch (the script says which).
 bench-torch:
 	scripts/bench_compare.sh --threads 2 --steps 5
+
+# Op-level CPU kernels against torch (reference BLAS and its bundled oneDNN), 2 threads.
+bench-ops:
+	$(PYTHON) scripts/bench_ops_torch.py --count 5 --reps 3
 
 # Regenerate the committed goldens with the independent implementations
 # (Debian's python3-torch and python3-numpy; Python's hashlib).
