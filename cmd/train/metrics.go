@@ -50,6 +50,15 @@ type stepMetrics struct {
 
 	MaskReasons map[string]int `json:"mask_reasons,omitempty"`
 
+	// Per logical rollout, over the valid ones (those that vote): the mean
+	// |advantage|, its extremes, and the share of task groups in which every
+	// valid member got the same reward (no learning signal).
+	AdvantageAbsMean num `json:"advantage_abs_mean"`
+	AdvantageMin     num `json:"advantage_min"`
+	AdvantageMax     num `json:"advantage_max"`
+	ZeroSignalGroups num `json:"zero_signal_group_fraction"`
+	TracesPerRollout num `json:"traces_per_rollout"`
+
 	TokensPerS num        `json:"tokens_per_s"`
 	TimeS      num        `json:"time_s"`
 	Phases     phaseTimes `json:"phase_s"`

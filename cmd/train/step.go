@@ -257,6 +257,8 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 	}
 	mean, std := meanStd(rewards)
 	m.RewardMean, m.RewardStd = num(mean), num(std)
+	m.TracesPerRollout = num(float64(m.Traces) / float64(max(1, len(logical))))
+	advantageStats(&m, logical, b)
 	lm := l.sums.Metrics(b.GTok, t.lossOpt.KLPenalty)
 	m.Loss = num(lm.Loss)
 	m.GradNorm = num(upd.GradNorm)
@@ -282,4 +284,46 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 		m.TokensPerS = num(float64(toks) / float64(ph.Logprob+ph.Train))
 	}
 	return m
+}
+
+// advantageStats fills the advantage diagnostics from the valid rollouts.
+func advantageStats(m *stepMetrics, logical []grpo.LogicalRollout, b *grpo.Batch) {
+	valid := b.Metrics.LogicalValid
+	lo, hi, sum, n := math.Inf(1), math.Inf(-1), 0.0, 0
+	type group struct {
+		r      float64
+		seen   bool
+		varied bool
+	}
+	groups := map[int64]*group{}
+	var order []int64
+	for i, lr := range logical {
+		if i >= len(valid) || !valid[i] {
+			continue
+		}
+		a := b.Advantages.Advantage[i]
+		lo, hi, sum, n = math.Min(lo, a), math.Max(hi, a), sum+math.Abs(a), n+1
+		g, ok := groups[lr.TaskGroup]
+		if !ok {
+			g = &group{}
+			groups[lr.TaskGroup] = g
+			order = append(order, lr.TaskGroup)
+		}
+		if !g.seen {
+			g.r, g.seen = lr.Reward, true
+		} else if lr.Reward != g.r {
+			g.varied = true
+		}
+	}
+	if n == 0 {
+		return
+	}
+	m.AdvantageAbsMean, m.AdvantageMin, m.AdvantageMax = num(sum/float64(n)), num(lo), num(hi)
+	flat := 0
+	for _, k := range order {
+		if !groups[k].varied {
+			flat++
+		}
+	}
+	m.ZeroSignalGroups = num(float64(flat) / float64(len(order)))
 }
