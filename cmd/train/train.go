@@ -133,6 +133,11 @@ func (t *trainer) run() error {
 		if err := t.log(m); err != nil {
 			return err
 		}
+
+		// A pre-emption or Ctrl-C arrived during the step: stop cleanly.
+		if sig := t.interrupted(); sig != nil {
+			return t.stopOnSignal(sig)
+		}
 	}
 	t.progressDone()
 	return nil

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -577,4 +578,31 @@ func TestBuiltinJobLearns(t *testing.T) {
 		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: the built-in job did not learn", first, last)
 	}
 	t.Logf("mean reward: first 10 steps %.3f, last 10 %.3f", first, last)
+}
+
+// TestSignalStopsAfterTheStepWithACheckpoint: SIGTERM (a pre-emption) during
+// step 1 ends the run after that step with a checkpoint of it, although 1 is
+// not a multiple of save_period; --resume then finishes bit-identical to a
+// run that was never stopped.
+func TestSignalStopsAfterTheStepWithACheckpoint(t *testing.T) {
+	ref := t.TempDir()
+	mustTrain(t, trainArgs(ref, 4)...)
+
+	out := t.TempDir()
+	testSignals = make(chan os.Signal, 1)
+	testSignals <- syscall.SIGTERM
+	var stderr bytes.Buffer
+	code := run(trainArgs(out, 4), &bytes.Buffer{}, &stderr)
+	testSignals = nil
+	if code == 0 || !strings.Contains(stderr.String(), "after step 1") || !strings.Contains(stderr.String(), "--resume") {
+		t.Fatalf("SIGTERM: exit %d, %q; want a stop after step 1 naming --resume", code, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(out, "checkpoints", checkpoint.StepDir(1), checkpoint.DoneFile)); err != nil {
+		t.Fatalf("no complete checkpoint of step 1 after the signal: %v", err)
+	}
+	mustTrain(t, append(trainArgs(out, 4), "--resume")...)
+	sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
+	if !bytes.Equal(checkpointBytes(t, ref, 4, checkpoint.ModelFile), checkpointBytes(t, out, 4, checkpoint.ModelFile)) {
+		t.Error("weights after a signal and --resume differ from the uninterrupted run")
+	}
 }

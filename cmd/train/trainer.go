@@ -70,6 +70,9 @@ type trainer struct {
 	rngs   map[string]*rand.PCG // every random stream, checkpointed by name
 	source rolloutSource
 
+	signals     chan os.Signal // SIGINT/SIGTERM, handled between steps
+	stopSignals func()
+
 	metricsFile *os.File
 	progress    *progressLine
 
@@ -180,12 +183,16 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
 	}
 	t.progress = newProgressLine(o.stderr, o.quiet, t.maxSteps)
+	t.watchSignals()
 	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
 		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
 	return t, nil
 }
 
 func (t *trainer) close() {
+	if t.stopSignals != nil {
+		t.stopSignals()
+	}
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
 	}
