@@ -186,6 +186,7 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	t.watchSignals()
 	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
 		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
+	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
 	return t, nil
 }
 
