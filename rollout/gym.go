@@ -1,10 +1,6 @@
 package rollout
 
-import (
-	"encoding/json"
-
-	"github.com/tracegrpo/tracegrpo/gym"
-)
+import "github.com/tracegrpo/tracegrpo/gym"
 
 // GymRecorder records calls into a NeMo Gym capture store exactly as Gym's
 // capture middleware would: an intent before dispatch, then one schema-3
@@ -31,32 +27,8 @@ func (g *GymRecorder) Clear(rolloutID string) error { return g.W.Clear(rolloutID
 // Record writes the call's TokenEntry.
 func (g *GymRecorder) Record(c RecordedCall) error {
 	g.clock++
-	res := gym.ParentRoot
-	var parent *string
-	if c.ParentCallID != "" {
-		res = gym.ParentResolved
-		p := c.ParentCallID
-		parent = &p
-	}
-	resp := c.ResponseID
-	item, _ := json.Marshal(map[string]any{"type": "message", "role": "assistant", "id": c.ResponseID})
-	zero := 0
-	e := &gym.TokenEntry{
-		SchemaVersion:      gym.TokenEntrySchemaVersion,
-		RolloutID:          c.RolloutID,
-		ModelCallID:        c.CallID,
-		Model:              g.Model,
-		PromptTokenIDs:     c.Prompt,
-		GenerationTokenIDs: c.Generation,
-		GenerationLogProbs: c.Logprobs,
-		OutputItems:        []json.RawMessage{item},
-		TokenItemIndex:     &zero,
-		ResponseID:         &resp,
-		CreatedAt:          g.clock,
-		ParentCallID:       parent,
-		ParentResolution:   &res,
-	}
-	e.Stamp()
+	e := gym.NewCallEntry(c.RolloutID, c.CallID, g.Model, c.Prompt, c.Generation, c.Logprobs, c.ParentCallID, c.ResponseID)
+	e.CreatedAt = g.clock
 	return g.W.Put(e)
 }
 

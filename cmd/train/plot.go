@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"image/color"
 	"io"
+	"os"
 	"path/filepath"
 
 	"gonum.org/v1/plot"
@@ -78,7 +79,7 @@ func plotCurves(ms []stepMetrics, path string) error {
 		p.Add(line, plotter.NewGrid())
 		p.Draw(tiles.At(dc, 0, i))
 	}
-	f, err := createFile(path)
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}

@@ -179,6 +179,7 @@ func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 	out := stepLoss{sums: grpo.NewLossSums()}
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
+	t.rowDLP = rowSlices(t.rowDLP, b)
 	var entSum, entN float64
 	for _, mb := range mbs {
 		lp, ent, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
@@ -190,15 +191,11 @@ func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 		rows := t.lossRows[:0]
 		for _, r := range mb.rows {
 			row := &b.Rows[r]
-			lr := grpo.LossRow{
-				LP: t.rowLP[r], LPOld: t.rowLPOld[r], LPGen: row.GenLogprobs, Mask: row.TokenMask,
-				SampleMask: row.SampleMask, Advantage: row.Advantage,
-				DLP: make([]float64, len(row.TokenIDs)),
-			}
+			var ref []float64
 			if t.ref != nil {
-				lr.LPRef = t.rowLPRef[r]
+				ref = t.rowLPRef[r]
 			}
-			rows = append(rows, lr)
+			rows = append(rows, row.LossRow(t.rowLP[r], t.rowLPOld[r], ref, t.rowDLP[r]))
 			if row.SampleMask > 0 {
 				for i, m := range row.TokenMask {
 					if m != 0 {

@@ -81,9 +81,9 @@ type trainer struct {
 	consumed int64 // logical rollouts consumed
 
 	// per-step scratch, sized on first use
-	rowLP, rowLPOld, rowLPRef, rowEnt [][]float64
-	lossRows                          []grpo.LossRow
-	dlogprob                          []float32
+	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
+	lossRows                                  []grpo.LossRow
+	dlogprob                                  []float32
 }
 
 // initSource says where the initial weights came from, so that a resumed run
@@ -339,12 +339,10 @@ func (t *trainer) newOptimizer() error {
 	if err != nil {
 		return err
 	}
+	// One group per parameter: optim merges adjacent ones for the update and
+	// names the parameter whose gradient is not finite.
 	var groups []optim.Group
 	for _, p := range t.model.Table().Params {
-		if n := len(groups); n > 0 && groups[n-1].Decay == p.Decay && groups[n-1].Off+groups[n-1].N == p.Offset {
-			groups[n-1].N += p.N
-			continue
-		}
 		groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
 	}
 	nf := optim.SkipNonFinite
