@@ -298,12 +298,20 @@ func TestCorruption(t *testing.T) {
 			check := func(what string, b []byte) {
 				t.Helper()
 				must(t, os.WriteFile(path, b, 0o644))
-				_, err := Load(p, LoadOptions{})
 				tried++
-				if err == nil {
-					t.Errorf("zstd=%v %s %s: loaded without error", compress, name, what)
-				} else if !strings.Contains(err.Error(), name) && !(name == DoneFile && strings.Contains(err.Error(), "DONE")) {
-					t.Errorf("zstd=%v %s %s: error does not name the file: %v", compress, name, what, err)
+				for _, f := range []struct {
+					op  string
+					run func() error
+				}{
+					{"Load", func() error { _, err := Load(p, LoadOptions{}); return err }},
+					{"Verify", func() error { _, err := Verify(p); return err }},
+				} {
+					err := f.run()
+					if err == nil {
+						t.Errorf("zstd=%v %s %s: %s succeeded", compress, name, what, f.op)
+					} else if !strings.Contains(err.Error(), name) && !(name == DoneFile && strings.Contains(err.Error(), "DONE")) {
+						t.Errorf("zstd=%v %s %s: %s error does not name the file: %v", compress, name, what, f.op, err)
+					}
 				}
 				must(t, os.WriteFile(path, orig, 0o644))
 			}
@@ -318,6 +326,9 @@ func TestCorruption(t *testing.T) {
 		}
 		if _, err := Load(p, LoadOptions{}); err != nil {
 			t.Fatalf("restored checkpoint does not load: %v", err)
+		}
+		if man, err := Verify(p); err != nil || len(man.Files) != len(ents)-2 { // all but manifest.json and DONE
+			t.Fatalf("restored checkpoint: Verify = %d files, %v; want %d files, nil", len(man.Files), err, len(ents)-2)
 		}
 		if tried < 6*15 {
 			t.Fatalf("only %d corruptions tried", tried)
