@@ -524,7 +524,7 @@ func TestRecompute(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if n := testing.AllocsPerRun(3, step); n != 0 {
+			if n := minAllocsPerRun(3, 3, step); n != 0 {
 				t.Errorf("recompute step allocates %v times", n)
 			}
 			sample := func(m *Model) []Sample {
