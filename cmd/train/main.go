@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 // command is one subcommand of train.
@@ -30,8 +31,9 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-// errUsage marks an error whose message is a usage problem (exit status 2).
-var errUsage = errors.New("usage")
+// errUsage marks an error whose message is a usage problem (exit status 2);
+// the trainer package marks its own usage errors the same way.
+var errUsage = trainer.ErrUsage
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))

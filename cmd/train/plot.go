@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tracegrpo/tracegrpo/trainer"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -31,7 +32,7 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 	if *out == "" {
 		return fmt.Errorf("%w: plot needs --out DIR", errUsage)
 	}
-	ms, err := readMetrics(filepath.Join(*out, "metrics.jsonl"))
+	ms, err := trainer.ReadMetrics(filepath.Join(*out, "metrics.jsonl"))
 	if err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
@@ -47,15 +48,15 @@ func runPlot(args []string, stdout, stderr io.Writer) error {
 }
 
 // plotCurves draws three stacked panels (reward, loss, tokens/s) into a PNG.
-func plotCurves(ms []stepMetrics, path string) error {
+func plotCurves(ms []trainer.Metrics, path string) error {
 	series := []struct {
 		title string
-		y     func(stepMetrics) float64
+		y     func(trainer.Metrics) float64
 		col   color.Color
 	}{
-		{"reward (mean of the step's rollouts)", func(m stepMetrics) float64 { return float64(m.RewardMean) }, color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}},
-		{"loss", func(m stepMetrics) float64 { return float64(m.Loss) }, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}},
-		{"tokens/s", func(m stepMetrics) float64 { return float64(m.TokensPerS) }, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}},
+		{"reward (mean of the step's rollouts)", func(m trainer.Metrics) float64 { return float64(m.RewardMean) }, color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff}},
+		{"loss", func(m trainer.Metrics) float64 { return float64(m.Loss) }, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff}},
+		{"tokens/s", func(m trainer.Metrics) float64 { return float64(m.TokensPerS) }, color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}},
 	}
 	const w, h = 8 * vg.Inch, 9 * vg.Inch
 	img := vgimg.New(w, h)

@@ -8,13 +8,15 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 func TestPlotWritesCurves(t *testing.T) {
 	dir := t.TempDir()
 	var buf bytes.Buffer
 	for i := 1; i <= 12; i++ {
-		m := stepMetrics{Step: i, RewardMean: num(float64(i) / 12), Loss: num(1 / float64(i)), TokensPerS: 100}
+		m := trainer.Metrics{Step: i, RewardMean: trainer.Num(float64(i) / 12), Loss: trainer.Num(1 / float64(i)), TokensPerS: 100}
 		b, _ := json.Marshal(m)
 		buf.Write(append(b, '\n'))
 	}

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"fmt"
@@ -21,7 +21,7 @@ func newProgressLine(w io.Writer, quiet bool, total int) *progressLine {
 	return &progressLine{w: w, quiet: quiet, total: total, start: time.Now()}
 }
 
-func (p *progressLine) step(m stepMetrics) {
+func (p *progressLine) step(m Metrics) {
 	p.steps++
 	p.rewards = append(p.rewards, float64(m.RewardMean))
 	if p.quiet {
@@ -39,7 +39,7 @@ func (p *progressLine) step(m stepMetrics) {
 }
 
 // progressDone prints the run's summary.
-func (t *trainer) progressDone() {
+func (t *Trainer) progressDone() {
 	p := t.progress
 	if p.quiet || p.steps == 0 {
 		return

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"errors"
@@ -14,9 +14,9 @@ import (
 // work. A second signal kills the process at once, as usual.
 
 // watchSignals starts catching SIGINT and SIGTERM for the trainer.
-func (t *trainer) watchSignals() {
-	if testSignals != nil {
-		t.signals = testSignals
+func (t *Trainer) watchSignals() {
+	if t.o.Signals != nil {
+		t.signals = t.o.Signals
 		return
 	}
 	ch := make(chan os.Signal, 1)
@@ -28,7 +28,7 @@ func (t *trainer) watchSignals() {
 // interrupted returns the signal that arrived since the last check, if any.
 // After the first one the default handling is restored, so a second signal
 // ends the process at once.
-func (t *trainer) interrupted() os.Signal {
+func (t *Trainer) interrupted() os.Signal {
 	select {
 	case sig := <-t.signals:
 		if t.stopSignals != nil {
@@ -46,7 +46,7 @@ var errInterrupted = errors.New("interrupted")
 
 // stopOnSignal checkpoints the step just finished (unless that was done
 // already) and ends the run.
-func (t *trainer) stopOnSignal(sig os.Signal) error {
+func (t *Trainer) stopOnSignal(sig os.Signal) error {
 	saved := ""
 	if t.cfg.Checkpointing.Enabled {
 		c := t.cfg.Checkpointing
@@ -71,7 +71,3 @@ func signalName(sig os.Signal) string {
 	}
 	return sig.String()
 }
-
-// testSignals, when set, replaces the process's signals (tests deliver a
-// signal through it without signalling the test binary).
-var testSignals chan os.Signal

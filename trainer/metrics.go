@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bufio"
@@ -9,16 +9,16 @@ import (
 	"os"
 )
 
-// stepMetrics is one line of metrics.jsonl: everything a user needs to see
+// Metrics is one line of metrics.jsonl: everything a user needs to see
 // what a step trained on and how. Counts are exact denominators, so a reader
 // can recompute any mean. Timings are wall-clock seconds.
-type stepMetrics struct {
+type Metrics struct {
 	Step       int `json:"step"`
-	RewardMean num `json:"reward_mean"`
-	RewardStd  num `json:"reward_std"`
-	Loss       num `json:"loss"`
-	GradNorm   num `json:"grad_norm"`
-	LR         num `json:"lr"`
+	RewardMean Num `json:"reward_mean"`
+	RewardStd  Num `json:"reward_std"`
+	Loss       Num `json:"loss"`
+	GradNorm   Num `json:"grad_norm"`
+	LR         Num `json:"lr"`
 
 	LogicalRollouts        int `json:"logical_rollouts"`
 	PhysicalRows           int `json:"physical_rows"`
@@ -30,21 +30,21 @@ type stepMetrics struct {
 	EligibleTokens         int `json:"eligible_tokens"`
 	NonzeroAdvantageTokens int `json:"nonzero_advantage_tokens"`
 
-	ClipFractionLow  num  `json:"clip_fraction_low"`
-	ClipFractionHigh num  `json:"clip_fraction_high"`
-	RatioMin         num  `json:"ratio_min"`
-	RatioMean        num  `json:"ratio_mean"`
-	RatioMax         num  `json:"ratio_max"`
-	KL               num  `json:"kl"`
-	Entropy          num  `json:"entropy"`
-	TokenMultProbErr num  `json:"token_mult_prob_error"`
-	GenKLError       num  `json:"gen_kl_error"`
+	ClipFractionLow  Num  `json:"clip_fraction_low"`
+	ClipFractionHigh Num  `json:"clip_fraction_high"`
+	RatioMin         Num  `json:"ratio_min"`
+	RatioMean        Num  `json:"ratio_mean"`
+	RatioMax         Num  `json:"ratio_max"`
+	KL               Num  `json:"kl"`
+	Entropy          Num  `json:"entropy"`
+	TokenMultProbErr Num  `json:"token_mult_prob_error"`
+	GenKLError       Num  `json:"gen_kl_error"`
 	SkippedUpdate    bool `json:"skipped_update,omitempty"`
 
 	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
 	// training forward against the no-gradient forward of the same weights.
 	// It is 0 for a deterministic forward; anything else is a bug.
-	PrevLogprobMaxDiff num `json:"prev_logprob_max_diff"`
+	PrevLogprobMaxDiff Num `json:"prev_logprob_max_diff"`
 	// TrainTokens counts the tokens of the rows that ran (valid rows).
 	TrainTokens int `json:"train_tokens"`
 
@@ -53,33 +53,33 @@ type stepMetrics struct {
 	// Per logical rollout, over the valid ones (those that vote): the mean
 	// |advantage|, its extremes, and the share of task groups in which every
 	// valid member got the same reward (no learning signal).
-	AdvantageAbsMean num `json:"advantage_abs_mean"`
-	AdvantageMin     num `json:"advantage_min"`
-	AdvantageMax     num `json:"advantage_max"`
-	ZeroSignalGroups num `json:"zero_signal_group_fraction"`
-	TracesPerRollout num `json:"traces_per_rollout"`
+	AdvantageAbsMean Num `json:"advantage_abs_mean"`
+	AdvantageMin     Num `json:"advantage_min"`
+	AdvantageMax     Num `json:"advantage_max"`
+	ZeroSignalGroups Num `json:"zero_signal_group_fraction"`
+	TracesPerRollout Num `json:"traces_per_rollout"`
 
-	TokensPerS num        `json:"tokens_per_s"`
-	TimeS      num        `json:"time_s"`
-	Phases     phaseTimes `json:"phase_s"`
+	TokensPerS Num        `json:"tokens_per_s"`
+	TimeS      Num        `json:"time_s"`
+	Phases     PhaseTimes `json:"phase_s"`
 }
 
-// phaseTimes breaks a step's wall time down by phase.
-type phaseTimes struct {
-	Rollout    num `json:"rollout"`
-	Finalize   num `json:"finalize"`
-	Logprob    num `json:"logprob"`
-	Train      num `json:"train"`
-	Optimizer  num `json:"optimizer"`
-	Checkpoint num `json:"checkpoint"`
+// PhaseTimes breaks a step's wall time down by phase.
+type PhaseTimes struct {
+	Rollout    Num `json:"rollout"`
+	Finalize   Num `json:"finalize"`
+	Logprob    Num `json:"logprob"`
+	Train      Num `json:"train"`
+	Optimizer  Num `json:"optimizer"`
+	Checkpoint Num `json:"checkpoint"`
 }
 
-// num is a metric value. JSON has no NaN or infinity, so non-finite values
+// Num is a metric value. JSON has no NaN or infinity, so non-finite values
 // (a step whose loss overflowed) are written as the strings "NaN", "+Inf"
 // and "-Inf" and read back as such.
-type num float64
+type Num float64
 
-func (n num) MarshalJSON() ([]byte, error) {
+func (n Num) MarshalJSON() ([]byte, error) {
 	f := float64(n)
 	switch {
 	case math.IsNaN(f):
@@ -92,43 +92,43 @@ func (n num) MarshalJSON() ([]byte, error) {
 	return json.Marshal(f)
 }
 
-func (n *num) UnmarshalJSON(b []byte) error {
+func (n *Num) UnmarshalJSON(b []byte) error {
 	switch string(b) {
 	case `"NaN"`:
-		*n = num(math.NaN())
+		*n = Num(math.NaN())
 	case `"+Inf"`:
-		*n = num(math.Inf(1))
+		*n = Num(math.Inf(1))
 	case `"-Inf"`:
-		*n = num(math.Inf(-1))
+		*n = Num(math.Inf(-1))
 	default:
 		var f float64
 		if err := json.Unmarshal(b, &f); err != nil {
 			return err
 		}
-		*n = num(f)
+		*n = Num(f)
 	}
 	return nil
 }
 
-// readMetrics reads a metrics.jsonl file, naming the line of any bad record.
-func readMetrics(path string) ([]stepMetrics, error) {
+// ReadMetrics reads a metrics.jsonl file, naming the line of any bad record.
+func ReadMetrics(path string) ([]Metrics, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return decodeMetrics(f, path)
+	return DecodeMetrics(f, path)
 }
 
-func decodeMetrics(r io.Reader, name string) ([]stepMetrics, error) {
-	var out []stepMetrics
+func DecodeMetrics(r io.Reader, name string) ([]Metrics, error) {
+	var out []Metrics
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	for line := 1; sc.Scan(); line++ {
 		if len(sc.Bytes()) == 0 {
 			continue
 		}
-		var m stepMetrics
+		var m Metrics
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
 		}

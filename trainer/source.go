@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 // correlate with.
 type rolloutSource interface {
 	// start finishes setting up once the model and the random streams exist.
-	start(t *trainer) error
+	start(t *Trainer) error
 	// next returns the records of GRPO step (1-based) and their captures.
 	next(step int) ([]*gym.Record, gym.Source, error)
 	// cursor is the source's position after the last step, for checkpoints;
@@ -32,24 +32,24 @@ type rolloutSource interface {
 
 // newSource chooses the rollout source from the flags and config, and checks
 // its inputs exist before any work starts.
-func (t *trainer) newSource() (rolloutSource, error) {
+func (t *Trainer) newSource() (rolloutSource, error) {
 	gbs := t.cfg.Policy.TrainGlobalBatchSize
 	capDir := t.cfg.Env.NemoGym.TokenIDCapture.Dir
-	if t.o.captures != "" {
-		capDir = t.o.captures
+	if t.o.Captures != "" {
+		capDir = t.o.Captures
 	}
-	if t.o.rollouts == "" {
-		if t.o.captures != "" {
-			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", errUsage)
+	if t.o.Rollouts == "" {
+		if t.o.Captures != "" {
+			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", ErrUsage)
 		}
-		tasks, err := rollout.LookupTasks(t.o.tasks)
+		tasks, err := rollout.LookupTasks(t.o.Tasks)
 		if err != nil {
 			return nil, err
 		}
 		return &builtinSource{tasks: tasks, captureDir: capDir}, nil
 	}
 	if capDir == "" {
-		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", errUsage)
+		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", ErrUsage)
 	}
 	if st, err := os.Stat(capDir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("capture directory %s: not a readable directory", capDir)
@@ -58,11 +58,11 @@ func (t *trainer) newSource() (rolloutSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := os.Stat(t.o.rollouts)
+	st, err := os.Stat(t.o.Rollouts)
 	if err != nil {
 		return nil, fmt.Errorf("rollouts: %w", err)
 	}
-	src := &externalSource{path: t.o.rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.wait}
+	src := &externalSource{path: t.o.Rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.Wait}
 	if !src.dir {
 		if err := src.check(); err != nil {
 			return nil, err
@@ -76,14 +76,14 @@ func (t *trainer) newSource() (rolloutSource, error) {
 type builtinSource struct {
 	tasks      []rollout.Task
 	captureDir string
-	t          *trainer
+	t          *Trainer
 	writer     *gym.Writer
 	reader     *gym.Reader
 	rec        *rollout.GymRecorder
 	policy     *samplerPolicy
 }
 
-func (s *builtinSource) start(t *trainer) error {
+func (s *builtinSource) start(t *Trainer) error {
 	s.t = t
 	if s.captureDir == "" {
 		s.captureDir = filepath.Join(t.out, "captures")
@@ -149,7 +149,7 @@ func (s *builtinSource) close()                        {}
 type samplerPolicy struct {
 	s   *model.Sampler
 	opt model.SampleOptions
-	t   *trainer
+	t   *Trainer
 }
 
 func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) {
@@ -233,7 +233,7 @@ func (s *externalSource) check() error {
 	return nil
 }
 
-func (s *externalSource) start(*trainer) error {
+func (s *externalSource) start(*Trainer) error {
 	if s.dir {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	_ "embed"
@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
@@ -27,28 +26,10 @@ var builtinModelConfig []byte
 // builtinModelName is the policy.model_name of the embedded tiny model.
 const builtinModelName = "tracegrpo/tiny-qwen3"
 
-// trainOptions are the command-line settings of a run.
-type trainOptions struct {
-	configFiles, sets []string
-	out               string
-	resume, fallback  bool
-	initFrom          string
-	backend           string
-	threads           int
-	steps             int
-	rollouts          string
-	captures          string
-	wait              time.Duration
-	tasks             []string
-	onNonFinite       string
-	quiet             bool
-	stderr            io.Writer
-}
-
-// trainer holds everything one run needs. Its fields are set once by
-// newTrainer; the loop in run mutates only the step state.
-type trainer struct {
-	o        trainOptions
+// Trainer holds everything one run needs. Its fields are set once by New;
+// the loop in Run mutates only the step state.
+type Trainer struct {
+	o        Options
 	cfg      config.Config
 	name     string // run name (recipe base name, or "builtin")
 	out      string // run directory
@@ -70,7 +51,7 @@ type trainer struct {
 	rngs   map[string]*rand.PCG // every random stream, checkpointed by name
 	source rolloutSource
 
-	signals     chan os.Signal // SIGINT/SIGTERM, handled between steps
+	signals     <-chan os.Signal // SIGINT/SIGTERM, handled between steps
 	stopSignals func()
 
 	metricsFile *os.File
@@ -94,11 +75,20 @@ type initSource struct {
 	Dir  string `json:"dir,omitempty"`
 }
 
-func newTrainer(o trainOptions) (_ *trainer, err error) {
-	t := &trainer{o: o}
+// New checks the configuration and every input, builds the policy, the
+// optimizer and the rollout source on o.Backend, and resumes when asked.
+// Nothing is trained until Run. The caller closes the backend after Close.
+func New(o Options) (_ *Trainer, err error) {
+	if o.Backend == nil {
+		return nil, fmt.Errorf("trainer: Options.Backend is nil")
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	t := &Trainer{o: o}
 	defer func() {
 		if err != nil {
-			t.close()
+			t.Close()
 		}
 	}()
 
@@ -126,10 +116,10 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	if t.lossOpt, err = grpo.NewLossOptions(&c.LossFn); err != nil {
 		return nil, err
 	}
-	switch o.onNonFinite {
+	switch o.OnNonFinite {
 	case "skip", "abort":
 	default:
-		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", errUsage, o.onNonFinite)
+		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", ErrUsage, o.OnNonFinite)
 	}
 
 	// The rollout source is checked before anything heavy is set up, so bad
@@ -143,14 +133,8 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 		return nil, err
 	}
 
-	// The backend and the policy.
-	blog := o.stderr
-	if o.quiet {
-		blog = io.Discard
-	}
-	if t.be, err = openBackend(o.backend, o.threads, blog); err != nil {
-		return nil, err
-	}
+	// The policy.
+	t.be = o.Backend
 	if err := t.newModels(); err != nil {
 		return nil, err
 	}
@@ -169,7 +153,7 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	}
 
 	// Resume, then open the metrics log.
-	if o.resume {
+	if o.Resume {
 		if err := t.restore(); err != nil {
 			return nil, err
 		}
@@ -182,7 +166,7 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
 			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
 	}
-	t.progress = newProgressLine(o.stderr, o.quiet, t.maxSteps)
+	t.progress = newProgressLine(o.Log, o.Quiet, t.maxSteps)
 	t.watchSignals()
 	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
 		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
@@ -190,7 +174,8 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	return t, nil
 }
 
-func (t *trainer) close() {
+// Close releases what New built (not the backend).
+func (t *Trainer) Close() {
 	if t.stopSignals != nil {
 		t.stopSignals()
 	}
@@ -209,33 +194,30 @@ func (t *trainer) close() {
 	if t.model != nil {
 		t.model.Close()
 	}
-	if c, ok := t.be.(interface{ Close() }); ok {
-		c.Close()
-	}
 }
 
 // logf writes one line of setup information to stderr.
-func (t *trainer) logf(format string, args ...any) {
-	if !t.o.quiet {
-		fmt.Fprintf(t.o.stderr, "train: "+format+"\n", args...)
+func (t *Trainer) logf(format string, args ...any) {
+	if !t.o.Quiet {
+		fmt.Fprintf(t.o.Log, "train: "+format+"\n", args...)
 	}
 }
 
 // loadConfig reads the recipe, applies --set and --steps, and names the run.
-func (t *trainer) loadConfig() error {
-	sets := append([]string(nil), t.o.sets...)
-	if t.o.steps > 0 {
-		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.steps))
+func (t *Trainer) loadConfig() error {
+	sets := append([]string(nil), t.o.Sets...)
+	if t.o.Steps > 0 {
+		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
 	var ld *config.Loaded
 	var err error
-	if len(t.o.configFiles) == 0 {
+	if len(t.o.ConfigFiles) == 0 {
 		t.name = "builtin"
 		ld, err = config.LoadOver(config.Recipe{Name: "builtin/recipe.yaml", Data: builtinRecipe}, nil, sets)
 	} else {
-		last := t.o.configFiles[len(t.o.configFiles)-1]
+		last := t.o.ConfigFiles[len(t.o.ConfigFiles)-1]
 		t.name = strings.TrimSuffix(filepath.Base(last), filepath.Ext(last))
-		ld, err = config.Load(t.o.configFiles, sets)
+		ld, err = config.Load(t.o.ConfigFiles, sets)
 	}
 	if err != nil {
 		return err
@@ -249,12 +231,12 @@ func (t *trainer) loadConfig() error {
 
 // prepareOut creates the run directory. A directory that already holds a run
 // is only reused with --resume.
-func (t *trainer) prepareOut() error {
-	t.out = t.o.out
+func (t *Trainer) prepareOut() error {
+	t.out = t.o.Out
 	if t.out == "" {
 		t.out = filepath.Join("runs", t.name)
 	}
-	if !t.o.resume {
+	if !t.o.Resume {
 		for _, f := range []string{"metrics.jsonl", "checkpoints"} {
 			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
 				return fmt.Errorf("run directory %s already holds a run (%s): pass --resume to continue it, or another --out", t.out, f)
@@ -273,14 +255,14 @@ func (t *trainer) prepareOut() error {
 
 // newModels builds the policy (random or from HF weights) and, when the loss
 // has a KL penalty, the frozen reference policy with the same weights.
-func (t *trainer) newModels() error {
+func (t *Trainer) newModels() error {
 	c := &t.cfg
 	name := c.Policy.ModelName
 	var err error
 	switch {
-	case t.o.initFrom != "":
-		t.init = initSource{Kind: "hf", Dir: t.o.initFrom}
-		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.initFrom, "config.json"))
+	case t.o.InitFrom != "":
+		t.init = initSource{Kind: "hf", Dir: t.o.InitFrom}
+		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.InitFrom, "config.json"))
 	case name == builtinModelName:
 		t.init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
 		t.modelCfg, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
@@ -321,7 +303,7 @@ func (t *trainer) newModels() error {
 	return nil
 }
 
-func (t *trainer) loadInitialWeights(m *model.Model) error {
+func (t *Trainer) loadInitialWeights(m *model.Model) error {
 	if t.init.Kind == "random" {
 		m.InitRandom(t.init.Seed)
 		return nil
@@ -334,7 +316,7 @@ func (t *trainer) loadInitialWeights(m *model.Model) error {
 
 // newOptimizer builds AdamW over the model's arenas, with weight decay per
 // parameter as the parameter table says, and the configured schedule.
-func (t *trainer) newOptimizer() error {
+func (t *Trainer) newOptimizer() error {
 	oc, sc, err := t.cfg.Optim()
 	if err != nil {
 		return err
@@ -346,7 +328,7 @@ func (t *trainer) newOptimizer() error {
 		groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
 	}
 	nf := optim.SkipNonFinite
-	if t.o.onNonFinite == "abort" {
+	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
 	t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, optim.Config{
@@ -388,7 +370,7 @@ func (t *trainer) newOptimizer() error {
 }
 
 // newRNGs seeds every random stream of the run from grpo.seed.
-func (t *trainer) newRNGs() {
+func (t *Trainer) newRNGs() {
 	s := uint64(t.cfg.GRPO.Seed)
 	t.rngs = map[string]*rand.PCG{
 		"tasks":    rand.NewPCG(s, 0x7461736b73),   // task instances
@@ -397,7 +379,7 @@ func (t *trainer) newRNGs() {
 	}
 }
 
-func (t *trainer) rng(name string) *rand.Rand { return rand.New(t.rngs[name]) }
+func (t *Trainer) rng(name string) *rand.Rand { return rand.New(t.rngs[name]) }
 
 // padToken is the model's pad_token_id, or 0.
 func padToken(c model.Config) int32 {

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bufio"
@@ -28,22 +28,22 @@ type runIdentity struct {
 	Rollouts   string     `json:"rollouts,omitempty"`
 }
 
-func (t *trainer) identity() (runIdentity, error) {
+func (t *Trainer) identity() (runIdentity, error) {
 	y, err := config.Marshal(&t.cfg)
 	if err != nil {
 		return runIdentity{}, err
 	}
-	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.rollouts}
-	if t.o.rollouts == "" {
-		id.Tasks = t.o.tasks
+	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts}
+	if t.o.Rollouts == "" {
+		id.Tasks = t.o.Tasks
 	}
 	return id, nil
 }
 
-func (t *trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
+func (t *Trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
 
 // maybeCheckpoint saves every checkpointing.save_period steps and at the end.
-func (t *trainer) maybeCheckpoint() error {
+func (t *Trainer) maybeCheckpoint() error {
 	c := t.cfg.Checkpointing
 	if !c.Enabled {
 		return nil
@@ -55,7 +55,7 @@ func (t *trainer) maybeCheckpoint() error {
 }
 
 // save writes step_<N>/: HF weights, Adam moments, trainer state.
-func (t *trainer) save() error {
+func (t *Trainer) save() error {
 	table := t.model.Table()
 	host := t.model.ParamsHost()
 	mBuf, vBuf := t.opt.Moments()
@@ -115,12 +115,12 @@ func (t *trainer) save() error {
 
 // restore loads the newest complete checkpoint of the run directory and puts
 // the run back exactly where it was after that step.
-func (t *trainer) restore() error {
+func (t *Trainer) restore() error {
 	cfgJSON, err := t.modelCfg.JSON("float32")
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.fallback, ExpectConfig: cfgJSON})
+	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.Fallback, ExpectConfig: cfgJSON})
 	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
 		return fmt.Errorf("resume: no complete checkpoint in %s: %w", t.checkpointDir(), err)
 	}
@@ -211,7 +211,7 @@ func (t *trainer) restore() error {
 // checkIdentity refuses to resume a run under a different configuration,
 // init or data: every differing key is named. grpo.max_num_steps may change
 // (to extend a run).
-func (t *trainer) checkIdentity(raw json.RawMessage) error {
+func (t *Trainer) checkIdentity(raw json.RawMessage) error {
 	var saved runIdentity
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("resume: trainer_state.json config: %w", err)
@@ -302,9 +302,9 @@ func flattenYAML(doc string) (map[string]string, error) {
 // openMetrics opens metrics.jsonl for appending. On resume it first drops
 // the lines of steps after the checkpoint (a crashed attempt logged them;
 // they are about to be re-run).
-func (t *trainer) openMetrics() error {
+func (t *Trainer) openMetrics() error {
 	path := filepath.Join(t.out, "metrics.jsonl")
-	if t.o.resume {
+	if t.o.Resume {
 		if err := truncateMetrics(path, t.step); err != nil {
 			return err
 		}
@@ -348,7 +348,7 @@ func truncateMetrics(path string, keep int) error {
 }
 
 // log appends the step's metrics line and shows the progress line.
-func (t *trainer) log(m stepMetrics) error {
+func (t *Trainer) log(m Metrics) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
