@@ -26,14 +26,22 @@ type runIdentity struct {
 	Init       initSource `json:"init"`
 	Tasks      []string   `json:"tasks,omitempty"`
 	Rollouts   string     `json:"rollouts,omitempty"`
+	// Streams names how the built-in rollouts draw their randomness;
+	// checkpoints of a tracegrpo from before keyed streams have none (their
+	// sequential streams were saved in trainer_state.json's rng).
+	Streams string `json:"random_streams"`
 }
+
+// streamsScheme is Streams of this version: rollout.Streams, keyed by (seed,
+// step, task group, rollout, call).
+const streamsScheme = "keyed-v1 (seed, step, task group, rollout, call)"
 
 func (t *Trainer) identity() (runIdentity, error) {
 	y, err := config.Marshal(&t.cfg)
 	if err != nil {
 		return runIdentity{}, err
 	}
-	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts}
+	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts, Streams: streamsScheme}
 	if t.o.Rollouts == "" {
 		id.Tasks = t.o.Tasks
 	}
@@ -88,12 +96,6 @@ func (t *Trainer) save() error {
 	}
 	if ts.Scheduler, err = json.Marshal(t.sched.State()); err != nil {
 		return err
-	}
-	ts.RNG = map[string][]byte{}
-	for name, p := range t.rngs {
-		if ts.RNG[name], err = p.MarshalBinary(); err != nil {
-			return err
-		}
 	}
 	if ts.RolloutCursor, err = t.source.cursor(); err != nil {
 		return err
@@ -191,15 +193,6 @@ func (t *Trainer) restore() error {
 	if err := t.sched.Restore(ss); err != nil {
 		return err
 	}
-	for name, p := range t.rngs {
-		b, ok := st.Trainer.RNG[name]
-		if !ok {
-			return fmt.Errorf("resume: %s: no state for random stream %q", res.Path, name)
-		}
-		if err := p.UnmarshalBinary(b); err != nil {
-			return fmt.Errorf("resume: %s: random stream %q: %w", res.Path, name, err)
-		}
-	}
 	if err := t.source.restore(st.Trainer.RolloutCursor); err != nil {
 		return err
 	}
@@ -226,6 +219,10 @@ func (t *Trainer) checkIdentity(raw json.RawMessage) error {
 	}
 	if !slices.Equal(saved.Tasks, cur.Tasks) {
 		diffs = append(diffs, fmt.Sprintf("--tasks: checkpoint %v, now %v", saved.Tasks, cur.Tasks))
+	}
+	if saved.Streams != cur.Streams {
+		diffs = append(diffs, fmt.Sprintf("random streams of the built-in rollouts: checkpoint %s, now %s (the checkpoint was written by another tracegrpo version; resume it with that version)",
+			orNone(saved.Streams), cur.Streams))
 	}
 	if saved.Rollouts != cur.Rollouts {
 		diffs = append(diffs, fmt.Sprintf("--rollouts: checkpoint %q, now %q", saved.Rollouts, cur.Rollouts))

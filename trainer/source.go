@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -120,8 +121,8 @@ func (s *builtinSource) start(t *Trainer) error {
 
 func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
 	c := &s.t.cfg.GRPO
-	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.rng("tasks"))
-	results, err := rollout.Run(s.policy, s.rec, specs, s.t.rng("call_ids"))
+	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.streams)
+	results, err := rollout.Run(s.policy, s.rec, specs, s.t.streams)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -152,8 +153,8 @@ type samplerPolicy struct {
 	t   *Trainer
 }
 
-func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) {
-	out, err := p.s.Sample(prompts, p.opt, p.t.rng("sampler"))
+func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.Completion, error) {
+	out, err := p.s.Sample(prompts, p.opt, rngs)
 	if err != nil {
 		return nil, err
 	}

@@ -181,13 +181,22 @@ func TestResumeRefusesAnotherConfig(t *testing.T) {
 	}
 }
 
-// updateAtol bounds the difference of weights after updates whose gradients
-// were summed in another order (other packing, other micro-batches). Float32
-// sums of a few hundred terms differ by ~1e-6 relative; each AdamW step moves
-// a weight by at most ~lr (3e-3 here) scaled by m/sqrt(v), so such rounding
-// moves a weight by ~1e-6·lr per step. 1e-3·lr leaves a wide margin and is
-// still far below one step, so a wrong gradient cannot pass.
-const updateAtol = 3e-6
+// sameUpdateSets make AdamW a smooth function of the gradient for the tests
+// that compare updates whose gradients were summed in another order (other
+// packing, other micro-batches, other builders). With the recipe's eps
+// (1e-8) a gradient element that is pure cancellation noise (|g| ≪ the
+// rounding of its terms, but ≫ eps) moves its weight by ±lr whatever its
+// value, so rounding alone can move a weight by up to 2·lr = 2e-3. With
+// eps = 1e-4 an update lr·m/(√v+eps) changes by at most lr·|δg|/eps =
+// 10·|δg| for a gradient change δg.
+var sameUpdateSets = []string{"--set", "policy.megatron_cfg.optimizer.adam_eps=1e-4"}
+
+// updateAtol bounds the weight difference of two such updates: float32 sums
+// of a few hundred terms of gradients of size ≤ 1e-2 differ by ≲ 1e-8, so
+// two steps move a weight by ≲ 2·10·1e-8 = 2e-7 apart (measured: ≤ 2.3e-8).
+// It is 2e-4·lr, far below one step: a wrong gradient (a divisor off by a
+// micro-batch's share, a dropped row) moves weights by ~1e-4 and fails.
+const updateAtol = 2e-7
 
 // maxAbsDiff is the largest |a−b| over all weights.
 func maxAbsDiff(a, b map[string][]float32) (float64, string) {
@@ -205,8 +214,8 @@ func maxAbsDiff(a, b map[string][]float32) (float64, string) {
 
 func TestBuildersGiveTheSameUpdate(t *testing.T) {
 	pm, pr := t.TempDir(), t.TempDir()
-	mustTrain(t, trainArgs(pm, 2, "--set", "env.nemo_gym.token_id_capture.builder=prefix_merging")...)
-	mustTrain(t, trainArgs(pr, 2, "--set", "env.nemo_gym.token_id_capture.builder=per_request")...)
+	mustTrain(t, trainArgs(pm, 2, append(sameUpdateSets, "--set", "env.nemo_gym.token_id_capture.builder=prefix_merging")...)...)
+	mustTrain(t, trainArgs(pr, 2, append(sameUpdateSets, "--set", "env.nemo_gym.token_id_capture.builder=per_request")...)...)
 	a, b := metricsNoTimes(t, pm), metricsNoTimes(t, pr)
 	if a[0].Traces >= b[0].Traces {
 		t.Errorf("per_request made %d traces, prefix_merging %d: the built-in tasks should split further per request", b[0].Traces, a[0].Traces)
@@ -218,24 +227,28 @@ func TestBuildersGiveTheSameUpdate(t *testing.T) {
 	if d := math.Abs(float64(a[0].Loss - b[0].Loss)); d > 1e-6*math.Max(1, math.Abs(float64(a[0].Loss))) {
 		t.Errorf("loss %v (prefix_merging) vs %v (per_request)", a[0].Loss, b[0].Loss)
 	}
-	if d, where := maxAbsDiff(weights(t, pm, 2), weights(t, pr, 2)); d > updateAtol {
+	d, where := maxAbsDiff(weights(t, pm, 2), weights(t, pr, 2))
+	if d > updateAtol {
 		t.Errorf("weights after the same steps under the two builders differ by %.3g at %s", d, where)
 	}
+	t.Logf("largest weight difference between the builders: %.3g (bound %g)", d, updateAtol)
 }
 
 func TestMicroBatchSizeDoesNotChangeTheUpdate(t *testing.T) {
 	var ref map[string][]float32
 	for _, mbs := range []int{1, 2, 4} {
 		out := t.TempDir()
-		mustTrain(t, trainArgs(out, 2, "--set", fmt.Sprintf("policy.train_micro_batch_size=%d", mbs))...)
+		mustTrain(t, trainArgs(out, 2, append(sameUpdateSets, "--set", fmt.Sprintf("policy.train_micro_batch_size=%d", mbs))...)...)
 		w := weights(t, out, 2)
 		if ref == nil {
 			ref = w
 			continue
 		}
-		if d, where := maxAbsDiff(ref, w); d > updateAtol {
+		d, where := maxAbsDiff(ref, w)
+		if d > updateAtol {
 			t.Errorf("micro-batch size %d: weights differ from size 1 by %.3g at %s", mbs, d, where)
 		}
+		t.Logf("micro-batch size %d: largest weight difference from size 1: %.3g (bound %g)", mbs, d, updateAtol)
 	}
 }
 
@@ -413,8 +426,10 @@ func TestBadInputFailsBeforeWork(t *testing.T) {
 }
 
 // TestNonFiniteLoss starts from weights so large that the activations
-// overflow: the gradient is not finite. By default the update is skipped and counted; with
-// --on-nonfinite abort the run stops with an error.
+// overflow: the gradient is not finite. By default the update is skipped and
+// counted; with --on-nonfinite abort the run stops with an error. The steps
+// train on external captures, so that no sampling from the broken policy is
+// involved (whether sampling hits a NaN first depends on the draws).
 func TestNonFiniteLoss(t *testing.T) {
 	dir := t.TempDir()
 	init := filepath.Join(dir, "init")
@@ -436,8 +451,13 @@ func TestNonFiniteLoss(t *testing.T) {
 	if err := safetensors.WriteFile(filepath.Join(init, "model.safetensors"), st.Model, map[string]string{"format": "pt"}); err != nil {
 		t.Fatal(err)
 	}
+	recs, caps := gymFixture(t, dir)
+	external := func(out string, extra ...string) []string {
+		args := append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps, "--init-from", init}, externalSets...)
+		return append(args, extra...)
+	}
 	out := filepath.Join(dir, "skip")
-	mustTrain(t, trainArgs(out, 1, "--init-from", init)...)
+	mustTrain(t, external(out, "--set", "checkpointing.save_period=1")...)
 	ms := metricsNoTimes(t, out)
 	if g := float64(ms[0].GradNorm); len(ms) != 1 || !ms[0].SkippedUpdate || !(math.IsNaN(g) || math.IsInf(g, 0)) {
 		t.Fatalf("a non-finite gradient was not reported as a non-finite grad_norm and a skipped update: %+v", ms)
@@ -458,7 +478,7 @@ func TestNonFiniteLoss(t *testing.T) {
 	if !strings.Contains(msg, "log-probability") && !strings.Contains(msg, "non-finite") {
 		t.Errorf("sampling from a non-finite policy: %q", msg)
 	}
-	msg = failTrain(t, trainArgs(filepath.Join(dir, "abort"), 2, "--init-from", init, "--on-nonfinite", "abort")...)
+	msg = failTrain(t, external(filepath.Join(dir, "abort"), "--on-nonfinite", "abort")...)
 	if !strings.Contains(msg, "non-finite") {
 		t.Errorf("abort on a NaN gradient: %q", msg)
 	}
@@ -548,10 +568,23 @@ func TestSchedulerCountsLogicalRollouts(t *testing.T) {
 	}
 }
 
+// learnGainMin is the least gain of mean reward (last 10 steps minus first
+// 10) that TestBuiltinJobLearns accepts from its 40-step run. It was set from
+// the spread over seeds, not from one seed: 40-step runs at lr 3e-3 of seeds
+// 1–30 gained 0.226 on average, standard deviation 0.045, least 0.106
+// (seed 12), and every one of the 30 passes 0.08, which is 3.2 standard
+// deviations below the mean. The same runs at lr 0 (a policy that does not
+// learn) gained 0.002 ± 0.004 over seeds 1–10, so 0.08 is ~19 of their
+// standard deviations above them: a change that stops learning fails, and a
+// harmless change to how random numbers are drawn (a new seed in effect)
+// passes. Re-measure with scripts/learning_guard.sh when the task, the model
+// or the recipe changes.
+const learnGainMin = 0.08
+
 // TestBuiltinJobLearns guards the main job's learning in CI time: 40 steps
 // of the built-in job at a higher learning rate must raise the mean reward
-// of the last 10 steps well above the first 10 (the full 300-step job is
-// measured in the README).
+// of the last 10 steps above the first 10 by learnGainMin (the full 300-step
+// job is measured in the README).
 func TestBuiltinJobLearns(t *testing.T) {
 	out := t.TempDir()
 	mustTrain(t, "--out", out, "--quiet", "--steps", "40",
@@ -562,10 +595,11 @@ func TestBuiltinJobLearns(t *testing.T) {
 		first += float64(ms[i].RewardMean) / 10
 		last += float64(ms[len(ms)-1-i].RewardMean) / 10
 	}
-	if last-first < 0.2 {
-		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: the built-in job did not learn", first, last)
+	if last-first < learnGainMin {
+		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: gain %.3f < %.2f, the built-in job did not learn",
+			first, last, last-first, learnGainMin)
 	}
-	t.Logf("mean reward: first 10 steps %.3f, last 10 %.3f", first, last)
+	t.Logf("mean reward: first 10 steps %.3f, last 10 %.3f (gain %.3f, guard %.2f)", first, last, last-first, learnGainMin)
 }
 
 // TestSignalStopsAfterTheStepWithACheckpoint: SIGTERM (a pre-emption) during

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
+	"github.com/tracegrpo/tracegrpo/rollout"
 )
 
 //go:embed builtin/recipe.yaml
@@ -48,8 +48,10 @@ type Trainer struct {
 	temp      float32
 	maxTokens int // tokens of one packed micro-batch
 
-	rngs   map[string]*rand.PCG // every random stream, checkpointed by name
-	source rolloutSource
+	// streams keys every random decision of the built-in rollouts by
+	// (seed, step, task group, rollout, call): nothing to checkpoint.
+	streams rollout.Streams
+	source  rolloutSource
 
 	signals     <-chan os.Signal // SIGINT/SIGTERM, handled between steps
 	stopSignals func()
@@ -147,7 +149,7 @@ func New(o Options) (_ *Trainer, err error) {
 	if err := t.newOptimizer(); err != nil {
 		return nil, err
 	}
-	t.newRNGs()
+	t.streams = rollout.Streams{Seed: uint64(c.GRPO.Seed)}
 	if err := t.source.start(t); err != nil {
 		return nil, err
 	}
@@ -368,18 +370,6 @@ func (t *Trainer) newOptimizer() error {
 	}
 	return err
 }
-
-// newRNGs seeds every random stream of the run from grpo.seed.
-func (t *Trainer) newRNGs() {
-	s := uint64(t.cfg.GRPO.Seed)
-	t.rngs = map[string]*rand.PCG{
-		"tasks":    rand.NewPCG(s, 0x7461736b73),   // task instances
-		"call_ids": rand.NewPCG(s, 0x63616c6c),     // model call ids
-		"sampler":  rand.NewPCG(s, 0x73616d706c65), // token sampling
-	}
-}
-
-func (t *Trainer) rng(name string) *rand.Rand { return rand.New(t.rngs[name]) }
 
 // padToken is the model's pad_token_id, or 0.
 func padToken(c model.Config) int32 {
