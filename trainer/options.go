@@ -2,8 +2,11 @@ package trainer
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"math"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -49,7 +52,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Resume, "resume", false, "continue from the newest complete checkpoint in --out")
 	fs.BoolVar(&o.Fallback, "fallback", false, "with --resume: if the newest checkpoint is incomplete or corrupt, use the newest older one that verifies")
 	fs.StringVar(&o.InitFrom, "init-from", "", "start from Hugging Face weights in DIR (config.json + model.safetensors)")
-	fs.IntVar(&o.Steps, "steps", 0, "run this many GRPO steps in all (overrides grpo.max_num_steps)")
+	fs.Var((*positiveInt)(&o.Steps), "steps", "run this many GRPO steps in all, a positive number (overrides grpo.max_num_steps)")
 	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
 	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
 	fs.DurationVar(&o.Wait, "wait", 10*time.Minute, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
@@ -57,3 +60,25 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")
 }
+
+// positiveInt is an int flag that refuses zero, negative numbers and values
+// that do not fit an int.
+type positiveInt int
+
+func (p *positiveInt) String() string {
+	if *p == 0 {
+		return ""
+	}
+	return strconv.Itoa(int(*p))
+}
+
+func (p *positiveInt) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v <= 0 || v > math.MaxInt32 {
+		return fmt.Errorf("want a whole number from 1 to %d, found %q", math.MaxInt32, s)
+	}
+	*p = positiveInt(v)
+	return nil
+}
+
+func (p *positiveInt) Type() string { return "int" }

@@ -3,6 +3,7 @@ package trainer
 import (
 	"fmt"
 	"io"
+	"math"
 	"time"
 )
 
@@ -28,7 +29,7 @@ func (p *progressLine) step(m Metrics) {
 		return
 	}
 	el := time.Since(p.start)
-	eta := time.Duration(float64(el) / float64(p.steps) * float64(p.total-m.Step)).Round(time.Second)
+	eta := etaString(float64(el) / float64(p.steps) * float64(p.total-m.Step))
 	skipped := ""
 	if m.SkippedUpdate {
 		skipped = " | UPDATE SKIPPED (non-finite gradient)"
@@ -49,4 +50,14 @@ func (t *Trainer) progressDone() {
 	last, _ := meanStd(p.rewards[len(p.rewards)-n:])
 	fmt.Fprintf(p.w, "train: %d steps in %v; mean reward of the first %d steps %.3f, of the last %d %.3f; metrics in %s/metrics.jsonl\n",
 		p.steps, time.Since(p.start).Round(time.Second), n, first, n, last, t.out)
+}
+
+// etaString renders a remaining time of ns nanoseconds, rounded to the
+// second; beyond what a time.Duration holds (292 years) it says so rather
+// than overflowing to a negative time.
+func etaString(ns float64) string {
+	if !(ns < float64(math.MaxInt64)) {
+		return ">292y"
+	}
+	return time.Duration(ns).Round(time.Second).String()
 }

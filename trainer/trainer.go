@@ -109,6 +109,9 @@ func New(o Options) (_ *Trainer, err error) {
 	if c.LossFn.PositiveExampleNLLWeight != 0 {
 		return nil, fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
 	}
+	if err := checkStepCount(c, o.Steps); err != nil {
+		return nil, err
+	}
 	t.maxSteps = c.GRPO.MaxNumSteps
 	t.builder = c.Env.NemoGym.TokenIDCapture.Builder
 	t.temp = float32(c.Policy.Generation.Temperature)
@@ -203,6 +206,29 @@ func (t *Trainer) logf(format string, args ...any) {
 	if !t.o.Quiet {
 		fmt.Fprintf(t.o.Log, "train: "+format+"\n", args...)
 	}
+}
+
+// maxSamples bounds the logical rollouts a run may schedule: the scheduler
+// counts them in int64 and derives its iterations in float64, where
+// integers are exact up to 2^53.
+const maxSamples = 1 << 53
+
+// checkStepCount refuses a run length that is not positive or whose rollout
+// count overflows the schedule, naming --steps when it came from there.
+func checkStepCount(c *config.Config, flagSteps int) error {
+	name := "grpo.max_num_steps"
+	if flagSteps > 0 {
+		name = "--steps"
+	}
+	n, gbs := int64(c.GRPO.MaxNumSteps), int64(c.Policy.TrainGlobalBatchSize)
+	if n < 1 {
+		return fmt.Errorf("%w: %s=%d: a run needs at least one step", ErrUsage, name, n)
+	}
+	if gbs > 0 && n > maxSamples/gbs {
+		return fmt.Errorf("%w: %s=%d: %d steps of %d logical rollouts overflow the schedule's rollout count (at most %d steps at this batch size)",
+			ErrUsage, name, n, n, gbs, maxSamples/gbs)
+	}
+	return nil
 }
 
 // loadConfig reads the recipe, applies --set and --steps, and names the run.
