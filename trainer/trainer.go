@@ -173,8 +173,8 @@ func New(o Options) (_ *Trainer, err error) {
 	}
 	t.progress = newProgressLine(o.Log, o.Quiet, t.maxSteps)
 	t.watchSignals()
-	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
-		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
+	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
+		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
 	return t, nil
 }

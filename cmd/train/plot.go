@@ -26,7 +26,7 @@ func init() {
 func runPlot(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("plot", "train plot --out DIR\n\nReads DIR/metrics.jsonl and writes DIR/curves.png.", stdout)
 	out := fs.String("out", "", "run directory holding metrics.jsonl (required)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if *out == "" {

@@ -2,14 +2,12 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"sort"
 
-	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/gym"
 )
 
@@ -35,14 +33,8 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("out", "", "output JSONL (default stdout)")
 	rebuild := fs.Bool("rebuild", false, "rebuild from the captures even when a record already carries training_traces")
 	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "rollouts finalized concurrently (output order is input order)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: traces: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: traces: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	if *captures == "" || *rollouts == "" {
 		return fmt.Errorf("%w: traces: --captures and --rollouts are required", errUsage)

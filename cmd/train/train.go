@@ -1,11 +1,8 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"io"
 
-	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -40,14 +37,8 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	o.AddFlags(fs)
 	backend := fs.String("backend", "auto", "compute backend: auto (CUDA when a driver and device are found, else CPU), cpu or cuda")
 	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v (see train --help)", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: unexpected argument %q (see train --help)", errUsage, fs.Arg(0))
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	be, err := openBackend(*backend, *threads, stderr)
 	if err != nil {

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 
-	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 )
 
@@ -32,11 +30,8 @@ Flags:`
 
 func runVerify(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("verify", verifySynopsis, stdout)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: verify: %v", errUsage, err)
+	if err := parseFlags(fs, args, -1); err != nil {
+		return err
 	}
 	if fs.NArg() == 0 {
 		return fmt.Errorf("%w: verify: name at least one checkpoint, checkpoints directory or run directory (see train verify --help)", errUsage)
