@@ -1,10 +1,9 @@
 package trainer
 
 import (
-	"bufio"
+	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"os"
 )
@@ -110,32 +109,34 @@ func (n *Num) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// ReadMetrics reads a metrics.jsonl file, naming the line of any bad record.
-func ReadMetrics(path string) ([]Metrics, error) {
-	f, err := os.Open(path)
+// ReadMetrics reads a metrics.jsonl file, naming the line of any bad
+// record. A last line that has no newline and does not parse is what a
+// crash mid-write leaves: it is skipped, and torn says which line it was
+// and why ("" when there is none).
+func ReadMetrics(path string) (ms []Metrics, torn string, err error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	defer f.Close()
-	return DecodeMetrics(f, path)
+	return DecodeMetrics(data, path)
 }
 
-func DecodeMetrics(r io.Reader, name string) ([]Metrics, error) {
-	var out []Metrics
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
-	for line := 1; sc.Scan(); line++ {
-		if len(sc.Bytes()) == 0 {
+// DecodeMetrics decodes metrics.jsonl content; see ReadMetrics.
+func DecodeMetrics(data []byte, name string) (ms []Metrics, torn string, err error) {
+	for line := 1; len(data) > 0; line++ {
+		text, rest, complete := bytes.Cut(data, []byte{'\n'})
+		data = rest
+		if len(bytes.TrimSpace(text)) == 0 {
 			continue
 		}
 		var m Metrics
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			return nil, fmt.Errorf("%s:%d: %w", name, line, err)
+		if err := json.Unmarshal(text, &m); err != nil {
+			if !complete {
+				return ms, fmt.Sprintf("%s:%d (a torn last line, %d bytes without a newline: %v)", name, line, len(text), err), nil
+			}
+			return nil, "", fmt.Errorf("%s:%d: %w", name, line, err)
 		}
-		out = append(out, m)
+		ms = append(ms, m)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return out, nil
+	return ms, "", nil
 }

@@ -56,7 +56,7 @@ func failTrain(t *testing.T, args ...string) string {
 // metricsNoTimes reads metrics.jsonl with every timing field zeroed.
 func metricsNoTimes(t *testing.T, out string) []Metrics {
 	t.Helper()
-	ms, err := ReadMetrics(filepath.Join(out, "metrics.jsonl"))
+	ms, _, err := ReadMetrics(filepath.Join(out, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
