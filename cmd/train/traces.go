@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 )
 
 func init() {
@@ -58,14 +59,21 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 		defer f.Close()
 		in = f
 	}
+	// The output goes to a temporary file renamed into place once every
+	// record is written: a failed or interrupted run leaves no partial
+	// output, and an output that is the input is refused before anything
+	// is opened for writing.
 	var w io.Writer = stdout
-	var outFile *os.File
+	var outFile *atomicfile.File
 	if *out != "" {
-		outFile, err = os.Create(*out)
+		if err := atomicfile.CheckNotInput(*out, *rollouts); err != nil {
+			return fmt.Errorf("%w: traces: --out %s: %v: write the finalized records elsewhere", errUsage, *out, err)
+		}
+		outFile, err = atomicfile.Create(*out)
 		if err != nil {
 			return fmt.Errorf("traces: %w", err)
 		}
-		defer outFile.Close()
+		defer outFile.Abort()
 		w = outFile
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
@@ -73,12 +81,15 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	if ferr := bw.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("traces: write: %w", ferr)
 	}
-	if outFile != nil {
-		if cerr := outFile.Close(); err == nil && cerr != nil {
+	if outFile != nil && err == nil {
+		if cerr := outFile.Commit(); cerr != nil {
 			err = fmt.Errorf("traces: %w", cerr)
 		}
 	}
 	printSummary(stderr, sum)
+	if err != nil && outFile != nil {
+		err = fmt.Errorf("%w (nothing written to %s)", err, *out)
+	}
 	return err
 }
 
