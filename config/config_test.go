@@ -104,7 +104,7 @@ func TestRecipesLoad(t *testing.T) {
 			if d := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); d != "" {
 				t.Errorf("(-want +got)\n%s", d)
 			}
-			for _, k := range []string{"policy.dtensor_cfg", "data", "env.math", "logger.wandb", "policy.megatron_cfg.tensor_model_parallel_size"} {
+			for _, k := range []string{"policy.dtensor_cfg", "data", "env.math", "logger", "policy.megatron_cfg.tensor_model_parallel_size"} {
 				if !slices.Contains(l.Ignored, k) {
 					t.Errorf("Ignored lacks %s: %v", k, l.Ignored)
 				}
@@ -250,7 +250,7 @@ policy:
   model_name: base-model
   optimizer: {name: torch.optim.AdamW, kwargs: {lr: 1.0e-4, weight_decay: 0.1, betas: [0.9, 0.95], eps: 1.0e-8}}
   scheduler: [{name: torch.optim.lr_scheduler.ConstantLR, kwargs: {factor: 0.5, total_iters: 4}}]
-logger: {log_dir: "logs/${policy.model_name}-${grpo.seed}"}
+checkpointing: {checkpoint_dir: "results/${policy.model_name}-${grpo.seed}"}
 `)
 	writeFile(t, dir, "base/other.yaml", "grpo: {seed: 9}\n")
 	child := writeFile(t, dir, "recipes/child.yaml", `
@@ -269,7 +269,7 @@ policy:
 		{"child overrides", c.GRPO.NumGenerationsPerPrompt, 2},
 		{"second parent overrides first", c.GRPO.Seed, int64(9)},
 		{"mul over merged values", c.Policy.TrainGlobalBatchSize, 6},
-		{"embedded interpolation", c.Logger.LogDir, "logs/base-model-9"},
+		{"embedded interpolation", c.Checkpointing.CheckpointDir, "results/base-model-9"},
 		{"list replaced", len(c.Policy.Scheduler), 1},
 		{"files in order", len(l.Files), 3},
 	}

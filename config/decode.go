@@ -56,7 +56,7 @@ var ignoredKeys = []string{
 	"env.nemo_gym.token_id_capture.mask_incomplete_when_attributed",
 	"data_plane.*",
 	// logger back ends.
-	"logger.*",
+	"logger",
 }
 
 // walker decodes a resolved tree into the typed schema, classifying keys.
