@@ -392,3 +392,44 @@ func TestDiffConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestPrepareThenPublish: a prepared checkpoint is invisible to Latest
+// until Publish; a process that dies in between leaves a temporary
+// directory the next save removes; Discard removes it at once.
+func TestPrepareThenPublish(t *testing.T) {
+	dir := t.TempDir()
+	mustSave(t, dir, testState(1, 64), SaveOptions{})
+	p, err := Prepare(dir, testState(2, 64), SaveOptions{})
+	must(t, err)
+	if got, err := Latest(dir, LoadOptions{}); err != nil || filepath.Base(got) != StepDir(1) {
+		t.Fatalf("Latest with step 2 prepared = %s, %v; want step_1", got, err)
+	}
+	path, err := p.Publish()
+	must(t, err)
+	if got, err := Latest(dir, LoadOptions{}); err != nil || got != path || filepath.Base(got) != StepDir(2) {
+		t.Fatalf("Latest after Publish = %s, %v; want %s", got, err, path)
+	}
+	if _, err := p.Publish(); err == nil {
+		t.Error("a second Publish succeeded")
+	}
+	// Prepared and abandoned (the process was killed): the next save
+	// removes it, and it never counted as a checkpoint.
+	if _, err := Prepare(dir, testState(3, 64), SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := Latest(dir, LoadOptions{}); filepath.Base(got) != StepDir(2) {
+		t.Fatalf("an unpublished step 3 is visible: %s", got)
+	}
+	mustSave(t, dir, testState(4, 64), SaveOptions{})
+	d, err := Prepare(dir, testState(5, 64), SaveOptions{})
+	must(t, err)
+	d.Discard()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{StepDir(1), StepDir(2), StepDir(4)}; fmt.Sprint(names) != fmt.Sprint(want) {
+		t.Errorf("directory holds %v, want %v (no temporary directory left)", names, want)
+	}
+}
