@@ -15,6 +15,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
@@ -50,20 +51,37 @@ func (t *Trainer) identity() (runIdentity, error) {
 
 func (t *Trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
 
-// maybeCheckpoint saves every checkpointing.save_period steps and at the end.
-func (t *Trainer) maybeCheckpoint() error {
+// savesAt says whether step is checkpointed: every
+// checkpointing.save_period steps and at the end.
+func (t *Trainer) savesAt(step int) bool {
 	c := t.cfg.Checkpointing
-	if !c.Enabled {
-		return nil
-	}
-	if (c.SavePeriod <= 0 || t.step%c.SavePeriod != 0) && t.step != t.maxSteps {
-		return nil
-	}
-	return t.save()
+	return c.Enabled && ((c.SavePeriod > 0 && step%c.SavePeriod == 0) || step == t.maxSteps)
 }
 
-// save writes step_<N>/: HF weights, Adam moments, trainer state.
+// prepareCheckpoint writes this step's checkpoint under a temporary name
+// when the step is checkpointed (nil otherwise); Run publishes it after the
+// step's metrics line is on disk, so that a checkpoint never exists without
+// its line.
+func (t *Trainer) prepareCheckpoint() (*checkpoint.Pending, error) {
+	if !t.savesAt(t.step) {
+		return nil, nil
+	}
+	return t.prepare()
+}
+
+// save writes and publishes step_<N>/ at once (a signal's stop).
 func (t *Trainer) save() error {
+	p, err := t.prepare()
+	if err != nil {
+		return err
+	}
+	_, err = p.Publish()
+	return err
+}
+
+// prepare writes step_<N>/ (HF weights, Adam moments, trainer state) under a
+// temporary name.
+func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	table := t.model.Table()
 	host := t.model.ParamsHost()
 	mBuf, vBuf := t.opt.Moments()
@@ -72,7 +90,7 @@ func (t *Trainer) save() error {
 	t.be.DownloadF32(m, mBuf)
 	t.be.DownloadF32(v, vBuf)
 	if err := t.be.Sync(); err != nil {
-		return err
+		return nil, err
 	}
 	st := &checkpoint.State{}
 	for _, p := range table.Params {
@@ -87,32 +105,31 @@ func (t *Trainer) save() error {
 	}
 	var err error
 	if st.ModelConfig, err = t.modelCfg.JSON("float32"); err != nil {
-		return err
+		return nil, err
 	}
 	ts := &st.Trainer
 	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
-		return err
+		return nil, err
 	}
 	if ts.Scheduler, err = json.Marshal(t.sched.State()); err != nil {
-		return err
+		return nil, err
 	}
 	if ts.RolloutCursor, err = t.source.cursor(); err != nil {
-		return err
+		return nil, err
 	}
 	id, err := t.identity()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if ts.Config, err = json.Marshal(id); err != nil {
-		return err
+		return nil, err
 	}
 	keep := 0
 	if k := t.cfg.Checkpointing.KeepTopK; k != nil {
 		keep = *k
 	}
-	_, err = checkpoint.Save(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
-	return err
+	return checkpoint.Prepare(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
 }
 
 // restore loads the newest complete checkpoint of the run directory and puts
@@ -123,11 +140,12 @@ func (t *Trainer) restore() error {
 		return err
 	}
 	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.Fallback, ExpectConfig: cfgJSON})
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return fmt.Errorf("resume: no complete checkpoint in %s: %w", t.checkpointDir(), err)
-	}
 	if err != nil {
-		return fmt.Errorf("resume: %w (pass --fallback to use an older complete checkpoint)", err)
+		hint := ""
+		if !t.o.Fallback && !errors.Is(err, checkpoint.ErrConfigMismatch) {
+			hint = " (pass --fallback to use the newest older checkpoint that verifies, if any)"
+		}
+		return fmt.Errorf("resume: %w%s", err, hint)
 	}
 	for _, s := range res.Skipped {
 		t.logf("resume: skipped %v", s)
@@ -341,11 +359,13 @@ func truncateMetrics(path string, keep int) error {
 			out.WriteByte('\n')
 		}
 	}
-	return writeFileAtomic(path, out.Bytes())
+	return atomicfile.WriteFile(path, out.Bytes())
 }
 
-// log appends the step's metrics line and shows the progress line.
-func (t *Trainer) log(m Metrics) error {
+// log appends the step's metrics line, synced to disk when sync is set (a
+// checkpoint of the step is about to be published), and shows the progress
+// line.
+func (t *Trainer) log(m Metrics, sync bool) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -353,15 +373,18 @@ func (t *Trainer) log(m Metrics) error {
 	if _, err := t.metricsFile.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	t.progress.step(m)
-	if stopAfterStep > 0 && m.Step >= stopAfterStep {
-		return errSimulatedCrash
+	if sync {
+		if err := t.metricsFile.Sync(); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
 	}
+	t.progress.step(m)
 	return nil
 }
 
-// stopAfterStep, when positive, ends the run right after that step's metrics
-// line as a crash would (tests of exact resume use it).
+// stopAfterStep, when positive, ends the run right after that step (its
+// metrics line written, its checkpoint, if any, published) as a crash would
+// (tests of exact resume use it).
 var stopAfterStep = 0
 
 var errSimulatedCrash = errors.New("simulated crash")

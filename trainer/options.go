@@ -39,8 +39,10 @@ type Options struct {
 	Log io.Writer
 	// Backend runs the model and the optimizer. Required; the caller closes it.
 	Backend kernels.Backend
-	// Signals delivers stop requests (a scheduler's SIGTERM, Ctrl-C). nil
-	// means the process's SIGINT and SIGTERM.
+	// Signals delivers stop requests (a scheduler's SIGTERM, Ctrl-C): the
+	// first ends the run after the step in progress, or at once while it
+	// waits for rollouts, with a checkpoint. nil: the run never stops early.
+	// WatchSignals provides one for the process's signals.
 	Signals <-chan os.Signal
 }
 

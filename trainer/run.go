@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -19,6 +20,9 @@ func (t *Trainer) Run() error {
 		// 1. Rollouts: run this step's logical rollouts with the current policy
 		// (built-in) or read the ones NeMo Gym produced (external).
 		recs, captures, err := t.source.next(step)
+		if errors.Is(err, errStopWaiting) {
+			return t.stopOnSignal(t.interrupted())
+		}
 		if err != nil {
 			return fmt.Errorf("step %d: rollouts: %w", step, err)
 		}
@@ -64,14 +68,29 @@ func (t *Trainer) Run() error {
 		t.step, t.consumed = step, t.consumed+int64(len(recs))
 		ph.Optimizer = sw.lap()
 
-		// 7. Checkpoint, then one line of metrics.
-		if err := t.maybeCheckpoint(); err != nil {
+		// 7. Checkpoint and one line of metrics: the checkpoint is written
+		// under a temporary name, the line appended and synced, and only
+		// then is the checkpoint published, so that whatever moment a kill
+		// comes at, a checkpoint of step N never exists without line N.
+		pending, err := t.prepareCheckpoint()
+		if err != nil {
 			return fmt.Errorf("step %d: checkpoint: %w", step, err)
 		}
 		ph.Checkpoint = sw.lap()
 		m := t.metrics(step, logical, fin, batch, loss, upd, ph, sw.total())
-		if err := t.log(m); err != nil {
+		if err := t.log(m, pending != nil); err != nil {
+			if pending != nil {
+				pending.Discard()
+			}
 			return err
+		}
+		if pending != nil {
+			if _, err := pending.Publish(); err != nil {
+				return fmt.Errorf("step %d: checkpoint: %w", step, err)
+			}
+		}
+		if stopAfterStep > 0 && step >= stopAfterStep {
+			return errSimulatedCrash
 		}
 
 		// A pre-emption or Ctrl-C arrived during the step: stop cleanly.

@@ -28,6 +28,9 @@ type rolloutSource interface {
 	// restore goes back to it.
 	cursor() (json.RawMessage, error)
 	restore(c json.RawMessage) error
+	// captures is the capture directory the source reads (and, built in,
+	// writes), once started.
+	captures() string
 	close()
 }
 
@@ -63,7 +66,7 @@ func (t *Trainer) newSource() (rolloutSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rollouts: %w", err)
 	}
-	src := &externalSource{path: t.o.Rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.Wait}
+	src := &externalSource{path: t.o.Rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.Wait, capDir: capDir}
 	if !src.dir {
 		if err := src.check(); err != nil {
 			return nil, err
@@ -145,6 +148,7 @@ func (s *builtinSource) cursor() (json.RawMessage, error) {
 }
 func (s *builtinSource) restore(json.RawMessage) error { return nil }
 func (s *builtinSource) close()                        {}
+func (s *builtinSource) captures() string              { return s.captureDir }
 
 // samplerPolicy samples with the current policy's KV-cache sampler.
 type samplerPolicy struct {
@@ -178,11 +182,13 @@ func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.
 // A writer of that directory must create each file whole (write, then
 // rename into place).
 type externalSource struct {
-	path   string
-	dir    bool
-	reader *gym.Reader
-	gbs    int
-	wait   time.Duration
+	stopped <-chan struct{} // closed by a stop request: stop waiting
+	capDir  string
+	path    string
+	dir     bool
+	reader  *gym.Reader
+	gbs     int
+	wait    time.Duration
 
 	f        *os.File
 	rr       *gym.RecordReader
@@ -234,7 +240,8 @@ func (s *externalSource) check() error {
 	return nil
 }
 
-func (s *externalSource) start(*Trainer) error {
+func (s *externalSource) start(t *Trainer) error {
+	s.stopped = t.stop.stopped
 	if s.dir {
 		return nil
 	}
@@ -286,7 +293,11 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("rollouts: %s did not appear within --wait %v", path, s.wait)
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-s.stopped:
+			return nil, errStopWaiting
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -345,6 +356,8 @@ func (s *externalSource) restore(raw json.RawMessage) error {
 	}
 	return nil
 }
+
+func (s *externalSource) captures() string { return s.capDir }
 
 func (s *externalSource) close() {
 	if s.f != nil {

@@ -53,11 +53,16 @@ type Trainer struct {
 	streams rollout.Streams
 	source  rolloutSource
 
-	signals     <-chan os.Signal // SIGINT/SIGTERM, handled between steps
-	stopSignals func()
+	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
 	metricsFile *os.File
 	progress    *progressLine
+	unlock      func() // releases the run directory's lock
+
+	// resumeFrom is the checkpoint a --resume run continues ("" to start at
+	// step 0); resumeNote says why none was usable.
+	resumeFrom, resumeNote string
+	loaded                 *config.Loaded // the recipe as read, for the effective config
 
 	// step state
 	step     int   // GRPO steps completed
@@ -93,6 +98,7 @@ func New(o Options) (_ *Trainer, err error) {
 			t.Close()
 		}
 	}()
+	t.watchSignals()
 
 	// Configuration: the recipe (or the built-in one), --set, --steps; then
 	// every capability guard, before any work.
@@ -133,9 +139,15 @@ func New(o Options) (_ *Trainer, err error) {
 		return nil, err
 	}
 
-	// The run directory.
-	if err := t.prepareOut(); err != nil {
+	// The run directory: locked, checked against the inputs, and where a
+	// resumed run starts decided before anything in it is written.
+	if err := t.openRunDir(); err != nil {
 		return nil, err
+	}
+	if o.Resume {
+		if err := t.findCheckpoint(); err != nil {
+			return nil, err
+		}
 	}
 
 	// The policy.
@@ -157,11 +169,16 @@ func New(o Options) (_ *Trainer, err error) {
 		return nil, err
 	}
 
-	// Resume, then open the metrics log.
-	if o.Resume {
+	// Resume, then write the effective config and open the metrics log.
+	if t.resumeFrom != "" {
 		if err := t.restore(); err != nil {
 			return nil, err
 		}
+	} else if o.Resume {
+		t.logf("resume: no complete checkpoint in %s%s: starting at step 0", t.checkpointDir(), t.resumeNote)
+	}
+	if err := t.writeEffectiveConfig(); err != nil {
+		return nil, err
 	}
 	if err := t.openMetrics(); err != nil {
 		return nil, err
@@ -172,7 +189,6 @@ func New(o Options) (_ *Trainer, err error) {
 			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
 	}
 	t.progress = newProgressLine(o.Log, o.Quiet, t.maxSteps)
-	t.watchSignals()
 	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
 		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
@@ -181,9 +197,6 @@ func New(o Options) (_ *Trainer, err error) {
 
 // Close releases what New built (not the backend).
 func (t *Trainer) Close() {
-	if t.stopSignals != nil {
-		t.stopSignals()
-	}
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
 	}
@@ -198,6 +211,10 @@ func (t *Trainer) Close() {
 	}
 	if t.model != nil {
 		t.model.Close()
+	}
+	if t.unlock != nil {
+		t.unlock()
+		t.unlock = nil
 	}
 }
 
@@ -237,48 +254,33 @@ func (t *Trainer) loadConfig() error {
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
-	var ld *config.Loaded
-	var err error
-	if len(t.o.ConfigFiles) == 0 {
-		t.name = "builtin"
-		ld, err = config.LoadOver(config.Recipe{Name: "builtin/recipe.yaml", Data: builtinRecipe}, nil, sets)
-	} else {
-		last := t.o.ConfigFiles[len(t.o.ConfigFiles)-1]
-		t.name = strings.TrimSuffix(filepath.Base(last), filepath.Ext(last))
-		ld, err = config.Load(t.o.ConfigFiles, sets)
-	}
+	ld, name, err := LoadRecipe(t.o.ConfigFiles, sets)
 	if err != nil {
 		return err
 	}
-	t.cfg = ld.Config
+	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
 		t.logf("ignored keys (engines tracegrpo does not use): %s", strings.Join(ld.Ignored, ", "))
 	}
 	return nil
 }
 
-// prepareOut creates the run directory. A directory that already holds a run
-// is only reused with --resume.
-func (t *Trainer) prepareOut() error {
-	t.out = t.o.Out
-	if t.out == "" {
-		t.out = filepath.Join("runs", t.name)
+// BuiltinRecipeName is how the embedded built-in recipe is named in errors
+// and in the effective config's header.
+const BuiltinRecipeName = "built-in job (trainer/builtin/recipe.yaml)"
+
+// LoadRecipe reads the configuration a run with these --config files and
+// --set values uses (the built-in job when there are no files) and returns
+// it with the run's name: "builtin", or the first recipe's base name (later
+// files are overrides such as the multi-trace block).
+func LoadRecipe(files, sets []string) (*config.Loaded, string, error) {
+	if len(files) == 0 {
+		ld, err := config.LoadOver(config.Recipe{Name: BuiltinRecipeName, Data: builtinRecipe}, nil, sets)
+		return ld, "builtin", err
 	}
-	if !t.o.Resume {
-		for _, f := range []string{"metrics.jsonl", "checkpoints"} {
-			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
-				return fmt.Errorf("run directory %s already holds a run (%s): pass --resume to continue it, or another --out", t.out, f)
-			}
-		}
-	}
-	if err := os.MkdirAll(t.out, 0o755); err != nil {
-		return fmt.Errorf("run directory: %w", err)
-	}
-	y, err := config.Marshal(&t.cfg)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(filepath.Join(t.out, "config.yaml"), y)
+	first := files[0]
+	ld, err := config.Load(files, sets)
+	return ld, strings.TrimSuffix(filepath.Base(first), filepath.Ext(first)), err
 }
 
 // newModels builds the policy (random or from HF weights) and, when the loss
@@ -406,15 +408,6 @@ func padToken(c model.Config) int32 {
 		}
 	}
 	return 0
-}
-
-// writeFileAtomic writes path through a temporary file and a rename.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 func ptrStr(p *int) string {

@@ -45,7 +45,9 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeBackend(be)
-	o.Backend, o.Log = be, stderr
+	stop, release := trainer.WatchSignals(stderr)
+	defer release()
+	o.Backend, o.Log, o.Signals = be, stderr, stop
 	t, err := trainer.New(o)
 	if err != nil {
 		return err
