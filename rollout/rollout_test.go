@@ -362,3 +362,58 @@ func TestStreamsAreDistinct(t *testing.T) {
 		t.Error("the seed does not change the streams")
 	}
 }
+
+// longPolicy generates n copies of a token, never stopping.
+type longPolicy struct {
+	n, max int
+}
+
+func (p longPolicy) Sample(prompts [][]int32, _ []*rand.Rand) ([]Completion, error) {
+	out := make([]Completion, len(prompts))
+	for i := range prompts {
+		for j := 0; j < p.n; j++ {
+			out[i].Tokens = append(out[i].Tokens, TOOL)
+			out[i].Logprobs = append(out[i].Logprobs, -1)
+		}
+	}
+	return out, nil
+}
+
+func (p longPolicy) MaxContext() int { return p.max }
+
+// TestContextOverflowEndsTheEpisode: a call whose prompt leaves a bounded
+// policy no room ends its episode with reward 0 (the agent's context
+// overflowed) instead of failing the whole step, as it did when the built-in
+// job ran with a short max_total_sequence_length.
+func TestContextOverflowEndsTheEpisode(t *testing.T) {
+	st := Streams{Seed: 3}
+	specs := Plan(allTasks(t), 0, 3, 2, st)
+	rec := newMemRecorder(t)
+	res, err := Run(longPolicy{n: 9, max: 14}, rec, specs, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overflowed := 0
+	for _, r := range res {
+		if r.ContextOverflow {
+			overflowed++
+			if r.Reward != 0 || r.Record()["context_overflow"] != true {
+				t.Errorf("%s: overflowed with reward %v, record %v", r.RolloutID, r.Reward, r.Record())
+			}
+			if len(r.Calls) == 0 {
+				t.Errorf("%s: overflowed before its first call", r.RolloutID)
+			}
+		}
+		if !rec.finished[r.RolloutID] {
+			t.Errorf("%s never finished", r.RolloutID)
+		}
+		for _, c := range r.Calls {
+			if len(c.Prompt) >= 14 {
+				t.Errorf("%s: a call with a %d-token prompt was dispatched past the limit", r.RolloutID, len(c.Prompt))
+			}
+		}
+	}
+	if overflowed == 0 {
+		t.Fatal("no episode overflowed: the test shows nothing")
+	}
+}

@@ -58,6 +58,17 @@ type Result struct {
 	Spec
 	Reward float64
 	Calls  []RecordedCall
+	// ContextOverflow says the episode ended because its next call's prompt
+	// left the policy no room to generate (see ContextLimit): like an agent
+	// whose context window overflows, it failed, with reward 0.
+	ContextOverflow bool
+}
+
+// ContextLimit is implemented by a policy whose calls have a bounded
+// context: MaxContext is the most tokens of prompt and generation together.
+// Run ends an episode whose next prompt holds MaxContext tokens or more.
+type ContextLimit interface {
+	MaxContext() int
 }
 
 // TerminalResponseID is the response id of the episode's last call: the
@@ -73,7 +84,7 @@ func (r *Result) TerminalResponseID() string {
 // it, ready for capture finalization: the correlation keys, the reward and
 // the scored response's id.
 func (r *Result) Record() map[string]any {
-	return map[string]any{
+	rec := map[string]any{
 		"_ng_task_index":    r.TaskIndex,
 		"_ng_rollout_index": r.RolloutIndex,
 		"_ng_rollout_id":    r.RolloutID,
@@ -81,6 +92,10 @@ func (r *Result) Record() map[string]any {
 		"task":              r.Task,
 		"response":          map[string]any{"id": r.TerminalResponseID()},
 	}
+	if r.ContextOverflow {
+		rec["context_overflow"] = true
+	}
+	return rec
 }
 
 // Plan draws the logical rollouts of one GRPO step: prompts task groups of
@@ -117,11 +132,16 @@ func Plan(tasks []Task, step, prompts, gens int, st Streams) []Spec {
 // before reusing a key.
 func Run(policy Policy, rec Recorder, specs []Spec, st Streams) ([]Result, error) {
 	type active struct {
-		ep     Episode
-		calls  []RecordedCall
-		ids    *rand.Rand
-		issued int // calls dispatched so far
-		done   bool
+		ep       Episode
+		calls    []RecordedCall
+		ids      *rand.Rand
+		issued   int // calls dispatched so far
+		done     bool
+		overflow bool
+	}
+	maxContext := 0
+	if l, ok := policy.(ContextLimit); ok {
+		maxContext = l.MaxContext()
 	}
 	eps := make([]active, len(specs))
 	for i, s := range specs {
@@ -146,6 +166,13 @@ func Run(policy Policy, rec Recorder, specs []Spec, st Streams) ([]Result, error
 				continue
 			}
 			calls := eps[i].ep.Next()
+			for _, c := range calls {
+				if maxContext > 0 && len(c.Prompt) >= maxContext {
+					eps[i].overflow = true
+					calls = nil
+					break
+				}
+			}
 			if len(calls) == 0 {
 				eps[i].done = true
 				if err := rec.Finish(specs[i].RolloutID); err != nil {
@@ -224,6 +251,10 @@ func Run(policy Policy, rec Recorder, specs []Spec, st Streams) ([]Result, error
 	}
 	results := make([]Result, len(specs))
 	for i, s := range specs {
+		if eps[i].overflow {
+			results[i] = Result{Spec: s, Calls: eps[i].calls, ContextOverflow: true}
+			continue
+		}
 		r := eps[i].ep.Reward()
 		if r < 0 || r > 1 {
 			return nil, fmt.Errorf("rollout: %s task %s: reward %v outside [0, 1]", s.RolloutID, s.Task, r)

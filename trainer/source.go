@@ -118,7 +118,7 @@ func (s *builtinSource) start(t *Trainer) error {
 	if g.TopK != nil {
 		opt.TopK = *g.TopK
 	}
-	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t}
+	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t, max: t.cfg.Policy.MaxTotalSequenceLength}
 	return nil
 }
 
@@ -155,7 +155,12 @@ type samplerPolicy struct {
 	s   *model.Sampler
 	opt model.SampleOptions
 	t   *Trainer
+	max int // policy.max_total_sequence_length: prompt and generation
 }
+
+// MaxContext implements rollout.ContextLimit: a call's prompt and
+// generation fit one trace of policy.max_total_sequence_length tokens.
+func (p *samplerPolicy) MaxContext() int { return p.max }
 
 func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.Completion, error) {
 	out, err := p.s.Sample(prompts, p.opt, rngs)
