@@ -21,9 +21,9 @@ build-nocgo:
 
 # Tools make test installs when missing (scripts/deps.sh): g++ for the CUDA
 # emulator, Open MPI, ptxas and cuobjdump. The REQUIRE variables turn a
-# missing emulator or ptxas into a failure instead of a silent skip.
+# missing emulator, ptxas or mpirun into a failure instead of a silent skip.
 TOOLS       ?= $(CURDIR)/.cache/tools/bin
-TEST_ENV    := PATH="$(TOOLS):$$PATH" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1
+TEST_ENV    := PATH="$(TOOLS):$$PATH" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1 TRACEGRPO_REQUIRE_MPI=1
 
 test: deps
 	$(GO) vet ./...

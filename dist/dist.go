@@ -1,0 +1,180 @@
+// Package dist is data-parallel training's communication: the collective
+// operations ranks use (Comm), the single-process implementation that costs
+// nothing, helpers over host bytes, and what a launcher (torchrun, Slurm's
+// srun, Open MPI's mpirun) tells a process about its place (Launch). It
+// holds no cgo: Open MPI is bound in dist/mpi and NCCL in kernels/cuda,
+// both loaded at run time, so a binary that never runs with several ranks
+// needs neither library.
+//
+// Invariants every implementation keeps: an operation over a buffer gives
+// every rank the same bits (an all-reduce is reduced once per element and
+// the result shared, never recomputed per rank in another order); buffers
+// are the backend's (host memory on the CPU, device memory on CUDA); every
+// rank calls the same operations in the same order.
+package dist
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// Comm is a communicator over the ranks of one run.
+type Comm interface {
+	// Rank is this process's rank in [0, Size).
+	Rank() int
+	// Size is the number of ranks (the world size).
+	Size() int
+	// Name says which implementation this is ("single", "mpi", "nccl").
+	Name() string
+	// AllReduceSum replaces buf (F32 or I32) on every rank by the sum over
+	// ranks of buf.
+	AllReduceSum(buf kernels.Buf) error
+	// ReduceScatterSum sets dst (n) on rank r to the sum over ranks of
+	// src[r·n : (r+1)·n], for src (Size·n).
+	ReduceScatterSum(dst, src kernels.Buf) error
+	// AllGather sets dst (Size·n) on every rank to the concatenation, in
+	// rank order, of every rank's src (n).
+	AllGather(dst, src kernels.Buf) error
+	// Broadcast replaces buf on every rank by root's.
+	Broadcast(buf kernels.Buf, root int) error
+	// Barrier returns once every rank has called it (and, on a device,
+	// every operation queued before it has finished).
+	Barrier() error
+	// Abort ends the run on every rank at once: a rank that failed calls
+	// it so that the others do not wait forever in a collective.
+	Abort(code int)
+	// Close releases the communicator.
+	Close() error
+}
+
+// ErrNotBuilt is returned by implementations this binary was built without
+// (CGO_ENABLED=0).
+var ErrNotBuilt = errors.New("dist: not built in (this binary was built with CGO_ENABLED=0)")
+
+// single is the one-process communicator: every operation is the identity
+// (or a copy), at no cost.
+type single struct{ mem kernels.Backend }
+
+// Single returns the communicator of a run with one process. b is used only
+// by ReduceScatterSum and AllGather, which copy src to dst.
+func Single(b kernels.Backend) Comm { return single{b} }
+
+func (single) Rank() int                      { return 0 }
+func (single) Size() int                      { return 1 }
+func (single) Name() string                   { return "single" }
+func (single) AllReduceSum(kernels.Buf) error { return nil }
+func (single) Broadcast(buf kernels.Buf, root int) error {
+	if root != 0 {
+		return fmt.Errorf("dist: broadcast from rank %d of 1", root)
+	}
+	return nil
+}
+func (single) Barrier() error { return nil }
+func (single) Abort(int)      {}
+func (single) Close() error   { return nil }
+
+func (s single) ReduceScatterSum(dst, src kernels.Buf) error { return s.copy(dst, src) }
+func (s single) AllGather(dst, src kernels.Buf) error        { return s.copy(dst, src) }
+
+func (s single) copy(dst, src kernels.Buf) error {
+	if dst.N != src.N || dst.DType != src.DType {
+		return fmt.Errorf("dist: %d × %s into %d × %s", src.N, src.DType, dst.N, dst.DType)
+	}
+	if dst == src {
+		return nil
+	}
+	switch src.DType {
+	case kernels.F32:
+		s.mem.Copy(dst, src)
+	case kernels.I32:
+		h := make([]int32, src.N)
+		s.mem.DownloadI32(h, src)
+		s.mem.UploadI32(dst, h)
+	default:
+		return fmt.Errorf("dist: copy of %s", src.DType)
+	}
+	return s.mem.Sync()
+}
+
+// GatherBytes gives every rank every rank's local bytes, in rank order,
+// through AllGather over I32 buffers of mem (two collectives: the lengths,
+// then the payloads padded to the longest). With one rank it returns local
+// without any operation.
+func GatherBytes(c Comm, mem kernels.Backend, local []byte) ([][]byte, error) {
+	n := c.Size()
+	if n == 1 {
+		return [][]byte{local}, nil
+	}
+	lens, err := gatherI32(c, mem, []int32{int32(len(local))})
+	if err != nil {
+		return nil, err
+	}
+	longest := 0
+	for _, l := range lens {
+		if l < 0 {
+			return nil, fmt.Errorf("dist: a rank sent a length of %d", l)
+		}
+		longest = max(longest, int(l))
+	}
+	words := (longest + 3) / 4
+	mine := make([]int32, max(words, 1))
+	for i := 0; i < len(local); i += 4 {
+		var w [4]byte
+		copy(w[:], local[i:])
+		mine[i/4] = int32(binary.LittleEndian.Uint32(w[:]))
+	}
+	all, err := gatherI32(c, mem, mine)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, n)
+	stride := len(mine)
+	for r := 0; r < n; r++ {
+		b := make([]byte, 4*stride)
+		for i, w := range all[r*stride : (r+1)*stride] {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(w))
+		}
+		out[r] = b[:lens[r]]
+	}
+	return out, nil
+}
+
+// gatherI32 all-gathers host values through backend buffers.
+func gatherI32(c Comm, mem kernels.Backend, local []int32) ([]int32, error) {
+	n := c.Size()
+	src, err := mem.Alloc(kernels.I32, len(local))
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Free(src)
+	dst, err := mem.Alloc(kernels.I32, n*len(local))
+	if err != nil {
+		return nil, err
+	}
+	defer mem.Free(dst)
+	mem.UploadI32(src, local)
+	if err := mem.Sync(); err != nil {
+		return nil, err
+	}
+	if err := c.AllGather(dst, src); err != nil {
+		return nil, err
+	}
+	out := make([]int32, n*len(local))
+	mem.DownloadI32(out, dst)
+	return out, mem.Sync()
+}
+
+// Block is the contiguous block [lo, hi) of n items that rank takes of
+// size ranks: the first n mod size ranks take one more.
+func Block(n, rank, size int) (lo, hi int) {
+	q, r := n/size, n%size
+	lo = rank*q + min(rank, r)
+	hi = lo + q
+	if rank < r {
+		hi++
+	}
+	return lo, hi
+}

@@ -1,0 +1,215 @@
+package dist
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// Local returns n communicators of ranks that are goroutines of this
+// process, one per backend of mems (host-memory backends, such as
+// kernels/cpu): every collective moves data through the host. It exists to
+// test data-parallel logic without a launcher; it is not a transport.
+func Local(mems []kernels.Backend) []Comm {
+	g := &localGroup{n: len(mems), slots: make([][]byte, len(mems))}
+	g.cond = sync.NewCond(&g.mu)
+	out := make([]Comm, len(mems))
+	for r, m := range mems {
+		out[r] = &localComm{g: g, rank: r, mem: m}
+	}
+	return out
+}
+
+type localGroup struct {
+	n     int
+	mu    sync.Mutex
+	cond  *sync.Cond
+	slots [][]byte // each rank's contribution to the current collective
+	op    string
+	come  int    // ranks arrived at the current collective
+	gen   uint64 // collectives completed
+	left  int    // ranks yet to read the completed collective's slots
+	abort int    // the rank that aborted, +1 (0: none)
+}
+
+type localComm struct {
+	g    *localGroup
+	rank int
+	mem  kernels.Backend
+}
+
+func (c *localComm) Rank() int    { return c.rank }
+func (c *localComm) Size() int    { return c.g.n }
+func (c *localComm) Name() string { return "local" }
+func (c *localComm) Close() error { return nil }
+
+// Abort makes every rank's pending and later collectives fail.
+func (c *localComm) Abort(int) {
+	g := c.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.abort == 0 {
+		g.abort = c.rank + 1
+	}
+	g.cond.Broadcast()
+}
+
+// exchange deposits mine and returns every rank's contribution once all
+// have arrived; op must match across ranks.
+func (c *localComm) exchange(op string, mine []byte) ([][]byte, error) {
+	g := c.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	aborted := func() error {
+		if g.abort != 0 {
+			return fmt.Errorf("dist: rank %d aborted the run", g.abort-1)
+		}
+		return nil
+	}
+	for g.left > 0 && g.abort == 0 { // the previous collective is still being read
+		g.cond.Wait()
+	}
+	if err := aborted(); err != nil {
+		return nil, err
+	}
+	if g.come == 0 {
+		g.op = op
+	} else if g.op != op {
+		return nil, fmt.Errorf("dist: rank %d called %s while other ranks called %s", c.rank, op, g.op)
+	}
+	g.slots[c.rank] = mine
+	g.come++
+	gen := g.gen
+	if g.come == g.n {
+		g.come, g.left = 0, g.n
+		g.gen++
+		g.cond.Broadcast()
+	}
+	for g.gen == gen && g.abort == 0 {
+		g.cond.Wait()
+	}
+	if err := aborted(); err != nil {
+		return nil, err
+	}
+	out := make([][]byte, g.n)
+	copy(out, g.slots)
+	g.left--
+	if g.left == 0 {
+		g.cond.Broadcast()
+	}
+	return out, nil
+}
+
+func (c *localComm) host(b kernels.Buf) ([]byte, error) {
+	switch b.DType {
+	case kernels.F32:
+		v := make([]float32, b.N)
+		c.mem.DownloadF32(v, b)
+		return f32Bytes(v), c.mem.Sync()
+	case kernels.I32:
+		v := make([]int32, b.N)
+		c.mem.DownloadI32(v, b)
+		return i32Bytes(v), c.mem.Sync()
+	}
+	return nil, fmt.Errorf("dist: local: %s buffers", b.DType)
+}
+
+func (c *localComm) put(b kernels.Buf, data []byte) error {
+	switch b.DType {
+	case kernels.F32:
+		c.mem.UploadF32(b, bytesF32(data))
+	case kernels.I32:
+		c.mem.UploadI32(b, bytesI32(data))
+	}
+	return c.mem.Sync()
+}
+
+func (c *localComm) AllReduceSum(buf kernels.Buf) error {
+	mine, err := c.host(buf)
+	if err != nil {
+		return err
+	}
+	all, err := c.exchange("AllReduceSum", mine)
+	if err != nil {
+		return err
+	}
+	return c.put(buf, sumBytes(buf.DType, all, 0, buf.N))
+}
+
+func (c *localComm) ReduceScatterSum(dst, src kernels.Buf) error {
+	if src.N != dst.N*c.g.n || src.DType != dst.DType {
+		return fmt.Errorf("dist: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.g.n)
+	}
+	mine, err := c.host(src)
+	if err != nil {
+		return err
+	}
+	all, err := c.exchange("ReduceScatterSum", mine)
+	if err != nil {
+		return err
+	}
+	return c.put(dst, sumBytes(dst.DType, all, c.rank*dst.N, dst.N))
+}
+
+func (c *localComm) AllGather(dst, src kernels.Buf) error {
+	if dst.N != src.N*c.g.n || src.DType != dst.DType {
+		return fmt.Errorf("dist: all-gather of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.g.n)
+	}
+	mine, err := c.host(src)
+	if err != nil {
+		return err
+	}
+	all, err := c.exchange("AllGather", mine)
+	if err != nil {
+		return err
+	}
+	var out []byte
+	for _, a := range all {
+		out = append(out, a...)
+	}
+	return c.put(dst, out)
+}
+
+func (c *localComm) Broadcast(buf kernels.Buf, root int) error {
+	if root < 0 || root >= c.g.n {
+		return fmt.Errorf("dist: broadcast from rank %d of %d", root, c.g.n)
+	}
+	mine, err := c.host(buf)
+	if err != nil {
+		return err
+	}
+	all, err := c.exchange(fmt.Sprintf("Broadcast(%d)", root), mine)
+	if err != nil {
+		return err
+	}
+	return c.put(buf, all[root])
+}
+
+func (c *localComm) Barrier() error {
+	_, err := c.exchange("Barrier", nil)
+	return err
+}
+
+// sumBytes sums n elements from element off of every rank's bytes, in rank
+// order (the same order, so the same bits, for every rank).
+func sumBytes(dt kernels.DType, all [][]byte, off, n int) []byte {
+	if dt == kernels.I32 {
+		s := make([]int32, n)
+		for _, a := range all {
+			v := bytesI32(a)
+			for i := range s {
+				s[i] += v[off+i]
+			}
+		}
+		return i32Bytes(s)
+	}
+	s := make([]float32, n)
+	for _, a := range all {
+		v := bytesF32(a)
+		for i := range s {
+			s[i] += v[off+i]
+		}
+	}
+	return f32Bytes(s)
+}

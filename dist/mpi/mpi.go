@@ -1,0 +1,329 @@
+//go:build cgo
+
+// Package mpi runs dist's collectives over Open MPI, on the CPU backend's
+// host buffers. Open MPI is loaded at run time (dlopen of libmpi.so.40,
+// Open MPI 4.x and 5.x's soname, RTLD_GLOBAL so that its plugins find its
+// symbols) with prototypes written here, like kernels/cuda binds the CUDA
+// driver: the binary builds without MPI's headers and starts without MPI
+// installed; only a run that asks for MPI needs it.
+//
+// The handles are Open MPI's (MPI_COMM_WORLD is the address of the global
+// ompi_mpi_comm_world, and so on); MPICH's integer handles are not
+// supported. MPI is initialized with MPI_THREAD_SERIALIZED and every call
+// is made under one mutex, so any goroutine on any OS thread may call.
+package mpi
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void* tg_h;
+
+typedef struct {
+	void* lib;
+	int (*Initialized)(int*);
+	int (*Init_thread)(int*, char***, int, int*);
+	int (*Comm_rank)(tg_h, int*);
+	int (*Comm_size)(tg_h, int*);
+	int (*Allreduce)(const void*, void*, int, tg_h, tg_h, tg_h);
+	int (*Reduce_scatter_block)(const void*, void*, int, tg_h, tg_h, tg_h);
+	int (*Allgather)(const void*, int, tg_h, void*, int, tg_h, tg_h);
+	int (*Bcast)(void*, int, tg_h, int, tg_h);
+	int (*Barrier)(tg_h);
+	int (*Abort)(tg_h, int);
+	int (*Finalize)(void);
+	int (*Error_string)(int, char*, int*);
+	tg_h world, f32, i32, sum;
+} tg_mpi;
+
+static const struct { const char* name; size_t off; } tg_mpi_syms[] = {
+	{"MPI_Initialized", offsetof(tg_mpi, Initialized)},
+	{"MPI_Init_thread", offsetof(tg_mpi, Init_thread)},
+	{"MPI_Comm_rank", offsetof(tg_mpi, Comm_rank)},
+	{"MPI_Comm_size", offsetof(tg_mpi, Comm_size)},
+	{"MPI_Allreduce", offsetof(tg_mpi, Allreduce)},
+	{"MPI_Reduce_scatter_block", offsetof(tg_mpi, Reduce_scatter_block)},
+	{"MPI_Allgather", offsetof(tg_mpi, Allgather)},
+	{"MPI_Bcast", offsetof(tg_mpi, Bcast)},
+	{"MPI_Barrier", offsetof(tg_mpi, Barrier)},
+	{"MPI_Abort", offsetof(tg_mpi, Abort)},
+	{"MPI_Finalize", offsetof(tg_mpi, Finalize)},
+	{"MPI_Error_string", offsetof(tg_mpi, Error_string)},
+	{"ompi_mpi_comm_world", offsetof(tg_mpi, world)},
+	{"ompi_mpi_float", offsetof(tg_mpi, f32)},
+	{"ompi_mpi_int", offsetof(tg_mpi, i32)},
+	{"ompi_mpi_op_sum", offsetof(tg_mpi, sum)},
+};
+
+// tg_mpi_open loads path into m. 0: ok; 1: dlopen failed; 2: a symbol is
+// missing; err gets the reason.
+static int tg_mpi_open(const char* path, tg_mpi* m, char* err, size_t errlen) {
+	void* lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (!lib) {
+		const char* e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof tg_mpi_syms / sizeof tg_mpi_syms[0]; i++) {
+		void* sym = dlsym(lib, tg_mpi_syms[i].name);
+		if (!sym) {
+			snprintf(err, errlen, "%s", tg_mpi_syms[i].name);
+			dlclose(lib);
+			return 2;
+		}
+		*(void**)((char*)m + tg_mpi_syms[i].off) = sym;
+	}
+	m->lib = lib;
+	return 0;
+}
+
+enum { TG_THREAD_SERIALIZED = 2 };
+#define TG_IN_PLACE ((void*)1)
+
+static int tg_mpi_init(tg_mpi* m, int* provided, int* rank, int* size) {
+	int done = 0, r;
+	if ((r = m->Initialized(&done))) return r;
+	if (!done && (r = m->Init_thread(NULL, NULL, TG_THREAD_SERIALIZED, provided))) return r;
+	if (done) *provided = TG_THREAD_SERIALIZED;
+	if ((r = m->Comm_rank(m->world, rank))) return r;
+	return m->Comm_size(m->world, size);
+}
+
+static tg_h tg_type(tg_mpi* m, int i32) { return i32 ? m->i32 : m->f32; }
+
+static int tg_allreduce(tg_mpi* m, void* buf, int n, int i32) {
+	return m->Allreduce(TG_IN_PLACE, buf, n, tg_type(m, i32), m->sum, m->world);
+}
+static int tg_reduce_scatter(tg_mpi* m, const void* src, void* dst, int n, int i32) {
+	return m->Reduce_scatter_block(src, dst, n, tg_type(m, i32), m->sum, m->world);
+}
+static int tg_allgather(tg_mpi* m, const void* src, void* dst, int n, int i32) {
+	return m->Allgather(src, n, tg_type(m, i32), dst, n, tg_type(m, i32), m->world);
+}
+static int tg_bcast(tg_mpi* m, void* buf, int n, int i32, int root) {
+	return m->Bcast(buf, n, tg_type(m, i32), root, m->world);
+}
+static int tg_barrier(tg_mpi* m) { return m->Barrier(m->world); }
+static int tg_abort(tg_mpi* m, int code) { return m->Abort(m->world, code); }
+static int tg_finalize(tg_mpi* m) { return m->Finalize(); }
+static void tg_errstr(tg_mpi* m, int code, char* buf, int len) {
+	int n = 0;
+	buf[0] = 0;
+	if (m->Error_string(code, buf, &n) == 0 && n < len) buf[n] = 0;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"unsafe"
+
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// DefaultLib is the library Open loads when $TRACEGRPO_MPI_LIB is unset.
+const DefaultLib = "libmpi.so.40"
+
+// lib is the process's MPI: initialized once, finalized once.
+var lib struct {
+	sync.Mutex
+	m          *C.tg_mpi
+	path       string
+	rank, size int
+	err        error
+	finalized  bool
+}
+
+// Open initializes MPI (once per process) and returns the world
+// communicator over b's buffers. libPath "" means $TRACEGRPO_MPI_LIB, else
+// DefaultLib on the loader's path.
+func Open(b *cpu.Backend, libPath string) (dist.Comm, error) {
+	lib.Lock()
+	defer lib.Unlock()
+	if lib.m == nil && lib.err == nil {
+		lib.err = load(libPath)
+	}
+	if lib.err != nil {
+		return nil, lib.err
+	}
+	if lib.finalized {
+		return nil, fmt.Errorf("mpi: MPI was finalized; it cannot be initialized twice in one process")
+	}
+	return &comm{b: b}, nil
+}
+
+func load(path string) error {
+	if path == "" {
+		path = os.Getenv("TRACEGRPO_MPI_LIB")
+	}
+	if path == "" {
+		path = DefaultLib
+	}
+	m := (*C.tg_mpi)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_mpi{}))))
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	var buf [512]C.char
+	switch C.tg_mpi_open(cpath, m, &buf[0], C.size_t(len(buf))) {
+	case 0:
+	case 1:
+		C.free(unsafe.Pointer(m))
+		return fmt.Errorf("mpi: load %q: %s (install Open MPI: Debian package openmpi-bin; or set TRACEGRPO_MPI_LIB)", path, C.GoString(&buf[0]))
+	default:
+		C.free(unsafe.Pointer(m))
+		return fmt.Errorf("mpi: load %q: the library has no symbol %s (tracegrpo binds Open MPI 4 or 5; MPICH is not supported)", path, C.GoString(&buf[0]))
+	}
+	var provided, rank, size C.int
+	if r := C.tg_mpi_init(m, &provided, &rank, &size); r != 0 {
+		return fmt.Errorf("mpi: MPI_Init_thread: %s", errText(m, r))
+	}
+	if provided < C.TG_THREAD_SERIALIZED {
+		return fmt.Errorf("mpi: MPI_Init_thread provided thread level %d, tracegrpo needs MPI_THREAD_SERIALIZED (2)", provided)
+	}
+	lib.m, lib.path, lib.rank, lib.size = m, path, int(rank), int(size)
+	return nil
+}
+
+func errText(m *C.tg_mpi, code C.int) string {
+	var buf [256]C.char
+	C.tg_errstr(m, code, &buf[0], C.int(len(buf)))
+	if s := C.GoString(&buf[0]); s != "" {
+		return fmt.Sprintf("%s (error %d)", s, code)
+	}
+	return fmt.Sprintf("error %d", code)
+}
+
+// comm is MPI_COMM_WORLD over a CPU backend's host buffers.
+type comm struct {
+	b *cpu.Backend
+}
+
+func (c *comm) Rank() int    { return lib.rank }
+func (c *comm) Size() int    { return lib.size }
+func (c *comm) Name() string { return "mpi" }
+
+// host returns the address and kind of a CPU buffer after the backend's
+// queued work is done.
+func (c *comm) host(buf kernels.Buf, what string) (unsafe.Pointer, C.int, error) {
+	if err := c.b.Sync(); err != nil {
+		return nil, 0, err
+	}
+	if buf.N > math.MaxInt32 {
+		return nil, 0, fmt.Errorf("mpi: %s of %d elements exceeds MPI's int count", what, buf.N)
+	}
+	switch buf.DType {
+	case kernels.F32:
+		s := c.b.F32(buf)
+		if len(s) == 0 {
+			return nil, 0, nil
+		}
+		return unsafe.Pointer(&s[0]), 0, nil
+	case kernels.I32:
+		s := c.b.I32(buf)
+		if len(s) == 0 {
+			return nil, 1, nil
+		}
+		return unsafe.Pointer(&s[0]), 1, nil
+	}
+	return nil, 0, fmt.Errorf("mpi: %s of %s buffers (F32 and I32 only)", what, buf.DType)
+}
+
+func (c *comm) call(what string, f func() C.int) error {
+	lib.Lock()
+	defer lib.Unlock()
+	if lib.finalized {
+		return fmt.Errorf("mpi: %s after Close", what)
+	}
+	if r := f(); r != 0 {
+		return fmt.Errorf("mpi: %s: %s", what, errText(lib.m, r))
+	}
+	return nil
+}
+
+func (c *comm) AllReduceSum(buf kernels.Buf) error {
+	p, k, err := c.host(buf, "MPI_Allreduce")
+	if err != nil || buf.N == 0 {
+		return err
+	}
+	return c.call("MPI_Allreduce", func() C.int { return C.tg_allreduce(lib.m, p, C.int(buf.N), k) })
+}
+
+func (c *comm) ReduceScatterSum(dst, src kernels.Buf) error {
+	if src.N != dst.N*lib.size || src.DType != dst.DType {
+		return fmt.Errorf("mpi: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, lib.size)
+	}
+	s, k, err := c.host(src, "MPI_Reduce_scatter_block")
+	if err != nil || dst.N == 0 {
+		return err
+	}
+	d, _, err := c.host(dst, "MPI_Reduce_scatter_block")
+	if err != nil {
+		return err
+	}
+	return c.call("MPI_Reduce_scatter_block", func() C.int { return C.tg_reduce_scatter(lib.m, s, d, C.int(dst.N), k) })
+}
+
+func (c *comm) AllGather(dst, src kernels.Buf) error {
+	if dst.N != src.N*lib.size || src.DType != dst.DType {
+		return fmt.Errorf("mpi: all-gather of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, lib.size)
+	}
+	s, k, err := c.host(src, "MPI_Allgather")
+	if err != nil || src.N == 0 {
+		return err
+	}
+	d, _, err := c.host(dst, "MPI_Allgather")
+	if err != nil {
+		return err
+	}
+	return c.call("MPI_Allgather", func() C.int { return C.tg_allgather(lib.m, s, d, C.int(src.N), k) })
+}
+
+func (c *comm) Broadcast(buf kernels.Buf, root int) error {
+	if root < 0 || root >= lib.size {
+		return fmt.Errorf("mpi: broadcast from rank %d of %d", root, lib.size)
+	}
+	p, k, err := c.host(buf, "MPI_Bcast")
+	if err != nil || buf.N == 0 {
+		return err
+	}
+	return c.call("MPI_Bcast", func() C.int { return C.tg_bcast(lib.m, p, C.int(buf.N), k, C.int(root)) })
+}
+
+func (c *comm) Barrier() error {
+	if err := c.b.Sync(); err != nil {
+		return err
+	}
+	return c.call("MPI_Barrier", func() C.int { return C.tg_barrier(lib.m) })
+}
+
+// Abort ends every rank of the job at once (MPI_Abort): a rank that failed
+// calls it so that the others do not wait forever in a collective.
+func (c *comm) Abort(code int) {
+	lib.Lock()
+	defer lib.Unlock()
+	if !lib.finalized {
+		C.tg_abort(lib.m, C.int(code))
+	}
+}
+
+// Close finalizes MPI (once per process).
+func (c *comm) Close() error {
+	lib.Lock()
+	defer lib.Unlock()
+	if lib.finalized {
+		return nil
+	}
+	lib.finalized = true
+	if r := C.tg_finalize(lib.m); r != 0 {
+		return fmt.Errorf("mpi: MPI_Finalize: %s", errText(lib.m, r))
+	}
+	return nil
+}

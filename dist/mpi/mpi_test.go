@@ -1,0 +1,182 @@
+//go:build cgo
+
+package mpi
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// mpirunArgs are the flags every test launch uses: root is allowed (CI
+// runs as root), more ranks than cores are allowed (CI has 2), and the
+// shared-memory transport copies through a buffer (containers often forbid
+// the cross-process reads of its default).
+var mpirunArgs = []string{"--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"}
+
+// Mpirun returns the mpirun command for n ranks of argv, or skips (fails
+// when $TRACEGRPO_REQUIRE_MPI=1, as make test sets) without Open MPI.
+func Mpirun(t testing.TB, n int, argv ...string) *exec.Cmd {
+	t.Helper()
+	path, err := exec.LookPath("mpirun")
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_MPI") == "1" {
+			t.Fatal("TRACEGRPO_REQUIRE_MPI=1 but there is no mpirun on PATH (Debian package openmpi-bin; scripts/deps.sh installs it)")
+		}
+		t.Skip("NOT RUN: no mpirun on PATH (Debian package openmpi-bin)")
+	}
+	args := append(append([]string{"-np", fmt.Sprint(n)}, mpirunArgs...), argv...)
+	return exec.Command(path, args...)
+}
+
+// TestOpenErrors: a missing library, or one that is not Open MPI, is
+// refused naming the path and what is wrong, without touching MPI.
+func TestOpenErrors(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	for _, c := range []struct{ lib, want string }{
+		{"/nonexistent/libmpi.so.40", "openmpi-bin"},
+		{"libm.so.6", "no symbol MPI_Initialized"},
+	} {
+		if err := load(c.lib); err == nil || !strings.Contains(err.Error(), c.lib) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("load(%s) = %v; want the path and %q", c.lib, err, c.want)
+		}
+	}
+}
+
+// TestCollectivesUnderMpirun runs TestRankCollectives in 3 ranks.
+func TestCollectivesUnderMpirun(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
+		t.Skip("in an mpirun child")
+	}
+	cmd := Mpirun(t, 3, os.Args[0], "-test.run=^TestRankCollectives$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("mpirun: %v\n%s", err, out)
+	}
+	if n := bytes.Count(out, []byte("--- PASS: TestRankCollectives")); n != 3 {
+		t.Fatalf("%d of 3 ranks passed:\n%s", n, out)
+	}
+}
+
+// rankData is rank r's deterministic input, which every rank can compute.
+func rankData(r, n int) []float32 {
+	rng := rand.New(rand.NewPCG(uint64(r), 11))
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64())
+	}
+	return v
+}
+
+// TestRankCollectives is one rank's side of TestCollectivesUnderMpirun: it
+// checks every collective against its definition, and that all ranks hold
+// the same bits after an all-reduce.
+func TestRankCollectives(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") == "" {
+		t.Skip("runs under mpirun (TestCollectivesUnderMpirun)")
+	}
+	b := cpu.New(1)
+	defer b.Close()
+	c, err := Open(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n, r := c.Size(), c.Rank()
+	const per = 100003 // large enough for Open MPI's segmented algorithms
+	data := make([][]float32, n)
+	for s := range data {
+		data[s] = rankData(s, n*per)
+	}
+	alloc := func(dt kernels.DType, k int) kernels.Buf {
+		x, err := b.Alloc(dt, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	full := alloc(kernels.F32, n*per)
+	b.UploadF32(full, data[r])
+	if err := c.AllReduceSum(full); err != nil {
+		t.Fatal(err)
+	}
+	sum := make([]float32, n*per)
+	b.DownloadF32(sum, full)
+	var maxErr float64
+	for i := range sum {
+		var want float64
+		for s := 0; s < n; s++ {
+			want += float64(data[s][i])
+		}
+		maxErr = math.Max(maxErr, math.Abs(float64(sum[i])-want))
+	}
+	if maxErr > 1e-5 {
+		t.Fatalf("all-reduce differs from the float64 sum by %g", maxErr)
+	}
+	// Every rank holds the same bits: all-gather a hash of the result.
+	h := fnv.New64a()
+	binary.Write(h, binary.LittleEndian, sum)
+	hashes, err := dist.GatherBytes(c, b, h.Sum(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range hashes {
+		if !bytes.Equal(hashes[s], hashes[0]) {
+			t.Fatalf("rank %d's all-reduce result differs from rank 0's", s)
+		}
+	}
+	part := alloc(kernels.F32, per)
+	b.UploadF32(full, data[r])
+	if err := c.ReduceScatterSum(part, full); err != nil {
+		t.Fatal(err)
+	}
+	rs := make([]float32, per)
+	b.DownloadF32(rs, part)
+	for i := range rs {
+		var want float32
+		for s := 0; s < n; s++ {
+			want += data[s][r*per+i]
+		}
+		if math.Abs(float64(rs[i]-want)) > 1e-5 {
+			t.Fatalf("reduce-scatter [%d] = %v, want %v", i, rs[i], want)
+		}
+	}
+	ints := alloc(kernels.I32, 3)
+	gathered := alloc(kernels.I32, 3*n)
+	b.UploadI32(ints, []int32{int32(r), int32(10 * r), -1})
+	if err := c.AllGather(gathered, ints); err != nil {
+		t.Fatal(err)
+	}
+	g := make([]int32, 3*n)
+	b.DownloadI32(g, gathered)
+	for s := 0; s < n; s++ {
+		if g[3*s] != int32(s) || g[3*s+1] != int32(10*s) || g[3*s+2] != -1 {
+			t.Fatalf("all-gather: %v", g)
+		}
+	}
+	b.UploadI32(ints, []int32{int32(r), 7, 7})
+	if err := c.Broadcast(ints, n-1); err != nil {
+		t.Fatal(err)
+	}
+	bc := make([]int32, 3)
+	b.DownloadI32(bc, ints)
+	if bc[0] != int32(n-1) {
+		t.Fatalf("broadcast from rank %d gave %v", n-1, bc)
+	}
+	if err := c.Barrier(); err != nil {
+		t.Fatal(err)
+	}
+}
