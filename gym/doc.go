@@ -51,7 +51,7 @@
 // unreadable store. Everything else that makes a rollout untrainable is a
 // mask with a Reason* code: capture_incomplete, nothing_recorded (zero-call
 // capture: an inert rollout), capture_retired, invalid_capture, mixed_models,
-// terminal_unavailable, proof_mismatch, unresolved_custody, foreign_rollout,
+// terminal_unavailable, terminal_disagreement, proof_mismatch, unresolved_custody, foreign_rollout,
 // routed_experts, empty_prompt, no_trainable_calls, invalid_envelope,
 // masked_upstream.
 //
@@ -83,10 +83,17 @@
 //     indices must be JSON integers; negative indices are malformed.
 //   - Mixed models: any two entries of a snapshot whose model differs
 //     (including "" against a name) mask the rollout.
-//   - Terminal attribution implements the explicit, declared and response_id
-//     witnesses; Gym's content-fingerprint witness abstains here (its
-//     fingerprint algorithm is not part of the spec), which can only leave a
-//     terminal unattributed, never attribute a wrong one.
+//   - Terminal attribution implements Gym's four witnesses (explicit,
+//     declared, response_id, content); the content witness is Gym's
+//     FINGERPRINT_VERSION 3 fingerprint byte for byte (fingerprint.go,
+//     pyvalue.go). Leaving it out would not have been safe: with two
+//     retries of one prompt, a response whose id is one call's and whose
+//     content is the other's would have attributed (and trained) the wrong
+//     one. Witnesses that name different token sequences mask the rollout
+//     (terminal_disagreement); Gym attributes nothing there and masks only
+//     when a retry then stays unresolved (README, Departures). Where Gym's
+//     own fingerprint raises AttributeError (malformed tool_calls), the
+//     rollout is masked (terminal_unavailable).
 //   - A record whose mask_sample is already true stays masked
 //     (masked_upstream) and loses any stale training_traces. A record that
 //     already carries training_traces is validated, not rebuilt (Finalize);

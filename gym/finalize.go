@@ -85,9 +85,14 @@ func BuildTrainingTraces(snap *Snapshot, builder string, w TerminalWitnesses) (*
 	}
 	att := ResolveTerminal(snap.Entries, w)
 	m.TerminalAttribution = &TerminalMetrics{Method: att.Method, CallID: att.CallID, Reason: att.Reason}
-	if att.DeclaredMiss {
+	switch {
+	case att.DeclaredMiss:
 		return nil, m, maskf(ReasonTerminalUnavailable, "declared terminal response %q matches no single captured call (%s)",
 			w.DeclaredResponseID, att.Reason)
+	case att.Crash:
+		return nil, m, maskf(ReasonTerminalUnavailable, "Gym's terminal attribution raises on this record's response (%s)", att.Reason)
+	case att.Disagreement:
+		return nil, m, maskf(ReasonTerminalDisagreement, "the terminal witnesses name different calls (%s)", att.Reason)
 	}
 	out, err := Build(builder, snap.Entries, att.CallID)
 	if err != nil {
@@ -230,20 +235,33 @@ func terminalWitnesses(rec *Record) TerminalWitnesses {
 	// Malformed witness fields abstain, as in Gym (attribution never fails).
 	w.ExplicitCallID, _, _ = rec.stringField(KeyTerminalCallID)
 	w.DeclaredResponseID, _, _ = rec.stringField(KeyTerminalResponse)
-	if raw, ok := rec.Get(KeyResponse); ok {
-		s := &scanner{data: raw}
-		if s.peek() == '{' {
-			w.HaveResponse = true
-			_ = s.object(func(key string) error {
-				if key == "id" {
-					if id, err := s.readString(); err == nil {
-						w.ResponseID = id
-						return nil
-					}
-				}
-				_, err := s.readRaw()
-				return err
-			})
+	raw, ok := rec.Get(KeyResponse)
+	if !ok {
+		return w
+	}
+	s := &scanner{data: raw}
+	if s.peek() != '{' {
+		return w
+	}
+	var id json.RawMessage
+	err := s.object(func(key string) error {
+		v, err := s.readRaw()
+		switch key {
+		case "id":
+			id = v
+		case "output":
+			w.ResponseOutput = v
+		}
+		return err
+	})
+	if err != nil {
+		return TerminalWitnesses{ExplicitCallID: w.ExplicitCallID, DeclaredResponseID: w.DeclaredResponseID}
+	}
+	w.HaveResponse = true
+	if id != nil {
+		// Gym reads str(response.get("id") or "").
+		if v, err := parsePy(id, false); err == nil {
+			w.ResponseID = strOr(v)
 		}
 	}
 	return w
