@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"sync"
 )
 
@@ -201,14 +202,14 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 		}
 	case errors.Is(err, ErrRetired):
 		mask = maskf(ReasonCaptureRetired, "%v", err)
-	case errors.Is(err, ErrSchemaVersion):
-		return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
 	default:
-		var le *EntryLineError
-		if !errors.As(err, &le) {
+		// Damage to this rollout's files masks this rollout only, as Gym's
+		// finalizer masks a snapshot that cannot be read.
+		var dmg *CaptureDamage
+		if !errors.As(err, &dmg) {
 			return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
 		}
-		mask = maskf(ReasonInvalidCapture, "%v", err)
+		mask = &MaskError{Reason: dmg.Reason, Msg: strings.TrimPrefix(dmg.Error(), dmg.Reason+": ")}
 	}
 	if mask != nil {
 		res.Masked, res.Reason = true, mask.Reason

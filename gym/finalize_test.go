@@ -283,18 +283,20 @@ func TestFinalizeErrorsVersusMasks(t *testing.T) {
 			t.Errorf("%s:\n got %v\nwant %s", tc.rec, err, tc.want)
 		}
 	}
-	// A capture line with NaN masks the rollout (invalid_capture); a
-	// schema-4 store is a hard error.
+	// A capture line with NaN before another line masks the rollout
+	// (invalid_capture); a schema-4 store masks it (unsupported_schema).
 	os.WriteFile(filepath.Join(dir, "nan"+SuffixEntries), []byte(
-		`{"rollout_id":"nan","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[NaN]}`+"\n"), 0o644)
+		`{"rollout_id":"nan","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[NaN]}`+"\n"+
+			`{"rollout_id":"nan","model_call_id":"b","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]}`+"\n"), 0o644)
 	res, err = Finalize(parseRec(t, `{"_ng_rollout_id":"nan"}`), r, BuilderPerRequest)
 	if err != nil || !res.Masked || res.Reason != ReasonInvalidCapture || !strings.Contains(res.Metrics.Error, "nan"+SuffixEntries+":1: field generation_log_probs[0]") {
 		t.Fatalf("NaN capture: %v %+v", err, res)
 	}
 	os.WriteFile(filepath.Join(dir, "v4"+SuffixEntries),
 		[]byte(`{"schema_version":4,"rollout_id":"v4","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]}`+"\n"), 0o644)
-	if _, err := Finalize(parseRec(t, `{"_ng_rollout_id":"v4"}`), r, BuilderPerRequest); !errors.Is(err, ErrSchemaVersion) {
-		t.Fatalf("schema 4 store: %v", err)
+	res, err = Finalize(parseRec(t, `{"_ng_rollout_id":"v4"}`), r, BuilderPerRequest)
+	if err != nil || !res.Masked || res.Reason != ReasonUnsupportedSchema || !strings.Contains(res.Metrics.Error, "v4"+SuffixEntries+":1: field schema_version") {
+		t.Fatalf("schema 4 store: %v %+v", err, res)
 	}
 	// Upstream masks stay masked and lose a stale envelope.
 	up := parseRec(t, `{"_ng_rollout_id":"4-2","mask_sample":true,"training_traces":{"x":1}}`)

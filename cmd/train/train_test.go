@@ -357,8 +357,8 @@ func TestExternalGymCaptures(t *testing.T) {
 	if got != want {
 		t.Errorf("external step counts %+v, want %+v", got, want)
 	}
-	if m.MaskReasons[gym.ReasonNothingRecorded] != 1 || len(m.MaskReasons) != 2 {
-		t.Errorf("mask reasons %v, want one %q and one conflict", m.MaskReasons, gym.ReasonNothingRecorded)
+	if m.MaskReasons[gym.ReasonNothingRecorded] != 1 || m.MaskReasons[gym.ReasonConflictingPayloads] != 1 || len(m.MaskReasons) != 2 {
+		t.Errorf("mask reasons %v, want one %q and one %q", m.MaskReasons, gym.ReasonNothingRecorded, gym.ReasonConflictingPayloads)
 	}
 	// 5 rollouts with two calls of 2 generated tokens each, plus the overlong
 	// rollout's trainable root: every owned sampled token once.
