@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -41,6 +42,79 @@ type CaptureMetrics struct {
 	Error                    string           `json:"error,omitempty"`
 	Reason                   string           `json:"reason,omitempty"`
 }
+
+// AppendJSON appends the metrics as Gym's finalizer writes them: counts as
+// JSON integers, the fractions as Python floats (1.0, never 1), booleans,
+// and parent_link_failures with sorted keys. Go's encoding/json would
+// write a float 1 as 1, which a type-exact reader of Gym's records takes
+// for an int.
+func (m *CaptureMetrics) AppendJSON(dst []byte) []byte {
+	dst = append(dst, '{')
+	field := func(k string) {
+		if len(dst) > 0 && dst[len(dst)-1] != '{' {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+	}
+	str := func(k, v string) {
+		field(k)
+		dst = appendJSONString(dst, v)
+	}
+	num := func(k string, v int) {
+		field(k)
+		dst = strconv.AppendInt(dst, int64(v), 10)
+	}
+	if m.Builder != "" {
+		str("builder", m.Builder)
+	}
+	num("n_calls", m.NCalls)
+	num("chains", m.Chains)
+	num("roots", m.Roots)
+	num("traces", m.Traces)
+	num("quarantined_calls", m.QuarantinedCalls)
+	field("quarantined_fraction")
+	dst = appendPyFloat(dst, m.QuarantinedFraction)
+	field("delivered_fraction")
+	dst = appendPyFloat(dst, m.DeliveredFraction)
+	num("generated_tokens_captured", m.GeneratedTokensCaptured)
+	num("generated_tokens_delivered", m.GeneratedTokensDelivered)
+	field("parent_link_failures")
+	keys := make([]string, 0, len(m.ParentLinkFailures))
+	for k := range m.ParentLinkFailures {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	dst = append(dst, '{')
+	for _, k := range keys {
+		num(k, m.ParentLinkFailures[k])
+	}
+	dst = append(dst, '}')
+	num("unresolved_parent_calls", m.UnresolvedParentCalls)
+	num("unresolved_retries", m.UnresolvedRetries)
+	num("empty_generation_calls", m.EmptyGenerationCalls)
+	if t := m.TerminalAttribution; t != nil {
+		field("terminal_attribution")
+		dst = append(dst, '{')
+		str("method", t.Method)
+		str("call_id", t.CallID)
+		str("reason", t.Reason)
+		str("chain", t.Chain)
+		dst = append(dst, '}')
+	}
+	field("capture_incomplete")
+	dst = strconv.AppendBool(dst, m.CaptureIncomplete)
+	if m.Error != "" {
+		str("error", m.Error)
+	}
+	if m.Reason != "" {
+		str("reason", m.Reason)
+	}
+	return append(dst, '}')
+}
+
+// MarshalJSON is AppendJSON.
+func (m *CaptureMetrics) MarshalJSON() ([]byte, error) { return m.AppendJSON(nil), nil }
 
 // Finalized is the outcome of finalizing one rollout record.
 type Finalized struct {
@@ -223,11 +297,7 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 		res.Envelope = env
 		rec.Set(KeyTrainingTraces, env.AppendJSON(nil))
 	}
-	mb, err := json.Marshal(res.Metrics)
-	if err != nil {
-		return nil, fmt.Errorf("gym: metrics: %w", err)
-	}
-	rec.Set(KeyTokenCapture, mb)
+	rec.Set(KeyTokenCapture, res.Metrics.AppendJSON(nil))
 	return res, nil
 }
 

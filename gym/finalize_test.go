@@ -323,3 +323,40 @@ func TestFinalizeAttemptKey(t *testing.T) {
 		t.Fatalf("%v %+v", err, res)
 	}
 }
+
+// TestCaptureMetricsKeepGymFloatTypes: _ng_token_capture is written with
+// Gym's JSON types: the fractions are floats (1.0, 0.0), never integers,
+// the counts integers, capture_incomplete a boolean. encoding/json wrote
+// "delivered_fraction":1, which a type-exact reader takes for an int.
+func TestCaptureMetricsKeepGymFloatTypes(t *testing.T) {
+	_, dir := writeCapture(t, "4-2", branchingCalls())
+	r, _ := NewReader(dir)
+	rec := parseRec(t, finalRecord)
+	if _, err := Finalize(rec, r, BuilderPrefixMerging); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := rec.Get(KeyTokenCapture)
+	for _, want := range []string{`"delivered_fraction":1.0,`, `"quarantined_fraction":0.0,`, `"n_calls":4,`, `"capture_incomplete":false`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("_ng_token_capture %s lacks %s", raw, want)
+		}
+	}
+	v, err := parsePy(raw, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]pyKind{"delivered_fraction": pyFloat, "quarantined_fraction": pyFloat, "n_calls": pyInt,
+		"chains": pyInt, "generated_tokens_captured": pyInt, "capture_incomplete": pyBool, "parent_link_failures": pyDict}
+	for k, want := range kinds {
+		if got := v.get(k); got == nil || got.kind != want {
+			t.Errorf("%s: %s, want %s", k, got.typeName(), (&pyValue{kind: want}).typeName())
+		}
+	}
+	var back CaptureMetrics
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.AppendJSON(nil); string(got) != string(raw) {
+		t.Fatalf("round trip:\n got %s\nwant %s", got, raw)
+	}
+}
