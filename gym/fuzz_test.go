@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -333,4 +334,31 @@ func indexOfPrefix(data []byte) *storeIndex {
 	}
 	idx.indexedSize = int64(end)
 	return idx
+}
+
+// FuzzStateIndex feeds arbitrary bytes to the state-document parser (seeded
+// with the state files Gym's writer produced in testdata/gymdiff): no
+// panic, errors are capture damage, and an index is legacy exactly when
+// entry_digests or indexed_size lack the types Gym requires.
+func FuzzStateIndex(f *testing.F) {
+	paths, _ := filepath.Glob("testdata/gymdiff/captures/*.tokens.state.json")
+	for _, p := range paths {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Add([]byte(`{"indexed_size":true,"entry_digests":{"a":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		idx, err := parseStoreIndex(data, "state")
+		if err != nil {
+			var d *CaptureDamage
+			if !errors.As(err, &d) || idx != nil {
+				t.Fatalf("error %v is not capture damage (index %v)", err, idx)
+			}
+			return
+		}
+		if !idx.legacy && idx.digests == nil {
+			t.Fatal("a non-legacy index without digests")
+		}
+	})
 }
