@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test lint fuzz bench golden gym-diff run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -19,10 +19,19 @@ build:
 build-nocgo:
 	CGO_ENABLED=0 $(GO) build ./...
 
-test:
+# Tools make test installs when missing (scripts/deps.sh): g++ for the CUDA
+# emulator, Open MPI, ptxas and cuobjdump. The REQUIRE variables turn a
+# missing emulator or ptxas into a failure instead of a silent skip.
+TOOLS       ?= $(CURDIR)/.cache/tools/bin
+TEST_ENV    := PATH="$(TOOLS):$$PATH" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1
+
+test: deps
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
-	$(GO) test ./...
+	$(TEST_ENV) $(GO) test ./...
+
+deps:
+	TOOLS=$(TOOLS) scripts/deps.sh
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

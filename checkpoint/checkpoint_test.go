@@ -298,12 +298,20 @@ func TestCorruption(t *testing.T) {
 			check := func(what string, b []byte) {
 				t.Helper()
 				must(t, os.WriteFile(path, b, 0o644))
-				_, err := Load(p, LoadOptions{})
 				tried++
-				if err == nil {
-					t.Errorf("zstd=%v %s %s: loaded without error", compress, name, what)
-				} else if !strings.Contains(err.Error(), name) && !(name == DoneFile && strings.Contains(err.Error(), "DONE")) {
-					t.Errorf("zstd=%v %s %s: error does not name the file: %v", compress, name, what, err)
+				for _, f := range []struct {
+					op  string
+					run func() error
+				}{
+					{"Load", func() error { _, err := Load(p, LoadOptions{}); return err }},
+					{"Verify", func() error { _, err := Verify(p); return err }},
+				} {
+					err := f.run()
+					if err == nil {
+						t.Errorf("zstd=%v %s %s: %s succeeded", compress, name, what, f.op)
+					} else if !strings.Contains(err.Error(), name) && !(name == DoneFile && strings.Contains(err.Error(), "DONE")) {
+						t.Errorf("zstd=%v %s %s: %s error does not name the file: %v", compress, name, what, f.op, err)
+					}
 				}
 				must(t, os.WriteFile(path, orig, 0o644))
 			}
@@ -318,6 +326,9 @@ func TestCorruption(t *testing.T) {
 		}
 		if _, err := Load(p, LoadOptions{}); err != nil {
 			t.Fatalf("restored checkpoint does not load: %v", err)
+		}
+		if man, err := Verify(p); err != nil || len(man.Files) != len(ents)-2 { // all but manifest.json and DONE
+			t.Fatalf("restored checkpoint: Verify = %d files, %v; want %d files, nil", len(man.Files), err, len(ents)-2)
 		}
 		if tried < 6*15 {
 			t.Fatalf("only %d corruptions tried", tried)
@@ -379,5 +390,46 @@ func TestDiffConfig(t *testing.T) {
 		if _, err := DiffConfig([]byte(bad), []byte(`{}`), nil); err == nil {
 			t.Errorf("DiffConfig(%q) accepted", bad)
 		}
+	}
+}
+
+// TestPrepareThenPublish: a prepared checkpoint is invisible to Latest
+// until Publish; a process that dies in between leaves a temporary
+// directory the next save removes; Discard removes it at once.
+func TestPrepareThenPublish(t *testing.T) {
+	dir := t.TempDir()
+	mustSave(t, dir, testState(1, 64), SaveOptions{})
+	p, err := Prepare(dir, testState(2, 64), SaveOptions{})
+	must(t, err)
+	if got, err := Latest(dir, LoadOptions{}); err != nil || filepath.Base(got) != StepDir(1) {
+		t.Fatalf("Latest with step 2 prepared = %s, %v; want step_1", got, err)
+	}
+	path, err := p.Publish()
+	must(t, err)
+	if got, err := Latest(dir, LoadOptions{}); err != nil || got != path || filepath.Base(got) != StepDir(2) {
+		t.Fatalf("Latest after Publish = %s, %v; want %s", got, err, path)
+	}
+	if _, err := p.Publish(); err == nil {
+		t.Error("a second Publish succeeded")
+	}
+	// Prepared and abandoned (the process was killed): the next save
+	// removes it, and it never counted as a checkpoint.
+	if _, err := Prepare(dir, testState(3, 64), SaveOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := Latest(dir, LoadOptions{}); filepath.Base(got) != StepDir(2) {
+		t.Fatalf("an unpublished step 3 is visible: %s", got)
+	}
+	mustSave(t, dir, testState(4, 64), SaveOptions{})
+	d, err := Prepare(dir, testState(5, 64), SaveOptions{})
+	must(t, err)
+	d.Discard()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{StepDir(1), StepDir(2), StepDir(4)}; fmt.Sprint(names) != fmt.Sprint(want) {
+		t.Errorf("directory holds %v, want %v (no temporary directory left)", names, want)
 	}
 }

@@ -108,67 +108,108 @@ type FileEntry struct {
 func StepDir(n int64) string { return stepPrefix + strconv.FormatInt(n, 10) }
 
 // Save writes st as <dir>/step_<st.Trainer.Step> atomically (see the package
-// doc), applies retention and returns the checkpoint's path.
+// doc), applies retention and returns the checkpoint's path: Prepare, then
+// Publish.
 func Save(dir string, st *State, opt SaveOptions) (string, error) {
+	p, err := Prepare(dir, st, opt)
+	if err != nil {
+		return "", err
+	}
+	return p.Publish()
+}
+
+// Pending is a checkpoint written in full (every file, the manifest and
+// DONE, synced) under a temporary name: not yet visible to Latest, Load or a
+// resume. Publish makes it the step's checkpoint with one rename; Discard
+// removes it. A process killed in between leaves a temporary directory that
+// the next Save removes.
+type Pending struct {
+	dir, tmp, name string
+	opt            SaveOptions
+	done           bool
+}
+
+// Prepare writes st into a temporary directory of dir (see Pending).
+func Prepare(dir string, st *State, opt SaveOptions) (*Pending, error) {
 	step := st.Trainer.Step
 	if step < 0 {
-		return "", fmt.Errorf("checkpoint: save: negative step %d", step)
+		return nil, fmt.Errorf("checkpoint: save: negative step %d", step)
 	}
 	if opt.KeepTopK < 0 {
-		return "", fmt.Errorf("checkpoint: save: keep_top_k: want >= 0, got %d", opt.KeepTopK)
+		return nil, fmt.Errorf("checkpoint: save: keep_top_k: want >= 0, got %d", opt.KeepTopK)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("checkpoint: save: %w", err)
+		return nil, fmt.Errorf("checkpoint: save: %w", err)
 	}
 	if err := removeLeftovers(dir); err != nil {
-		return "", err
+		return nil, err
 	}
 	name := StepDir(step)
 	tmp := filepath.Join(dir, tmpPrefix+name+"-"+randSuffix())
 	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return "", fmt.Errorf("checkpoint: save: %w", err)
+		return nil, fmt.Errorf("checkpoint: save: %w", err)
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			os.RemoveAll(tmp)
-		}
-	}()
-	entries, err := writeFiles(tmp, st, opt)
+	p := &Pending{dir: dir, tmp: tmp, name: name, opt: opt}
+	if err := p.write(st); err != nil {
+		os.RemoveAll(tmp)
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Pending) write(st *State) error {
+	entries, err := writeFiles(p.tmp, st, p.opt)
 	if err != nil {
-		return "", err
+		return err
 	}
-	man := Manifest{Format: formatName, Version: FormatVersion, Step: step, Files: entries}
+	man := Manifest{Format: formatName, Version: FormatVersion, Step: st.Trainer.Step, Files: entries}
 	mb, err := json.MarshalIndent(man, "", "  ")
 	if err != nil {
-		return "", fmt.Errorf("checkpoint: save: %w", err)
+		return fmt.Errorf("checkpoint: save: %w", err)
 	}
 	mb = append(mb, '\n')
-	if _, err := writeBytes(filepath.Join(tmp, ManifestFile), mb); err != nil {
-		return "", err
+	if _, err := writeBytes(filepath.Join(p.tmp, ManifestFile), mb); err != nil {
+		return err
 	}
-	if _, err := writeBytes(filepath.Join(tmp, DoneFile), doneContent(mb)); err != nil {
-		return "", err
+	if _, err := writeBytes(filepath.Join(p.tmp, DoneFile), doneContent(mb)); err != nil {
+		return err
 	}
-	if err := syncDir(tmp); err != nil {
-		return "", err
+	return syncDir(p.tmp)
+}
+
+// Discard removes a prepared checkpoint that will not be published.
+func (p *Pending) Discard() {
+	if !p.done {
+		p.done = true
+		os.RemoveAll(p.tmp)
 	}
-	final := filepath.Join(dir, name)
+}
+
+// Publish renames the prepared checkpoint to <dir>/step_<N> (replacing an
+// existing one of that step), syncs dir and applies retention; it returns
+// the checkpoint's path.
+func (p *Pending) Publish() (string, error) {
+	if p.done {
+		return "", fmt.Errorf("checkpoint: %s: published or discarded already", p.name)
+	}
+	p.done = true
+	final := filepath.Join(p.dir, p.name)
 	trash := ""
 	if _, err := os.Lstat(final); err == nil {
-		trash = filepath.Join(dir, trashPrefix+name+"-"+randSuffix())
+		trash = filepath.Join(p.dir, trashPrefix+p.name+"-"+randSuffix())
 		if err := os.Rename(final, trash); err != nil {
+			os.RemoveAll(p.tmp)
 			return "", fmt.Errorf("checkpoint: save: move the existing %s aside: %w", final, err)
 		}
 	}
-	if err := os.Rename(tmp, final); err != nil {
+	if err := os.Rename(p.tmp, final); err != nil {
+		os.RemoveAll(p.tmp)
 		if trash != "" {
 			os.Rename(trash, final) // put the old checkpoint back
 		}
 		return "", fmt.Errorf("checkpoint: save: %w", err)
 	}
-	ok = true
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(p.dir); err != nil {
 		return "", err
 	}
 	if trash != "" {
@@ -176,8 +217,8 @@ func Save(dir string, st *State, opt SaveOptions) (string, error) {
 			return final, fmt.Errorf("checkpoint: save: remove the replaced %s: %w", trash, err)
 		}
 	}
-	if opt.KeepTopK > 0 {
-		if err := retain(dir, opt.KeepTopK); err != nil {
+	if p.opt.KeepTopK > 0 {
+		if err := retain(p.dir, p.opt.KeepTopK); err != nil {
 			return final, err
 		}
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -55,7 +56,7 @@ var ignoredKeys = []string{
 	"env.nemo_gym.token_id_capture.mask_incomplete_when_attributed",
 	"data_plane.*",
 	// logger back ends.
-	"logger.*",
+	"logger",
 }
 
 // walker decodes a resolved tree into the typed schema, classifying keys.
@@ -63,11 +64,34 @@ type walker struct {
 	ld      *loader
 	ignored map[string]bool
 	errs    []error
+	// more counts the errors past maxErrors, reported as a count only: a
+	// recipe with 64k unknown keys must fail in milliseconds with a
+	// readable message, not compute 64k suggestions into a 7 MB one.
+	more int
+}
+
+// maxErrors is the number of configuration errors reported one by one.
+const maxErrors = 20
+
+// result is the walker's errors, the ones past maxErrors counted.
+func (w *walker) result() error {
+	if len(w.errs) == 0 {
+		return nil
+	}
+	errs := w.errs
+	if w.more > 0 {
+		errs = append(errs[:len(errs):len(errs)], fmt.Errorf("config: ... and %d more errors of the same recipe (the first %d are shown)", w.more, maxErrors))
+	}
+	return errors.Join(errs...)
 }
 
 func valueOf(p any) reflect.Value { return reflect.ValueOf(p).Elem() }
 
 func (w *walker) fail(n *yaml.Node, format string, args ...any) {
+	if len(w.errs) >= maxErrors {
+		w.more++
+		return
+	}
 	w.errs = append(w.errs, fmt.Errorf("config: %s: %s", w.ld.where(n), fmt.Sprintf(format, args...)))
 }
 
@@ -89,6 +113,10 @@ func (w *walker) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 		if !ok {
 			if ig, ok := isIgnored(p, c); ok {
 				w.ignored[ig] = true
+				continue
+			}
+			if len(w.errs) >= maxErrors {
+				w.more++ // no suggestion computed for an error not shown
 				continue
 			}
 			w.fail(k, "unknown key %s%s", p, suggest(p))

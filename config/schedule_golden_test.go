@@ -36,6 +36,11 @@ func TestTorchScheduleGolden(t *testing.T) {
 	if g.Meta.Script != "scripts/golden_schedule.py" || g.Meta.Torch == "" {
 		t.Fatalf("golden metadata %+v", g.Meta)
 	}
+	// The script writes 5 cases; fewer means a truncated golden, which must
+	// not pass vacuously.
+	if len(g.Cases) < 5 {
+		t.Fatalf("golden_schedule.json holds %d cases, want >= 5", len(g.Cases))
+	}
 	for _, tc := range g.Cases {
 		t.Run(tc.Name, func(t *testing.T) {
 			l, err := Load(nil, []string{

@@ -8,7 +8,6 @@ type Config struct {
 	Policy        Policy        `yaml:"policy"`
 	Checkpointing Checkpointing `yaml:"checkpointing"`
 	Env           Env           `yaml:"env"`
-	Logger        Logger        `yaml:"logger"`
 	Cluster       Cluster       `yaml:"cluster"`
 	// DataPlane is NeMo RL's asynchronous data plane; multi-trace requires it
 	// null or disabled.
@@ -198,11 +197,6 @@ type TokenIDCapture struct {
 	ExternalStaging bool `yaml:"external_staging"`
 }
 
-// Logger is `logger:`; only log_dir is read (the back ends are ignored).
-type Logger struct {
-	LogDir string `yaml:"log_dir"`
-}
-
 // Cluster is `cluster:`.
 type Cluster struct {
 	GPUsPerNode int `yaml:"gpus_per_node"`
@@ -286,7 +280,6 @@ func Default() Config {
 				Delivery: DeliveryMainChain, Builder: BuilderPrefixMerging,
 			}},
 		},
-		Logger:  Logger{LogDir: "logs"},
 		Cluster: Cluster{GPUsPerNode: 1, NumNodes: 1},
 	}
 }

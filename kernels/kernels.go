@@ -154,6 +154,8 @@ type Ops interface {
 	// Embedding: out (T,C) = wte (V,C) [tokens (T)].
 	Embedding(out, wte, tokens Buf, T, C int)
 	// EmbeddingBackward: dwte (V,C) += scatter-add of dout (T,C) at tokens (T).
+	// Each dwte element adds its tokens' rows in token order (t = 0..T−1), so
+	// every backend gives the same bits.
 	EmbeddingBackward(dwte, dout, tokens Buf, T, C int)
 
 	// RMSNorm over rows: out (N,C) = inp/rms(inp)·weight (C); rstd (N) = 1/rms.

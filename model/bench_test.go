@@ -80,7 +80,7 @@ func BenchmarkSample(b *testing.B) {
 	}
 	opt := SampleOptions{Temperature: 1, TopP: 0.95, MaxNewTokens: newTokens}
 	for b.Loop() {
-		if _, err := s.Sample(prompts, opt, r); err != nil {
+		if _, err := s.Sample(prompts, opt, []*rand.Rand{r}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -148,12 +148,25 @@ func (s *Sampler) Close() {
 	s.cache, s.acts, s.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
 }
 
-// Sample generates a continuation of every prompt. Draws come from rng in a
-// fixed order (step by step, cache slot by slot), so the same seed, prompts
-// and options give the same samples.
-func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rng *rand.Rand) ([]Sample, error) {
+// Sample generates a continuation of every prompt. rngs holds one random
+// stream per prompt: prompt i's tokens are drawn from rngs[i] alone, one
+// draw per generated token, so its sample does not depend on which other
+// prompts share the batch or in which order (each row's logits are
+// computed independently of the others). A single stream (len(rngs) == 1)
+// is shared by every prompt, drawn step by step, cache slot by slot: the
+// same seed, prompts and options still give the same samples.
+func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand) ([]Sample, error) {
 	m := s.m
 	V := m.cfg.VocabSize
+	if len(rngs) != 1 && len(rngs) != len(prompts) {
+		return nil, fmt.Errorf("model: sample: %d random streams for %d prompts: expected one per prompt, or one shared", len(rngs), len(prompts))
+	}
+	rngOf := func(row int) *rand.Rand {
+		if len(rngs) == 1 {
+			return rngs[0]
+		}
+		return rngs[row]
+	}
 	if len(prompts) > s.maxBatch {
 		return nil, fmt.Errorf("model: sample: %d prompts exceed the sampler's batch of %d", len(prompts), s.maxBatch)
 	}
@@ -202,7 +215,7 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rng *rand.Rand) (
 			return nil, fmt.Errorf("model: sample: %w", err)
 		}
 		for i := 0; i < n; i++ {
-			tok, lp := s.draw(s.hLogits[i*V:(i+1)*V], opt, rng)
+			tok, lp := s.draw(s.hLogits[i*V:(i+1)*V], opt, rngOf(s.slotRow[i]))
 			o := &out[s.slotRow[i]]
 			o.Tokens = append(o.Tokens, tok)
 			o.Logprobs = append(o.Logprobs, lp)

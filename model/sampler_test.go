@@ -34,7 +34,7 @@ func TestSamplerMatchesForward(t *testing.T) {
 			}
 			defer s.Close()
 			const temp = 1.3
-			out, err := s.Sample(testPrompts, SampleOptions{Temperature: temp, MaxNewTokens: 9, StopTokens: []int32{3, 4}}, rand.New(rand.NewPCG(1, 2)))
+			out, err := s.Sample(testPrompts, SampleOptions{Temperature: temp, MaxNewTokens: 9, StopTokens: []int32{3, 4}}, []*rand.Rand{rand.New(rand.NewPCG(1, 2))})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestSamplerDeterministic(t *testing.T) {
 	defer s.Close()
 	opt := SampleOptions{Temperature: 1.5, TopP: 0.95, TopK: 50, MaxNewTokens: 16}
 	run := func(seed uint64) []Sample {
-		out, err := s.Sample(testPrompts, opt, rand.New(rand.NewPCG(seed, 9)))
+		out, err := s.Sample(testPrompts, opt, []*rand.Rand{rand.New(rand.NewPCG(seed, 9))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -184,7 +184,7 @@ func TestSamplerTruncation(t *testing.T) {
 			}
 			seen := map[int32]bool{}
 			for range 4 {
-				out, err := s.Sample(prompts, SampleOptions{Temperature: temp, TopK: c.topK, TopP: c.topP, MaxNewTokens: 1}, rng)
+				out, err := s.Sample(prompts, SampleOptions{Temperature: temp, TopK: c.topK, TopP: c.topP, MaxNewTokens: 1}, []*rand.Rand{rng})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -206,7 +206,7 @@ func TestSamplerTruncation(t *testing.T) {
 		})
 	}
 	// Greedy decoding picks the forward's most likely token.
-	out, err := s.Sample(prompts[:1], SampleOptions{Temperature: 0, MaxNewTokens: 1}, rng)
+	out, err := s.Sample(prompts[:1], SampleOptions{Temperature: 0, MaxNewTokens: 1}, []*rand.Rand{rng})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestSamplerRejects(t *testing.T) {
 		{"negative temperature", [][]int32{{1}}, SampleOptions{Temperature: -1, MaxNewTokens: 1}},
 		{"top-p above 1", [][]int32{{1}}, SampleOptions{Temperature: 1, TopP: 1.5, MaxNewTokens: 1}},
 	} {
-		if _, err := s.Sample(c.prompts, c.opt, rng); err == nil {
+		if _, err := s.Sample(c.prompts, c.opt, []*rand.Rand{rng}); err == nil {
 			t.Errorf("%s: accepted", c.name)
 		}
 	}
@@ -316,7 +316,7 @@ func TestSamplerPrefillChunks(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 8}, rand.New(rand.NewPCG(4, 4)))
+		out, err := s.Sample(testPrompts, SampleOptions{Temperature: 1, MaxNewTokens: 8}, []*rand.Rand{rand.New(rand.NewPCG(4, 4))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -328,5 +328,69 @@ func TestSamplerPrefillChunks(t *testing.T) {
 			t.Fatalf("prompt %d: tokens %v in one chunk, %v in several", i, one[i].Tokens, chunked[i].Tokens)
 		}
 		compareClose(t, "chunked prefill logprobs", chunked[i].Logprobs, one[i].Logprobs, samplerLogprobTol, 0)
+	}
+}
+
+// TestSamplerPerPromptStreams: with one random stream per prompt, a prompt's
+// sample depends only on its prompt and its stream, not on which prompts
+// share the batch or where it sits in it (so data-parallel ranks, which
+// batch different rollouts, sample exactly what one process would).
+func TestSamplerPerPromptStreams(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "llama_untied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	defer m.Close()
+	s, err := NewSampler(m, 4, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	opt := SampleOptions{Temperature: 1.4, MaxNewTokens: 10, StopTokens: []int32{3, 4}}
+	streams := func(idx ...int) []*rand.Rand {
+		out := make([]*rand.Rand, len(idx))
+		for j, i := range idx {
+			out[j] = rand.New(rand.NewPCG(77, uint64(i)))
+		}
+		return out
+	}
+	sample := func(idx ...int) map[int]Sample {
+		prompts := make([][]int32, len(idx))
+		for j, i := range idx {
+			prompts[j] = testPrompts[i]
+		}
+		out, err := s.Sample(prompts, opt, streams(idx...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[int]Sample{}
+		for j, i := range idx {
+			got[i] = out[j]
+		}
+		return got
+	}
+	all := sample(0, 1, 2, 3)
+	for _, idx := range [][]int{{3, 1}, {2}, {1, 0, 3, 2}, {0, 2}} {
+		for i, got := range sample(idx...) {
+			if d := cmp.Diff(all[i], got); d != "" {
+				t.Errorf("prompt %d sampled in batch %v differs from the full batch (-full +batch):\n%s", i, idx, d)
+			}
+		}
+	}
+	// The streams matter: other seeds sample something else.
+	out, err := s.Sample(testPrompts, opt, []*rand.Rand{rand.New(rand.NewPCG(1, 1))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := 0
+	for i := range out {
+		if cmp.Equal(out[i], all[i]) {
+			same++
+		}
+	}
+	if same == len(out) {
+		t.Error("a shared stream of another seed sampled exactly the same tokens")
+	}
+	if _, err := s.Sample(testPrompts, opt, streams(0, 1)); err == nil {
+		t.Error("2 streams for 4 prompts accepted")
 	}
 }

@@ -221,8 +221,8 @@ func compareF32(t *testing.T, what string, got, want []float32, scaled, rtol flo
 
 func TestScheduleGolden(t *testing.T) {
 	g := loadGolden(t)
-	if len(g.ScheduleCases) == 0 {
-		t.Fatal("no schedule cases in golden")
+	if len(g.ScheduleCases) < 18 {
+		t.Fatalf("golden_optim.json holds %d schedule cases, want >= 18 (the script writes 18)", len(g.ScheduleCases))
 	}
 	for _, c := range g.ScheduleCases {
 		t.Run(c.Name, func(t *testing.T) {
@@ -280,6 +280,12 @@ func goldenBackends(t *testing.T) map[string]func() (Backend, func()) {
 
 func TestAdamWGolden(t *testing.T) {
 	g := loadGolden(t)
+	// scripts/golden_optim.py writes 5 AdamW cases (every decay and weight
+	// decay style); fewer means a truncated golden, which must not pass
+	// vacuously.
+	if len(g.AdamCases) < 5 {
+		t.Fatalf("golden_optim.json holds %d AdamW cases, want >= 5", len(g.AdamCases))
+	}
 	init := f32s(t, g.Arena.InitParams)
 	for bname, newBackend := range goldenBackends(t) {
 		for _, c := range g.AdamCases {

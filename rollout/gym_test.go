@@ -2,7 +2,6 @@ package rollout
 
 import (
 	"encoding/json"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/gym"
@@ -20,15 +19,15 @@ func TestCapturesBuildUnderBothBuilders(t *testing.T) {
 	for _, pol := range []struct {
 		name   string
 		policy Policy
-	}{{"oracle", oracle{}}, {"random", randomPolicy{rand.New(rand.NewPCG(9, 9))}}} {
+	}{{"oracle", oracle{}}, {"random", randomPolicy{}}} {
 		dir := t.TempDir()
 		w, err := gym.NewWriter(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		w.SetFsync(false)
-		specs := Plan(allTasks(t), 7, 6, 3, rand.New(rand.NewPCG(1, 2)))
-		res, err := Run(pol.policy, &GymRecorder{W: w, Model: "tiny"}, specs, rand.New(rand.NewPCG(3, 4)))
+		specs := Plan(allTasks(t), 7, 6, 3, Streams{Seed: 1})
+		res, err := Run(pol.policy, &GymRecorder{W: w, Model: "tiny"}, specs, Streams{Seed: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,11 +79,11 @@ func TestClearBeforeRedispatch(t *testing.T) {
 	w, _ := gym.NewWriter(dir)
 	w.SetFsync(false)
 	rec := &GymRecorder{W: w, Model: "tiny"}
-	specs := Plan(allTasks(t), 0, 3, 2, rand.New(rand.NewPCG(1, 2)))
-	if _, err := Run(randomPolicy{rand.New(rand.NewPCG(5, 5))}, rec, specs, rand.New(rand.NewPCG(3, 4))); err != nil {
+	specs := Plan(allTasks(t), 0, 3, 2, Streams{Seed: 1})
+	if _, err := Run(randomPolicy{}, rec, specs, Streams{Seed: 3}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(oracle{}, rec, specs, rand.New(rand.NewPCG(6, 6)))
+	res, err := Run(oracle{}, rec, specs, Streams{Seed: 6})
 	if err != nil {
 		t.Fatalf("second attempt at the same rollout ids: %v", err)
 	}

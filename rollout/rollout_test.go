@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -10,7 +11,7 @@ import (
 // the prompt, as a perfect policy would.
 type oracle struct{}
 
-func (oracle) Sample(prompts [][]int32) ([]Completion, error) {
+func (oracle) Sample(prompts [][]int32, _ []*rand.Rand) ([]Completion, error) {
 	out := make([]Completion, len(prompts))
 	for i, p := range prompts {
 		n := len(p)
@@ -31,15 +32,17 @@ func (oracle) Sample(prompts [][]int32) ([]Completion, error) {
 	return out, nil
 }
 
-// randomPolicy samples 1–3 tokens uniformly from the vocabulary.
-type randomPolicy struct{ rng *rand.Rand }
+// randomPolicy samples 1–3 tokens uniformly from the vocabulary, from each
+// call's own stream.
+type randomPolicy struct{}
 
-func (r randomPolicy) Sample(prompts [][]int32) ([]Completion, error) {
+func (randomPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]Completion, error) {
 	out := make([]Completion, len(prompts))
 	for i := range prompts {
-		n := 1 + r.rng.IntN(3)
+		rng := rngs[i]
+		n := 1 + rng.IntN(3)
 		for j := 0; j < n; j++ {
-			tok := int32(r.rng.IntN(VocabSize))
+			tok := int32(rng.IntN(VocabSize))
 			out[i].Tokens = append(out[i].Tokens, tok)
 			out[i].Logprobs = append(out[i].Logprobs, -3.4657359)
 			if tok == EOS {
@@ -100,10 +103,10 @@ func allTasks(t *testing.T) []Task {
 }
 
 func TestOracleEarnsFullReward(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 2))
-	specs := Plan(allTasks(t), 0, 9, 2, rng)
+	st := Streams{Seed: 1}
+	specs := Plan(allTasks(t), 0, 9, 2, st)
 	rec := newMemRecorder(t)
-	res, err := Run(oracle{}, rec, specs, rand.New(rand.NewPCG(3, 4)))
+	res, err := Run(oracle{}, rec, specs, Streams{Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,9 +127,9 @@ func TestOracleEarnsFullReward(t *testing.T) {
 // TestCallGraphShapes checks the parent structure each task promises, which is
 // what makes the two builders produce different trace counts.
 func TestCallGraphShapes(t *testing.T) {
-	rng := rand.New(rand.NewPCG(5, 6))
-	specs := Plan(allTasks(t), 0, 3, 1, rng)
-	res, err := Run(oracle{}, newMemRecorder(t), specs, rand.New(rand.NewPCG(7, 8)))
+	st := Streams{Seed: 5}
+	specs := Plan(allTasks(t), 0, 3, 1, st)
+	res, err := Run(oracle{}, newMemRecorder(t), specs, Streams{Seed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,10 +159,10 @@ func TestCallGraphShapes(t *testing.T) {
 // not all perfect.
 func TestRandomPolicyProperties(t *testing.T) {
 	for seed := uint64(0); seed < 20; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 1))
-		specs := Plan(allTasks(t), int(seed), 6, 4, rng)
+		st := Streams{Seed: seed}
+		specs := Plan(allTasks(t), int(seed), 6, 4, st)
 		rec := newMemRecorder(t)
-		res, err := Run(randomPolicy{rand.New(rand.NewPCG(seed, 2))}, rec, specs, rand.New(rand.NewPCG(seed, 3)))
+		res, err := Run(randomPolicy{}, rec, specs, Streams{Seed: seed})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,9 +196,9 @@ func TestRandomPolicyProperties(t *testing.T) {
 
 func TestRunIsDeterministic(t *testing.T) {
 	play := func() []Result {
-		rng := rand.New(rand.NewPCG(11, 12))
-		specs := Plan(allTasks(t), 3, 6, 4, rng)
-		res, err := Run(randomPolicy{rand.New(rand.NewPCG(13, 14))}, newMemRecorder(t), specs, rand.New(rand.NewPCG(15, 16)))
+		st := Streams{Seed: 11}
+		specs := Plan(allTasks(t), 3, 6, 4, st)
+		res, err := Run(randomPolicy{}, newMemRecorder(t), specs, Streams{Seed: 15})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,10 +219,10 @@ func TestRunIsDeterministic(t *testing.T) {
 }
 
 func TestPlanIDsUniqueAcrossSteps(t *testing.T) {
-	rng := rand.New(rand.NewPCG(1, 1))
+	st := Streams{Seed: 1}
 	seen := map[string]bool{}
 	for step := 0; step < 5; step++ {
-		for _, s := range Plan(allTasks(t), step, 4, 3, rng) {
+		for _, s := range Plan(allTasks(t), step, 4, 3, st) {
 			if seen[s.RolloutID] {
 				t.Fatalf("rollout id %s reused at step %d", s.RolloutID, step)
 			}
@@ -227,7 +230,7 @@ func TestPlanIDsUniqueAcrossSteps(t *testing.T) {
 		}
 	}
 	// Every rollout of a task group plays the same instance.
-	specs := Plan(allTasks(t), 0, 3, 4, rng)
+	specs := Plan(allTasks(t), 0, 3, 4, st)
 	for i := range specs {
 		g := specs[i].TaskIndex * 4
 		if specs[i].Instance != specs[g].Instance {
@@ -281,5 +284,136 @@ func TestEqualEpisodesHaveBitIdenticalRewards(t *testing.T) {
 	}
 	if reward(30, 100, 30, 100, 40, 100) != 1 || reward(40, 70, 60, 30) != 0.46 {
 		t.Fatal("reward arithmetic")
+	}
+}
+
+// TestRunDoesNotDependOnTheBatch: a rollout's calls, ids, generations and
+// reward depend on its spec, the policy and the streams only, not on which
+// other rollouts run with it or in which order, so data-parallel ranks that
+// each run a block of task groups play exactly one process's rollouts.
+func TestRunDoesNotDependOnTheBatch(t *testing.T) {
+	for seed := uint64(1); seed <= 5; seed++ {
+		st := Streams{Seed: seed}
+		specs := Plan(allTasks(t), int(seed), 6, 4, st)
+		whole, err := Run(randomPolicy{}, newMemRecorder(t), specs, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]Result{}
+		for _, r := range whole {
+			byID[r.RolloutID] = r
+		}
+		rng := rand.New(rand.NewPCG(seed, 99))
+		for range 4 {
+			// A random contiguous block, and the specs shuffled.
+			lo := rng.IntN(len(specs))
+			hi := lo + 1 + rng.IntN(len(specs)-lo)
+			part := slices.Clone(specs[lo:hi])
+			rng.Shuffle(len(part), func(i, j int) { part[i], part[j] = part[j], part[i] })
+			res, err := Run(randomPolicy{}, newMemRecorder(t), part, st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range res {
+				w := byID[r.RolloutID]
+				if r.Reward != w.Reward || len(r.Calls) != len(w.Calls) {
+					t.Fatalf("seed %d: %s run with specs [%d,%d) shuffled: reward %v with %d calls, alone in the whole batch %v with %d",
+						seed, r.RolloutID, lo, hi, r.Reward, len(r.Calls), w.Reward, len(w.Calls))
+				}
+				for j := range r.Calls {
+					a, b := r.Calls[j], w.Calls[j]
+					if a.CallID != b.CallID || !slices.Equal(a.Generation, b.Generation) || !slices.Equal(a.Prompt, b.Prompt) {
+						t.Fatalf("seed %d: %s call %d differs when run in another batch", seed, r.RolloutID, j)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestStreamsAreDistinct: the keyed streams of different coordinates and
+// purposes start differently, and the same key gives the same stream.
+func TestStreamsAreDistinct(t *testing.T) {
+	st := Streams{Seed: 42}
+	seen := map[uint64]string{}
+	add := func(name string, r *rand.Rand) {
+		t.Helper()
+		v := r.Uint64()
+		if prev, ok := seen[v]; ok {
+			t.Fatalf("streams %s and %s start with the same value", prev, name)
+		}
+		seen[v] = name
+	}
+	for step := 0; step < 4; step++ {
+		for g := 0; g < 4; g++ {
+			add(fmt.Sprintf("instance(%d,%d)", step, g), st.Instance(step, g))
+			for r := 0; r < 4; r++ {
+				add(fmt.Sprintf("ids(%d,%d,%d)", step, g, r), st.CallIDs(step, g, r))
+				for c := 0; c < 3; c++ {
+					add(fmt.Sprintf("sampling(%d,%d,%d,%d)", step, g, r, c), st.Sampling(step, g, r, c))
+				}
+			}
+		}
+	}
+	if st.Sampling(3, 2, 1, 0).Uint64() != st.Sampling(3, 2, 1, 0).Uint64() {
+		t.Error("the same key gave two different streams")
+	}
+	if (Streams{Seed: 43}).Instance(0, 0).Uint64() == st.Instance(0, 0).Uint64() {
+		t.Error("the seed does not change the streams")
+	}
+}
+
+// longPolicy generates n copies of a token, never stopping.
+type longPolicy struct {
+	n, max int
+}
+
+func (p longPolicy) Sample(prompts [][]int32, _ []*rand.Rand) ([]Completion, error) {
+	out := make([]Completion, len(prompts))
+	for i := range prompts {
+		for j := 0; j < p.n; j++ {
+			out[i].Tokens = append(out[i].Tokens, TOOL)
+			out[i].Logprobs = append(out[i].Logprobs, -1)
+		}
+	}
+	return out, nil
+}
+
+func (p longPolicy) MaxContext() int { return p.max }
+
+// TestContextOverflowEndsTheEpisode: a call whose prompt leaves a bounded
+// policy no room ends its episode with reward 0 (the agent's context
+// overflowed) instead of failing the whole step, as it did when the built-in
+// job ran with a short max_total_sequence_length.
+func TestContextOverflowEndsTheEpisode(t *testing.T) {
+	st := Streams{Seed: 3}
+	specs := Plan(allTasks(t), 0, 3, 2, st)
+	rec := newMemRecorder(t)
+	res, err := Run(longPolicy{n: 9, max: 14}, rec, specs, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	overflowed := 0
+	for _, r := range res {
+		if r.ContextOverflow {
+			overflowed++
+			if r.Reward != 0 || r.Record()["context_overflow"] != true {
+				t.Errorf("%s: overflowed with reward %v, record %v", r.RolloutID, r.Reward, r.Record())
+			}
+			if len(r.Calls) == 0 {
+				t.Errorf("%s: overflowed before its first call", r.RolloutID)
+			}
+		}
+		if !rec.finished[r.RolloutID] {
+			t.Errorf("%s never finished", r.RolloutID)
+		}
+		for _, c := range r.Calls {
+			if len(c.Prompt) >= 14 {
+				t.Errorf("%s: a call with a %d-token prompt was dispatched past the limit", r.RolloutID, len(c.Prompt))
+			}
+		}
+	}
+	if overflowed == 0 {
+		t.Fatal("no episode overflowed: the test shows nothing")
 	}
 }

@@ -15,9 +15,11 @@ type Completion struct {
 	Logprobs []float64
 }
 
-// Policy samples continuations of a batch of prompts, in order.
+// Policy samples continuations of a batch of prompts, in order. rngs[i] is
+// the random stream of prompt i's call alone (Streams.Sampling), so that a
+// call's sample does not depend on the rest of the batch.
 type Policy interface {
-	Sample(prompts [][]int32) ([]Completion, error)
+	Sample(prompts [][]int32, rngs []*rand.Rand) ([]Completion, error)
 }
 
 // RecordedCall is one finished model call, exactly as the model served it.
@@ -43,6 +45,7 @@ type Recorder interface {
 // Spec is one logical rollout to run: its capture identity, its task group
 // coordinates and the problem it plays.
 type Spec struct {
+	Step         int    // the GRPO step (1-based) the rollout belongs to
 	RolloutID    string // the explicit _ng_rollout_id, assigned before dispatch
 	TaskIndex    int    // the task group (_ng_task_index)
 	RolloutIndex int    // index within the group (_ng_rollout_index)
@@ -55,6 +58,17 @@ type Result struct {
 	Spec
 	Reward float64
 	Calls  []RecordedCall
+	// ContextOverflow says the episode ended because its next call's prompt
+	// left the policy no room to generate (see ContextLimit): like an agent
+	// whose context window overflows, it failed, with reward 0.
+	ContextOverflow bool
+}
+
+// ContextLimit is implemented by a policy whose calls have a bounded
+// context: MaxContext is the most tokens of prompt and generation together.
+// Run ends an episode whose next prompt holds MaxContext tokens or more.
+type ContextLimit interface {
+	MaxContext() int
 }
 
 // TerminalResponseID is the response id of the episode's last call: the
@@ -70,7 +84,7 @@ func (r *Result) TerminalResponseID() string {
 // it, ready for capture finalization: the correlation keys, the reward and
 // the scored response's id.
 func (r *Result) Record() map[string]any {
-	return map[string]any{
+	rec := map[string]any{
 		"_ng_task_index":    r.TaskIndex,
 		"_ng_rollout_index": r.RolloutIndex,
 		"_ng_rollout_id":    r.RolloutID,
@@ -78,19 +92,25 @@ func (r *Result) Record() map[string]any {
 		"task":              r.Task,
 		"response":          map[string]any{"id": r.TerminalResponseID()},
 	}
+	if r.ContextOverflow {
+		rec["context_overflow"] = true
+	}
+	return rec
 }
 
 // Plan draws the logical rollouts of one GRPO step: prompts task groups of
 // gens rollouts each. Task groups cycle through tasks; every rollout of a
-// group plays the same instance. Rollout ids are unique across steps because
-// they carry the step number, so indices may restart every step.
-func Plan(tasks []Task, step, prompts, gens int, rng *rand.Rand) []Spec {
+// group plays the same instance, drawn from st.Instance(step, group).
+// Rollout ids are unique across steps because they carry the step number,
+// so indices may restart every step.
+func Plan(tasks []Task, step, prompts, gens int, st Streams) []Spec {
 	specs := make([]Spec, 0, prompts*gens)
 	for p := 0; p < prompts; p++ {
 		task := tasks[(step*prompts+p)%len(tasks)]
-		inst := task.NewInstance(rng)
+		inst := task.NewInstance(st.Instance(step, p))
 		for g := 0; g < gens; g++ {
 			specs = append(specs, Spec{
+				Step:         step,
 				RolloutID:    fmt.Sprintf("step%06d-%d-%d", step, p, g),
 				TaskIndex:    p,
 				RolloutIndex: g,
@@ -104,19 +124,29 @@ func Plan(tasks []Task, step, prompts, gens int, rng *rand.Rand) []Spec {
 
 // Run plays the episodes of specs to completion in lockstep rounds: each
 // round gathers every active episode's pending calls, in spec order, into
-// one policy batch, so the run is deterministic for a deterministic policy.
-// ids mints the model call ids. A Recorder that also has a
-// Clear(rolloutID string) error method is asked to clear each rollout id
-// before anything is dispatched, as Gym does before reusing a key.
-func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, error) {
+// one policy batch. Every rollout mints its model call ids from
+// st.CallIDs and samples each call from st.Sampling, so a rollout's result
+// depends on its spec and the policy only, not on the other specs run with
+// it. A Recorder that also has a Clear(rolloutID string) error method is
+// asked to clear each rollout id before anything is dispatched, as Gym does
+// before reusing a key.
+func Run(policy Policy, rec Recorder, specs []Spec, st Streams) ([]Result, error) {
 	type active struct {
-		ep    Episode
-		calls []RecordedCall
-		done  bool
+		ep       Episode
+		calls    []RecordedCall
+		ids      *rand.Rand
+		issued   int // calls dispatched so far
+		done     bool
+		overflow bool
+	}
+	maxContext := 0
+	if l, ok := policy.(ContextLimit); ok {
+		maxContext = l.MaxContext()
 	}
 	eps := make([]active, len(specs))
 	for i, s := range specs {
 		eps[i].ep = s.Instance.NewEpisode()
+		eps[i].ids = st.CallIDs(s.Step, s.TaskIndex, s.RolloutIndex)
 		if c, ok := rec.(interface{ Clear(rolloutID string) error }); ok {
 			if err := c.Clear(s.RolloutID); err != nil {
 				return nil, fmt.Errorf("rollout: clear %s before dispatch: %w", s.RolloutID, err)
@@ -127,6 +157,7 @@ func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, e
 		ep   int
 		call Call
 		id   string
+		rng  *rand.Rand
 	}
 	for {
 		var batch []pending
@@ -135,6 +166,13 @@ func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, e
 				continue
 			}
 			calls := eps[i].ep.Next()
+			for _, c := range calls {
+				if maxContext > 0 && len(c.Prompt) >= maxContext {
+					eps[i].overflow = true
+					calls = nil
+					break
+				}
+			}
 			if len(calls) == 0 {
 				eps[i].done = true
 				if err := rec.Finish(specs[i].RolloutID); err != nil {
@@ -142,21 +180,26 @@ func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, e
 				}
 				continue
 			}
+			s := specs[i]
 			for _, c := range calls {
-				batch = append(batch, pending{ep: i, call: c, id: newCallID(ids)})
+				rng := st.Sampling(s.Step, s.TaskIndex, s.RolloutIndex, eps[i].issued)
+				eps[i].issued++
+				batch = append(batch, pending{ep: i, call: c, id: newCallID(eps[i].ids), rng: rng})
 			}
 		}
 		if len(batch) == 0 {
 			break
 		}
 		prompts := make([][]int32, len(batch))
+		rngs := make([]*rand.Rand, len(batch))
 		for j, p := range batch {
+			rngs[j] = p.rng
 			if err := rec.Begin(specs[p.ep].RolloutID, p.id); err != nil {
 				return nil, fmt.Errorf("rollout: begin call %s of %s: %w", p.id, specs[p.ep].RolloutID, err)
 			}
 			prompts[j] = p.call.Prompt
 		}
-		out, err := policy.Sample(prompts)
+		out, err := policy.Sample(prompts, rngs)
 		if err != nil {
 			return nil, fmt.Errorf("rollout: sample: %w", err)
 		}
@@ -208,6 +251,10 @@ func Run(policy Policy, rec Recorder, specs []Spec, ids *rand.Rand) ([]Result, e
 	}
 	results := make([]Result, len(specs))
 	for i, s := range specs {
+		if eps[i].overflow {
+			results[i] = Result{Spec: s, Calls: eps[i].calls, ContextOverflow: true}
+			continue
+		}
 		r := eps[i].ep.Reward()
 		if r < 0 || r > 1 {
 			return nil, fmt.Errorf("rollout: %s task %s: reward %v outside [0, 1]", s.RolloutID, s.Task, r)

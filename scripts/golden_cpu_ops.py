@@ -111,6 +111,22 @@ def token_logprob_case(g, T, C, V, temperature):
             "entropy": flat(ent), "lse": flat(lse), "dhidden": flat(h.grad), "dweight": flat(w.grad)}
 
 
+def blas_in_use():
+    """The BLAS shared libraries mapped into this process, resolved to their
+    files. Debian's torch calls whatever libblas.so.3 the alternatives system
+    selects (reference BLAS or OpenBLAS), and matmul-based cases change in
+    their last bits with it: recorded so that a `make golden` diff can be
+    told apart from a regression."""
+    libs = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            path = parts[-1] if len(parts) >= 6 else ""
+            if "blas" in os.path.basename(path) or "lapack" in os.path.basename(path):
+                libs.add(os.path.realpath(path))
+    return ",".join(sorted(libs)) or "none mapped"
+
+
 def main():
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
@@ -126,6 +142,8 @@ def main():
         "swiglu": [swiglu_case(g, 50)],
         "token_logprob": [token_logprob_case(g, 7, 16, 300, 0.7), token_logprob_case(g, 4, 8, 600, 1.0)],
     }
+    # After every case ran: the BLAS that computed them is mapped by now.
+    golden["metadata"]["blas"] = blas_in_use()
     os.makedirs(os.path.dirname(OUT), exist_ok=True)
     with open(OUT, "w") as f:
         json.dump(golden, f, separators=(",", ":"))

@@ -37,3 +37,13 @@ func openBackend(name string, threads int, log io.Writer) (kernels.Backend, erro
 	}
 	return nil, fmt.Errorf("%w: --backend %q: want auto, cpu or cuda", errUsage, name)
 }
+
+// closeBackend closes a backend that has a Close method.
+func closeBackend(b kernels.Backend) {
+	switch c := b.(type) {
+	case interface{ Close() error }:
+		c.Close()
+	case interface{ Close() }:
+		c.Close()
+	}
+}

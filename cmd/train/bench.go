@@ -58,7 +58,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	profile := fs.Bool("profile", false, "print time per op to stderr")
 	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass (activation checkpointing)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 {

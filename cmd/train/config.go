@@ -1,13 +1,10 @@
 package main
 
 import (
-	"errors"
-	"fmt"
 	"io"
 
-	"github.com/spf13/pflag"
-	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 func init() {
@@ -20,19 +17,13 @@ func init() {
 
 func runConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("config", "train config [--config FILE]... [--set key.path=value]... [--check]", stdout)
-	files := fs.StringArray("config", nil, "NeMo RL recipe YAML (repeatable; later files merge over earlier ones; none: built-in defaults)")
+	files := fs.StringArray("config", nil, "NeMo RL recipe YAML (repeatable; later files merge over earlier ones; none: the built-in job, as train runs it)")
 	sets := fs.StringArray("set", nil, "override one key after the files, typed by the schema, e.g. grpo.num_prompts_per_step=4 (repeatable)")
 	check := fs.Bool("check", false, "also run the capability guards and fail on a refused combination")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: config: %v", errUsage, err)
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: config: unexpected arguments %q (files go after --config)", errUsage, fs.Args())
-	}
-	l, err := config.Load(*files, *sets)
+	l, _, err := trainer.LoadRecipe(*files, *sets)
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func TestConfigCommandErrors(t *testing.T) {
 	}{
 		{[]string{"config", "--set", "grpo.num_prompt_per_step=4"}, 1, "nearest known key: grpo.num_prompts_per_step"},
 		{[]string{"config", "--config", cfgMegatron, "--config", cfgOverride, "--set", "grpo.async_grpo.enabled=true", "--check"}, 1, "grpo.async_grpo.enabled = true"},
-		{[]string{"config", "stray"}, 2, "unexpected arguments"},
+		{[]string{"config", "stray"}, 2, "unexpected argument"},
 		{[]string{"config", "--bogus"}, 2, "unknown flag"},
 	}
 	for _, tc := range cases {

@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 // command is one subcommand of train.
@@ -30,8 +31,9 @@ func register(c command) {
 	commands[c.name] = c
 }
 
-// errUsage marks an error whose message is a usage problem (exit status 2).
-var errUsage = errors.New("usage")
+// errUsage marks an error whose message is a usage problem (exit status 2);
+// the trainer package marks its own usage errors the same way.
+var errUsage = trainer.ErrUsage
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -99,6 +101,34 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Run 'train COMMAND --help' for a command's flags.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Exit status: 0 on success (and for --help), 1 when the work failed (bad input,")
+	fmt.Fprintln(w, "an error while training, a signal that stopped the run), 2 for a usage error")
+	fmt.Fprintln(w, "(an unknown flag or command, a bad flag value or combination).")
+}
+
+// parseFlags parses a subcommand's arguments. A bad flag or value, or a
+// positional argument when maxArgs is 0, is a usage error (exit status 2)
+// naming the subcommand; --help is pflag.ErrHelp (exit status 0).
+func parseFlags(fs *pflag.FlagSet, args []string, maxArgs int) error {
+	name := fs.Name()
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %s: %v (see train %s --help)", errUsage, name, err, helpName(name))
+	}
+	if maxArgs >= 0 && fs.NArg() > maxArgs {
+		return fmt.Errorf("%w: %s: unexpected argument %q (see train %s --help)", errUsage, name, fs.Arg(maxArgs), helpName(name))
+	}
+	return nil
+}
+
+func helpName(name string) string {
+	if name == "train" {
+		return ""
+	}
+	return name
 }
 
 // newFlags returns a flag set for a subcommand whose --help prints a synopsis

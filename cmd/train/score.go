@@ -41,7 +41,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	input := fs.String("input", "", `JSONL file of {"token_ids": [...]} ("-" for stdin)`)
 	temp := fs.Float32("temperature", 1, "divide the logits by this before the softmax")
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if *dir == "" || *input == "" {

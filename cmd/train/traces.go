@@ -2,15 +2,14 @@ package main
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"runtime"
 	"sort"
 
-	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 )
 
 func init() {
@@ -35,14 +34,8 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("out", "", "output JSONL (default stdout)")
 	rebuild := fs.Bool("rebuild", false, "rebuild from the captures even when a record already carries training_traces")
 	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "rollouts finalized concurrently (output order is input order)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: traces: %v", errUsage, err)
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("%w: traces: unexpected arguments %q", errUsage, fs.Args())
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
 	}
 	if *captures == "" || *rollouts == "" {
 		return fmt.Errorf("%w: traces: --captures and --rollouts are required", errUsage)
@@ -66,14 +59,21 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 		defer f.Close()
 		in = f
 	}
+	// The output goes to a temporary file renamed into place once every
+	// record is written: a failed or interrupted run leaves no partial
+	// output, and an output that is the input is refused before anything
+	// is opened for writing.
 	var w io.Writer = stdout
-	var outFile *os.File
+	var outFile *atomicfile.File
 	if *out != "" {
-		outFile, err = os.Create(*out)
+		if err := atomicfile.CheckNotInput(*out, *rollouts); err != nil {
+			return fmt.Errorf("%w: traces: --out %s: %v: write the finalized records elsewhere", errUsage, *out, err)
+		}
+		outFile, err = atomicfile.Create(*out)
 		if err != nil {
 			return fmt.Errorf("traces: %w", err)
 		}
-		defer outFile.Close()
+		defer outFile.Abort()
 		w = outFile
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
@@ -81,12 +81,15 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	if ferr := bw.Flush(); err == nil && ferr != nil {
 		err = fmt.Errorf("traces: write: %w", ferr)
 	}
-	if outFile != nil {
-		if cerr := outFile.Close(); err == nil && cerr != nil {
+	if outFile != nil && err == nil {
+		if cerr := outFile.Commit(); cerr != nil {
 			err = fmt.Errorf("traces: %w", cerr)
 		}
 	}
 	printSummary(stderr, sum)
+	if err != nil && outFile != nil {
+		err = fmt.Errorf("%w (nothing written to %s)", err, *out)
+	}
 	return err
 }
 

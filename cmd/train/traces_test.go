@@ -186,6 +186,55 @@ func TestTracesDefaultsJobsAndAttachedEnvelope(t *testing.T) {
 	}
 }
 
+// TestTracesOutIsNeverAnInput: --out naming the rollouts file (by the same
+// path, another spelling, a hard or a symbolic link) is refused and the
+// input keeps every byte; it was truncated to 0 bytes with exit 0.
+func TestTracesOutIsNeverAnInput(t *testing.T) {
+	caps, recs := tracesFixture(t, "")
+	orig, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Dir(recs)
+	hard, sym := filepath.Join(dir, "hard.jsonl"), filepath.Join(dir, "sym.jsonl")
+	os.Link(recs, hard)
+	os.Symlink(recs, sym)
+	for _, out := range []string{recs, filepath.Join(dir, ".", "x", "..", filepath.Base(recs)), hard, sym} {
+		var stderr bytes.Buffer
+		code := run([]string{"traces", "--captures", caps, "--rollouts", recs, "--out", out}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "output is one of the inputs") {
+			t.Errorf("--out %s: exit %d, %q; want a usage error", out, code, stderr.String())
+		}
+		if b, _ := os.ReadFile(recs); !bytes.Equal(b, orig) {
+			t.Fatalf("--out %s changed the input to %d bytes", out, len(b))
+		}
+	}
+}
+
+// TestTracesFailureLeavesNoPartialOutput: a run that fails part-way (a bad
+// record after good ones) leaves the previous output untouched and no
+// temporary file behind; before, the good records' lines were left in a
+// truncated output.
+func TestTracesFailureLeavesNoPartialOutput(t *testing.T) {
+	caps, recs := tracesFixture(t, `{"reward": 1, "_ng_task_index": "zero"}`+"\n")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out.jsonl")
+	os.WriteFile(out, []byte("previous\n"), 0o644)
+	var stderr bytes.Buffer
+	if code := run([]string{"traces", "--captures", caps, "--rollouts", recs, "--out", out, "--jobs", "1"}, &bytes.Buffer{}, &stderr); code != 1 {
+		t.Fatalf("exit %d, want 1: %s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "nothing written to") {
+		t.Errorf("error does not say the output was not written: %s", stderr.String())
+	}
+	if b, _ := os.ReadFile(out); string(b) != "previous\n" {
+		t.Errorf("a failed run changed the output: %q", b)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("files left in the output directory: %v", ents)
+	}
+}
+
 // TestTracesMasksDamagedRollouts: damage to one rollout's capture files (a
 // schema-2 line, a corrupt state file, a FIFO, a corrupt .zst) masks that
 // rollout with a reason code counted on stderr; every record still gets its

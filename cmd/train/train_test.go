@@ -2,549 +2,12 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"maps"
-	"math"
-	"os"
 	"path/filepath"
+	"slices"
 	"strings"
-	"syscall"
 	"testing"
-
-	"github.com/tracegrpo/tracegrpo/checkpoint"
-	"github.com/tracegrpo/tracegrpo/gym"
-	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
-
-// small is the built-in job shrunk so that a step takes milliseconds: three
-// task groups of four rollouts, checkpoints every two steps.
-var small = []string{
-	"--quiet",
-	"--set", "grpo.num_prompts_per_step=3",
-	"--set", "grpo.num_generations_per_prompt=4",
-	"--set", "checkpointing.save_period=2",
-	"--set", "checkpointing.keep_top_k=null",
-	"--set", "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
-}
-
-func trainArgs(out string, steps int, extra ...string) []string {
-	args := append([]string{"--out", out, "--steps", fmt.Sprint(steps)}, small...)
-	return append(args, extra...)
-}
-
-// mustTrain runs train and fails the test on a non-zero exit.
-func mustTrain(t *testing.T, args ...string) string {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("train %s: exit %d\n%s", strings.Join(args, " "), code, stderr.String())
-	}
-	return stderr.String()
-}
-
-// failTrain runs train, wants a failure, and returns its message.
-func failTrain(t *testing.T, args ...string) string {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code == 0 {
-		t.Fatalf("train %s: succeeded, want a failure", strings.Join(args, " "))
-	}
-	return stderr.String()
-}
-
-// metricsNoTimes reads metrics.jsonl with every timing field zeroed.
-func metricsNoTimes(t *testing.T, out string) []stepMetrics {
-	t.Helper()
-	ms, err := readMetrics(filepath.Join(out, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range ms {
-		ms[i].TokensPerS, ms[i].TimeS, ms[i].Phases = 0, 0, phaseTimes{}
-	}
-	return ms
-}
-
-func checkpointBytes(t *testing.T, out string, step int, file string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(out, "checkpoints", checkpoint.StepDir(int64(step)), file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// weights reads a checkpoint's model weights as one map of float32 slices.
-func weights(t *testing.T, out string, step int) map[string][]float32 {
-	t.Helper()
-	st, err := checkpoint.Load(filepath.Join(out, "checkpoints", checkpoint.StepDir(int64(step))), checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := map[string][]float32{}
-	for _, x := range st.Model {
-		w[x.Name] = x.F32
-	}
-	return w
-}
-
-func sameMetrics(t *testing.T, a, b []stepMetrics) {
-	t.Helper()
-	if len(a) != len(b) {
-		t.Fatalf("%d metric lines vs %d", len(a), len(b))
-	}
-	for i := range a {
-		ja, _ := json.Marshal(a[i])
-		jb, _ := json.Marshal(b[i])
-		if !bytes.Equal(ja, jb) {
-			t.Fatalf("step %d metrics differ:\n%s\n%s", a[i].Step, ja, jb)
-		}
-	}
-}
-
-func TestSameSeedIsBitIdentical(t *testing.T) {
-	a, b := t.TempDir(), t.TempDir()
-	mustTrain(t, trainArgs(a, 4)...)
-	mustTrain(t, trainArgs(b, 4)...)
-	sameMetrics(t, metricsNoTimes(t, a), metricsNoTimes(t, b))
-	for _, f := range []string{checkpoint.ModelFile, "optimizer.safetensors", "trainer_state.json"} {
-		if !bytes.Equal(checkpointBytes(t, a, 4, f), checkpointBytes(t, b, 4, f)) {
-			t.Errorf("%s differs between two runs with the same seed", f)
-		}
-	}
-	// A different seed trains differently (so the comparison above can fail).
-	c := t.TempDir()
-	mustTrain(t, trainArgs(c, 4, "--set", "grpo.seed=7")...)
-	if bytes.Equal(checkpointBytes(t, a, 4, checkpoint.ModelFile), checkpointBytes(t, c, 4, checkpoint.ModelFile)) {
-		t.Error("grpo.seed does not change the run")
-	}
-}
-
-// TestExactResume: N steps in one run equal k steps, a crash, and --resume
-// for the rest, bit for bit (weights, optimizer state, metrics), for a crash
-// right after a checkpoint (k=4) and between checkpoints (k=3, k=5: the
-// resumed run redoes the steps after the last checkpoint).
-func TestExactResume(t *testing.T) {
-	const n = 6
-	ref := t.TempDir()
-	mustTrain(t, trainArgs(ref, n)...)
-	for _, k := range []int{3, 4, 5} {
-		t.Run(fmt.Sprintf("crash after step %d", k), func(t *testing.T) {
-			out := t.TempDir()
-			stopAfterStep = k
-			var stderr bytes.Buffer
-			code := run(trainArgs(out, n), &bytes.Buffer{}, &stderr)
-			stopAfterStep = 0
-			if code == 0 || !strings.Contains(stderr.String(), errSimulatedCrash.Error()) {
-				t.Fatalf("simulated crash: exit %d: %s", code, stderr.String())
-			}
-			// Without --resume the directory is refused.
-			if msg := failTrain(t, trainArgs(out, n)...); !strings.Contains(msg, "--resume") {
-				t.Errorf("rerun without --resume: %q, want a hint to pass --resume", msg)
-			}
-			mustTrain(t, append(trainArgs(out, n), "--resume")...)
-			sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
-			for _, f := range []string{checkpoint.ModelFile, "optimizer.safetensors"} {
-				if !bytes.Equal(checkpointBytes(t, ref, n, f), checkpointBytes(t, out, n, f)) {
-					t.Errorf("%s after resume differs from the uninterrupted run", f)
-				}
-			}
-			var a, b checkpoint.TrainerState
-			a, _ = checkpoint.ParseTrainerState(checkpointBytes(t, ref, n, "trainer_state.json"))
-			b, _ = checkpoint.ParseTrainerState(checkpointBytes(t, out, n, "trainer_state.json"))
-			if a.Step != b.Step || a.ConsumedRollouts != b.ConsumedRollouts || !bytes.Equal(a.Scheduler, b.Scheduler) ||
-				!bytes.Equal(a.Optimizer, b.Optimizer) || fmt.Sprint(a.RNG) != fmt.Sprint(b.RNG) {
-				t.Errorf("trainer state after resume differs:\n%+v\n%+v", a, b)
-			}
-		})
-	}
-}
-
-func TestResumeRefusesAnotherConfig(t *testing.T) {
-	out := t.TempDir()
-	mustTrain(t, trainArgs(out, 2)...)
-	msg := failTrain(t, append(trainArgs(out, 2), "--resume", "--set", "loss_fn.ratio_clip_max=0.3")...)
-	if !strings.Contains(msg, "loss_fn.ratio_clip_max") {
-		t.Errorf("resume under a changed config: %q, want the differing key named", msg)
-	}
-	// The built-in schedule decays over grpo.max_num_steps, so more steps
-	// change it too: refused, naming the derived key ...
-	msg = failTrain(t, append(trainArgs(out, 4), "--resume")...)
-	if !strings.Contains(msg, "lr_decay_iters") {
-		t.Errorf("resume with a longer schedule: %q, want lr_decay_iters named", msg)
-	}
-	// ... unless the schedule is kept: then extending the run is allowed.
-	mustTrain(t, append(trainArgs(out, 4), "--resume", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=2")...)
-	if ms := metricsNoTimes(t, out); len(ms) != 4 {
-		t.Errorf("extended run logged %d steps, want 4", len(ms))
-	}
-}
-
-// updateAtol bounds the difference of weights after updates whose gradients
-// were summed in another order (other packing, other micro-batches). Float32
-// sums of a few hundred terms differ by ~1e-6 relative; each AdamW step moves
-// a weight by at most ~lr (3e-3 here) scaled by m/sqrt(v), so such rounding
-// moves a weight by ~1e-6·lr per step. 1e-3·lr leaves a wide margin and is
-// still far below one step, so a wrong gradient cannot pass.
-const updateAtol = 3e-6
-
-// maxAbsDiff is the largest |a−b| over all weights.
-func maxAbsDiff(a, b map[string][]float32) (float64, string) {
-	worst, where := 0.0, ""
-	for name, x := range a {
-		y := b[name]
-		for i := range x {
-			if d := math.Abs(float64(x[i]) - float64(y[i])); d > worst || (where == "" && d != d) {
-				worst, where = d, fmt.Sprintf("%s[%d]: %g vs %g", name, i, x[i], y[i])
-			}
-		}
-	}
-	return worst, where
-}
-
-func TestBuildersGiveTheSameUpdate(t *testing.T) {
-	pm, pr := t.TempDir(), t.TempDir()
-	mustTrain(t, trainArgs(pm, 2, "--set", "env.nemo_gym.token_id_capture.builder=prefix_merging")...)
-	mustTrain(t, trainArgs(pr, 2, "--set", "env.nemo_gym.token_id_capture.builder=per_request")...)
-	a, b := metricsNoTimes(t, pm), metricsNoTimes(t, pr)
-	if a[0].Traces >= b[0].Traces {
-		t.Errorf("per_request made %d traces, prefix_merging %d: the built-in tasks should split further per request", b[0].Traces, a[0].Traces)
-	}
-	if a[0].EligibleTokens != b[0].EligibleTokens || a[0].RewardMean != b[0].RewardMean {
-		t.Errorf("the builders trained different data: eligible %d vs %d, reward %v vs %v",
-			a[0].EligibleTokens, b[0].EligibleTokens, a[0].RewardMean, b[0].RewardMean)
-	}
-	if d := math.Abs(float64(a[0].Loss - b[0].Loss)); d > 1e-6*math.Max(1, math.Abs(float64(a[0].Loss))) {
-		t.Errorf("loss %v (prefix_merging) vs %v (per_request)", a[0].Loss, b[0].Loss)
-	}
-	if d, where := maxAbsDiff(weights(t, pm, 2), weights(t, pr, 2)); d > updateAtol {
-		t.Errorf("weights after the same steps under the two builders differ by %.3g at %s", d, where)
-	}
-}
-
-func TestMicroBatchSizeDoesNotChangeTheUpdate(t *testing.T) {
-	var ref map[string][]float32
-	for _, mbs := range []int{1, 2, 4} {
-		out := t.TempDir()
-		mustTrain(t, trainArgs(out, 2, "--set", fmt.Sprintf("policy.train_micro_batch_size=%d", mbs))...)
-		w := weights(t, out, 2)
-		if ref == nil {
-			ref = w
-			continue
-		}
-		if d, where := maxAbsDiff(ref, w); d > updateAtol {
-			t.Errorf("micro-batch size %d: weights differ from size 1 by %.3g at %s", mbs, d, where)
-		}
-	}
-}
-
-func TestInertRowsContributeNothing(t *testing.T) {
-	a, b := t.TempDir(), t.TempDir()
-	mustTrain(t, trainArgs(a, 2)...)
-	computeInertRows = true
-	defer func() { computeInertRows = false }()
-	mustTrain(t, trainArgs(b, 2)...)
-	ma, mb := metricsNoTimes(t, a), metricsNoTimes(t, b)
-	sameMetrics(t, ma, mb)
-	if ma[0].PaddingRows == 0 && ma[1].PaddingRows == 0 {
-		t.Fatal("no padding rows: the test shows nothing")
-	}
-	if d, where := maxAbsDiff(weights(t, a, 2), weights(t, b, 2)); d != 0 {
-		t.Errorf("running inert and padding rows changed the update by %.3g at %s", d, where)
-	}
-}
-
-// gymFixture writes, with the gym package's writer only (not rollout/), the
-// captures and rollout records of one external step: two task groups of
-// four rollouts with normal, masked (conflicting duplicate), zero-call and
-// overlong cases.
-func gymFixture(t *testing.T, dir string) (records, captures string) {
-	t.Helper()
-	captures = filepath.Join(dir, "captures")
-	w, err := gym.NewWriter(captures)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.SetFsync(false)
-	put := func(rid, call, parent string, prompt, gen []int32) {
-		t.Helper()
-		lp := make([]float64, len(gen))
-		for i := range lp {
-			lp[i] = -1.5 - 0.25*float64(i)
-		}
-		e := &gym.TokenEntry{SchemaVersion: 3, RolloutID: rid, ModelCallID: call, Model: "m",
-			PromptTokenIDs: prompt, GenerationTokenIDs: gen, GenerationLogProbs: lp}
-		res := gym.ParentRoot
-		if parent != "" {
-			p := parent
-			e.ParentCallID, res = &p, gym.ParentResolved
-		}
-		e.ParentResolution = &res
-		e.Stamp()
-		if err := w.Put(e); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var recs bytes.Buffer
-	record := func(task, idx int, rid string, reward float64) {
-		fmt.Fprintf(&recs, `{"_ng_task_index": %d, "_ng_rollout_index": %d, "_ng_rollout_id": %q, "reward": %v, "response": {"id": "r"}}`+"\n", task, idx, rid, reward)
-	}
-	for task := 0; task < 2; task++ {
-		for i := 0; i < 4; i++ {
-			rid := fmt.Sprintf("ext-%d-%d", task, i)
-			reward := float64((task+i)%3) / 2
-			switch {
-			case task == 1 && i == 0: // zero calls: an inert, masked rollout
-			case task == 1 && i == 1: // a conflicting duplicate: Gym masks it
-				put(rid, "c1", "", []int32{1, 3, 10, 4}, []int32{5, 2})
-				dup := &gym.TokenEntry{SchemaVersion: 3, RolloutID: rid, ModelCallID: "c1", Model: "m",
-					PromptTokenIDs: []int32{1, 3, 10, 4}, GenerationTokenIDs: []int32{5, 2}, GenerationLogProbs: []float64{-9, -9}}
-				dup.Stamp()
-				line := dup.AppendJSON(nil)
-				f, err := os.OpenFile(filepath.Join(captures, rid+gym.SuffixEntries), os.O_APPEND|os.O_WRONLY, 0)
-				if err != nil {
-					t.Fatal(err)
-				}
-				f.Write(append(line, '\n'))
-				f.Close()
-			case task == 1 && i == 2: // one overlong trace beside a trainable root
-				long := make([]int32, 40)
-				for j := range long {
-					long[j] = int32(10 + j%10)
-				}
-				put(rid, "c1", "", long, []int32{5, 2})
-				put(rid, "c2", "", []int32{1, 7, 11, 4}, []int32{12, 2})
-			default: // a tool call, then an answer continuing it
-				put(rid, "c1", "", []int32{1, 3, int32(10 + i), 9, 11, 4}, []int32{5, 2})
-				put(rid, "c2", "c1", []int32{1, 3, int32(10 + i), 9, 11, 4, 5, 2, 6, 12, 4}, []int32{int32(10 + i), 2})
-			}
-			record(task, i, rid, reward)
-			if err := w.Freeze(rid); err != nil && !errors.Is(err, gym.ErrFrozen) {
-				t.Fatal(err)
-			}
-		}
-	}
-	records = filepath.Join(dir, "rollouts.jsonl")
-	if err := os.WriteFile(records, recs.Bytes(), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return records, captures
-}
-
-// TestTrainStepMasksDamagedRollouts: in the training step, damage to one
-// rollout's capture files (a corrupt state file, a schema-2 line, an
-// entries file shorter than its acknowledged size) masks that rollout with
-// its reason in mask_reasons; the step trains on the others.
-func TestTrainStepMasksDamagedRollouts(t *testing.T) {
-	dir := t.TempDir()
-	recs, caps := gymFixture(t, dir)
-	base := func(rid string) string { return filepath.Join(caps, rid) }
-	if err := os.WriteFile(base("ext-0-0")+gym.SuffixState, []byte("[]"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := os.ReadFile(base("ext-0-1") + gym.SuffixEntries)
-	os.WriteFile(base("ext-0-1")+gym.SuffixEntries, bytes.Replace(b, []byte(`"schema_version":3`), []byte(`"schema_version":2`), 1), 0o644)
-	b, _ = os.ReadFile(base("ext-0-2") + gym.SuffixEntries)
-	os.WriteFile(base("ext-0-2")+gym.SuffixEntries, b[:bytes.IndexByte(b, '\n')+1], 0o644)
-	out := filepath.Join(dir, "run")
-	mustTrain(t, append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...)...)
-	m := metricsNoTimes(t, out)[0]
-	want := map[string]int{gym.ReasonNothingRecorded: 1, gym.ReasonConflictingPayloads: 1,
-		gym.ReasonInvalidState: 1, gym.ReasonUnsupportedSchema: 1, gym.ReasonIndexMismatch: 1}
-	if !maps.Equal(m.MaskReasons, want) || m.MaskedRollouts != 5 {
-		t.Fatalf("masked %d, reasons %v, want 5 and %v", m.MaskedRollouts, m.MaskReasons, want)
-	}
-}
-
-var externalSets = []string{
-	"--quiet",
-	"--set", "grpo.num_prompts_per_step=2",
-	"--set", "grpo.num_generations_per_prompt=4",
-	"--set", "policy.train_micro_batch_size=2",
-	"--set", "policy.megatron_cfg.scheduler.lr_warmup_iters=0",
-}
-
-func TestExternalGymCaptures(t *testing.T) {
-	dir := t.TempDir()
-	recs, caps := gymFixture(t, dir)
-	out := filepath.Join(dir, "run")
-	args := append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...)
-	mustTrain(t, args...)
-	ms := metricsNoTimes(t, out)
-	if len(ms) != 1 {
-		t.Fatalf("%d steps logged", len(ms))
-	}
-	m := ms[0]
-	type counts struct{ Logical, Masked, Overlong, Invalid int }
-	want := counts{Logical: 8, Masked: 2, Overlong: 1, Invalid: 2}
-	got := counts{m.LogicalRollouts, m.MaskedRollouts, m.OverlongTraces, m.InvalidRollouts}
-	if got != want {
-		t.Errorf("external step counts %+v, want %+v", got, want)
-	}
-	if m.MaskReasons[gym.ReasonNothingRecorded] != 1 || m.MaskReasons[gym.ReasonConflictingPayloads] != 1 || len(m.MaskReasons) != 2 {
-		t.Errorf("mask reasons %v, want one %q and one %q", m.MaskReasons, gym.ReasonNothingRecorded, gym.ReasonConflictingPayloads)
-	}
-	// 5 rollouts with two calls of 2 generated tokens each, plus the overlong
-	// rollout's trainable root: every owned sampled token once.
-	if m.EligibleTokens != 5*4+2 {
-		t.Errorf("eligible tokens %d, want %d", m.EligibleTokens, 5*4+2)
-	}
-	if m.PhysicalRows%2 != 0 && m.PaddingRows == 0 {
-		t.Errorf("rows %d + %d padding are not a multiple of the micro-batch size", m.PhysicalRows, m.PaddingRows)
-	}
-	// The behaviour logprobs in the captures are not the model's, so the
-	// importance diagnostics see the mismatch.
-	if m.GenKLError == 0 {
-		t.Error("gen_kl_error is 0 on captures whose logprobs are not the policy's")
-	}
-}
-
-func TestBadInputFailsBeforeWork(t *testing.T) {
-	dir := t.TempDir()
-	recs, caps := gymFixture(t, dir)
-	bad := filepath.Join(dir, "bad.jsonl")
-	data, _ := os.ReadFile(recs)
-	lines := strings.SplitAfter(string(data), "\n")
-	lines[3] = `{"_ng_task_index": 0, "_ng_rollout_index": 3, "_ng_rollout_id": "../../etc", "reward": 1}` + "\n"
-	os.WriteFile(bad, []byte(strings.Join(lines, "")), 0o644)
-	tests := []struct {
-		name string
-		args []string
-		want []string
-	}{
-		{"missing capture dir", []string{"--rollouts", recs, "--captures", filepath.Join(dir, "nope")}, []string{"nope", "capture directory"}},
-		{"malformed record", []string{"--rollouts", bad, "--captures", caps}, []string{"bad.jsonl:4", "_ng_rollout_id"}},
-		{"guard", []string{"--set", "loss_fn.token_level_loss=false"}, []string{"loss_fn.token_level_loss"}},
-		{"guard: batch size", []string{"--set", "policy.train_global_batch_size=7"}, []string{"policy.train_global_batch_size"}},
-		{"unknown key", []string{"--set", "grpo.num_prompt_per_step=3"}, []string{"grpo.num_prompt_per_step", "num_prompts_per_step"}},
-		{"unknown task", []string{"--tasks", "calc,chess"}, []string{"chess"}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			out := filepath.Join(dir, "out-"+strings.ReplaceAll(tc.name, " ", "-"))
-			args := append(append([]string{"--out", out, "--steps", "1"}, externalSets...), tc.args...)
-			msg := failTrain(t, args...)
-			for _, w := range tc.want {
-				if !strings.Contains(msg, w) {
-					t.Errorf("error %q does not mention %q", msg, w)
-				}
-			}
-			if _, err := os.Stat(filepath.Join(out, "metrics.jsonl")); err == nil {
-				t.Error("a step ran before the bad input was refused")
-			}
-		})
-	}
-}
-
-// TestNonFiniteLoss starts from weights so large that the activations
-// overflow: the gradient is not finite. By default the update is skipped and counted; with
-// --on-nonfinite abort the run stops with an error.
-func TestNonFiniteLoss(t *testing.T) {
-	dir := t.TempDir()
-	init := filepath.Join(dir, "init")
-	os.MkdirAll(init, 0o755)
-	os.WriteFile(filepath.Join(init, "config.json"), builtinModelConfig, 0o644)
-	w0 := t.TempDir()
-	mustTrain(t, append(trainArgs(w0, 1), "--set", "checkpointing.save_period=1")...)
-	st, err := checkpoint.Load(filepath.Join(w0, "checkpoints", checkpoint.StepDir(1)), checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range st.Model {
-		if st.Model[i].Name == "model.norm.weight" {
-			for j := range st.Model[i].F32 {
-				st.Model[i].F32[j] = 1e38
-			}
-		}
-	}
-	if err := safetensors.WriteFile(filepath.Join(init, "model.safetensors"), st.Model, map[string]string{"format": "pt"}); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "skip")
-	mustTrain(t, trainArgs(out, 1, "--init-from", init)...)
-	ms := metricsNoTimes(t, out)
-	if g := float64(ms[0].GradNorm); len(ms) != 1 || !ms[0].SkippedUpdate || !(math.IsNaN(g) || math.IsInf(g, 0)) {
-		t.Fatalf("a non-finite gradient was not reported as a non-finite grad_norm and a skipped update: %+v", ms)
-	}
-	// The weights are unchanged by the skipped update.
-	if d, where := maxAbsDiff(weights(t, out, 1), func() map[string][]float32 {
-		w := map[string][]float32{}
-		for _, x := range st.Model {
-			w[x.Name] = x.F32
-		}
-		return w
-	}()); d != 0 {
-		t.Errorf("a skipped update changed the weights by %g at %s", d, where)
-	}
-	// Sampling from such a policy gives non-finite logprobs: a clear error,
-	// never a capture with NaN in it.
-	msg := failTrain(t, trainArgs(filepath.Join(dir, "skip2"), 3, "--init-from", init)...)
-	if !strings.Contains(msg, "log-probability") && !strings.Contains(msg, "non-finite") {
-		t.Errorf("sampling from a non-finite policy: %q", msg)
-	}
-	msg = failTrain(t, trainArgs(filepath.Join(dir, "abort"), 2, "--init-from", init, "--on-nonfinite", "abort")...)
-	if !strings.Contains(msg, "non-finite") {
-		t.Errorf("abort on a NaN gradient: %q", msg)
-	}
-}
-
-// TestReferencePolicyKL: with a KL penalty the frozen reference is the
-// initial policy, so the first step's KL is exactly 0 and later ones are
-// not; a resumed run rebuilds the same reference (bit-exact resume).
-func TestReferencePolicyKL(t *testing.T) {
-	kl := []string{"--set", "loss_fn.reference_policy_kl_penalty=0.05"}
-	ref := t.TempDir()
-	mustTrain(t, trainArgs(ref, 4, kl...)...)
-	ms := metricsNoTimes(t, ref)
-	if ms[0].KL != 0 {
-		t.Errorf("step 1 KL %v, want 0 (the policy is the reference)", ms[0].KL)
-	}
-	if !(ms[3].KL > 0) {
-		t.Errorf("step 4 KL %v, want > 0 after three updates", ms[3].KL)
-	}
-	out := t.TempDir()
-	stopAfterStep = 3
-	run(trainArgs(out, 4, kl...), &bytes.Buffer{}, &bytes.Buffer{})
-	stopAfterStep = 0
-	mustTrain(t, append(trainArgs(out, 4, kl...), "--resume")...)
-	sameMetrics(t, ms, metricsNoTimes(t, out))
-}
-
-// TestExternalStepDirectory: a directory of step_<N>.jsonl files is consumed
-// one file per step, waiting for each; a missing file times out by name.
-func TestExternalStepDirectory(t *testing.T) {
-	dir := t.TempDir()
-	recs, caps := gymFixture(t, dir)
-	steps := filepath.Join(dir, "steps")
-	os.MkdirAll(steps, 0o755)
-	data, _ := os.ReadFile(recs)
-	os.WriteFile(filepath.Join(steps, "step_1.jsonl"), data, 0o644)
-	out := filepath.Join(dir, "run")
-	args := append([]string{"--out", out, "--rollouts", steps, "--captures", caps, "--wait", "300ms",
-		"--steps", "2", "--set", "checkpointing.save_period=1"}, externalSets...)
-	msg := failTrain(t, args...)
-	if !strings.Contains(msg, "step_2.jsonl") {
-		t.Errorf("missing step file: %q, want it named", msg)
-	}
-	if ms := metricsNoTimes(t, out); len(ms) != 1 {
-		t.Fatalf("%d steps trained before the wait ran out, want 1", len(ms))
-	}
-	// A file with the wrong number of records is refused.
-	lines := strings.SplitAfter(string(data), "\n")
-	os.WriteFile(filepath.Join(steps, "step_2.jsonl"), []byte(strings.Join(lines[:3], "")), 0o644)
-	msg = failTrain(t, append(args, "--resume")...)
-	if !strings.Contains(msg, "3 records") {
-		t.Errorf("short step file: %q", msg)
-	}
-	// Once the file is there, the run goes on from the checkpoint.
-	os.WriteFile(filepath.Join(steps, "step_2.jsonl"), data, 0o644)
-	mustTrain(t, append(args, "--resume")...)
-	if ms := metricsNoTimes(t, out); len(ms) != 2 {
-		t.Errorf("%d steps after resuming, want 2", len(ms))
-	}
-}
 
 func TestHelpExplains(t *testing.T) {
 	var stdout, stderr bytes.Buffer
@@ -558,77 +21,87 @@ func TestHelpExplains(t *testing.T) {
 	}
 }
 
-// TestSchedulerCountsLogicalRollouts: the scheduler's clock advances by the
-// logical rollout count of each step (12 here), however many physical rows
-// the traces expanded into, and the optimizer steps once per GRPO step.
-func TestSchedulerCountsLogicalRollouts(t *testing.T) {
-	out := t.TempDir()
-	mustTrain(t, trainArgs(out, 4)...)
-	ms := metricsNoTimes(t, out)
-	rows := map[int]bool{}
-	for _, m := range ms {
-		rows[m.PhysicalRows+m.PaddingRows] = true
+// trainArgs are the built-in job shrunk to milliseconds per step (the
+// trainer package's tests use the same), on the CPU, for steps steps with a
+// checkpoint every two.
+func trainArgs(out string, steps int, extra ...string) []string {
+	args := []string{"--out", out, "--steps", fmt.Sprint(steps), "--backend", "cpu", "--quiet",
+		"--set", "grpo.num_prompts_per_step=3", "--set", "grpo.num_generations_per_prompt=4",
+		"--set", "checkpointing.save_period=2", "--set", "checkpointing.keep_top_k=null"}
+	return append(args, extra...)
+}
+
+// mustTrain runs train and fails the test on a non-zero exit.
+func mustTrain(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := run(args, &stdout, &stderr); code != 0 {
+		t.Fatalf("train %s: exit %d\n%s", strings.Join(args, " "), code, stderr.String())
 	}
-	ts, err := checkpoint.ParseTrainerState(checkpointBytes(t, out, 4, "trainer_state.json"))
-	if err != nil {
-		t.Fatal(err)
+	return stderr.String()
+}
+
+// TestExitStatuses: one convention for every command: 0 for success and
+// --help, 2 for a usage error, 1 for a failure.
+func TestExitStatuses(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "missing")
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"--help"}, 0},
+		{[]string{"--no-such-flag"}, 2},
+		{[]string{"stray-argument"}, 2},
+		{[]string{"--backend", "tpu"}, 2},
+		{[]string{"--steps", "0"}, 2},
+		{[]string{"--backend", "cpu", "--config", missing, "--out", filepath.Join(dir, "r1")}, 1},
+		{[]string{"config", "--help"}, 0},
+		{[]string{"config", "--no-such-flag"}, 2},
+		{[]string{"config", "extra"}, 2},
+		{[]string{"config", "--config", missing}, 1},
+		{[]string{"traces", "--bogus"}, 2},
+		{[]string{"traces"}, 2},
+		{[]string{"traces", "--captures", missing, "--rollouts", missing}, 1},
+		{[]string{"score", "--bogus"}, 2},
+		{[]string{"score", "--model", missing}, 2},
+		{[]string{"score", "--model", missing, "--input", missing}, 1},
+		{[]string{"bench", "--bogus"}, 2},
+		{[]string{"bench", "--model", missing}, 1},
+		{[]string{"plot", "--bogus"}, 2},
+		{[]string{"plot", "x"}, 2},
+		{[]string{"plot", "--out", missing}, 1},
+		{[]string{"verify"}, 2},
+		{[]string{"verify", "--bogus", dir}, 2},
+		{[]string{"verify", missing}, 1},
+	} {
+		var stdout, stderr bytes.Buffer
+		if got := run(c.args, &stdout, &stderr); got != c.code {
+			t.Errorf("train %s: exit %d, want %d\n%s", strings.Join(c.args, " "), got, c.code, stderr.String())
+		}
 	}
-	var sched struct{ Samples, Steps int64 }
-	var opt struct{ Step int64 }
-	json.Unmarshal(ts.Scheduler, &sched)
-	json.Unmarshal(ts.Optimizer, &opt)
-	if sched.Samples != 4*12 || sched.Steps != 4 || opt.Step != 4 {
-		t.Errorf("after 4 steps of 12 logical rollouts (physical row counts %v): scheduler %+v, optimizer step %d; want 48 samples, 4 ticks, 4 updates",
-			rows, sched, opt.Step)
-	}
-	if ts.ConsumedRollouts != 48 {
-		t.Errorf("consumed_logical_rollouts = %d, want 48", ts.ConsumedRollouts)
+	var stdout bytes.Buffer
+	run([]string{"--help"}, &stdout, &bytes.Buffer{})
+	if !strings.Contains(stdout.String(), "Exit status") || !strings.Contains(stdout.String(), "2 for a usage error") {
+		t.Errorf("train --help does not document the exit statuses:\n%s", stdout.String())
 	}
 }
 
-// TestBuiltinJobLearns guards the main job's learning in CI time: 40 steps
-// of the built-in job at a higher learning rate must raise the mean reward
-// of the last 10 steps well above the first 10 (the full 300-step job is
-// measured in the README).
-func TestBuiltinJobLearns(t *testing.T) {
-	out := t.TempDir()
-	mustTrain(t, "--out", out, "--quiet", "--steps", "40",
-		"--set", "policy.megatron_cfg.optimizer.lr=3e-3", "--set", "checkpointing.enabled=false")
-	ms := metricsNoTimes(t, out)
-	var first, last float64
-	for i := 0; i < 10; i++ {
-		first += float64(ms[i].RewardMean) / 10
-		last += float64(ms[len(ms)-1-i].RewardMean) / 10
-	}
-	if last-first < 0.2 {
-		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: the built-in job did not learn", first, last)
-	}
-	t.Logf("mean reward: first 10 steps %.3f, last 10 %.3f", first, last)
-}
-
-// TestSignalStopsAfterTheStepWithACheckpoint: SIGTERM (a pre-emption) during
-// step 1 ends the run after that step with a checkpoint of it, although 1 is
-// not a multiple of save_period; --resume then finishes bit-identical to a
-// run that was never stopped.
-func TestSignalStopsAfterTheStepWithACheckpoint(t *testing.T) {
-	ref := t.TempDir()
-	mustTrain(t, trainArgs(ref, 4)...)
-
-	out := t.TempDir()
-	testSignals = make(chan os.Signal, 1)
-	testSignals <- syscall.SIGTERM
-	var stderr bytes.Buffer
-	code := run(trainArgs(out, 4), &bytes.Buffer{}, &stderr)
-	testSignals = nil
-	if code == 0 || !strings.Contains(stderr.String(), "after step 1") || !strings.Contains(stderr.String(), "--resume") {
-		t.Fatalf("SIGTERM: exit %d, %q; want a stop after step 1 naming --resume", code, stderr.String())
-	}
-	if _, err := os.Stat(filepath.Join(out, "checkpoints", checkpoint.StepDir(1), checkpoint.DoneFile)); err != nil {
-		t.Fatalf("no complete checkpoint of step 1 after the signal: %v", err)
-	}
-	mustTrain(t, append(trainArgs(out, 4), "--resume")...)
-	sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
-	if !bytes.Equal(checkpointBytes(t, ref, 4, checkpoint.ModelFile), checkpointBytes(t, out, 4, checkpoint.ModelFile)) {
-		t.Error("weights after a signal and --resume differ from the uninterrupted run")
+// TestQuietPrintsTheBackendOnce: --quiet silences setup and progress lines
+// but still says, once, which backend the run uses; without it the backend
+// is named once too.
+func TestQuietPrintsTheBackendOnce(t *testing.T) {
+	for _, quiet := range []bool{true, false} {
+		args := trainArgs(filepath.Join(t.TempDir(), "run"), 1)
+		if !quiet {
+			args = slices.DeleteFunc(args, func(a string) bool { return a == "--quiet" })
+		}
+		log := mustTrain(t, args...)
+		if n := strings.Count(log, "backend"); n != 1 {
+			t.Errorf("quiet=%v: the backend is named %d times:\n%s", quiet, n, log)
+		}
+		if quiet && strings.Count(log, "\n") != 1 {
+			t.Errorf("--quiet printed more than the backend line:\n%s", log)
+		}
 	}
 }

@@ -66,11 +66,31 @@ func loadGoldenOps(t *testing.T) *goldenOps {
 	if g.Metadata["script"] != "scripts/golden_cpu_ops.py" {
 		t.Fatalf("%s: metadata.script = %v, want scripts/golden_cpu_ops.py", path, g.Metadata["script"])
 	}
+	// Which BLAS computed the goldens: regenerating them with another one
+	// moves matmul-based values in their last bits (up to ~1e-6), which is
+	// not a regression of the Go code.
+	if b, _ := g.Metadata["blas"].(string); b == "" {
+		t.Fatalf("%s: metadata.blas is missing: regenerate with /usr/bin/python3 scripts/golden_cpu_ops.py, which records the BLAS torch used", path)
+	} else {
+		t.Logf("goldens computed by torch %v with BLAS %s", g.Metadata["torch"], b)
+	}
 	return &g
 }
 
+// minGoldenOps is the least number of cases per op the golden must hold, so
+// that an empty or truncated golden file fails instead of passing vacuously
+// (scripts/golden_cpu_ops.py writes 3 rope, 2 rmsnorm, 3 attention,
+// 1 swiglu and 2 token_logprob cases).
+var minGoldenOps = map[string]int{"rope": 3, "rmsnorm": 2, "attention": 3, "swiglu": 1, "token_logprob": 2}
+
 func TestGoldenOps(t *testing.T) {
 	g := loadGoldenOps(t)
+	for op, n := range map[string]int{"rope": len(g.Rope), "rmsnorm": len(g.RMSNorm), "attention": len(g.Attention),
+		"swiglu": len(g.SwiGLU), "token_logprob": len(g.TokenLogprob)} {
+		if n < minGoldenOps[op] {
+			t.Fatalf("golden_ops.json holds %d %s cases, want >= %d (regenerate with /usr/bin/python3 scripts/golden_cpu_ops.py)", n, op, minGoldenOps[op])
+		}
+	}
 	e := newEnv(t, 2)
 	for i, c := range g.Rope {
 		t.Run(fmt.Sprintf("rope%d_HD%d_theta%g", i, c.HD, c.Theta), func(t *testing.T) {

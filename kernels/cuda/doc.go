@@ -44,9 +44,12 @@
 //
 // Elementwise ops, norms, attention and the log-prob reductions are fp32;
 // SumSquares accumulates in double. Matmul is cuBLAS: fp32 by default, TF32
-// tensor cores or bf16 inputs with fp32 accumulation by Options.Matmul. Attention's backward pass and SumSquares are
-// deterministic; EmbeddingBackward and RMSNormBackward's dweight add across
-// blocks with atomics (equal to the CPU within rounding, not bitwise).
+// tensor cores or bf16 inputs with fp32 accumulation by Options.Matmul. No
+// kernel adds with atomics: attention's backward pass, SumSquares,
+// RMSNormBackward's dweight (per-block partials reduced in block order, with a
+// block count that depends on the shape, not the device) and
+// EmbeddingBackward (each element summed in token order, bitwise equal to the
+// CPU) give the same bits on every run.
 //
 // # Testing
 //

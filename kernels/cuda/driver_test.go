@@ -72,7 +72,7 @@ func TestMissingSymbol(t *testing.T) {
 
 	drv, _, skip, berr := buildEmu()
 	if skip != "" {
-		t.Skip(skip)
+		skipNoEmu(t, skip)
 	}
 	if berr != nil {
 		t.Fatal(berr)

@@ -26,11 +26,20 @@ func (b *Backend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
 	b.elementwise("embedding_fwd", T*C, pa(out), pa(wte), pa(tokens), ia(T), ia(C), ia(V), pu(b.flags))
 }
 
-// EmbeddingBackward implements kernels.Ops: dwte (V,C) += scatter-add of dout (T,C).
+// embedBwdBuckets is the number of vocabulary buckets (v mod K) the
+// deterministic backward spreads over the grid's y dimension.
+const embedBwdBuckets = 64
+
+// EmbeddingBackward implements kernels.Ops: dwte (V,C) += scatter-add of
+// dout (T,C), each element summed in token order (bitwise equal to the CPU).
 func (b *Backend) EmbeddingBackward(dwte, dout, tokens kernels.Buf, T, C int) {
 	V := vocab(dwte, C, "EmbeddingBackward")
 	want(dout, kernels.F32, T*C, "EmbeddingBackward dout")
 	want(tokens, kernels.I32, T, "EmbeddingBackward tokens")
+	if T == 0 {
+		return
+	}
 	defer b.lock()()
-	b.elementwise("embedding_bwd", T*C, pa(dwte), pa(dout), pa(tokens), ia(T), ia(C), ia(V))
+	b.launch("embedding_bwd", (C+threads-1)/threads, min(V, embedBwdBuckets), 1, threads, 0,
+		pa(dwte), pa(dout), pa(tokens), ia(T), ia(C), ia(V))
 }

@@ -37,9 +37,9 @@ var emu struct {
 // buildEmu compiles the stand-in libraries once per test binary.
 func buildEmu() (driver, blas string, skip string, err error) {
 	emu.once.Do(func() {
-		cxx, lerr := exec.LookPath("g++")
-		if lerr != nil {
-			emu.skipReason = "no g++ to build the CUDA emulator"
+		cxx, reason := emuCompiler()
+		if reason != "" {
+			emu.skipReason = reason
 			return
 		}
 		// TRACEGRPO_EMU_KEEP=DIR builds the libraries into DIR and keeps them
@@ -117,12 +117,38 @@ extern const tg_kernel tg_kernels[] = {
 	return emu.driver, emu.blas, emu.skipReason, emu.err
 }
 
-// emuBackend opens the backend on the emulator, or skips.
+// emuCompiler finds the C++ compiler the emulator is built with, or says
+// why there is none.
+func emuCompiler() (path, reason string) {
+	cxx, err := exec.LookPath("g++")
+	if err != nil {
+		return "", "no g++ on PATH to build the CUDA emulator (Debian package g++)"
+	}
+	return cxx, ""
+}
+
+// requireEmuEnv makes a missing emulator a failure instead of a skip. make
+// test (and so CI) sets it: without it every CUDA kernel would go untested
+// while the suite stayed green.
+const requireEmuEnv = "TRACEGRPO_REQUIRE_EMU"
+
+// skipNoEmu skips t because the emulator cannot be built, or fails it when
+// $TRACEGRPO_REQUIRE_EMU=1.
+func skipNoEmu(t testing.TB, reason string) {
+	t.Helper()
+	if os.Getenv(requireEmuEnv) == "1" {
+		t.Fatalf("the CUDA emulator cannot run, and %s=1 requires it: %s", requireEmuEnv, reason)
+	}
+	t.Skip(reason)
+}
+
+// emuBackend opens the backend on the emulator, or skips (fails when the
+// emulator is required).
 func emuBackend(t testing.TB, opt Options) *Backend {
 	t.Helper()
 	drv, blas, skip, err := buildEmu()
 	if skip != "" {
-		t.Skip(skip)
+		skipNoEmu(t, skip)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -189,5 +215,38 @@ func TestElapsed(t *testing.T) {
 	})
 	if err != nil || !(ms > 0) {
 		t.Fatalf("Elapsed = %v ms, %v; want > 0, nil", ms, err)
+	}
+}
+
+// TestEmuMissingCompiler runs this test binary's emulator tests again with
+// no g++ on PATH: without $TRACEGRPO_REQUIRE_EMU they must skip cleanly
+// (every subtest included), and with it they must fail naming what is
+// missing, so that CI cannot go green with every CUDA kernel untested.
+func TestEmuMissingCompiler(t *testing.T) {
+	if os.Getenv("TRACEGRPO_EMU_CHILD") == "1" {
+		t.Skip("in the child process")
+	}
+	empty := t.TempDir()
+	run := func(require string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run=Emu", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "PATH="+empty, "TRACEGRPO_EMU_CHILD=1", requireEmuEnv+"="+require, "TRACEGRPO_EMU_KEEP=")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("")
+	if err != nil {
+		t.Fatalf("without g++ and without %s=1 the emulator tests must skip, not fail: %v\n%s", requireEmuEnv, err, out)
+	}
+	if !strings.Contains(out, "SKIP: TestConformanceEmu") || !strings.Contains(out, "no g++") {
+		t.Fatalf("emulator tests did not report their skip:\n%s", out)
+	}
+	out, err = run("1")
+	if err == nil {
+		t.Fatalf("without g++ and with %s=1 the emulator tests passed:\n%s", requireEmuEnv, out)
+	}
+	for _, w := range []string{"--- FAIL: TestConformanceEmu", "--- FAIL: TestMatmulModesEmu", "CUDA emulator cannot run", "no g++"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output of the required-emulator run lacks %q:\n%s", w, out)
+		}
 	}
 }

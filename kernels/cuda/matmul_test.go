@@ -22,7 +22,9 @@ func bf16Round(x float32) float32 {
 // product: for BF16 of the inputs rounded to bf16 (so only the fp32
 // accumulation may differ), for TF32 of the exact inputs with a tolerance
 // for 10-bit mantissas.
-func checkMatmulModes(t *testing.T, open func(Options) *Backend) {
+// open receives the subtest's t, so that a skip or failure while opening
+// belongs to the subtest.
+func checkMatmulModes(t *testing.T, open func(testing.TB, Options) *Backend) {
 	const T, C, OC = 37, 256, 65
 	r := rand.New(rand.NewPCG(1, 2))
 	inp := make([]float32, T*C)
@@ -58,7 +60,7 @@ func checkMatmulModes(t *testing.T, open func(Options) *Backend) {
 		{MatmulFP32, ref(func(x float32) float32 { return x }), kerneltest.Tol{Atol: 1e-4, Rtol: 1e-4}},
 	} {
 		t.Run(c.mode.String(), func(t *testing.T) {
-			b := open(Options{Matmul: c.mode})
+			b := open(t, Options{Matmul: c.mode})
 			if b.MatmulMode() != c.mode {
 				t.Fatalf("backend mode %v, want %v", b.MatmulMode(), c.mode)
 			}
@@ -84,7 +86,7 @@ func checkMatmulModes(t *testing.T, open func(Options) *Backend) {
 }
 
 func TestMatmulModesEmu(t *testing.T) {
-	checkMatmulModes(t, func(o Options) *Backend { return emuBackend(t, o) })
+	checkMatmulModes(t, emuBackend)
 }
 
 func TestMatmulModesGPU(t *testing.T) {
@@ -94,7 +96,7 @@ func TestMatmulModesGPU(t *testing.T) {
 		}
 		t.Skipf("no CUDA device: %v", err)
 	}
-	checkMatmulModes(t, func(o Options) *Backend {
+	checkMatmulModes(t, func(t testing.TB, o Options) *Backend {
 		b, err := OpenBackend(o)
 		if err != nil {
 			t.Fatal(err)

@@ -22,8 +22,11 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 		pa(out), pa(rstd), pa(inp), pa(weight), ia(N), ia(C), fa(eps))
 }
 
-// maxStaticSmem is the shared memory a block may use without opting in.
-const maxStaticSmem = 48 << 10
+// normBwdBlocks bounds the blocks of rmsnorm_bwd (each keeps a row of
+// dweight partials). The count depends on N only, never on the device, so
+// the reduction order, and with it the bits of dweight, are the same on
+// every GPU.
+const normBwdBlocks = 128
 
 // RMSNormBackward implements kernels.Ops: dinp (N,C) +=, dweight (C) +=.
 func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
@@ -36,11 +39,13 @@ func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels
 	if N == 0 {
 		return
 	}
-	smem, useSmem := 4*C, 1 // dweight partials, next to the static 32-float scratch
-	if smem+128 > maxStaticSmem {
-		smem, useSmem = 0, 0 // very wide rows: atomics straight into dweight
-	}
+	G := min(N, normBwdBlocks)
 	defer b.lock()()
-	b.launch("rmsnorm_bwd", min(N, 4*b.d.info.SMs), 1, 1, normThreads(C), smem,
-		pa(dinp), pa(dweight), pa(dout), pa(inp), pa(weight), pa(rstd), ia(N), ia(C), ia(useSmem))
+	partial := b.work("rmsnorm dweight partials", 4*G*C)
+	if partial == 0 {
+		return
+	}
+	b.launch("rmsnorm_bwd", G, 1, 1, normThreads(C), 0,
+		pa(dinp), pu(partial), pa(dout), pa(inp), pa(weight), pa(rstd), ia(N), ia(C))
+	b.elementwise("rmsnorm_dw_reduce", C, pa(dweight), pu(partial), ia(G), ia(C))
 }

@@ -41,7 +41,7 @@ func sampleTiny(t *testing.T, be kernels.Backend) []model.Sample {
 	prompts := [][]int32{{5, 17, 300, 2}, {42}, {7, 7, 7, 100, 200, 311, 12, 9, 8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}, {500, 1}}
 	// Greedy (temperature 0) so that both backends take the same path as
 	// long as their logits agree; the random source is then unused.
-	out, err := s.Sample(prompts, model.SampleOptions{Temperature: 0, MaxNewTokens: 12, StopTokens: []int32{3}}, rand.New(rand.NewPCG(1, 2)))
+	out, err := s.Sample(prompts, model.SampleOptions{Temperature: 0, MaxNewTokens: 12, StopTokens: []int32{3}}, []*rand.Rand{rand.New(rand.NewPCG(1, 2))})
 	if err != nil {
 		t.Fatal(err)
 	}

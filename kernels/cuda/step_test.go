@@ -27,8 +27,17 @@ type stepResult struct {
 var (
 	tolStepLogprob = kerneltest.Tol{Atol: 2e-5, Rtol: 1e-4}
 	tolStepLoss    = 1e-5 // relative
-	// Gradients are sums of many products; atomics and other orders shift
-	// them by a few ulps of their magnitude (~1e-3 here).
+	// tolStepGrads has never been measured on a GPU: it was set to leave
+	// room for cross-block atomics, which the kernels no longer use
+	// (EmbeddingBackward is bitwise equal to the CPU, RMSNormBackward reduces
+	// per-block partials in a fixed order). On the emulator (cuBLAS stand-in
+	// summing in double) the step uses 12% of it, all of that the atol on
+	// near-zero gradients (max abs err 7.5e-8); it still passes with Rtol
+	// 1e-6, so the rtol has ~1000× slack there. The remaining GPU/CPU
+	// difference is cuBLAS's own fp32 summation order. Kept as it is until a
+	// GPU run measures that: compareStep logs the fraction of every tolerance
+	// the step used (scripts/gpu-check.sh keeps the log), and the next
+	// session with a GPU sets it from that figure.
 	tolStepGrads = kerneltest.Tol{Atol: 1e-7, Rtol: 1e-3}
 	// One AdamW step (first step, eps 1e-6) moves a weight by
 	// lr·g/(|g|+eps); its sensitivity to g peaks at lr/(4·eps) = 250 for
@@ -114,6 +123,9 @@ func compareSteps(t *testing.T, want, got stepResult) {
 		if msg := kerneltest.Compare(c.want, c.got, c.tol); msg != "" {
 			t.Errorf("tiny-model step %s: %s", c.name, msg)
 		}
+		frac, abs, rel := kerneltest.Used(c.want, c.got, c.tol)
+		t.Logf("tiny-model step %s: max abs err %.3g, max rel err %.3g: %.3g%% of the tolerance (atol %g, rtol %g)",
+			c.name, abs, rel, 100*frac, c.tol.Atol, c.tol.Rtol)
 	}
 	if d := math.Abs(got.loss-want.loss) / math.Abs(want.loss); d > tolStepLoss {
 		t.Errorf("tiny-model step loss: got %.8g want %.8g (rel err %.3g)", got.loss, want.loss, d)

@@ -274,3 +274,32 @@ func Compare(want, got []float32, tol Tol) string {
 	return fmt.Sprintf("%d mismatches beyond atol %g rtol %g (max abs err %.3g, max rel err %.3g); first: %v",
 		bad, tol.Atol, tol.Rtol, maxAbs, maxRel, first)
 }
+
+// Used returns the largest fraction of tol any element's error uses,
+// max |got−want| / (Atol + Rtol·|want|), with the max abs and rel errors: a
+// measurement to set a tolerance from (a value > 1 fails Compare).
+func Used(want, got []float32, tol Tol) (frac, maxAbs, maxRel float64) {
+	for i := range want {
+		if i >= len(got) {
+			return math.Inf(1), math.Inf(1), math.Inf(1)
+		}
+		w, g := float64(want[i]), float64(got[i])
+		d := math.Abs(g - w)
+		if math.IsNaN(d) {
+			if math.IsNaN(g) == math.IsNaN(w) {
+				continue
+			}
+			d = math.Inf(1)
+		}
+		maxAbs = math.Max(maxAbs, d)
+		if w != 0 {
+			maxRel = math.Max(maxRel, d/math.Abs(w))
+		}
+		if lim := tol.Atol + tol.Rtol*math.Abs(w); lim > 0 {
+			frac = math.Max(frac, d/lim)
+		} else if d > 0 {
+			frac = math.Inf(1)
+		}
+	}
+	return frac, maxAbs, maxRel
+}

@@ -4,10 +4,13 @@
 //   rmsnorm_bwd:  dinp (N,C) += r·dout·w − r³·inp/C · Σ_c dout·w·inp                      (+=)
 //                 dweight (C) += Σ_rows dout·inp·r                                        (+=)
 //
-// One block per row (grid-stride over rows), blockDim a multiple of 32. In the
-// backward pass each block sums its rows' dweight in shared memory (C floats,
-// when use_smem) and adds it to dweight with one atomicAdd per column, so the
-// cross-block order is unspecified (equal to the CPU within rounding).
+// One block per row (grid-stride over rows), blockDim a multiple of 32. The
+// backward pass is deterministic: block g of G sums its rows' dweight
+// contributions, in row order, into its own row of partial (G,C) (column c
+// belongs to one thread), and rmsnorm_dw_reduce then adds the G partials to
+// dweight in block order. G depends only on N (the Go side fixes it), never
+// on the device, so a step's gradients are the same bits on every run and
+// every GPU. No atomics.
 #include "common.cuh"
 
 extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp,
@@ -25,14 +28,12 @@ extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp
   }
 }
 
-extern "C" __global__ void rmsnorm_bwd(float* dinp, float* dweight, const float* dout,
+extern "C" __global__ void rmsnorm_bwd(float* dinp, float* partial, const float* dout,
                                        const float* inp, const float* weight, const float* rstd,
-                                       int N, int C, int use_smem) {
-  TG_DYN_SMEM(float, dw);  // (C) when use_smem
+                                       int N, int C) {
   __shared__ float scratch[32];
-  if (use_smem) {
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.f;
-  }
+  float* dw = partial + (long long)blockIdx.x * C;  // (C): this block's row of partial
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0.f;
   for (int row = blockIdx.x; row < N; row += gridDim.x) {
     const float* x = inp + (long long)row * C;
     const float* g = dout + (long long)row * C;
@@ -44,15 +45,16 @@ extern "C" __global__ void rmsnorm_bwd(float* dinp, float* dweight, const float*
     float* dx = dinp + (long long)row * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       dx[c] += r * g[c] * weight[c] - k * x[c];
-      float wg = g[c] * x[c] * r;
-      if (use_smem) {
-        dw[c] += wg;  // column c belongs to this thread alone
-      } else {
-        atomicAdd(&dweight[c], wg);
-      }
+      dw[c] += g[c] * x[c] * r;  // column c belongs to this thread alone
     }
   }
-  if (use_smem) {
-    for (int c = threadIdx.x; c < C; c += blockDim.x) atomicAdd(&dweight[c], dw[c]);
+}
+
+// dweight (C) += Σ_g partial[g][c] for g = 0..G−1 in order.
+extern "C" __global__ void rmsnorm_dw_reduce(float* dweight, const float* partial, int G, int C) {
+  TG_FOR(c, C) {
+    float s = 0.f;
+    for (int g = 0; g < G; g++) s += partial[(long long)g * C + c];
+    dweight[c] += s;
   }
 }

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"testing"
@@ -15,9 +15,9 @@ func TestAdvantageStats(t *testing.T) {
 	b := &grpo.Batch{}
 	b.Metrics.LogicalValid = []bool{true, true, true, true, true, false}
 	b.Advantages.Advantage = []float64{0, 0, -0.5, 0.5, 0, 7}
-	var m stepMetrics
+	var m Metrics
 	advantageStats(&m, logical, b)
-	if m.ZeroSignalGroups != num(2.0/3) {
+	if m.ZeroSignalGroups != Num(2.0/3) {
 		t.Errorf("zero-signal groups %v, want 2/3", m.ZeroSignalGroups)
 	}
 	if m.AdvantageMin != -0.5 || m.AdvantageMax != 0.5 || m.AdvantageAbsMean != 0.2 {

@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
@@ -26,36 +27,61 @@ type runIdentity struct {
 	Init       initSource `json:"init"`
 	Tasks      []string   `json:"tasks,omitempty"`
 	Rollouts   string     `json:"rollouts,omitempty"`
+	// Streams names how the built-in rollouts draw their randomness;
+	// checkpoints of a tracegrpo from before keyed streams have none (their
+	// sequential streams were saved in trainer_state.json's rng).
+	Streams string `json:"random_streams"`
 }
 
-func (t *trainer) identity() (runIdentity, error) {
+// streamsScheme is Streams of this version: rollout.Streams, keyed by (seed,
+// step, task group, rollout, call).
+const streamsScheme = "keyed-v1 (seed, step, task group, rollout, call)"
+
+func (t *Trainer) identity() (runIdentity, error) {
 	y, err := config.Marshal(&t.cfg)
 	if err != nil {
 		return runIdentity{}, err
 	}
-	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.rollouts}
-	if t.o.rollouts == "" {
-		id.Tasks = t.o.tasks
+	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts, Streams: streamsScheme}
+	if t.o.Rollouts == "" {
+		id.Tasks = t.o.Tasks
 	}
 	return id, nil
 }
 
-func (t *trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
+func (t *Trainer) checkpointDir() string { return filepath.Join(t.out, "checkpoints") }
 
-// maybeCheckpoint saves every checkpointing.save_period steps and at the end.
-func (t *trainer) maybeCheckpoint() error {
+// savesAt says whether step is checkpointed: every
+// checkpointing.save_period steps and at the end.
+func (t *Trainer) savesAt(step int) bool {
 	c := t.cfg.Checkpointing
-	if !c.Enabled {
-		return nil
-	}
-	if (c.SavePeriod <= 0 || t.step%c.SavePeriod != 0) && t.step != t.maxSteps {
-		return nil
-	}
-	return t.save()
+	return c.Enabled && ((c.SavePeriod > 0 && step%c.SavePeriod == 0) || step == t.maxSteps)
 }
 
-// save writes step_<N>/: HF weights, Adam moments, trainer state.
-func (t *trainer) save() error {
+// prepareCheckpoint writes this step's checkpoint under a temporary name
+// when the step is checkpointed (nil otherwise); Run publishes it after the
+// step's metrics line is on disk, so that a checkpoint never exists without
+// its line.
+func (t *Trainer) prepareCheckpoint() (*checkpoint.Pending, error) {
+	if !t.savesAt(t.step) {
+		return nil, nil
+	}
+	return t.prepare()
+}
+
+// save writes and publishes step_<N>/ at once (a signal's stop).
+func (t *Trainer) save() error {
+	p, err := t.prepare()
+	if err != nil {
+		return err
+	}
+	_, err = p.Publish()
+	return err
+}
+
+// prepare writes step_<N>/ (HF weights, Adam moments, trainer state) under a
+// temporary name.
+func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	table := t.model.Table()
 	host := t.model.ParamsHost()
 	mBuf, vBuf := t.opt.Moments()
@@ -64,7 +90,7 @@ func (t *trainer) save() error {
 	t.be.DownloadF32(m, mBuf)
 	t.be.DownloadF32(v, vBuf)
 	if err := t.be.Sync(); err != nil {
-		return err
+		return nil, err
 	}
 	st := &checkpoint.State{}
 	for _, p := range table.Params {
@@ -79,53 +105,47 @@ func (t *trainer) save() error {
 	}
 	var err error
 	if st.ModelConfig, err = t.modelCfg.JSON("float32"); err != nil {
-		return err
+		return nil, err
 	}
 	ts := &st.Trainer
 	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
-		return err
+		return nil, err
 	}
 	if ts.Scheduler, err = json.Marshal(t.sched.State()); err != nil {
-		return err
-	}
-	ts.RNG = map[string][]byte{}
-	for name, p := range t.rngs {
-		if ts.RNG[name], err = p.MarshalBinary(); err != nil {
-			return err
-		}
+		return nil, err
 	}
 	if ts.RolloutCursor, err = t.source.cursor(); err != nil {
-		return err
+		return nil, err
 	}
 	id, err := t.identity()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if ts.Config, err = json.Marshal(id); err != nil {
-		return err
+		return nil, err
 	}
 	keep := 0
 	if k := t.cfg.Checkpointing.KeepTopK; k != nil {
 		keep = *k
 	}
-	_, err = checkpoint.Save(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
-	return err
+	return checkpoint.Prepare(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
 }
 
 // restore loads the newest complete checkpoint of the run directory and puts
 // the run back exactly where it was after that step.
-func (t *trainer) restore() error {
+func (t *Trainer) restore() error {
 	cfgJSON, err := t.modelCfg.JSON("float32")
 	if err != nil {
 		return err
 	}
-	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.fallback, ExpectConfig: cfgJSON})
-	if errors.Is(err, checkpoint.ErrNoCheckpoint) {
-		return fmt.Errorf("resume: no complete checkpoint in %s: %w", t.checkpointDir(), err)
-	}
+	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.Fallback, ExpectConfig: cfgJSON})
 	if err != nil {
-		return fmt.Errorf("resume: %w (pass --fallback to use an older complete checkpoint)", err)
+		hint := ""
+		if !t.o.Fallback && !errors.Is(err, checkpoint.ErrConfigMismatch) {
+			hint = " (pass --fallback to use the newest older checkpoint that verifies, if any)"
+		}
+		return fmt.Errorf("resume: %w%s", err, hint)
 	}
 	for _, s := range res.Skipped {
 		t.logf("resume: skipped %v", s)
@@ -191,15 +211,6 @@ func (t *trainer) restore() error {
 	if err := t.sched.Restore(ss); err != nil {
 		return err
 	}
-	for name, p := range t.rngs {
-		b, ok := st.Trainer.RNG[name]
-		if !ok {
-			return fmt.Errorf("resume: %s: no state for random stream %q", res.Path, name)
-		}
-		if err := p.UnmarshalBinary(b); err != nil {
-			return fmt.Errorf("resume: %s: random stream %q: %w", res.Path, name, err)
-		}
-	}
 	if err := t.source.restore(st.Trainer.RolloutCursor); err != nil {
 		return err
 	}
@@ -211,7 +222,7 @@ func (t *trainer) restore() error {
 // checkIdentity refuses to resume a run under a different configuration,
 // init or data: every differing key is named. grpo.max_num_steps may change
 // (to extend a run).
-func (t *trainer) checkIdentity(raw json.RawMessage) error {
+func (t *Trainer) checkIdentity(raw json.RawMessage) error {
 	var saved runIdentity
 	if err := json.Unmarshal(raw, &saved); err != nil {
 		return fmt.Errorf("resume: trainer_state.json config: %w", err)
@@ -226,6 +237,10 @@ func (t *trainer) checkIdentity(raw json.RawMessage) error {
 	}
 	if !slices.Equal(saved.Tasks, cur.Tasks) {
 		diffs = append(diffs, fmt.Sprintf("--tasks: checkpoint %v, now %v", saved.Tasks, cur.Tasks))
+	}
+	if saved.Streams != cur.Streams {
+		diffs = append(diffs, fmt.Sprintf("random streams of the built-in rollouts: checkpoint %s, now %s (the checkpoint was written by another tracegrpo version; resume it with that version)",
+			orNone(saved.Streams), cur.Streams))
 	}
 	if saved.Rollouts != cur.Rollouts {
 		diffs = append(diffs, fmt.Sprintf("--rollouts: checkpoint %q, now %q", saved.Rollouts, cur.Rollouts))
@@ -302,9 +317,9 @@ func flattenYAML(doc string) (map[string]string, error) {
 // openMetrics opens metrics.jsonl for appending. On resume it first drops
 // the lines of steps after the checkpoint (a crashed attempt logged them;
 // they are about to be re-run).
-func (t *trainer) openMetrics() error {
+func (t *Trainer) openMetrics() error {
 	path := filepath.Join(t.out, "metrics.jsonl")
-	if t.o.resume {
+	if t.o.Resume {
 		if err := truncateMetrics(path, t.step); err != nil {
 			return err
 		}
@@ -344,11 +359,13 @@ func truncateMetrics(path string, keep int) error {
 			out.WriteByte('\n')
 		}
 	}
-	return writeFileAtomic(path, out.Bytes())
+	return atomicfile.WriteFile(path, out.Bytes())
 }
 
-// log appends the step's metrics line and shows the progress line.
-func (t *trainer) log(m stepMetrics) error {
+// log appends the step's metrics line, synced to disk when sync is set (a
+// checkpoint of the step is about to be published), and shows the progress
+// line.
+func (t *Trainer) log(m Metrics, sync bool) error {
 	b, err := json.Marshal(m)
 	if err != nil {
 		return err
@@ -356,15 +373,18 @@ func (t *trainer) log(m stepMetrics) error {
 	if _, err := t.metricsFile.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("metrics: %w", err)
 	}
-	t.progress.step(m)
-	if stopAfterStep > 0 && m.Step >= stopAfterStep {
-		return errSimulatedCrash
+	if sync {
+		if err := t.metricsFile.Sync(); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
 	}
+	t.progress.step(m)
 	return nil
 }
 
-// stopAfterStep, when positive, ends the run right after that step's metrics
-// line as a crash would (tests of exact resume use it).
+// stopAfterStep, when positive, ends the run right after that step (its
+// metrics line written, its checkpoint, if any, published) as a crash would
+// (tests of exact resume use it).
 var stopAfterStep = 0
 
 var errSimulatedCrash = errors.New("simulated crash")

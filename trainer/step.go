@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ import (
 // capture mask, a record already marked mask_sample, and the environment's
 // instance_config.mask_sample when env.should_mask_flagged_samples. A record
 // with missing or malformed correlation is an error naming the record.
-func (t *trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRollout, []*gym.Finalized, error) {
+func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRollout, []*gym.Finalized, error) {
 	logical := make([]grpo.LogicalRollout, len(recs))
 	fins := make([]*gym.Finalized, len(recs))
 	for i, rec := range recs {
@@ -80,7 +80,7 @@ type microBatch struct {
 // max_total_sequence_length × train_micro_batch_size tokens, in row order.
 // Inert and padding rows cost no compute: their loss and gradient are exactly
 // zero (sample mask 0), so they are not run.
-func (t *trainer) pack(b *grpo.Batch) []microBatch {
+func (t *Trainer) pack(b *grpo.Batch) []microBatch {
 	var out []microBatch
 	cur := microBatch{cu: []int32{0}}
 	for r := range b.Rows {
@@ -130,7 +130,7 @@ func rowSlices(buf [][]float64, b *grpo.Batch) [][]float64 {
 // logprobs runs the previous policy (the current weights, before this step's
 // update) over every micro-batch without gradient, and the frozen reference
 // policy when the loss has a KL penalty.
-func (t *trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
+func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 	t.rowLPOld = rowSlices(t.rowLPOld, b)
 	if t.ref != nil {
 		t.rowLPRef = rowSlices(t.rowLPRef, b)
@@ -175,7 +175,7 @@ type stepLoss struct {
 
 // train runs forward, the loss with the step's global G_tok, and backward
 // for every micro-batch; gradients accumulate in the model's gradient arena.
-func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
+func (t *Trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 	out := stepLoss{sums: grpo.NewLossSums()}
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
@@ -233,10 +233,10 @@ func (t *trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 }
 
 // metrics assembles the step's metrics line.
-func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch,
-	l stepLoss, upd optim.Result, ph phaseTimes, total float64) stepMetrics {
+func (t *Trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch,
+	l stepLoss, upd optim.Result, ph PhaseTimes, total float64) Metrics {
 	rewards := make([]float64, len(logical))
-	m := stepMetrics{Step: step, Phases: ph, TimeS: num(total)}
+	m := Metrics{Step: step, Phases: ph, TimeS: Num(total)}
 	for i, lr := range logical {
 		rewards[i] = lr.Reward
 		if lr.LossMultiplier == 0 {
@@ -253,23 +253,23 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 		}
 	}
 	mean, std := meanStd(rewards)
-	m.RewardMean, m.RewardStd = num(mean), num(std)
-	m.TracesPerRollout = num(float64(m.Traces) / float64(max(1, len(logical))))
+	m.RewardMean, m.RewardStd = Num(mean), Num(std)
+	m.TracesPerRollout = Num(float64(m.Traces) / float64(max(1, len(logical))))
 	advantageStats(&m, logical, b)
 	lm := l.sums.Metrics(b.GTok, t.lossOpt.KLPenalty)
-	m.Loss = num(lm.Loss)
-	m.GradNorm = num(upd.GradNorm)
-	m.LR = num(upd.LR)
+	m.Loss = Num(lm.Loss)
+	m.GradNorm = Num(upd.GradNorm)
+	m.LR = Num(upd.LR)
 	m.SkippedUpdate = upd.Skipped
 	bm := b.Metrics
 	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = bm.Logical, bm.Physical, bm.Padding
 	m.OverlongTraces, m.InvalidRollouts, m.EligibleTokens = bm.Overlong, bm.Invalid, bm.EligibleTokens
 	m.NonzeroAdvantageTokens = lm.NonzeroAdvantageTokens
-	m.ClipFractionLow, m.ClipFractionHigh = num(lm.ClipFracLow), num(lm.ClipFracHigh)
-	m.RatioMin, m.RatioMean, m.RatioMax = num(lm.RatioMin), num(lm.Ratio), num(lm.RatioMax)
-	m.KL, m.Entropy = num(lm.KL), num(l.entropy)
-	m.TokenMultProbErr, m.GenKLError = num(lm.TokenMultProbError), num(lm.GenKLError)
-	m.PrevLogprobMaxDiff = num(l.maxOldDiff)
+	m.ClipFractionLow, m.ClipFractionHigh = Num(lm.ClipFracLow), Num(lm.ClipFracHigh)
+	m.RatioMin, m.RatioMean, m.RatioMax = Num(lm.RatioMin), Num(lm.Ratio), Num(lm.RatioMax)
+	m.KL, m.Entropy = Num(lm.KL), Num(l.entropy)
+	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
+	m.PrevLogprobMaxDiff = Num(l.maxOldDiff)
 	var toks int
 	for _, r := range b.Rows {
 		if r.Valid {
@@ -278,13 +278,13 @@ func (t *trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.F
 	}
 	m.TrainTokens = toks
 	if ph.Logprob+ph.Train > 0 {
-		m.TokensPerS = num(float64(toks) / float64(ph.Logprob+ph.Train))
+		m.TokensPerS = Num(float64(toks) / float64(ph.Logprob+ph.Train))
 	}
 	return m
 }
 
 // advantageStats fills the advantage diagnostics from the valid rollouts.
-func advantageStats(m *stepMetrics, logical []grpo.LogicalRollout, b *grpo.Batch) {
+func advantageStats(m *Metrics, logical []grpo.LogicalRollout, b *grpo.Batch) {
 	valid := b.Metrics.LogicalValid
 	lo, hi, sum, n := math.Inf(1), math.Inf(-1), 0.0, 0
 	type group struct {
@@ -315,12 +315,12 @@ func advantageStats(m *stepMetrics, logical []grpo.LogicalRollout, b *grpo.Batch
 	if n == 0 {
 		return
 	}
-	m.AdvantageAbsMean, m.AdvantageMin, m.AdvantageMax = num(sum/float64(n)), num(lo), num(hi)
+	m.AdvantageAbsMean, m.AdvantageMin, m.AdvantageMax = Num(sum/float64(n)), Num(lo), Num(hi)
 	flat := 0
 	for _, k := range order {
 		if !groups[k].varied {
 			flat++
 		}
 	}
-	m.ZeroSignalGroups = num(float64(flat) / float64(len(order)))
+	m.ZeroSignalGroups = Num(float64(flat) / float64(len(order)))
 }

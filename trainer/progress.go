@@ -1,8 +1,9 @@
-package main
+package trainer
 
 import (
 	"fmt"
 	"io"
+	"math"
 	"time"
 )
 
@@ -21,14 +22,14 @@ func newProgressLine(w io.Writer, quiet bool, total int) *progressLine {
 	return &progressLine{w: w, quiet: quiet, total: total, start: time.Now()}
 }
 
-func (p *progressLine) step(m stepMetrics) {
+func (p *progressLine) step(m Metrics) {
 	p.steps++
 	p.rewards = append(p.rewards, float64(m.RewardMean))
 	if p.quiet {
 		return
 	}
 	el := time.Since(p.start)
-	eta := time.Duration(float64(el) / float64(p.steps) * float64(p.total-m.Step)).Round(time.Second)
+	eta := etaString(float64(el) / float64(p.steps) * float64(p.total-m.Step))
 	skipped := ""
 	if m.SkippedUpdate {
 		skipped = " | UPDATE SKIPPED (non-finite gradient)"
@@ -39,7 +40,7 @@ func (p *progressLine) step(m stepMetrics) {
 }
 
 // progressDone prints the run's summary.
-func (t *trainer) progressDone() {
+func (t *Trainer) progressDone() {
 	p := t.progress
 	if p.quiet || p.steps == 0 {
 		return
@@ -49,4 +50,14 @@ func (t *trainer) progressDone() {
 	last, _ := meanStd(p.rewards[len(p.rewards)-n:])
 	fmt.Fprintf(p.w, "train: %d steps in %v; mean reward of the first %d steps %.3f, of the last %d %.3f; metrics in %s/metrics.jsonl\n",
 		p.steps, time.Since(p.start).Round(time.Second), n, first, n, last, t.out)
+}
+
+// etaString renders a remaining time of ns nanoseconds, rounded to the
+// second; beyond what a time.Duration holds (292 years) it says so rather
+// than overflowing to a negative time.
+func etaString(ns float64) string {
+	if !(ns < float64(math.MaxInt64)) {
+		return ">292y"
+	}
+	return time.Duration(ns).Round(time.Second).String()
 }

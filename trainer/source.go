@@ -1,4 +1,4 @@
-package main
+package trainer
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -20,36 +21,39 @@ import (
 // correlate with.
 type rolloutSource interface {
 	// start finishes setting up once the model and the random streams exist.
-	start(t *trainer) error
+	start(t *Trainer) error
 	// next returns the records of GRPO step (1-based) and their captures.
 	next(step int) ([]*gym.Record, gym.Source, error)
 	// cursor is the source's position after the last step, for checkpoints;
 	// restore goes back to it.
 	cursor() (json.RawMessage, error)
 	restore(c json.RawMessage) error
+	// captures is the capture directory the source reads (and, built in,
+	// writes), once started.
+	captures() string
 	close()
 }
 
 // newSource chooses the rollout source from the flags and config, and checks
 // its inputs exist before any work starts.
-func (t *trainer) newSource() (rolloutSource, error) {
+func (t *Trainer) newSource() (rolloutSource, error) {
 	gbs := t.cfg.Policy.TrainGlobalBatchSize
 	capDir := t.cfg.Env.NemoGym.TokenIDCapture.Dir
-	if t.o.captures != "" {
-		capDir = t.o.captures
+	if t.o.Captures != "" {
+		capDir = t.o.Captures
 	}
-	if t.o.rollouts == "" {
-		if t.o.captures != "" {
-			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", errUsage)
+	if t.o.Rollouts == "" {
+		if t.o.Captures != "" {
+			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", ErrUsage)
 		}
-		tasks, err := rollout.LookupTasks(t.o.tasks)
+		tasks, err := rollout.LookupTasks(t.o.Tasks)
 		if err != nil {
 			return nil, err
 		}
 		return &builtinSource{tasks: tasks, captureDir: capDir}, nil
 	}
 	if capDir == "" {
-		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", errUsage)
+		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", ErrUsage)
 	}
 	if st, err := os.Stat(capDir); err != nil || !st.IsDir() {
 		return nil, fmt.Errorf("capture directory %s: not a readable directory", capDir)
@@ -58,11 +62,11 @@ func (t *trainer) newSource() (rolloutSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := os.Stat(t.o.rollouts)
+	st, err := os.Stat(t.o.Rollouts)
 	if err != nil {
 		return nil, fmt.Errorf("rollouts: %w", err)
 	}
-	src := &externalSource{path: t.o.rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.wait}
+	src := &externalSource{path: t.o.Rollouts, dir: st.IsDir(), reader: reader, gbs: gbs, wait: t.o.Wait, capDir: capDir}
 	if !src.dir {
 		if err := src.check(); err != nil {
 			return nil, err
@@ -76,14 +80,14 @@ func (t *trainer) newSource() (rolloutSource, error) {
 type builtinSource struct {
 	tasks      []rollout.Task
 	captureDir string
-	t          *trainer
+	t          *Trainer
 	writer     *gym.Writer
 	reader     *gym.Reader
 	rec        *rollout.GymRecorder
 	policy     *samplerPolicy
 }
 
-func (s *builtinSource) start(t *trainer) error {
+func (s *builtinSource) start(t *Trainer) error {
 	s.t = t
 	if s.captureDir == "" {
 		s.captureDir = filepath.Join(t.out, "captures")
@@ -114,14 +118,14 @@ func (s *builtinSource) start(t *trainer) error {
 	if g.TopK != nil {
 		opt.TopK = *g.TopK
 	}
-	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t}
+	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t, max: t.cfg.Policy.MaxTotalSequenceLength}
 	return nil
 }
 
 func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
 	c := &s.t.cfg.GRPO
-	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.rng("tasks"))
-	results, err := rollout.Run(s.policy, s.rec, specs, s.t.rng("call_ids"))
+	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.streams)
+	results, err := rollout.Run(s.policy, s.rec, specs, s.t.streams)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -144,16 +148,22 @@ func (s *builtinSource) cursor() (json.RawMessage, error) {
 }
 func (s *builtinSource) restore(json.RawMessage) error { return nil }
 func (s *builtinSource) close()                        {}
+func (s *builtinSource) captures() string              { return s.captureDir }
 
 // samplerPolicy samples with the current policy's KV-cache sampler.
 type samplerPolicy struct {
 	s   *model.Sampler
 	opt model.SampleOptions
-	t   *trainer
+	t   *Trainer
+	max int // policy.max_total_sequence_length: prompt and generation
 }
 
-func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) {
-	out, err := p.s.Sample(prompts, p.opt, p.t.rng("sampler"))
+// MaxContext implements rollout.ContextLimit: a call's prompt and
+// generation fit one trace of policy.max_total_sequence_length tokens.
+func (p *samplerPolicy) MaxContext() int { return p.max }
+
+func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.Completion, error) {
+	out, err := p.s.Sample(prompts, p.opt, rngs)
 	if err != nil {
 		return nil, err
 	}
@@ -177,11 +187,13 @@ func (p *samplerPolicy) Sample(prompts [][]int32) ([]rollout.Completion, error) 
 // A writer of that directory must create each file whole (write, then
 // rename into place).
 type externalSource struct {
-	path   string
-	dir    bool
-	reader *gym.Reader
-	gbs    int
-	wait   time.Duration
+	stopped <-chan struct{} // closed by a stop request: stop waiting
+	capDir  string
+	path    string
+	dir     bool
+	reader  *gym.Reader
+	gbs     int
+	wait    time.Duration
 
 	f        *os.File
 	rr       *gym.RecordReader
@@ -233,7 +245,8 @@ func (s *externalSource) check() error {
 	return nil
 }
 
-func (s *externalSource) start(*trainer) error {
+func (s *externalSource) start(t *Trainer) error {
+	s.stopped = t.stop.stopped
 	if s.dir {
 		return nil
 	}
@@ -285,7 +298,11 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("rollouts: %s did not appear within --wait %v", path, s.wait)
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-s.stopped:
+			return nil, errStopWaiting
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -344,6 +361,8 @@ func (s *externalSource) restore(raw json.RawMessage) error {
 	}
 	return nil
 }
+
+func (s *externalSource) captures() string { return s.capDir }
 
 func (s *externalSource) close() {
 	if s.f != nil {

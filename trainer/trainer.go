@@ -1,21 +1,20 @@
-package main
+package trainer
 
 import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
+	"github.com/tracegrpo/tracegrpo/rollout"
 )
 
 //go:embed builtin/recipe.yaml
@@ -27,28 +26,10 @@ var builtinModelConfig []byte
 // builtinModelName is the policy.model_name of the embedded tiny model.
 const builtinModelName = "tracegrpo/tiny-qwen3"
 
-// trainOptions are the command-line settings of a run.
-type trainOptions struct {
-	configFiles, sets []string
-	out               string
-	resume, fallback  bool
-	initFrom          string
-	backend           string
-	threads           int
-	steps             int
-	rollouts          string
-	captures          string
-	wait              time.Duration
-	tasks             []string
-	onNonFinite       string
-	quiet             bool
-	stderr            io.Writer
-}
-
-// trainer holds everything one run needs. Its fields are set once by
-// newTrainer; the loop in run mutates only the step state.
-type trainer struct {
-	o        trainOptions
+// Trainer holds everything one run needs. Its fields are set once by New;
+// the loop in Run mutates only the step state.
+type Trainer struct {
+	o        Options
 	cfg      config.Config
 	name     string // run name (recipe base name, or "builtin")
 	out      string // run directory
@@ -67,14 +48,21 @@ type trainer struct {
 	temp      float32
 	maxTokens int // tokens of one packed micro-batch
 
-	rngs   map[string]*rand.PCG // every random stream, checkpointed by name
-	source rolloutSource
+	// streams keys every random decision of the built-in rollouts by
+	// (seed, step, task group, rollout, call): nothing to checkpoint.
+	streams rollout.Streams
+	source  rolloutSource
 
-	signals     chan os.Signal // SIGINT/SIGTERM, handled between steps
-	stopSignals func()
+	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
 	metricsFile *os.File
 	progress    *progressLine
+	unlock      func() // releases the run directory's lock
+
+	// resumeFrom is the checkpoint a --resume run continues ("" to start at
+	// step 0); resumeNote says why none was usable.
+	resumeFrom, resumeNote string
+	loaded                 *config.Loaded // the recipe as read, for the effective config
 
 	// step state
 	step     int   // GRPO steps completed
@@ -94,13 +82,23 @@ type initSource struct {
 	Dir  string `json:"dir,omitempty"`
 }
 
-func newTrainer(o trainOptions) (_ *trainer, err error) {
-	t := &trainer{o: o}
+// New checks the configuration and every input, builds the policy, the
+// optimizer and the rollout source on o.Backend, and resumes when asked.
+// Nothing is trained until Run. The caller closes the backend after Close.
+func New(o Options) (_ *Trainer, err error) {
+	if o.Backend == nil {
+		return nil, fmt.Errorf("trainer: Options.Backend is nil")
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	t := &Trainer{o: o}
 	defer func() {
 		if err != nil {
-			t.close()
+			t.Close()
 		}
 	}()
+	t.watchSignals()
 
 	// Configuration: the recipe (or the built-in one), --set, --steps; then
 	// every capability guard, before any work.
@@ -117,6 +115,9 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	if c.LossFn.PositiveExampleNLLWeight != 0 {
 		return nil, fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
 	}
+	if err := checkStepCount(c, o.Steps); err != nil {
+		return nil, err
+	}
 	t.maxSteps = c.GRPO.MaxNumSteps
 	t.builder = c.Env.NemoGym.TokenIDCapture.Builder
 	t.temp = float32(c.Policy.Generation.Temperature)
@@ -126,10 +127,10 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	if t.lossOpt, err = grpo.NewLossOptions(&c.LossFn); err != nil {
 		return nil, err
 	}
-	switch o.onNonFinite {
+	switch o.OnNonFinite {
 	case "skip", "abort":
 	default:
-		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", errUsage, o.onNonFinite)
+		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", ErrUsage, o.OnNonFinite)
 	}
 
 	// The rollout source is checked before anything heavy is set up, so bad
@@ -138,19 +139,19 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 		return nil, err
 	}
 
-	// The run directory.
-	if err := t.prepareOut(); err != nil {
+	// The run directory: locked, checked against the inputs, and where a
+	// resumed run starts decided before anything in it is written.
+	if err := t.openRunDir(); err != nil {
 		return nil, err
+	}
+	if o.Resume {
+		if err := t.findCheckpoint(); err != nil {
+			return nil, err
+		}
 	}
 
-	// The backend and the policy.
-	blog := o.stderr
-	if o.quiet {
-		blog = io.Discard
-	}
-	if t.be, err = openBackend(o.backend, o.threads, blog); err != nil {
-		return nil, err
-	}
+	// The policy.
+	t.be = o.Backend
 	if err := t.newModels(); err != nil {
 		return nil, err
 	}
@@ -163,16 +164,21 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 	if err := t.newOptimizer(); err != nil {
 		return nil, err
 	}
-	t.newRNGs()
+	t.streams = rollout.Streams{Seed: uint64(c.GRPO.Seed)}
 	if err := t.source.start(t); err != nil {
 		return nil, err
 	}
 
-	// Resume, then open the metrics log.
-	if o.resume {
+	// Resume, then write the effective config and open the metrics log.
+	if t.resumeFrom != "" {
 		if err := t.restore(); err != nil {
 			return nil, err
 		}
+	} else if o.Resume {
+		t.logf("resume: no complete checkpoint in %s%s: starting at step 0", t.checkpointDir(), t.resumeNote)
+	}
+	if err := t.writeEffectiveConfig(); err != nil {
+		return nil, err
 	}
 	if err := t.openMetrics(); err != nil {
 		return nil, err
@@ -182,18 +188,15 @@ func newTrainer(o trainOptions) (_ *trainer, err error) {
 			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
 			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
 	}
-	t.progress = newProgressLine(o.stderr, o.quiet, t.maxSteps)
-	t.watchSignals()
-	t.logf("run %s: %s backend, %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
-		t.name, t.be.Name(), t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
+	t.progress = newProgressLine(o.Log, o.Quiet, t.maxSteps)
+	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
+		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
 	return t, nil
 }
 
-func (t *trainer) close() {
-	if t.stopSignals != nil {
-		t.stopSignals()
-	}
+// Close releases what New built (not the backend).
+func (t *Trainer) Close() {
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
 	}
@@ -209,78 +212,87 @@ func (t *trainer) close() {
 	if t.model != nil {
 		t.model.Close()
 	}
-	if c, ok := t.be.(interface{ Close() }); ok {
-		c.Close()
+	if t.unlock != nil {
+		t.unlock()
+		t.unlock = nil
 	}
 }
 
 // logf writes one line of setup information to stderr.
-func (t *trainer) logf(format string, args ...any) {
-	if !t.o.quiet {
-		fmt.Fprintf(t.o.stderr, "train: "+format+"\n", args...)
+func (t *Trainer) logf(format string, args ...any) {
+	if !t.o.Quiet {
+		fmt.Fprintf(t.o.Log, "train: "+format+"\n", args...)
 	}
 }
 
+// maxSamples bounds the logical rollouts a run may schedule: the scheduler
+// counts them in int64 and derives its iterations in float64, where
+// integers are exact up to 2^53.
+const maxSamples = 1 << 53
+
+// checkStepCount refuses a run length that is not positive or whose rollout
+// count overflows the schedule, naming --steps when it came from there.
+func checkStepCount(c *config.Config, flagSteps int) error {
+	name := "grpo.max_num_steps"
+	if flagSteps > 0 {
+		name = "--steps"
+	}
+	n, gbs := int64(c.GRPO.MaxNumSteps), int64(c.Policy.TrainGlobalBatchSize)
+	if n < 1 {
+		return fmt.Errorf("%w: %s=%d: a run needs at least one step", ErrUsage, name, n)
+	}
+	if gbs > 0 && n > maxSamples/gbs {
+		return fmt.Errorf("%w: %s=%d: %d steps of %d logical rollouts overflow the schedule's rollout count (at most %d steps at this batch size)",
+			ErrUsage, name, n, n, gbs, maxSamples/gbs)
+	}
+	return nil
+}
+
 // loadConfig reads the recipe, applies --set and --steps, and names the run.
-func (t *trainer) loadConfig() error {
-	sets := append([]string(nil), t.o.sets...)
-	if t.o.steps > 0 {
-		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.steps))
+func (t *Trainer) loadConfig() error {
+	sets := append([]string(nil), t.o.Sets...)
+	if t.o.Steps > 0 {
+		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
-	var ld *config.Loaded
-	var err error
-	if len(t.o.configFiles) == 0 {
-		t.name = "builtin"
-		ld, err = config.LoadOver(config.Recipe{Name: "builtin/recipe.yaml", Data: builtinRecipe}, nil, sets)
-	} else {
-		last := t.o.configFiles[len(t.o.configFiles)-1]
-		t.name = strings.TrimSuffix(filepath.Base(last), filepath.Ext(last))
-		ld, err = config.Load(t.o.configFiles, sets)
-	}
+	ld, name, err := LoadRecipe(t.o.ConfigFiles, sets)
 	if err != nil {
 		return err
 	}
-	t.cfg = ld.Config
+	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
 		t.logf("ignored keys (engines tracegrpo does not use): %s", strings.Join(ld.Ignored, ", "))
 	}
 	return nil
 }
 
-// prepareOut creates the run directory. A directory that already holds a run
-// is only reused with --resume.
-func (t *trainer) prepareOut() error {
-	t.out = t.o.out
-	if t.out == "" {
-		t.out = filepath.Join("runs", t.name)
+// BuiltinRecipeName is how the embedded built-in recipe is named in errors
+// and in the effective config's header.
+const BuiltinRecipeName = "built-in job (trainer/builtin/recipe.yaml)"
+
+// LoadRecipe reads the configuration a run with these --config files and
+// --set values uses (the built-in job when there are no files) and returns
+// it with the run's name: "builtin", or the first recipe's base name (later
+// files are overrides such as the multi-trace block).
+func LoadRecipe(files, sets []string) (*config.Loaded, string, error) {
+	if len(files) == 0 {
+		ld, err := config.LoadOver(config.Recipe{Name: BuiltinRecipeName, Data: builtinRecipe}, nil, sets)
+		return ld, "builtin", err
 	}
-	if !t.o.resume {
-		for _, f := range []string{"metrics.jsonl", "checkpoints"} {
-			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
-				return fmt.Errorf("run directory %s already holds a run (%s): pass --resume to continue it, or another --out", t.out, f)
-			}
-		}
-	}
-	if err := os.MkdirAll(t.out, 0o755); err != nil {
-		return fmt.Errorf("run directory: %w", err)
-	}
-	y, err := config.Marshal(&t.cfg)
-	if err != nil {
-		return err
-	}
-	return writeFileAtomic(filepath.Join(t.out, "config.yaml"), y)
+	first := files[0]
+	ld, err := config.Load(files, sets)
+	return ld, strings.TrimSuffix(filepath.Base(first), filepath.Ext(first)), err
 }
 
 // newModels builds the policy (random or from HF weights) and, when the loss
 // has a KL penalty, the frozen reference policy with the same weights.
-func (t *trainer) newModels() error {
+func (t *Trainer) newModels() error {
 	c := &t.cfg
 	name := c.Policy.ModelName
 	var err error
 	switch {
-	case t.o.initFrom != "":
-		t.init = initSource{Kind: "hf", Dir: t.o.initFrom}
-		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.initFrom, "config.json"))
+	case t.o.InitFrom != "":
+		t.init = initSource{Kind: "hf", Dir: t.o.InitFrom}
+		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.InitFrom, "config.json"))
 	case name == builtinModelName:
 		t.init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
 		t.modelCfg, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
@@ -321,7 +333,7 @@ func (t *trainer) newModels() error {
 	return nil
 }
 
-func (t *trainer) loadInitialWeights(m *model.Model) error {
+func (t *Trainer) loadInitialWeights(m *model.Model) error {
 	if t.init.Kind == "random" {
 		m.InitRandom(t.init.Seed)
 		return nil
@@ -334,7 +346,7 @@ func (t *trainer) loadInitialWeights(m *model.Model) error {
 
 // newOptimizer builds AdamW over the model's arenas, with weight decay per
 // parameter as the parameter table says, and the configured schedule.
-func (t *trainer) newOptimizer() error {
+func (t *Trainer) newOptimizer() error {
 	oc, sc, err := t.cfg.Optim()
 	if err != nil {
 		return err
@@ -346,7 +358,7 @@ func (t *trainer) newOptimizer() error {
 		groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
 	}
 	nf := optim.SkipNonFinite
-	if t.o.onNonFinite == "abort" {
+	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
 	t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, optim.Config{
@@ -387,18 +399,6 @@ func (t *trainer) newOptimizer() error {
 	return err
 }
 
-// newRNGs seeds every random stream of the run from grpo.seed.
-func (t *trainer) newRNGs() {
-	s := uint64(t.cfg.GRPO.Seed)
-	t.rngs = map[string]*rand.PCG{
-		"tasks":    rand.NewPCG(s, 0x7461736b73),   // task instances
-		"call_ids": rand.NewPCG(s, 0x63616c6c),     // model call ids
-		"sampler":  rand.NewPCG(s, 0x73616d706c65), // token sampling
-	}
-}
-
-func (t *trainer) rng(name string) *rand.Rand { return rand.New(t.rngs[name]) }
-
 // padToken is the model's pad_token_id, or 0.
 func padToken(c model.Config) int32 {
 	if raw, ok := c.Extra["pad_token_id"]; ok {
@@ -408,15 +408,6 @@ func padToken(c model.Config) int32 {
 		}
 	}
 	return 0
-}
-
-// writeFileAtomic writes path through a temporary file and a rename.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }
 
 func ptrStr(p *int) string {

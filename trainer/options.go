@@ -1,0 +1,86 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/rollout"
+)
+
+// ErrUsage marks an error that is a usage problem (bad flag values or
+// combinations): a command line maps it to exit status 2.
+var ErrUsage = errors.New("usage")
+
+// Options are the settings of one run: the command line's flags, and what
+// the caller chose for it (the backend).
+type Options struct {
+	ConfigFiles []string      // NeMo RL recipes, later ones merged over earlier ones; none: the built-in job
+	Sets        []string      // key.path=value overrides after the files
+	Out         string        // run directory ("": runs/<recipe name>)
+	Resume      bool          // continue from the newest complete checkpoint in Out
+	Fallback    bool          // with Resume: fall back to an older checkpoint that verifies
+	InitFrom    string        // Hugging Face weights directory
+	Steps       int           // GRPO steps in all (0: grpo.max_num_steps)
+	Rollouts    string        // Gym rollout records: a JSONL file or a directory of step_<N>.jsonl
+	Captures    string        // Gym capture directory of Rollouts
+	Wait        time.Duration // how long to wait for each step_<N>.jsonl
+	Tasks       []string      // built-in tasks to cycle through
+	OnNonFinite string        // "skip" or "abort"
+	Quiet       bool          // no setup or progress lines
+
+	// Log receives setup lines and one progress line per step (nil: none).
+	Log io.Writer
+	// Backend runs the model and the optimizer. Required; the caller closes it.
+	Backend kernels.Backend
+	// Signals delivers stop requests (a scheduler's SIGTERM, Ctrl-C): the
+	// first ends the run after the step in progress, or at once while it
+	// waits for rollouts, with a checkpoint. nil: the run never stops early.
+	// WatchSignals provides one for the process's signals.
+	Signals <-chan os.Signal
+}
+
+// AddFlags registers the run's flags on fs, writing into o.
+func (o *Options) AddFlags(fs *pflag.FlagSet) {
+	fs.StringArrayVar(&o.ConfigFiles, "config", nil, "NeMo RL recipe (YAML); repeatable, later files override earlier ones")
+	fs.StringArrayVar(&o.Sets, "set", nil, "override one config key after the files, e.g. --set grpo.num_prompts_per_step=4 (repeatable)")
+	fs.StringVar(&o.Out, "out", "", "run directory (default runs/<recipe name>, runs/builtin for the built-in job)")
+	fs.BoolVar(&o.Resume, "resume", false, "continue from the newest complete checkpoint in --out")
+	fs.BoolVar(&o.Fallback, "fallback", false, "with --resume: if the newest checkpoint is incomplete or corrupt, use the newest older one that verifies")
+	fs.StringVar(&o.InitFrom, "init-from", "", "start from Hugging Face weights in DIR (config.json + model.safetensors)")
+	fs.Var((*positiveInt)(&o.Steps), "steps", "run this many GRPO steps in all, a positive number (overrides grpo.max_num_steps)")
+	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
+	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
+	fs.DurationVar(&o.Wait, "wait", 10*time.Minute, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
+	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
+	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
+	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")
+}
+
+// positiveInt is an int flag that refuses zero, negative numbers and values
+// that do not fit an int.
+type positiveInt int
+
+func (p *positiveInt) String() string {
+	if *p == 0 {
+		return ""
+	}
+	return strconv.Itoa(int(*p))
+}
+
+func (p *positiveInt) Set(s string) error {
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v <= 0 || v > math.MaxInt32 {
+		return fmt.Errorf("want a whole number from 1 to %d, found %q", math.MaxInt32, s)
+	}
+	*p = positiveInt(v)
+	return nil
+}
+
+func (p *positiveInt) Type() string { return "int" }

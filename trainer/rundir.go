@@ -1,0 +1,141 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
+)
+
+// The files a run writes in its directory.
+const (
+	configFileName  = "config.yaml"
+	metricsFileName = "metrics.jsonl"
+)
+
+// openRunDir names, checks and locks the run directory. Nothing of the run
+// is written yet: a fresh run refuses a directory that holds another run
+// (naming --resume), every output is checked against the inputs, and the
+// lock makes a second trainer on the same directory fail naming the first.
+func (t *Trainer) openRunDir() error {
+	t.out = t.o.Out
+	if t.out == "" {
+		t.out = filepath.Join("runs", t.name)
+	}
+	inputs := append([]string{t.o.Rollouts}, t.o.ConfigFiles...)
+	for _, f := range []string{configFileName, metricsFileName} {
+		if err := atomicfile.CheckNotInput(filepath.Join(t.out, f), inputs...); err != nil {
+			return fmt.Errorf("%w: --out %s: the run writes its %s there, over an input (%v): choose another --out", ErrUsage, t.out, f, err)
+		}
+	}
+	if !t.o.Resume {
+		for _, f := range []string{metricsFileName, "checkpoints"} {
+			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
+				return fmt.Errorf("run directory %s already holds a run (%s): pass --resume to continue it (it starts over at step 0 when that run has no complete checkpoint), or choose another --out", t.out, f)
+			}
+		}
+	}
+	if err := os.MkdirAll(t.out, 0o755); err != nil {
+		return fmt.Errorf("run directory: %w", err)
+	}
+	unlock, err := lockDir(filepath.Join(t.out, lockFile))
+	if err != nil {
+		return err
+	}
+	t.unlock = unlock
+	return nil
+}
+
+// findCheckpoint decides where a --resume run starts: the newest complete
+// checkpoint, an older one with --fallback, or step 0 when there is none.
+// A refused newest checkpoint without --fallback is an error whose hint
+// says what --fallback would do.
+func (t *Trainer) findCheckpoint() error {
+	dir := t.checkpointDir()
+	ents, err := checkpoint.List(dir)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && len(ents) == 0) {
+		return nil // nothing to resume: start at step 0
+	}
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	path, err := checkpoint.Latest(dir, checkpoint.LoadOptions{Fallback: t.o.Fallback})
+	switch {
+	case err == nil:
+		t.resumeFrom = path
+		return nil
+	case errors.Is(err, checkpoint.ErrNoCheckpoint):
+		// Only with --fallback: every checkpoint was refused.
+		t.resumeNote = fmt.Sprintf(" (%d refused: %v)", len(ents), err)
+		return nil
+	}
+	older := ""
+	for _, e := range ents[1:] {
+		if e.Done {
+			older = e.Path
+			break
+		}
+	}
+	hint := "pass --fallback to start the run over at step 0 (there is no older checkpoint)"
+	if older != "" {
+		hint = fmt.Sprintf("pass --fallback to resume from the newest older checkpoint that verifies (%s has a DONE marker)", filepath.Base(older))
+	}
+	return fmt.Errorf("resume: %w; %s", err, hint)
+}
+
+// writeEffectiveConfig writes config.yaml: what the run actually does.
+func (t *Trainer) writeEffectiveConfig() error {
+	y, err := t.effectiveConfig()
+	if err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(filepath.Join(t.out, configFileName), y)
+}
+
+// effectiveConfig is the configuration as the run uses it: the recipe with
+// the paths the run really writes, only the optimizer block in force, and a
+// header naming the files read, the ignored keys and the choices made.
+func (t *Trainer) effectiveConfig() ([]byte, error) {
+	c := t.cfg
+	c.Checkpointing.CheckpointDir = t.checkpointDir()
+	if dir := t.source.captures(); dir != "" {
+		c.Env.NemoGym.TokenIDCapture.Dir = dir
+	}
+	oc, _, err := c.Optim()
+	if err != nil {
+		return nil, err
+	}
+	var notes []string
+	if oc.Source == "megatron" {
+		c.Policy.Optimizer, c.Policy.Scheduler = nil, nil
+		notes = append(notes, "optimizer: policy.megatron_cfg.optimizer and .scheduler (megatron_cfg.enabled); policy.optimizer and policy.scheduler are not used and not shown")
+	} else {
+		notes = append(notes, "optimizer: policy.optimizer and policy.scheduler; policy.megatron_cfg.optimizer and .scheduler are not used")
+	}
+	notes = append(notes, "checkpointing.checkpoint_dir and the capture dir are the directories this run writes (--out)")
+	body, err := config.Marshal(&c)
+	if err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	b.WriteString("# tracegrpo effective configuration: what this run does\n")
+	for _, f := range t.loaded.Files {
+		fmt.Fprintf(&b, "# file: %s\n", f)
+	}
+	for _, s := range t.o.Sets {
+		fmt.Fprintf(&b, "# --set %s\n", s)
+	}
+	for _, n := range notes {
+		fmt.Fprintf(&b, "# %s\n", n)
+	}
+	if len(t.loaded.Ignored) > 0 {
+		fmt.Fprintf(&b, "# ignored (%d keys for engines tracegrpo does not use): %s\n", len(t.loaded.Ignored), strings.Join(t.loaded.Ignored, ", "))
+	}
+	b.Write(body)
+	return []byte(b.String()), nil
+}

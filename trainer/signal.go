@@ -1,0 +1,139 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Schedulers pre-empt jobs with SIGTERM and a grace period; users press
+// Ctrl-C. The first of either ends the run after the step in progress, or
+// at once while it waits for rollouts, with a checkpoint of the last
+// completed step (when checkpointing is enabled), so that --resume loses no
+// work. A second one ends the process at once: checkpoints are published by
+// one rename, so the newest complete one is never corrupted.
+
+// WatchSignals catches the process's SIGINT and SIGTERM for a run: the first
+// is delivered on stop (pass it as Options.Signals) and announced on log;
+// the second kills the process with the default action of that signal.
+// release stops watching.
+func WatchSignals(log io.Writer) (stop <-chan os.Signal, release func()) {
+	in := make(chan os.Signal, 2)
+	out := make(chan os.Signal, 1)
+	signal.Notify(in, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		first := true
+		for {
+			select {
+			case sig := <-in:
+				if first {
+					first = false
+					fmt.Fprintf(log, "train: %s: stopping after the step in progress, with a checkpoint (%s again stops at once)\n", signalName(sig), signalName(sig))
+					out <- sig
+					continue
+				}
+				fmt.Fprintf(log, "train: second %s: stopping at once (the newest complete checkpoint is intact)\n", signalName(sig))
+				signal.Stop(in)
+				signal.Reset(os.Interrupt, syscall.SIGTERM)
+				code := 130
+				if s, ok := sig.(syscall.Signal); ok {
+					code = 128 + int(s)
+					syscall.Kill(os.Getpid(), s) // the default action: death by that signal
+					time.Sleep(time.Second)
+				}
+				os.Exit(code)
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() {
+		once.Do(func() {
+			signal.Stop(in)
+			close(done)
+		})
+	}
+}
+
+// stopWatch holds the first stop request of Options.Signals.
+type stopWatch struct {
+	once    sync.Once
+	mu      sync.Mutex
+	sig     os.Signal
+	stopped chan struct{} // closed by the first request
+}
+
+// watchSignals starts listening to Options.Signals (none: never stops
+// early).
+func (t *Trainer) watchSignals() {
+	t.stop = &stopWatch{stopped: make(chan struct{})}
+	if t.o.Signals == nil {
+		return
+	}
+	sigs, w := t.o.Signals, t.stop
+	go func() {
+		sig, ok := <-sigs
+		if !ok {
+			return
+		}
+		w.mu.Lock()
+		w.sig = sig
+		w.mu.Unlock()
+		w.once.Do(func() { close(w.stopped) })
+	}()
+}
+
+// interrupted returns the stop request that arrived, if any.
+func (t *Trainer) interrupted() os.Signal {
+	select {
+	case <-t.stop.stopped:
+		t.stop.mu.Lock()
+		defer t.stop.mu.Unlock()
+		return t.stop.sig
+	default:
+		return nil
+	}
+}
+
+// errInterrupted is returned when a signal stopped the run.
+var errInterrupted = errors.New("interrupted")
+
+// errStopWaiting is returned by a rollout source that stopped waiting for
+// its input because a stop request arrived.
+var errStopWaiting = errors.New("stopped waiting for rollouts")
+
+// stopOnSignal checkpoints the last completed step (unless that was done
+// already) and ends the run.
+func (t *Trainer) stopOnSignal(sig os.Signal) error {
+	saved := ""
+	if t.cfg.Checkpointing.Enabled && t.step > 0 {
+		if !t.savesAt(t.step) {
+			if err := t.save(); err != nil {
+				return fmt.Errorf("%s after step %d: checkpoint: %w", signalName(sig), t.step, err)
+			}
+		}
+		saved = fmt.Sprintf("; checkpoint of step %d written, continue with --resume --out %s", t.step, t.out)
+	} else if t.step == 0 {
+		saved = fmt.Sprintf("; no step had completed, --resume --out %s starts at step 0", t.out)
+	} else {
+		saved = "; checkpointing is disabled, so the run cannot be resumed"
+	}
+	return fmt.Errorf("%w by %s after step %d%s", errInterrupted, signalName(sig), t.step, saved)
+}
+
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case os.Interrupt:
+		return "SIGINT"
+	}
+	return sig.String()
+}
