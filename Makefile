@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz bench golden run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -59,6 +59,15 @@ bench-ops:
 # (Debian's python3-torch and python3-numpy; Python's hashlib).
 golden:
 	@for s in scripts/golden_*.py; do echo "$(PYTHON) $$s"; $(PYTHON) $$s || exit 1; done
+
+# Regenerate gym/testdata/gymdiff with NeMo Gym's own writer and builders
+# (see gym/testdata/gymdiff/README.md). GYM_UPSTREAM holds the six PR files,
+# GYM_MIRROR is a Gym clone's git dir; GYM_PYTHON needs pydantic 2 and orjson.
+GYM_PYTHON   ?= python3
+GYM_UPSTREAM ?= /tmp/gym-upstream-src
+GYM_MIRROR   ?= /work/.mirror/NVIDIA-NeMo+Gym/repo
+gym-diff:
+	$(GYM_PYTHON) scripts/gym_differential.py --upstream $(GYM_UPSTREAM) --mirror $(GYM_MIRROR)
 
 # The main job: the built-in agentic task on the CPU, into runs/builtin (a
 # previous run of it there is replaced), then its curves.

@@ -47,13 +47,34 @@
 //
 // Finalize returns an error for: a missing or malformed correlation key; an
 // attached training_traces that violates the wire contract or names another
-// rollout; a capture store written with a TokenEntry schema other than 3; an
-// unreadable store. Everything else that makes a rollout untrainable is a
-// mask with a Reason* code: capture_incomplete, nothing_recorded (zero-call
-// capture: an inert rollout), capture_retired, invalid_capture, mixed_models,
-// terminal_unavailable, proof_mismatch, unresolved_custody, foreign_rollout,
-// routed_experts, empty_prompt, no_trainable_calls, invalid_envelope,
-// masked_upstream.
+// rollout; a capture directory that cannot be listed. Everything else that
+// makes a rollout untrainable is a mask with a Reason* code, counted per
+// code by its callers: capture_incomplete, nothing_recorded (zero-call
+// capture: an inert rollout), capture_retired, invalid_capture,
+// unsupported_schema, invalid_state, index_mismatch, conflicting_payloads,
+// not_a_regular_file, capture_unreadable, mixed_models,
+// terminal_unavailable, terminal_disagreement, proof_mismatch,
+// unresolved_custody, foreign_rollout, routed_experts, empty_prompt,
+// no_trainable_calls, invalid_envelope, masked_upstream. Damage to one
+// rollout's files (a CaptureDamage) masks that rollout and no other.
+//
+// # Reading a rollout's files (store_read.go)
+//
+// Every capture path is Lstat'ed first: a regular file, or a symlink to a
+// regular file inside the capture directory, is opened (O_NONBLOCK, then
+// fstat'ed to be the same regular file) and read no further than the size
+// it states; a FIFO, device, socket, directory, dangling symlink or symlink
+// out of the directory masks the rollout (not_a_regular_file). The state
+// document is read as Gym reads it (flags by truthiness; entry_digests and
+// indexed_size only when typed as Gym requires, otherwise the whole file is
+// re-indexed). The entries file must hold at least indexed_size bytes, and
+// indexed_size must end a line; every line before it is acknowledged and
+// must hash (sha256 of the line without its ASCII white space) to its
+// entry_digests value, and every digest must have its line
+// (index_mismatch, naming the offset). Lines after indexed_size are the
+// unacknowledged tail Gym re-indexes. Two lines for one model_call_id that
+// differ in any byte are conflicting durable payloads (conflicting_payloads);
+// byte-identical repeats are de-duplicated by the builders.
 //
 // # Decisions where the sources are silent (spec INFERRED points)
 //
@@ -65,15 +86,16 @@
 //     Duplicate keys in one object are an error (Python would keep the last).
 //   - A store line that does not decode masks that rollout (invalid_capture,
 //     naming file, line and field), as Gym's finalizer masks a failed read;
-//     but a schema_version other than 3 is a hard error, because it means the
-//     whole store comes from an unsupported writer and masking every rollout
-//     would silently train on nothing.
-//   - A torn final line (no trailing newline and not valid JSON) is dropped
-//     and marks the snapshot incomplete: the call it held was lost, so the
-//     rollout is masked rather than trained without it. The Reader never
-//     truncates it (it never modifies a file); the Writer truncates it on its
-//     next write to that rollout, as Gym does.
-//   - Both rid.tokens.jsonl and rid.tokens.jsonl.zst present is an error.
+//     a schema_version other than 3 masks it too (unsupported_schema).
+//   - An unacknowledged last line that is not JSON (Gym's torn write) is
+//     dropped and marks the snapshot incomplete: the call it held was lost,
+//     so the rollout is masked rather than trained without it (Gym truncates
+//     the line and trains on the rest). The Reader never truncates it (it
+//     never modifies a file); the Writer truncates it on its next write to
+//     that rollout, as Gym does.
+//   - Both rid.tokens.jsonl and rid.tokens.jsonl.zst present masks the
+//     rollout (invalid_capture), as does a corrupt .zst; Gym's store reads
+//     no .zst.
 //   - Without a state file a snapshot's SnapshotID is the first 32 hex digits
 //     of sha256 over the entries file and its Version the number of entries.
 //   - A retired (dropped) capture masks the rollout (capture_retired).
@@ -83,10 +105,17 @@
 //     indices must be JSON integers; negative indices are malformed.
 //   - Mixed models: any two entries of a snapshot whose model differs
 //     (including "" against a name) mask the rollout.
-//   - Terminal attribution implements the explicit, declared and response_id
-//     witnesses; Gym's content-fingerprint witness abstains here (its
-//     fingerprint algorithm is not part of the spec), which can only leave a
-//     terminal unattributed, never attribute a wrong one.
+//   - Terminal attribution implements Gym's four witnesses (explicit,
+//     declared, response_id, content); the content witness is Gym's
+//     FINGERPRINT_VERSION 3 fingerprint byte for byte (fingerprint.go,
+//     pyvalue.go). Leaving it out would not have been safe: with two
+//     retries of one prompt, a response whose id is one call's and whose
+//     content is the other's would have attributed (and trained) the wrong
+//     one. Witnesses that name different token sequences mask the rollout
+//     (terminal_disagreement); Gym attributes nothing there and masks only
+//     when a retry then stays unresolved (README, Departures). Where Gym's
+//     own fingerprint raises AttributeError (malformed tool_calls), the
+//     rollout is masked (terminal_unavailable).
 //   - A record whose mask_sample is already true stays masked
 //     (masked_upstream) and loses any stale training_traces. A record that
 //     already carries training_traces is validated, not rebuilt (Finalize);

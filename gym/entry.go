@@ -75,8 +75,9 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("field %s: %s", e.Field, e.Msg)
 }
 
-// ErrSchemaVersion marks a TokenEntry whose schema_version is not 3. It is
-// a whole-store incompatibility, not a per-rollout defect (see package doc).
+// ErrSchemaVersion marks a TokenEntry whose schema_version is not 3. In a
+// capture store it masks that rollout (unsupported_schema), as Gym's
+// finalizer masks a snapshot it cannot read.
 var ErrSchemaVersion = errors.New("gym: unsupported TokenEntry schema_version")
 
 type schemaVersionError struct{ found int64 }

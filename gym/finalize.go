@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -40,6 +42,79 @@ type CaptureMetrics struct {
 	Error                    string           `json:"error,omitempty"`
 	Reason                   string           `json:"reason,omitempty"`
 }
+
+// AppendJSON appends the metrics as Gym's finalizer writes them: counts as
+// JSON integers, the fractions as Python floats (1.0, never 1), booleans,
+// and parent_link_failures with sorted keys. Go's encoding/json would
+// write a float 1 as 1, which a type-exact reader of Gym's records takes
+// for an int.
+func (m *CaptureMetrics) AppendJSON(dst []byte) []byte {
+	dst = append(dst, '{')
+	field := func(k string) {
+		if len(dst) > 0 && dst[len(dst)-1] != '{' {
+			dst = append(dst, ',')
+		}
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+	}
+	str := func(k, v string) {
+		field(k)
+		dst = appendJSONString(dst, v)
+	}
+	num := func(k string, v int) {
+		field(k)
+		dst = strconv.AppendInt(dst, int64(v), 10)
+	}
+	if m.Builder != "" {
+		str("builder", m.Builder)
+	}
+	num("n_calls", m.NCalls)
+	num("chains", m.Chains)
+	num("roots", m.Roots)
+	num("traces", m.Traces)
+	num("quarantined_calls", m.QuarantinedCalls)
+	field("quarantined_fraction")
+	dst = appendPyFloat(dst, m.QuarantinedFraction)
+	field("delivered_fraction")
+	dst = appendPyFloat(dst, m.DeliveredFraction)
+	num("generated_tokens_captured", m.GeneratedTokensCaptured)
+	num("generated_tokens_delivered", m.GeneratedTokensDelivered)
+	field("parent_link_failures")
+	keys := make([]string, 0, len(m.ParentLinkFailures))
+	for k := range m.ParentLinkFailures {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	dst = append(dst, '{')
+	for _, k := range keys {
+		num(k, m.ParentLinkFailures[k])
+	}
+	dst = append(dst, '}')
+	num("unresolved_parent_calls", m.UnresolvedParentCalls)
+	num("unresolved_retries", m.UnresolvedRetries)
+	num("empty_generation_calls", m.EmptyGenerationCalls)
+	if t := m.TerminalAttribution; t != nil {
+		field("terminal_attribution")
+		dst = append(dst, '{')
+		str("method", t.Method)
+		str("call_id", t.CallID)
+		str("reason", t.Reason)
+		str("chain", t.Chain)
+		dst = append(dst, '}')
+	}
+	field("capture_incomplete")
+	dst = strconv.AppendBool(dst, m.CaptureIncomplete)
+	if m.Error != "" {
+		str("error", m.Error)
+	}
+	if m.Reason != "" {
+		str("reason", m.Reason)
+	}
+	return append(dst, '}')
+}
+
+// MarshalJSON is AppendJSON.
+func (m *CaptureMetrics) MarshalJSON() ([]byte, error) { return m.AppendJSON(nil), nil }
 
 // Finalized is the outcome of finalizing one rollout record.
 type Finalized struct {
@@ -85,9 +160,14 @@ func BuildTrainingTraces(snap *Snapshot, builder string, w TerminalWitnesses) (*
 	}
 	att := ResolveTerminal(snap.Entries, w)
 	m.TerminalAttribution = &TerminalMetrics{Method: att.Method, CallID: att.CallID, Reason: att.Reason}
-	if att.DeclaredMiss {
+	switch {
+	case att.DeclaredMiss:
 		return nil, m, maskf(ReasonTerminalUnavailable, "declared terminal response %q matches no single captured call (%s)",
 			w.DeclaredResponseID, att.Reason)
+	case att.Crash:
+		return nil, m, maskf(ReasonTerminalUnavailable, "Gym's terminal attribution raises on this record's response (%s)", att.Reason)
+	case att.Disagreement:
+		return nil, m, maskf(ReasonTerminalDisagreement, "the terminal witnesses name different calls (%s)", att.Reason)
 	}
 	out, err := Build(builder, snap.Entries, att.CallID)
 	if err != nil {
@@ -196,14 +276,14 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 		}
 	case errors.Is(err, ErrRetired):
 		mask = maskf(ReasonCaptureRetired, "%v", err)
-	case errors.Is(err, ErrSchemaVersion):
-		return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
 	default:
-		var le *EntryLineError
-		if !errors.As(err, &le) {
+		// Damage to this rollout's files masks this rollout only, as Gym's
+		// finalizer masks a snapshot that cannot be read.
+		var dmg *CaptureDamage
+		if !errors.As(err, &dmg) {
 			return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
 		}
-		mask = maskf(ReasonInvalidCapture, "%v", err)
+		mask = &MaskError{Reason: dmg.Reason, Msg: strings.TrimPrefix(dmg.Error(), dmg.Reason+": ")}
 	}
 	if mask != nil {
 		res.Masked, res.Reason = true, mask.Reason
@@ -217,11 +297,7 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 		res.Envelope = env
 		rec.Set(KeyTrainingTraces, env.AppendJSON(nil))
 	}
-	mb, err := json.Marshal(res.Metrics)
-	if err != nil {
-		return nil, fmt.Errorf("gym: metrics: %w", err)
-	}
-	rec.Set(KeyTokenCapture, mb)
+	rec.Set(KeyTokenCapture, res.Metrics.AppendJSON(nil))
 	return res, nil
 }
 
@@ -230,20 +306,33 @@ func terminalWitnesses(rec *Record) TerminalWitnesses {
 	// Malformed witness fields abstain, as in Gym (attribution never fails).
 	w.ExplicitCallID, _, _ = rec.stringField(KeyTerminalCallID)
 	w.DeclaredResponseID, _, _ = rec.stringField(KeyTerminalResponse)
-	if raw, ok := rec.Get(KeyResponse); ok {
-		s := &scanner{data: raw}
-		if s.peek() == '{' {
-			w.HaveResponse = true
-			_ = s.object(func(key string) error {
-				if key == "id" {
-					if id, err := s.readString(); err == nil {
-						w.ResponseID = id
-						return nil
-					}
-				}
-				_, err := s.readRaw()
-				return err
-			})
+	raw, ok := rec.Get(KeyResponse)
+	if !ok {
+		return w
+	}
+	s := &scanner{data: raw}
+	if s.peek() != '{' {
+		return w
+	}
+	var id json.RawMessage
+	err := s.object(func(key string) error {
+		v, err := s.readRaw()
+		switch key {
+		case "id":
+			id = v
+		case "output":
+			w.ResponseOutput = v
+		}
+		return err
+	})
+	if err != nil {
+		return TerminalWitnesses{ExplicitCallID: w.ExplicitCallID, DeclaredResponseID: w.DeclaredResponseID}
+	}
+	w.HaveResponse = true
+	if id != nil {
+		// Gym reads str(response.get("id") or "").
+		if v, err := parsePy(id, false); err == nil {
+			w.ResponseID = strOr(v)
 		}
 	}
 	return w

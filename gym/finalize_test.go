@@ -283,18 +283,20 @@ func TestFinalizeErrorsVersusMasks(t *testing.T) {
 			t.Errorf("%s:\n got %v\nwant %s", tc.rec, err, tc.want)
 		}
 	}
-	// A capture line with NaN masks the rollout (invalid_capture); a
-	// schema-4 store is a hard error.
+	// A capture line with NaN before another line masks the rollout
+	// (invalid_capture); a schema-4 store masks it (unsupported_schema).
 	os.WriteFile(filepath.Join(dir, "nan"+SuffixEntries), []byte(
-		`{"rollout_id":"nan","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[NaN]}`+"\n"), 0o644)
+		`{"rollout_id":"nan","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[NaN]}`+"\n"+
+			`{"rollout_id":"nan","model_call_id":"b","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]}`+"\n"), 0o644)
 	res, err = Finalize(parseRec(t, `{"_ng_rollout_id":"nan"}`), r, BuilderPerRequest)
 	if err != nil || !res.Masked || res.Reason != ReasonInvalidCapture || !strings.Contains(res.Metrics.Error, "nan"+SuffixEntries+":1: field generation_log_probs[0]") {
 		t.Fatalf("NaN capture: %v %+v", err, res)
 	}
 	os.WriteFile(filepath.Join(dir, "v4"+SuffixEntries),
 		[]byte(`{"schema_version":4,"rollout_id":"v4","model_call_id":"a","prompt_token_ids":[1],"generation_token_ids":[2],"generation_log_probs":[-1]}`+"\n"), 0o644)
-	if _, err := Finalize(parseRec(t, `{"_ng_rollout_id":"v4"}`), r, BuilderPerRequest); !errors.Is(err, ErrSchemaVersion) {
-		t.Fatalf("schema 4 store: %v", err)
+	res, err = Finalize(parseRec(t, `{"_ng_rollout_id":"v4"}`), r, BuilderPerRequest)
+	if err != nil || !res.Masked || res.Reason != ReasonUnsupportedSchema || !strings.Contains(res.Metrics.Error, "v4"+SuffixEntries+":1: field schema_version") {
+		t.Fatalf("schema 4 store: %v %+v", err, res)
 	}
 	// Upstream masks stay masked and lose a stale envelope.
 	up := parseRec(t, `{"_ng_rollout_id":"4-2","mask_sample":true,"training_traces":{"x":1}}`)
@@ -319,5 +321,42 @@ func TestFinalizeAttemptKey(t *testing.T) {
 	res, err := Finalize(parseRec(t, `{"_ng_rollout_id":"job.x","_ng_attempt_index":3}`), r, BuilderPerRequest)
 	if err != nil || res.Masked || res.RolloutID != "job.x-a3" || len(res.Envelope.Traces) != 4 {
 		t.Fatalf("%v %+v", err, res)
+	}
+}
+
+// TestCaptureMetricsKeepGymFloatTypes: _ng_token_capture is written with
+// Gym's JSON types: the fractions are floats (1.0, 0.0), never integers,
+// the counts integers, capture_incomplete a boolean. encoding/json wrote
+// "delivered_fraction":1, which a type-exact reader takes for an int.
+func TestCaptureMetricsKeepGymFloatTypes(t *testing.T) {
+	_, dir := writeCapture(t, "4-2", branchingCalls())
+	r, _ := NewReader(dir)
+	rec := parseRec(t, finalRecord)
+	if _, err := Finalize(rec, r, BuilderPrefixMerging); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := rec.Get(KeyTokenCapture)
+	for _, want := range []string{`"delivered_fraction":1.0,`, `"quarantined_fraction":0.0,`, `"n_calls":4,`, `"capture_incomplete":false`} {
+		if !strings.Contains(string(raw), want) {
+			t.Errorf("_ng_token_capture %s lacks %s", raw, want)
+		}
+	}
+	v, err := parsePy(raw, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]pyKind{"delivered_fraction": pyFloat, "quarantined_fraction": pyFloat, "n_calls": pyInt,
+		"chains": pyInt, "generated_tokens_captured": pyInt, "capture_incomplete": pyBool, "parent_link_failures": pyDict}
+	for k, want := range kinds {
+		if got := v.get(k); got == nil || got.kind != want {
+			t.Errorf("%s: %s, want %s", k, got.typeName(), (&pyValue{kind: want}).typeName())
+		}
+	}
+	var back CaptureMetrics
+	if err := json.Unmarshal(raw, &back); err != nil {
+		t.Fatal(err)
+	}
+	if got := back.AppendJSON(nil); string(got) != string(raw) {
+		t.Fatalf("round trip:\n got %s\nwant %s", got, raw)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -291,18 +292,73 @@ func TestBuildersAgreeOnRandomGraphs(t *testing.T) {
 }
 
 // FuzzReadStoreLine feeds arbitrary bytes to the store reader as a whole
-// entries file: no panic, and a torn tail never hides a bad middle line.
+// entries file, without and with a state index over a prefix of it: no
+// panic, an error never comes with a result, a torn tail never hides a bad
+// acknowledged line, and every entry returned is valid.
 func FuzzReadStoreLine(f *testing.F) {
 	seedLines(f, "token_entries.jsonl")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		entries, torn, err := decodeEntryLines(data, "fuzz")
-		if err != nil && (torn || entries != nil) {
-			t.Fatal("error together with a result")
-		}
-		for i := range entries {
-			if verr := entries[i].Validate(); verr != nil {
-				t.Fatalf("entry %d invalid: %v", i, verr)
+		for _, idx := range []*storeIndex{nil, indexOfPrefix(data)} {
+			entries, torn, err := readEntries(data, "fuzz", idx)
+			if err != nil && (torn || entries != nil) {
+				t.Fatal("error together with a result")
 			}
+			var d *CaptureDamage
+			if err != nil && !errors.As(err, &d) {
+				t.Fatalf("error that is not capture damage: %v", err)
+			}
+			for i := range entries {
+				if verr := entries[i].Validate(); verr != nil {
+					t.Fatalf("entry %d invalid: %v", i, verr)
+				}
+			}
+		}
+	})
+}
+
+// indexOfPrefix acknowledges the lines of data's first half (up to a line
+// end) as Gym's writer would have: their payload digests and byte count.
+func indexOfPrefix(data []byte) *storeIndex {
+	idx := &storeIndex{present: true, digests: map[string]string{}}
+	end := bytes.LastIndexByte(data[:len(data)/2], '\n') + 1
+	for _, raw := range bytes.Split(data[:end], []byte{'\n'}) {
+		p := asciiStrip(raw)
+		if len(p) == 0 {
+			continue
+		}
+		e, err := DecodeTokenEntry(p)
+		if err != nil {
+			return idx
+		}
+		idx.digests[e.ModelCallID] = lineDigest(p)
+	}
+	idx.indexedSize = int64(end)
+	return idx
+}
+
+// FuzzStateIndex feeds arbitrary bytes to the state-document parser (seeded
+// with the state files Gym's writer produced in testdata/gymdiff): no
+// panic, errors are capture damage, and an index is legacy exactly when
+// entry_digests or indexed_size lack the types Gym requires.
+func FuzzStateIndex(f *testing.F) {
+	paths, _ := filepath.Glob("testdata/gymdiff/captures/*.tokens.state.json")
+	for _, p := range paths {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	f.Add([]byte(`{"indexed_size":true,"entry_digests":{"a":1}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		idx, err := parseStoreIndex(data, "state")
+		if err != nil {
+			var d *CaptureDamage
+			if !errors.As(err, &d) || idx != nil {
+				t.Fatalf("error %v is not capture damage (index %v)", err, idx)
+			}
+			return
+		}
+		if !idx.legacy && idx.digests == nil {
+			t.Fatal("a non-legacy index without digests")
 		}
 	})
 }

@@ -525,21 +525,17 @@ type jsonBuf struct{ b []byte }
 
 func (j *jsonBuf) Write(p []byte) (int, error) { j.b = append(j.b, p...); return len(p), nil }
 
-// appendPyFloat appends f the way Python's json module writes a float: the
-// shortest round-tripping digits, always with a '.' or an exponent so the
-// value reads back as a float.
+// appendPyFloat appends f the way Python's json module writes a float:
+// repr(f) (appendPyFloatRepr), and NaN, Infinity, -Infinity for the
+// non-finite values.
 func appendPyFloat(dst []byte, f float64) []byte {
-	if f == 0 && !math.Signbit(f) {
-		return append(dst, '0', '.', '0')
+	switch {
+	case math.IsNaN(f):
+		return append(dst, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(dst, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-Infinity"...)
 	}
-	start := len(dst)
-	dst = strconv.AppendFloat(dst, f, 'g', -1, 64)
-	// Python switches to exponent form at 1e16 and below 1e-4, like 'g' with
-	// shortest precision for the small side; make large integers exact-looking.
-	for _, c := range dst[start:] {
-		if c == '.' || c == 'e' || c == 'n' || c == 'I' {
-			return dst
-		}
-	}
-	return append(dst, '.', '0')
+	return appendPyFloatRepr(dst, f)
 }

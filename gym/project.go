@@ -14,14 +14,19 @@ const (
 	ReasonInvalidCapture      = "invalid_capture"
 	ReasonMixedModels         = "mixed_models"
 	ReasonTerminalUnavailable = "terminal_unavailable"
-	ReasonProofMismatch       = "proof_mismatch"
-	ReasonUnresolvedCustody   = "unresolved_custody"
-	ReasonForeignRollout      = "foreign_rollout"
-	ReasonRoutedExperts       = "routed_experts"
-	ReasonEmptyPrompt         = "empty_prompt"
-	ReasonNoTrainableCalls    = "no_trainable_calls"
-	ReasonInvalidEnvelope     = "invalid_envelope"
-	ReasonMaskedUpstream      = "masked_upstream"
+	// ReasonTerminalDisagreement: the terminal witnesses (explicit,
+	// declared, response_id, content) name calls with different token
+	// sequences, which is evidence of a defect (a stale id mapping, a
+	// transcript-synthesis bug), never a tie to break.
+	ReasonTerminalDisagreement = "terminal_disagreement"
+	ReasonProofMismatch        = "proof_mismatch"
+	ReasonUnresolvedCustody    = "unresolved_custody"
+	ReasonForeignRollout       = "foreign_rollout"
+	ReasonRoutedExperts        = "routed_experts"
+	ReasonEmptyPrompt          = "empty_prompt"
+	ReasonNoTrainableCalls     = "no_trainable_calls"
+	ReasonInvalidEnvelope      = "invalid_envelope"
+	ReasonMaskedUpstream       = "masked_upstream"
 )
 
 // MaskError is a build refusal: the rollout is masked (mask_sample: true,

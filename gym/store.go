@@ -3,7 +3,6 @@ package gym
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -15,8 +14,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-
-	"github.com/klauspost/compress/zstd"
 )
 
 // File name suffixes of Gym's file capture store (spec §2.2).
@@ -162,160 +159,6 @@ func (r *Reader) Snapshot(rolloutID string) (*Snapshot, error) {
 	return readSnapshot(r.dir, rolloutID, nil)
 }
 
-func readSnapshot(dir, rid string, st *storeState) (*Snapshot, error) {
-	base := filepath.Join(dir, rid)
-	snap := &Snapshot{RolloutID: rid}
-	if st == nil {
-		b, err := os.ReadFile(base + SuffixState)
-		switch {
-		case err == nil:
-			st = &storeState{}
-			if err := json.Unmarshal(b, st); err != nil {
-				return nil, fmt.Errorf("gym: %s: invalid state document: %w", base+SuffixState, err)
-			}
-		case errors.Is(err, os.ErrNotExist):
-		default:
-			return nil, fmt.Errorf("gym: %w", err)
-		}
-	}
-	if st != nil && st.Retired {
-		return nil, fmt.Errorf("%w: %s", ErrRetired, rid)
-	}
-	data, name, err := readEntriesFile(base)
-	if err != nil {
-		return nil, err
-	}
-	entries, torn, err := decodeEntryLines(data, name)
-	if err != nil {
-		return nil, err
-	}
-	snap.Entries = entries
-	snap.Incomplete = torn
-	if _, err := os.Stat(base + SuffixIncomplete); err == nil {
-		snap.Incomplete = true
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("gym: %w", err)
-	}
-	if st != nil && st.Incomplete {
-		snap.Incomplete = true
-	}
-	dangling, err := danglingIntents(base+SuffixIntents, entries)
-	if err != nil {
-		return nil, err
-	}
-	if len(dangling) > 0 {
-		snap.Incomplete = true
-	}
-	if st != nil {
-		snap.SnapshotID, snap.Version = st.SnapshotID, st.Version
-	} else {
-		h := sha256.Sum256(data)
-		snap.SnapshotID = hex.EncodeToString(h[:16])
-		snap.Version = len(entries)
-	}
-	return snap, nil
-}
-
-// readEntriesFile returns the (decompressed) entries file, or nil if the
-// rollout has none. Both a plain and a .zst file is ambiguous and an error.
-func readEntriesFile(base string) ([]byte, string, error) {
-	plain, errPlain := os.ReadFile(base + SuffixEntries)
-	if errPlain != nil && !errors.Is(errPlain, os.ErrNotExist) {
-		return nil, "", fmt.Errorf("gym: %w", errPlain)
-	}
-	f, errZ := os.Open(base + SuffixEntriesZst)
-	if errZ != nil {
-		if !errors.Is(errZ, os.ErrNotExist) {
-			return nil, "", fmt.Errorf("gym: %w", errZ)
-		}
-		return plain, base + SuffixEntries, nil
-	}
-	defer f.Close()
-	if errPlain == nil {
-		return nil, "", fmt.Errorf("gym: %s and %s both exist; keep one", base+SuffixEntries, base+SuffixEntriesZst)
-	}
-	dec, err := zstd.NewReader(f, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(4<<30))
-	if err != nil {
-		return nil, "", fmt.Errorf("gym: %s: %w", base+SuffixEntriesZst, err)
-	}
-	defer dec.Close()
-	data, err := io.ReadAll(io.LimitReader(dec, maxEntriesFile+1))
-	if err != nil {
-		return nil, "", fmt.Errorf("gym: %s: zstd: %w", base+SuffixEntriesZst, err)
-	}
-	if len(data) > maxEntriesFile {
-		return nil, "", fmt.Errorf("gym: %s: decompresses to more than %d bytes", base+SuffixEntriesZst, maxEntriesFile)
-	}
-	return data, base + SuffixEntriesZst, nil
-}
-
-// decodeEntryLines decodes every non-blank line. A final line without a
-// newline that does not decode is a torn write: dropped, torn = true.
-func decodeEntryLines(data []byte, name string) (entries []TokenEntry, torn bool, err error) {
-	lineNo := 0
-	for len(data) > 0 {
-		lineNo++
-		nl := bytes.IndexByte(data, '\n')
-		var line []byte
-		last := nl < 0
-		if last {
-			line, data = data, nil
-		} else {
-			line, data = data[:nl], data[nl+1:]
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		if len(line) > maxEntryLine {
-			return nil, false, &EntryLineError{File: name, Line: lineNo, Err: fmt.Errorf("line longer than %d bytes", maxEntryLine)}
-		}
-		e, derr := DecodeTokenEntry(line)
-		if derr != nil {
-			if last && !json.Valid(line) {
-				// An unterminated, undecodable last line is a write that
-				// never completed (Gym truncates it on its next write).
-				return entries, true, nil
-			}
-			return nil, false, &EntryLineError{File: name, Line: lineNo, Err: derr}
-		}
-		entries = append(entries, *e)
-	}
-	return entries, false, nil
-}
-
-// danglingIntents returns the intents (minus cancellations "-id") that have
-// no entry, sorted.
-func danglingIntents(path string, entries []TokenEntry) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("gym: %w", err)
-	}
-	active := map[string]bool{}
-	for _, raw := range bytes.Split(b, []byte{'\n'}) {
-		line := strings.TrimSpace(string(raw))
-		if line == "" {
-			continue
-		}
-		if strings.HasPrefix(line, "-") {
-			delete(active, line[1:])
-		} else {
-			active[line] = true
-		}
-	}
-	for i := range entries {
-		delete(active, entries[i].ModelCallID)
-	}
-	out := make([]string, 0, len(active))
-	for id := range active {
-		out = append(out, id)
-	}
-	sort.Strings(out)
-	return out, nil
-}
-
 // Writer writes Gym's file capture store: one fsync'd sorted-key JSON line
 // per entry, durable intents, incomplete markers and the state document. An
 // identical re-put is a no-op, a conflicting re-put is ErrConflict (and marks
@@ -409,11 +252,6 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 	st.IndexedSize = off
 	w.state[rid] = st
 	return st, nil
-}
-
-func lineDigest(line []byte) string {
-	h := sha256.Sum256(line)
-	return hex.EncodeToString(h[:])
 }
 
 func (w *Writer) writeState(rid string, st *storeState, durable bool) error {
@@ -605,20 +443,21 @@ func (w *Writer) MarkIncomplete(rolloutID, modelCallID string) error {
 	return w.syncDir()
 }
 
-// Freeze makes the rollout read-only; it is idempotent.
+// Freeze makes the rollout read-only; it is idempotent. It does not read
+// the entries: damage to them shows when the snapshot is read.
 func (w *Writer) Freeze(rolloutID string) error {
-	_, err := w.Snapshot(rolloutID)
-	return err
-}
-
-// Snapshot freezes the rollout (idempotently) and returns its snapshot, like
-// Gym's freeze_now.
-func (w *Writer) Snapshot(rolloutID string) (*Snapshot, error) {
 	if err := ValidateRolloutID(rolloutID); err != nil {
-		return nil, err
+		return err
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	_, err := w.freeze(rolloutID)
+	return err
+}
+
+// freeze marks the rollout frozen (once) and returns its state. Caller
+// holds mu.
+func (w *Writer) freeze(rolloutID string) (*storeState, error) {
 	st, err := w.loadState(rolloutID)
 	if err != nil {
 		return nil, err
@@ -633,6 +472,21 @@ func (w *Writer) Snapshot(rolloutID string) (*Snapshot, error) {
 		if err := w.writeState(rolloutID, st, true); err != nil {
 			return nil, err
 		}
+	}
+	return st, nil
+}
+
+// Snapshot freezes the rollout (idempotently) and returns its snapshot, like
+// Gym's freeze_now.
+func (w *Writer) Snapshot(rolloutID string) (*Snapshot, error) {
+	if err := ValidateRolloutID(rolloutID); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st, err := w.freeze(rolloutID)
+	if err != nil {
+		return nil, err
 	}
 	cp := *st
 	return readSnapshot(w.dir, rolloutID, &cp)

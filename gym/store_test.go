@@ -248,7 +248,8 @@ func TestReaderZstdTransparent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "z"+SuffixEntriesZst), comp, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Snapshot("z"); err == nil || !strings.Contains(err.Error(), "both exist") {
+	var dmg *CaptureDamage
+	if _, err := r.Snapshot("z"); !errors.As(err, &dmg) || dmg.Reason != ReasonInvalidCapture || !strings.Contains(err.Error(), "exist; keep one") {
 		t.Fatalf("plain and zst together: %v", err)
 	}
 	os.Remove(filepath.Join(dir, "z"+SuffixEntries))
@@ -260,8 +261,8 @@ func TestReaderZstdTransparent(t *testing.T) {
 		t.Fatalf("zst (-plain +zst)\n%s", d)
 	}
 	os.WriteFile(filepath.Join(dir, "bad"+SuffixEntriesZst), []byte("not zstd"), 0o644)
-	if _, err := r.Snapshot("bad"); err == nil {
-		t.Fatal("corrupt zst accepted")
+	if _, err := r.Snapshot("bad"); !errors.As(err, &dmg) || dmg.Reason != ReasonInvalidCapture {
+		t.Fatalf("corrupt zst: %v", err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -345,6 +346,31 @@ func gymFixture(t *testing.T, dir string) (records, captures string) {
 	return records, captures
 }
 
+// TestTrainStepMasksDamagedRollouts: in the training step, damage to one
+// rollout's capture files (a corrupt state file, a schema-2 line, an
+// entries file shorter than its acknowledged size) masks that rollout with
+// its reason in mask_reasons; the step trains on the others.
+func TestTrainStepMasksDamagedRollouts(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	base := func(rid string) string { return filepath.Join(caps, rid) }
+	if err := os.WriteFile(base("ext-0-0")+gym.SuffixState, []byte("[]"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(base("ext-0-1") + gym.SuffixEntries)
+	os.WriteFile(base("ext-0-1")+gym.SuffixEntries, bytes.Replace(b, []byte(`"schema_version":3`), []byte(`"schema_version":2`), 1), 0o644)
+	b, _ = os.ReadFile(base("ext-0-2") + gym.SuffixEntries)
+	os.WriteFile(base("ext-0-2")+gym.SuffixEntries, b[:bytes.IndexByte(b, '\n')+1], 0o644)
+	out := filepath.Join(dir, "run")
+	mustTrain(t, append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...)...)
+	m := metricsNoTimes(t, out)[0]
+	want := map[string]int{gym.ReasonNothingRecorded: 1, gym.ReasonConflictingPayloads: 1,
+		gym.ReasonInvalidState: 1, gym.ReasonUnsupportedSchema: 1, gym.ReasonIndexMismatch: 1}
+	if !maps.Equal(m.MaskReasons, want) || m.MaskedRollouts != 5 {
+		t.Fatalf("masked %d, reasons %v, want 5 and %v", m.MaskedRollouts, m.MaskReasons, want)
+	}
+}
+
 var externalSets = []string{
 	"--quiet",
 	"--set", "grpo.num_prompts_per_step=2",
@@ -370,8 +396,8 @@ func TestExternalGymCaptures(t *testing.T) {
 	if got != want {
 		t.Errorf("external step counts %+v, want %+v", got, want)
 	}
-	if m.MaskReasons[gym.ReasonNothingRecorded] != 1 || len(m.MaskReasons) != 2 {
-		t.Errorf("mask reasons %v, want one %q and one conflict", m.MaskReasons, gym.ReasonNothingRecorded)
+	if m.MaskReasons[gym.ReasonNothingRecorded] != 1 || m.MaskReasons[gym.ReasonConflictingPayloads] != 1 || len(m.MaskReasons) != 2 {
+		t.Errorf("mask reasons %v, want one %q and one %q", m.MaskReasons, gym.ReasonNothingRecorded, gym.ReasonConflictingPayloads)
 	}
 	// 5 rollouts with two calls of 2 generated tokens each, plus the overlong
 	// rollout's trainable root: every owned sampled token once.

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/gym"
@@ -230,5 +232,113 @@ func TestTracesFailureLeavesNoPartialOutput(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Errorf("files left in the output directory: %v", ents)
+	}
+}
+
+// TestTracesMasksDamagedRollouts: damage to one rollout's capture files (a
+// schema-2 line, a corrupt state file, a FIFO, a corrupt .zst) masks that
+// rollout with a reason code counted on stderr; every record still gets its
+// output line and the run exits 0. A record without a correlation key
+// stays a hard error.
+func TestTracesMasksDamagedRollouts(t *testing.T) {
+	extra := `{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":3}
+{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":4}
+{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":5}
+{"reward":1.0,"_ng_task_index":0,"_ng_rollout_index":6}
+`
+	captures, rollouts := tracesFixture(t, extra)
+	good, err := os.ReadFile(filepath.Join(captures, "0-0"+gym.SuffixEntries))
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(rid string) []byte {
+		return bytes.ReplaceAll(good, []byte(`"rollout_id":"0-0"`), []byte(`"rollout_id":"`+rid+`"`))
+	}
+	base := func(rid string) string { return filepath.Join(captures, rid) }
+	os.WriteFile(base("0-3")+gym.SuffixEntries, bytes.ReplaceAll(as("0-3"), []byte(`"schema_version":3`), []byte(`"schema_version":2`)), 0o644)
+	os.WriteFile(base("0-4")+gym.SuffixEntries, as("0-4"), 0o644)
+	os.WriteFile(base("0-4")+gym.SuffixState, []byte("{not json"), 0o644)
+	if err := syscall.Mkfifo(base("0-5")+gym.SuffixEntries, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(base("0-6")+gym.SuffixEntriesZst, []byte("\x28\xb5\x2f\xfd\x00garbage"), 0o644)
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"traces", "--rebuild", "--captures", captures, "--rollouts", rollouts}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if len(lines) != 7 {
+		t.Fatalf("%d output lines for 7 records", len(lines))
+	}
+	want := []string{"", gym.ReasonCaptureIncomplete, gym.ReasonNothingRecorded, gym.ReasonUnsupportedSchema,
+		gym.ReasonInvalidState, gym.ReasonNotRegularFile, gym.ReasonInvalidCapture}
+	for i, l := range lines {
+		var m struct {
+			Mask    bool `json:"mask_sample"`
+			Capture struct {
+				Reason string `json:"reason"`
+			} `json:"_ng_token_capture"`
+		}
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Capture.Reason != want[i] || m.Mask != (want[i] != "") {
+			t.Errorf("record %d: mask %v reason %q, want %q", i+1, m.Mask, m.Capture.Reason, want[i])
+		}
+	}
+	for _, r := range want[1:] {
+		if !strings.Contains(stderr.String(), "masked "+r) {
+			t.Errorf("summary does not count %s:\n%s", r, stderr.String())
+		}
+	}
+}
+
+// TestTracesPassesGymRecordThrough: a record Gym already finalized passes
+// through train traces with every field byte-identical (Python's json.dumps
+// spacing inside values, \u escapes, 1.0 floats, key order); with --rebuild
+// every field tracegrpo does not own is byte-identical.
+func TestTracesPassesGymRecordThrough(t *testing.T) {
+	captures, rollouts := tracesFixture(t, "")
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"traces", "--rebuild", "--captures", captures, "--rollouts", rollouts}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	first := strings.SplitN(stdout.String(), "\n", 2)[0]
+	built, err := gym.ParseRecord([]byte(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, _ := built.Get(gym.KeyTrainingTraces)
+	gymLine := `{"z_last": {"a": [1, 2.50, 1.0], "s": "caf\u00e9 \ud83d\ude00"}, "reward": 1.0, "response": {"id": "resp-1", "output": []}, ` +
+		`"_ng_task_index": 0, "_ng_rollout_index": 0, "mask_sample": false, ` +
+		`"_ng_token_capture": {"n_calls": 4, "delivered_fraction": 1.0, "parent_link_failures": {}, "error": null}, ` +
+		`"training_traces": ` + string(env) + `}` + "\n"
+	in := filepath.Join(t.TempDir(), "gym.jsonl")
+	os.WriteFile(in, []byte(gymLine), 0o644)
+	src, _ := gym.ParseRecord([]byte(gymLine))
+	for _, rebuild := range []bool{false, true} {
+		stdout.Reset()
+		args := []string{"traces", "--captures", captures, "--rollouts", in}
+		if rebuild {
+			args = append(args, "--rebuild")
+		}
+		if code := run(args, &stdout, &stderr); code != 0 {
+			t.Fatalf("rebuild=%v: exit %d: %s", rebuild, code, stderr.String())
+		}
+		out, err := gym.ParseRecord(bytes.TrimSpace(stdout.Bytes()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(src.Keys(), out.Keys()) {
+			t.Fatalf("rebuild=%v: keys %v, want %v", rebuild, out.Keys(), src.Keys())
+		}
+		for _, k := range src.Keys() {
+			owned := k == gym.KeyTrainingTraces || k == gym.KeyMaskSample || k == gym.KeyTokenCapture
+			a, _ := src.Get(k)
+			b, _ := out.Get(k)
+			if (!rebuild || !owned) && !bytes.Equal(a, b) {
+				t.Errorf("rebuild=%v: field %s changed:\n got %s\nwant %s", rebuild, k, b, a)
+			}
+		}
 	}
 }
