@@ -440,7 +440,9 @@ func FuzzLoad(f *testing.F) {
 // panics, and an accepted override round-trips through the printed YAML.
 func FuzzSet(f *testing.F) {
 	for _, s := range []string{"grpo.num_prompts_per_step=4", "policy.optimizer=null", "policy.scheduler.0.kwargs.total_iters=7",
-		"loss_fn={ratio_clip_c: 3}", "policy.model_name=${policy.precision}", "data.x.y=1", "env.math={a: 1}", "a=b=c", "=1"} {
+		"loss_fn={ratio_clip_c: 3}", "policy.model_name=${policy.precision}", "data.x.y=1", "env.math={a: 1}", "a=b=c", "=1",
+		"policy=&000", // a null policy: its scheduler list came back as [] instead of nil
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -156,6 +156,12 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 			w.fail(n, "%s: want a list, found %s", path, describe(n))
 			return
 		}
+		if len(n.Content) == 0 {
+			// [] and null are the same list: decode both to nil, so that a
+			// config marshals and loads back to the same value.
+			v.Set(reflect.Zero(t))
+			return
+		}
 		s := reflect.MakeSlice(t, len(n.Content), len(n.Content))
 		for i, e := range n.Content {
 			w.decodeStruct(e, s.Index(i), fmt.Sprintf("%s.%d", path, i))
