@@ -32,6 +32,11 @@ type BatchOptions struct {
 	// is padded to a multiple of it.
 	RowMultiple int
 	Advantage   AdvantageOptions
+	// Shard says the rollouts are one data-parallel rank's share of a step:
+	// they may be none, or hold no eligible token (the step's other ranks
+	// may), so neither is ErrNoEligibleTokens; the caller checks the step's
+	// total instead.
+	Shard bool
 }
 
 // Row is one physical training row.
@@ -202,8 +207,11 @@ func BuildBatch(rollouts []LogicalRollout, opt BatchOptions) (*Batch, error) {
 			m.Invalid++
 		}
 	}
-	if m.Invalid == len(rollouts) {
+	if m.Invalid == len(rollouts) && !opt.Shard {
 		return nil, ErrNoEligibleTokens
+	}
+	if len(rollouts) == 0 {
+		return b, nil
 	}
 	groups := make([]int64, len(rollouts))
 	rewards := make([]float64, len(rollouts))

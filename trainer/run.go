@@ -4,101 +4,207 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
-// Run is the GRPO loop. It reads top to bottom as one step.
+// Run is the GRPO loop. It reads top to bottom as one step. With several
+// ranks (see ranks.go) each runs it on its share of the step's task groups.
 func (t *Trainer) Run() error {
 	for t.step < t.maxSteps {
 		step := t.step + 1
 		var ph PhaseTimes
 		sw := newStopwatch()
 
-		// 1. Rollouts: run this step's logical rollouts with the current policy
-		// (built-in) or read the ones NeMo Gym produced (external).
+		// 1. Rollouts: run this rank's share of the step's logical rollouts
+		// with the current policy (built-in), or read the ones NeMo Gym
+		// produced (external). A stop request ends a wait for them.
+		var my shard
 		recs, captures, err := t.source.next(step)
 		if errors.Is(err, errStopWaiting) {
-			return t.stopOnSignal(t.interrupted())
-		}
-		if err != nil {
-			return fmt.Errorf("step %d: rollouts: %w", step, err)
+			my.Stop, err = true, nil
 		}
 		ph.Rollout = sw.lap()
 
-		// 2. Finalize each rollout against its captures: training_traces, or a
-		// mask with its reason. Bad correlation stops the step.
-		logical, fin, err := t.finalize(recs, captures)
-		if err != nil {
-			return fmt.Errorf("step %d: %w", step, err)
+		// 2. Finalize each rollout against its captures: training_traces, or
+		// a mask with its reason. Bad correlation fails the step.
+		var logical []grpo.LogicalRollout
+		var fins []*gym.Finalized
+		if err == nil && !my.Stop {
+			if logical, fins, err = t.finalize(recs, captures); err != nil {
+				err = fmt.Errorf("step %d: %w", step, err)
+			}
+		} else if err != nil {
+			err = fmt.Errorf("step %d: rollouts: %w", step, err)
 		}
 		ph.Finalize = sw.lap()
 
-		// 3. Logical rollouts → physical rows; one advantage per logical rollout.
-		batch, err := grpo.BuildBatch(logical, t.batchOpt)
+		// 3. Logical rollouts → physical rows; one advantage per logical
+		// rollout (groups are whole on every rank).
+		var batch *grpo.Batch
+		if err == nil && !my.Stop {
+			if batch, err = grpo.BuildBatch(logical, t.batchOpt); err != nil {
+				err = fmt.Errorf("step %d: %w", step, err)
+			} else {
+				my = myShard(logical, fins, batch)
+			}
+		}
 		if err != nil {
-			return fmt.Errorf("step %d: %w", step, err)
+			my.Err = err.Error()
+		}
+
+		// 4. The ranks meet: every rank learns of any failure or stop
+		// request, and the step's G_tok is the sum of every rank's.
+		st, err := t.exchange(step, my)
+		if err != nil {
+			return err
+		}
+		if st.stop {
+			return t.stopOnSignal(t.interrupted())
 		}
 		mbs := t.pack(batch)
 
-		// 4. Previous-policy and reference log-probabilities (no gradient).
+		// 5. Previous-policy and reference log-probabilities (no gradient).
 		if err := t.logprobs(mbs, batch); err != nil {
 			return fmt.Errorf("step %d: logprobs: %w", step, err)
 		}
 		ph.Logprob = sw.lap()
 
-		// 5. Forward, loss over the step's G_tok, backward, per micro-batch.
-		loss, err := t.train(mbs, batch)
+		// 6. Forward, loss over the step's G_tok, backward, per micro-batch;
+		// then the gradients are summed over the ranks.
+		p, err := t.train(mbs, batch, st.gTok)
 		if err != nil {
 			return fmt.Errorf("step %d: train: %w", step, err)
 		}
+		if t.comm.Size() > 1 {
+			if err := t.comm.AllReduceSum(t.model.Grads()); err != nil {
+				return fmt.Errorf("step %d: gradient all-reduce: %w", step, err)
+			}
+		}
 		ph.Train = sw.lap()
+		p.Logprob, p.Train = float64(ph.Logprob), float64(ph.Train)
 
-		// 6. One clipped AdamW update; the scheduler advances by the logical
-		// rollout count, however many physical rows they expanded into.
+		// 7. One clipped AdamW update, the same on every rank; the scheduler
+		// advances by the logical rollout count, however many physical rows
+		// they expanded into.
 		lr, wd := t.sched.LR(), t.sched.WeightDecay()
 		upd, err := t.opt.Step(lr, wd)
 		if err != nil {
 			return fmt.Errorf("step %d: optimizer: %w", step, err)
 		}
-		t.sched.Step(optim.StepSamples(len(batch.Rows), batch.Metrics.Logical))
+		t.sched.Step(optim.StepSamples(0, st.logical))
 		t.model.ZeroGrad()
-		t.step, t.consumed = step, t.consumed+int64(len(recs))
+		t.step, t.consumed = step, t.consumed+int64(st.logical)
+		p.InterruptedOnRank = t.interrupted() != nil
+		if st.posts, err = gather(t, p); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
 		ph.Optimizer = sw.lap()
 
-		// 7. Checkpoint and one line of metrics: the checkpoint is written
-		// under a temporary name, the line appended and synced, and only
-		// then is the checkpoint published, so that whatever moment a kill
-		// comes at, a checkpoint of step N never exists without line N.
-		pending, err := t.prepareCheckpoint()
-		if err != nil {
-			return fmt.Errorf("step %d: checkpoint: %w", step, err)
-		}
-		ph.Checkpoint = sw.lap()
-		m := t.metrics(step, logical, fin, batch, loss, upd, ph, sw.total())
-		if err := t.log(m, pending != nil); err != nil {
-			if pending != nil {
-				pending.Discard()
-			}
+		// 8. Checkpoint and one line of metrics (rank 0): the checkpoint is
+		// written under a temporary name, the line appended and synced, and
+		// only then is the checkpoint published, so that whatever moment a
+		// kill comes at, a checkpoint of step N never exists without line N.
+		if err := t.finish(step, st, upd, ph, sw); err != nil {
 			return err
-		}
-		if pending != nil {
-			if _, err := pending.Publish(); err != nil {
-				return fmt.Errorf("step %d: checkpoint: %w", step, err)
-			}
 		}
 		if stopAfterStep > 0 && step >= stopAfterStep {
 			return errSimulatedCrash
 		}
 
-		// A pre-emption or Ctrl-C arrived during the step: stop cleanly.
-		if sig := t.interrupted(); sig != nil {
-			return t.stopOnSignal(sig)
+		// A pre-emption or Ctrl-C reached a rank during the step: every rank
+		// stops cleanly after it.
+		for _, p := range st.posts {
+			if p.InterruptedOnRank {
+				return t.stopOnSignal(t.interrupted())
+			}
 		}
 	}
 	t.progressDone()
+	return nil
+}
+
+// exchange gathers every rank's share of the step: a failure on any rank
+// fails every rank (naming it), a stop request on any rank stops every
+// rank, and the step's G_tok and logical rollout count are the sums.
+func (t *Trainer) exchange(stepN int, my shard) (*step, error) {
+	shards, err := gather(t, my)
+	if err != nil {
+		return nil, fmt.Errorf("step %d: %w", stepN, err)
+	}
+	st := &step{shards: shards}
+	var failed []string
+	eligible := 0
+	for r, s := range shards {
+		switch {
+		case s.Err != "" && len(shards) == 1:
+			return nil, errors.New(s.Err)
+		case s.Err != "":
+			failed = append(failed, fmt.Sprintf("rank %d: %s", r, s.Err))
+		case s.Stop:
+			st.stop = true
+		}
+		st.gTok += s.GTok
+		st.logical += len(s.Rewards)
+		eligible += s.Eligible
+	}
+	if len(failed) > 0 {
+		return nil, &agreedError{errors.New(strings.Join(failed, "\n"))}
+	}
+	if !st.stop && eligible == 0 {
+		return nil, &agreedError{fmt.Errorf("step %d: %w", stepN, grpo.ErrNoEligibleTokens)}
+	}
+	return st, nil
+}
+
+// finish writes the step's checkpoint and metrics line (rank 0) once every
+// rank has finished the step; at a checkpoint the ranks also check that
+// their weights are the same.
+func (t *Trainer) finish(stepN int, st *step, upd optim.Result, ph PhaseTimes, sw *stopwatch) error {
+	saves := t.savesAt(stepN)
+	if saves {
+		if err := t.checkSameWeights(fmt.Sprintf("step %d", stepN)); err != nil {
+			return err
+		}
+	}
+	var pending *checkpoint.Pending
+	var err error
+	if t.rank == 0 && saves {
+		if pending, err = t.prepareCheckpoint(); err != nil {
+			err = fmt.Errorf("step %d: checkpoint: %w", stepN, err)
+		}
+	}
+	if saves {
+		// Every rank has its share of the step done before rank 0
+		// publishes the checkpoint (and learns of rank 0's failure).
+		if err := t.agree(err); err != nil {
+			if pending != nil {
+				pending.Discard()
+			}
+			return err
+		}
+	}
+	ph.Checkpoint = sw.lap()
+	if t.rank != 0 {
+		return nil
+	}
+	m := t.metrics(stepN, st, upd, ph, sw.total())
+	if err := t.log(m, pending != nil); err != nil {
+		if pending != nil {
+			pending.Discard()
+		}
+		return err
+	}
+	if pending != nil {
+		if _, err := pending.Publish(); err != nil {
+			return fmt.Errorf("step %d: checkpoint: %w", stepN, err)
+		}
+	}
 	return nil
 }
 

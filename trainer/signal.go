@@ -115,7 +115,11 @@ func (t *Trainer) stopOnSignal(sig os.Signal) error {
 	saved := ""
 	if t.cfg.Checkpointing.Enabled && t.step > 0 {
 		if !t.savesAt(t.step) {
-			if err := t.save(); err != nil {
+			var err error
+			if t.rank == 0 {
+				err = t.save()
+			}
+			if err = t.agree(err); err != nil {
 				return fmt.Errorf("%s after step %d: checkpoint: %w", signalName(sig), t.step, err)
 			}
 		}
@@ -130,6 +134,8 @@ func (t *Trainer) stopOnSignal(sig os.Signal) error {
 
 func signalName(sig os.Signal) string {
 	switch sig {
+	case nil:
+		return "a stop request on another rank"
 	case syscall.SIGTERM:
 		return "SIGTERM"
 	case os.Interrupt:

@@ -10,8 +10,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/rollout"
@@ -124,8 +126,17 @@ func (s *builtinSource) start(t *Trainer) error {
 
 func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
 	c := &s.t.cfg.GRPO
+	// Every rank plans the whole step (the same specs, from keyed streams)
+	// and plays its own block of task groups.
 	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.streams)
-	results, err := rollout.Run(s.policy, s.rec, specs, s.t.streams)
+	lo, hi := dist.Block(c.NumPromptsPerStep, s.t.rank, s.t.comm.Size())
+	var mine []rollout.Spec
+	for _, sp := range specs {
+		if sp.TaskIndex >= lo && sp.TaskIndex < hi {
+			mine = append(mine, sp)
+		}
+	}
+	results, err := rollout.Run(s.policy, s.rec, mine, s.t.streams)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -187,6 +198,7 @@ func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.
 // A writer of that directory must create each file whole (write, then
 // rename into place).
 type externalSource struct {
+	t       *Trainer
 	stopped <-chan struct{} // closed by a stop request: stop waiting
 	capDir  string
 	path    string
@@ -246,7 +258,7 @@ func (s *externalSource) check() error {
 }
 
 func (s *externalSource) start(t *Trainer) error {
-	s.stopped = t.stop.stopped
+	s.t, s.stopped = t, t.stop.stopped
 	if s.dir {
 		return nil
 	}
@@ -260,19 +272,65 @@ func (s *externalSource) start(t *Trainer) error {
 }
 
 func (s *externalSource) next(step int) ([]*gym.Record, gym.Source, error) {
+	recs, err := s.readStep(step)
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.t.myRecords(recs), s.reader, nil
+}
+
+// myRecords is this rank's share of a step's records: the records of a
+// contiguous block of the step's task groups (_ng_task_index, ascending),
+// in their order in the file. A record without a usable task index goes to
+// rank 0, whose finalization names it.
+func (t *Trainer) myRecords(recs []*gym.Record) []*gym.Record {
+	n := t.comm.Size()
+	if n == 1 {
+		return recs
+	}
+	group := make([]int64, len(recs))
+	has := make([]bool, len(recs))
+	seen := map[int64]bool{}
+	var groups []int64
+	for i, rec := range recs {
+		if keys, err := gym.CorrelationKeysFromRecord(rec); err == nil && keys.TaskIndex != nil {
+			group[i], has[i] = *keys.TaskIndex, true
+			if !seen[group[i]] {
+				seen[group[i]] = true
+				groups = append(groups, group[i])
+			}
+		}
+	}
+	slices.Sort(groups)
+	lo, hi := dist.Block(len(groups), t.rank, n)
+	mine := map[int64]bool{}
+	for _, g := range groups[lo:hi] {
+		mine[g] = true
+	}
+	var out []*gym.Record
+	for i, rec := range recs {
+		if (has[i] && mine[group[i]]) || (!has[i] && t.rank == 0) {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// readStep reads all of step's records: the next train_global_batch_size
+// records of the file, or the step's file of the directory.
+func (s *externalSource) readStep(step int) ([]*gym.Record, error) {
 	if s.dir {
-		recs, err := s.readStepFile(step)
-		return recs, s.reader, err
+		return s.readStepFile(step)
 	}
 	recs := make([]*gym.Record, 0, s.gbs)
 	for len(recs) < s.gbs {
 		rec, err := s.rr.Next()
 		if errors.Is(err, io.EOF) {
-			return nil, nil, fmt.Errorf("rollouts: %s ran out after %d records; step %d needs %d more (train_global_batch_size=%d per step)",
+			return nil, fmt.Errorf("rollouts: %s ran out after %d records; step %d needs %d more (train_global_batch_size=%d per step)",
 				s.path, s.consumed, step, s.gbs-len(recs), s.gbs)
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		recs = append(recs, rec)
 		s.consumed++
@@ -280,7 +338,7 @@ func (s *externalSource) next(step int) ([]*gym.Record, gym.Source, error) {
 			s.lastID = id
 		}
 	}
-	return recs, s.reader, nil
+	return recs, nil
 }
 
 // readStepFile waits for DIR/step_<N>.jsonl and reads all of it.

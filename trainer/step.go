@@ -162,25 +162,17 @@ func scatter(dst [][]float64, mb microBatch, v []float32) {
 	}
 }
 
-// stepLoss is what train returns: the loss sums over all micro-batches and
-// the mean entropy over eligible tokens.
-type stepLoss struct {
-	sums    grpo.LossSums
-	entropy float64
-	// maxOldDiff is max |lp − lp_old| over eligible tokens: the current
-	// policy's training forward against its no-gradient forward of the same
-	// weights; 0 unless the forward is not deterministic.
-	maxOldDiff float64
-}
-
-// train runs forward, the loss with the step's global G_tok, and backward
-// for every micro-batch; gradients accumulate in the model's gradient arena.
-func (t *Trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
-	out := stepLoss{sums: grpo.NewLossSums()}
+// train runs forward, the loss with the step's global G_tok (all ranks'
+// eligible tokens), and backward for every micro-batch; gradients accumulate
+// in the model's gradient arena. It returns this rank's loss sums, the sum
+// and count of entropies over eligible tokens, and max |lp − lp_old| over
+// them (the training forward against the no-gradient forward of the same
+// weights: 0 unless the forward is not deterministic).
+func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, gTok float64) (post, error) {
+	out := post{Sums: grpo.NewLossSums()}
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	t.rowDLP = rowSlices(t.rowDLP, b)
-	var entSum, entN float64
 	for _, mb := range mbs {
 		lp, ent, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
 		if err != nil {
@@ -199,19 +191,19 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 			if row.SampleMask > 0 {
 				for i, m := range row.TokenMask {
 					if m != 0 {
-						entSum += t.rowEnt[r][i]
-						entN++
-						out.maxOldDiff = math.Max(out.maxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
+						out.EntSum += t.rowEnt[r][i]
+						out.EntN++
+						out.MaxOldDiff = math.Max(out.MaxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
 					}
 				}
 			}
 		}
 		t.lossRows = rows
-		sums, err := grpo.Loss(rows, b.GTok, &t.lossOpt)
+		sums, err := grpo.Loss(rows, gTok, &t.lossOpt)
 		if err != nil {
 			return out, err
 		}
-		out.sums.Add(sums)
+		out.Sums.Add(sums)
 		if cap(t.dlogprob) < len(mb.tokens) {
 			t.dlogprob = make([]float32, len(mb.tokens))
 		}
@@ -226,66 +218,72 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch) (stepLoss, error) {
 			return out, err
 		}
 	}
-	if entN > 0 {
-		out.entropy = entSum / entN
-	}
 	return out, nil
 }
 
-// metrics assembles the step's metrics line.
-func (t *Trainer) metrics(step int, logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch,
-	l stepLoss, upd optim.Result, ph PhaseTimes, total float64) Metrics {
-	rewards := make([]float64, len(logical))
-	m := Metrics{Step: step, Phases: ph, TimeS: Num(total)}
-	for i, lr := range logical {
-		rewards[i] = lr.Reward
-		if lr.LossMultiplier == 0 {
-			m.MaskedRollouts++
-		}
-		if lr.Envelope != nil {
-			m.Traces += len(lr.Envelope.Traces)
-		}
-		if fins[i].Masked {
-			if m.MaskReasons == nil {
-				m.MaskReasons = map[string]int{}
+// metrics assembles the step's metrics line from every rank's share.
+func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, total float64) Metrics {
+	m := Metrics{Step: stepN, Phases: ph, TimeS: Num(total)}
+	var rewards []float64
+	var logical, physical, eligible, toks int
+	var entSum, entN, busy float64
+	sums := grpo.NewLossSums()
+	for r, s := range st.shards {
+		for i := range s.Rewards {
+			rewards = append(rewards, s.Rewards[i])
+			if s.Zeroed[i] {
+				m.MaskedRollouts++
 			}
-			m.MaskReasons[fins[i].Reason]++
+			m.Traces += s.Traces[i]
+			if s.Reasons[i] != "" {
+				if m.MaskReasons == nil {
+					m.MaskReasons = map[string]int{}
+				}
+				m.MaskReasons[s.Reasons[i]]++
+			}
 		}
+		logical += len(s.Rewards)
+		physical += s.Physical
+		eligible += s.Eligible
+		toks += s.TrainTokens
+		m.OverlongTraces += s.Overlong
+		m.InvalidRollouts += s.Invalid
+		p := st.posts[r]
+		sums.Add(p.Sums)
+		entSum, entN = entSum+p.EntSum, entN+p.EntN
+		m.PrevLogprobMaxDiff = Num(math.Max(float64(m.PrevLogprobMaxDiff), p.MaxOldDiff))
+		busy = math.Max(busy, p.Logprob+p.Train)
 	}
 	mean, std := meanStd(rewards)
 	m.RewardMean, m.RewardStd = Num(mean), Num(std)
-	m.TracesPerRollout = Num(float64(m.Traces) / float64(max(1, len(logical))))
-	advantageStats(&m, logical, b)
-	lm := l.sums.Metrics(b.GTok, t.lossOpt.KLPenalty)
+	m.TracesPerRollout = Num(float64(m.Traces) / float64(max(1, logical)))
+	advantageStats(&m, st.shards)
+	lm := sums.Metrics(st.gTok, t.lossOpt.KLPenalty)
 	m.Loss = Num(lm.Loss)
 	m.GradNorm = Num(upd.GradNorm)
 	m.LR = Num(upd.LR)
 	m.SkippedUpdate = upd.Skipped
-	bm := b.Metrics
-	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = bm.Logical, bm.Physical, bm.Padding
-	m.OverlongTraces, m.InvalidRollouts, m.EligibleTokens = bm.Overlong, bm.Invalid, bm.EligibleTokens
+	mult := t.rowMultiple
+	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = logical, physical, (mult-physical%mult)%mult
+	m.EligibleTokens = eligible
 	m.NonzeroAdvantageTokens = lm.NonzeroAdvantageTokens
 	m.ClipFractionLow, m.ClipFractionHigh = Num(lm.ClipFracLow), Num(lm.ClipFracHigh)
 	m.RatioMin, m.RatioMean, m.RatioMax = Num(lm.RatioMin), Num(lm.Ratio), Num(lm.RatioMax)
-	m.KL, m.Entropy = Num(lm.KL), Num(l.entropy)
-	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
-	m.PrevLogprobMaxDiff = Num(l.maxOldDiff)
-	var toks int
-	for _, r := range b.Rows {
-		if r.Valid {
-			toks += len(r.TokenIDs)
-		}
+	m.KL = Num(lm.KL)
+	if entN > 0 {
+		m.Entropy = Num(entSum / entN)
 	}
+	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
 	m.TrainTokens = toks
-	if ph.Logprob+ph.Train > 0 {
-		m.TokensPerS = Num(float64(toks) / float64(ph.Logprob+ph.Train))
+	if busy > 0 {
+		m.TokensPerS = Num(float64(toks) / busy)
 	}
 	return m
 }
 
-// advantageStats fills the advantage diagnostics from the valid rollouts.
-func advantageStats(m *Metrics, logical []grpo.LogicalRollout, b *grpo.Batch) {
-	valid := b.Metrics.LogicalValid
+// advantageStats fills the advantage diagnostics from the valid rollouts
+// of every rank.
+func advantageStats(m *Metrics, shards []shard) {
 	lo, hi, sum, n := math.Inf(1), math.Inf(-1), 0.0, 0
 	type group struct {
 		r      float64
@@ -294,22 +292,24 @@ func advantageStats(m *Metrics, logical []grpo.LogicalRollout, b *grpo.Batch) {
 	}
 	groups := map[int64]*group{}
 	var order []int64
-	for i, lr := range logical {
-		if i >= len(valid) || !valid[i] {
-			continue
-		}
-		a := b.Advantages.Advantage[i]
-		lo, hi, sum, n = math.Min(lo, a), math.Max(hi, a), sum+math.Abs(a), n+1
-		g, ok := groups[lr.TaskGroup]
-		if !ok {
-			g = &group{}
-			groups[lr.TaskGroup] = g
-			order = append(order, lr.TaskGroup)
-		}
-		if !g.seen {
-			g.r, g.seen = lr.Reward, true
-		} else if lr.Reward != g.r {
-			g.varied = true
+	for _, s := range shards {
+		for i, valid := range s.Valid {
+			if !valid {
+				continue
+			}
+			a := s.Advantage[i]
+			lo, hi, sum, n = math.Min(lo, a), math.Max(hi, a), sum+math.Abs(a), n+1
+			g, ok := groups[s.Groups[i]]
+			if !ok {
+				g = &group{}
+				groups[s.Groups[i]] = g
+				order = append(order, s.Groups[i])
+			}
+			if !g.seen {
+				g.r, g.seen = s.Rewards[i], true
+			} else if s.Rewards[i] != g.r {
+				g.varied = true
+			}
 		}
 	}
 	if n == 0 {

@@ -2,21 +2,24 @@ package trainer
 
 import (
 	"testing"
-
-	"github.com/tracegrpo/tracegrpo/grpo"
 )
 
 func TestAdvantageStats(t *testing.T) {
-	logical := []grpo.LogicalRollout{
-		{TaskGroup: 1, Reward: 1}, {TaskGroup: 1, Reward: 1}, // flat: no signal
-		{TaskGroup: 2, Reward: 0}, {TaskGroup: 2, Reward: 1}, // varied
-		{TaskGroup: 3, Reward: 0.5}, {TaskGroup: 3, Reward: 9}, // the second is invalid: group 3 is flat
-	}
-	b := &grpo.Batch{}
-	b.Metrics.LogicalValid = []bool{true, true, true, true, true, false}
-	b.Advantages.Advantage = []float64{0, 0, -0.5, 0.5, 0, 7}
+	// Two ranks' shares: group 2 is split only to show that stats are over
+	// every rank (groups never split in a real step).
+	shards := []shard{{
+		Groups:    []int64{1, 1, 2},
+		Rewards:   []float64{1, 1, 0}, // group 1 flat: no signal
+		Valid:     []bool{true, true, true},
+		Advantage: []float64{0, 0, -0.5},
+	}, {
+		Groups:    []int64{2, 3, 3},
+		Rewards:   []float64{1, 0.5, 9}, // group 2 varied; group 3's second is invalid: flat
+		Valid:     []bool{true, true, false},
+		Advantage: []float64{0.5, 0, 7},
+	}}
 	var m Metrics
-	advantageStats(&m, logical, b)
+	advantageStats(&m, shards)
 	if m.ZeroSignalGroups != Num(2.0/3) {
 		t.Errorf("zero-signal groups %v, want 2/3", m.ZeroSignalGroups)
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -55,6 +56,10 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
+	comm        dist.Comm // the ranks of the run (dist.Single for one)
+	rank        int
+	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
+
 	metricsFile *os.File
 	progress    *progressLine
 	unlock      func() // releases the run directory's lock
@@ -92,7 +97,14 @@ func New(o Options) (_ *Trainer, err error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	t := &Trainer{o: o}
+	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
+	if t.comm == nil {
+		t.comm = dist.Single(o.Backend)
+	}
+	t.rank = t.comm.Rank()
+	if t.rank != 0 {
+		t.o.Quiet = true // rank 0 speaks for the run
+	}
 	defer func() {
 		if err != nil {
 			t.Close()
@@ -100,99 +112,150 @@ func New(o Options) (_ *Trainer, err error) {
 	}()
 	t.watchSignals()
 
-	// Configuration: the recipe (or the built-in one), --set, --steps; then
-	// every capability guard, before any work.
-	if err := t.loadConfig(); err != nil {
+	// Every rank sets up the same run; after each phase the ranks agree,
+	// so that a failure on one fails all, naming it, and none waits.
+	if err := t.agree(t.setupConfig()); err != nil {
 		return nil, err
+	}
+	if err := t.agree(t.setupRunDir()); err != nil {
+		return nil, err
+	}
+	if err := t.agree(t.setupPolicy()); err != nil {
+		return nil, err
+	}
+	if err := t.checkSameWeights("start"); err != nil {
+		return nil, err
+	}
+	if err := t.agree(t.setupFiles()); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// setupConfig reads the configuration (the recipe or the built-in one,
+// --set, --steps), runs every capability guard, and checks the rollout
+// source's inputs, before any work.
+func (t *Trainer) setupConfig() error {
+	o := &t.o
+	if err := t.loadConfig(); err != nil {
+		return err
 	}
 	c := &t.cfg
 	if err := grpo.CheckConfig(c); err != nil {
-		return nil, err
+		return err
 	}
 	if !c.GRPO.GymMultiTrace {
-		return nil, fmt.Errorf("config: tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace=true and env.nemo_gym.token_id_capture.delivery=all_traces (spec §9)")
+		return fmt.Errorf("config: tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace=true and env.nemo_gym.token_id_capture.delivery=all_traces (spec §9)")
 	}
 	if c.LossFn.PositiveExampleNLLWeight != 0 {
-		return nil, fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
+		return fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
 	}
 	if err := checkStepCount(c, o.Steps); err != nil {
-		return nil, err
+		return err
 	}
 	t.maxSteps = c.GRPO.MaxNumSteps
 	t.builder = c.Env.NemoGym.TokenIDCapture.Builder
 	t.temp = float32(c.Policy.Generation.Temperature)
 	if t.temp <= 0 {
-		return nil, fmt.Errorf("config: policy.generation.temperature=%v: must be > 0 (training log-probabilities divide logits by it)", c.Policy.Generation.Temperature)
+		return fmt.Errorf("config: policy.generation.temperature=%v: must be > 0 (training log-probabilities divide logits by it)", c.Policy.Generation.Temperature)
 	}
+	var err error
 	if t.lossOpt, err = grpo.NewLossOptions(&c.LossFn); err != nil {
-		return nil, err
+		return err
 	}
 	switch o.OnNonFinite {
 	case "skip", "abort":
 	default:
-		return nil, fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", ErrUsage, o.OnNonFinite)
+		return fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", ErrUsage, o.OnNonFinite)
 	}
+	if n := t.comm.Size(); n > c.GRPO.NumPromptsPerStep {
+		t.logf("warning: %d ranks share %d task groups per step: %d ranks train nothing", n, c.GRPO.NumPromptsPerStep, n-c.GRPO.NumPromptsPerStep)
+	}
+	t.source, err = t.newSource()
+	return err
+}
 
-	// The rollout source is checked before anything heavy is set up, so bad
-	// input fails fast.
-	if t.source, err = t.newSource(); err != nil {
-		return nil, err
-	}
-
-	// The run directory: locked, checked against the inputs, and where a
-	// resumed run starts decided before anything in it is written.
-	if err := t.openRunDir(); err != nil {
-		return nil, err
-	}
-	if o.Resume {
-		if err := t.findCheckpoint(); err != nil {
-			return nil, err
+// setupRunDir opens the run directory (rank 0: locked, checked against the
+// inputs) and decides where a resumed run starts before anything in it is
+// written; every rank decides from the same checkpoints.
+func (t *Trainer) setupRunDir() error {
+	if t.rank == 0 {
+		if err := t.openRunDir(); err != nil {
+			return err
+		}
+	} else {
+		t.out = t.o.Out
+		if t.out == "" {
+			t.out = filepath.Join("runs", t.name)
 		}
 	}
-
-	// The policy.
-	t.be = o.Backend
-	if err := t.newModels(); err != nil {
-		return nil, err
+	if t.o.Resume {
+		return t.findCheckpoint()
 	}
+	return nil
+}
+
+// setupPolicy builds the policy, the optimizer and the rollout source, and
+// restores a resumed run's state.
+func (t *Trainer) setupPolicy() error {
+	c := &t.cfg
+	t.be = t.o.Backend
+	if err := t.newModels(); err != nil {
+		return err
+	}
+	// Each rank builds rows for its own share: no padding (a count in the
+	// metrics, over the whole step) and no refusal of a share with nothing
+	// to train (the step as a whole is checked).
+	t.rowMultiple = grpo.RowMultiple(c)
 	t.batchOpt = grpo.BatchOptions{
 		PadTokenID:  padToken(t.modelCfg),
 		MaxSeqLen:   c.Policy.MaxTotalSequenceLength,
-		RowMultiple: grpo.RowMultiple(c),
+		RowMultiple: 1,
 		Advantage:   grpo.AdvantageOptionsFrom(c),
+		Shard:       true,
 	}
 	if err := t.newOptimizer(); err != nil {
-		return nil, err
+		return err
 	}
 	t.streams = rollout.Streams{Seed: uint64(c.GRPO.Seed)}
 	if err := t.source.start(t); err != nil {
-		return nil, err
+		return err
 	}
-
-	// Resume, then write the effective config and open the metrics log.
 	if t.resumeFrom != "" {
-		if err := t.restore(); err != nil {
-			return nil, err
-		}
-	} else if o.Resume {
+		return t.restore()
+	}
+	if t.o.Resume {
 		t.logf("resume: no complete checkpoint in %s%s: starting at step 0", t.checkpointDir(), t.resumeNote)
 	}
-	if err := t.writeEffectiveConfig(); err != nil {
-		return nil, err
-	}
-	if err := t.openMetrics(); err != nil {
-		return nil, err
+	return nil
+}
+
+// setupFiles writes the effective config and opens the metrics log (rank
+// 0), and says what the run is.
+func (t *Trainer) setupFiles() error {
+	c := &t.cfg
+	if t.rank == 0 {
+		if err := t.writeEffectiveConfig(); err != nil {
+			return err
+		}
+		if err := t.openMetrics(); err != nil {
+			return err
+		}
 	}
 	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
 		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
 			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
 			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
 	}
-	t.progress = newProgressLine(o.Log, o.Quiet, t.maxSteps)
-	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s",
-		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out)
+	t.progress = newProgressLine(t.o.Log, t.o.Quiet, t.maxSteps)
+	ranks := ""
+	if n := t.comm.Size(); n > 1 {
+		ranks = fmt.Sprintf(", %d ranks (%s)", n, t.comm.Name())
+	}
+	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s%s",
+		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out, ranks)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
-	return t, nil
+	return nil
 }
 
 // Close releases what New built (not the backend).

@@ -223,6 +223,10 @@ static int tg_memset32(tg_driver* d, void* ctx, void* stream, tg_dptr dst, unsig
 	return d->cuMemsetD32Async(dst, v, n, stream);
 }
 
+// tg_setctx_fn is cuCtxSetCurrent, for the other C files of this package
+// (nccl.go), which make the context current before their calls too.
+static void* tg_setctx_fn(tg_driver* d) { return (void*)d->cuCtxSetCurrent; }
+
 static int tg_sync(tg_driver* d, void* ctx, void* stream) {
 	int r = d->cuCtxSetCurrent(ctx);
 	if (r) return r;
@@ -662,6 +666,9 @@ func (d *device) memset32(dst uintptr, v uint32, n int) status {
 }
 
 func (d *device) sync() status { return C.tg_sync(d.dr.d, d.ctx, d.stream) }
+
+// setCtxFn is the driver's cuCtxSetCurrent, as a C function pointer.
+func (d *device) setCtxFn() unsafe.Pointer { return C.tg_setctx_fn(d.dr.d) }
 
 // launch queues kernel fn with a 1-D block; args are raw 8-byte slots (the
 // driver reads each parameter's size from its slot's low bytes).

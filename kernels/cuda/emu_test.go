@@ -30,6 +30,7 @@ var emu struct {
 	dir        string
 	driver     string
 	blas       string
+	nccl       string
 	err        error
 	skipReason string
 }
@@ -100,11 +101,13 @@ extern const tg_kernel tg_kernels[] = {
 		csrc, _ := filepath.Abs("csrc")
 		emu.driver = filepath.Join(dir, "libfakecuda.so")
 		emu.blas = filepath.Join(dir, "libfakecublas.so")
+		emu.nccl = filepath.Join(dir, "libfakenccl.so")
 		common := []string{"-std=c++17", "-O2", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-w"}
 		cmds := [][]string{
 			append(append([]string{}, common...), "-include", filepath.Join(emuDir, "cuda_emu.h"), "-I", csrc, "-I", emuDir,
 				filepath.Join(emuDir, "fakecuda.cpp"), kfile, "-o", emu.driver),
 			append(append([]string{}, common...), filepath.Join(emuDir, "fakecublas.cpp"), "-o", emu.blas),
+			append(append([]string{}, common...), filepath.Join(emuDir, "fakenccl.cpp"), "-o", emu.nccl),
 		}
 		for _, args := range cmds {
 			out, cerr := exec.Command(cxx, args...).CombinedOutput()

@@ -8,6 +8,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -48,8 +49,9 @@ var (
 
 // tinyStep runs one GRPO-shaped training step of model/testdata/qwen3_tied
 // (2 layers, C 64, GQA 4:2, tied head, V 512) on be: forward of a packed
-// micro-batch, loss = −mean logprob, backward, AdamW on the whole arena.
-func tinyStep(t *testing.T, be kernels.Backend) stepResult {
+// micro-batch, loss = −mean logprob, backward, (with comm, an all-reduce of
+// the gradients), AdamW on the whole arena.
+func tinyStep(t *testing.T, be kernels.Backend, comm ...dist.Comm) stepResult {
 	t.Helper()
 	cfg, err := model.LoadConfig("../../model/testdata/qwen3_tied/config.json")
 	if err != nil {
@@ -91,6 +93,11 @@ func tinyStep(t *testing.T, be kernels.Backend) stepResult {
 	}
 	if err := m.Backward(dl); err != nil {
 		t.Fatal(err)
+	}
+	for _, c := range comm {
+		if err := c.AllReduceSum(m.Grads()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	total := m.Table().Total
 	res.grads = make([]float32, total)
@@ -158,4 +165,53 @@ func TestTinyStepGPU(t *testing.T) {
 	ref := cpu.New(2)
 	defer ref.Close()
 	compareSteps(t, tinyStep(t, ref), tinyStep(t, be))
+}
+
+// stepsEqual fails unless two steps are the same bits.
+func stepsEqual(t *testing.T, want, got stepResult) {
+	t.Helper()
+	for _, c := range []struct {
+		name      string
+		want, got []float32
+	}{{"logprob", want.logprob, got.logprob}, {"gradients", want.grads, got.grads}, {"updated weights", want.params, got.params}} {
+		if msg := kerneltest.Compare(c.want, c.got, kerneltest.TolExact); msg != "" {
+			t.Errorf("%s: %s", c.name, msg)
+		}
+	}
+}
+
+// TestTinyStepNCCLEmu: a world-size-1 NCCL all-reduce of the step's
+// gradients leaves the step unchanged, bit for bit (on the emulator's
+// one-rank NCCL: this checks the binding's buffers and counts).
+func TestTinyStepNCCLEmu(t *testing.T) {
+	be := cuda.EmuBackend(t, cuda.Options{})
+	plain := tinyStep(t, be)
+	c, err := cuda.OpenNCCL(be, cuda.NCCLOptions{Lib: cuda.EmuNCCL(), Size: 1, CommID: "127.0.0.1:29511"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	stepsEqual(t, plain, tinyStep(t, be, c))
+}
+
+// TestTinyStepNCCLGPU: the same with the real NCCL on device 0 (skips
+// without a GPU or NCCL, unless TRACEGRPO_REQUIRE_GPU=1).
+func TestTinyStepNCCLGPU(t *testing.T) {
+	be, err := cuda.OpenBackend(cuda.Options{})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device: %v", err)
+		}
+		t.Skipf("no CUDA device: %v", err)
+	}
+	defer be.Close()
+	c, err := cuda.OpenNCCL(be, cuda.NCCLOptions{Size: 1, CommID: "127.0.0.1:29512"})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("NCCL: %v", err)
+		}
+		t.Skipf("NCCL: %v", err)
+	}
+	defer c.Close()
+	stepsEqual(t, tinyStep(t, be), tinyStep(t, be, c))
 }

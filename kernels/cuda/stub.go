@@ -2,10 +2,16 @@
 
 package cuda
 
-import "github.com/tracegrpo/tracegrpo/kernels"
+import (
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
 
 // Open reports that this binary has no CUDA support (built with CGO_ENABLED=0).
 func Open(Options) (kernels.Backend, error) { return nil, ErrNotBuilt }
 
 // Probe reports that this binary has no CUDA support.
 func Probe(Options) (string, error) { return "", ErrNotBuilt }
+
+// OpenNCCL reports that CUDA is not built in.
+func OpenNCCL(kernels.Backend, NCCLOptions) (dist.Comm, error) { return nil, ErrNotBuilt }

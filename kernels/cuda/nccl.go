@@ -1,0 +1,389 @@
+//go:build cgo
+
+package cuda
+
+// NCCL: dist's collectives over device buffers, on the backend's stream.
+// libnccl.so.2 is dlopen'ed at run time with the prototypes below, like the
+// driver and cuBLAS: a binary that never runs with several GPUs needs no
+// NCCL. Every C function makes the backend's context current first.
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { char internal[128]; } tg_nccl_id;
+typedef int (*tg_setctx)(void*);
+
+typedef struct {
+	void* lib;
+	int (*getVersion)(int*);
+	int (*getUniqueId)(tg_nccl_id*);
+	int (*commInitRank)(void**, int, tg_nccl_id, int);
+	int (*commDestroy)(void*);
+	int (*commAbort)(void*);
+	const char* (*getErrorString)(int);
+	int (*allReduce)(const void*, void*, size_t, int, int, void*, void*);
+	int (*reduceScatter)(const void*, void*, size_t, int, int, void*, void*);
+	int (*allGather)(const void*, void*, size_t, int, void*, void*);
+	int (*broadcast)(const void*, void*, size_t, int, int, void*, void*);
+} tg_nccl;
+
+static const struct { const char* name; size_t off; } tg_nccl_syms[] = {
+	{"ncclGetVersion", offsetof(tg_nccl, getVersion)},
+	{"ncclGetUniqueId", offsetof(tg_nccl, getUniqueId)},
+	{"ncclCommInitRank", offsetof(tg_nccl, commInitRank)},
+	{"ncclCommDestroy", offsetof(tg_nccl, commDestroy)},
+	{"ncclCommAbort", offsetof(tg_nccl, commAbort)},
+	{"ncclGetErrorString", offsetof(tg_nccl, getErrorString)},
+	{"ncclAllReduce", offsetof(tg_nccl, allReduce)},
+	{"ncclReduceScatter", offsetof(tg_nccl, reduceScatter)},
+	{"ncclAllGather", offsetof(tg_nccl, allGather)},
+	{"ncclBroadcast", offsetof(tg_nccl, broadcast)},
+};
+
+// 0: ok; 1: dlopen failed; 2: a symbol is missing (err names it).
+static int tg_nccl_open(const char* path, tg_nccl* n, char* err, size_t errlen) {
+	void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		const char* e = dlerror();
+		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof tg_nccl_syms / sizeof tg_nccl_syms[0]; i++) {
+		void* sym = dlsym(lib, tg_nccl_syms[i].name);
+		if (!sym) {
+			snprintf(err, errlen, "%s", tg_nccl_syms[i].name);
+			dlclose(lib);
+			return 2;
+		}
+		*(void**)((char*)n + tg_nccl_syms[i].off) = sym;
+	}
+	n->lib = lib;
+	return 0;
+}
+
+static const char* tg_nccl_err(tg_nccl* n, int code) { return n->getErrorString(code); }
+static int tg_nccl_version(tg_nccl* n, int* v) { return n->getVersion(v); }
+static int tg_nccl_unique_id(tg_nccl* n, tg_nccl_id* id) { return n->getUniqueId(id); }
+
+static int tg_nccl_init(tg_nccl* n, void* setctx, void* ctx, void** comm, int nranks, const tg_nccl_id* id, int rank) {
+	int r = ((tg_setctx)setctx)(ctx);
+	if (r) return -1000 - r;  // a CUresult, not an ncclResult_t
+	return n->commInitRank(comm, nranks, *id, rank);
+}
+static int tg_nccl_destroy(tg_nccl* n, void* setctx, void* ctx, void* comm, int abort) {
+	((tg_setctx)setctx)(ctx);
+	return abort ? n->commAbort(comm) : n->commDestroy(comm);
+}
+static int tg_nccl_all_reduce(tg_nccl* n, void* setctx, void* ctx, void* comm, void* stream,
+                              unsigned long long buf, size_t count, int dtype) {
+	((tg_setctx)setctx)(ctx);
+	return n->allReduce((const void*)buf, (void*)buf, count, dtype, 0, comm, stream);
+}
+static int tg_nccl_reduce_scatter(tg_nccl* n, void* setctx, void* ctx, void* comm, void* stream,
+                                  unsigned long long src, unsigned long long dst, size_t count, int dtype) {
+	((tg_setctx)setctx)(ctx);
+	return n->reduceScatter((const void*)src, (void*)dst, count, dtype, 0, comm, stream);
+}
+static int tg_nccl_all_gather(tg_nccl* n, void* setctx, void* ctx, void* comm, void* stream,
+                              unsigned long long src, unsigned long long dst, size_t count, int dtype) {
+	((tg_setctx)setctx)(ctx);
+	return n->allGather((const void*)src, (void*)dst, count, dtype, comm, stream);
+}
+static int tg_nccl_broadcast(tg_nccl* n, void* setctx, void* ctx, void* comm, void* stream,
+                             unsigned long long buf, size_t count, int dtype, int root) {
+	((tg_setctx)setctx)(ctx);
+	return n->broadcast((const void*)buf, (void*)buf, count, dtype, root, comm, stream);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// ncclDataType_t and ncclRedOp_t values (nccl.h).
+const (
+	ncclInt32    = 2
+	ncclFloat32  = 7
+	ncclBfloat16 = 9
+)
+
+// ncclLib is a loaded NCCL.
+type ncclLib struct {
+	path    string
+	n       *C.tg_nccl
+	version int
+}
+
+// ncclCandidates lists the NCCL paths to try, in order.
+func ncclCandidates() []string {
+	var dirs []string
+	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
+		for _, d := range filepath.SplitList(os.Getenv(env)) {
+			if d != "" {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	// pip's nvidia-nccl-cu12/13 wheels install nvidia/nccl/lib/libnccl.so.2
+	// under site-packages; torch finds NCCL there, and so does tracegrpo.
+	var roots []string
+	if v := os.Getenv("VIRTUAL_ENV"); v != "" {
+		roots = append(roots, filepath.Join(v, "lib", "python3*", "site-packages"))
+	}
+	if h, err := os.UserHomeDir(); err == nil {
+		roots = append(roots, filepath.Join(h, ".local", "lib", "python3*", "site-packages"))
+	}
+	roots = append(roots, "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
+		"/usr/lib/python3/dist-packages", "/opt/conda/lib/python3*/site-packages")
+	for _, r := range roots {
+		matches, _ := filepath.Glob(filepath.Join(r, "nvidia", "nccl", "lib"))
+		sort.Sort(sort.Reverse(sort.StringSlice(matches)))
+		dirs = append(dirs, matches...)
+	}
+	var out []string
+	for _, d := range dirs {
+		out = append(out, filepath.Join(d, "libnccl.so.2"))
+	}
+	return append(out, "libnccl.so.2")
+}
+
+func openNCCLLib(path string) (*ncclLib, error) {
+	if path == "" {
+		path = os.Getenv("TRACEGRPO_NCCL_LIB")
+	}
+	paths := []string{path}
+	if path == "" {
+		paths = ncclCandidates()
+	}
+	n := (*C.tg_nccl)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_nccl{}))))
+	var errs []string
+	for _, p := range paths {
+		cp := C.CString(p)
+		var buf [512]C.char
+		rc := C.tg_nccl_open(cp, n, &buf[0], C.size_t(len(buf)))
+		C.free(unsafe.Pointer(cp))
+		switch rc {
+		case 0:
+			var v C.int
+			C.tg_nccl_version(n, &v)
+			return &ncclLib{path: p, n: n, version: int(v)}, nil
+		case 2:
+			C.free(unsafe.Pointer(n))
+			return nil, fmt.Errorf("cuda: load NCCL %q: the library has no symbol %s (is it really NCCL 2?)", p, C.GoString(&buf[0]))
+		}
+		errs = append(errs, fmt.Sprintf("%s: %s", p, C.GoString(&buf[0])))
+	}
+	C.free(unsafe.Pointer(n))
+	return nil, fmt.Errorf("cuda: no NCCL found (pip install nvidia-nccl-cu12, or set TRACEGRPO_NCCL_LIB to libnccl.so.2); tried:\n  %s",
+		strings.Join(errs, "\n  "))
+}
+
+func (l *ncclLib) errText(code C.int) string {
+	if code <= -1000 {
+		return fmt.Sprintf("making the context current failed (CUresult %d)", -1000-code)
+	}
+	return fmt.Sprintf("%s (ncclResult %d)", C.GoString(C.tg_nccl_err(l.n, code)), code)
+}
+
+// ncclComm is a NCCL communicator on a backend's device and stream.
+type ncclComm struct {
+	b          *Backend
+	lib        *ncclLib
+	comm       unsafe.Pointer
+	rank, size int
+	one        kernels.Buf // (1) I32 for Barrier
+	closed     bool
+}
+
+// OpenNCCL creates the NCCL communicator of opt.Rank of opt.Size on be's
+// device (the caller opened be, a CUDA backend, on the local rank's
+// device). Every rank must call it; it returns once all have.
+func OpenNCCL(be kernels.Backend, opt NCCLOptions) (dist.Comm, error) {
+	b, ok := be.(*Backend)
+	if !ok {
+		return nil, fmt.Errorf("cuda: NCCL runs on the cuda backend, not %s", be.Name())
+	}
+	if opt.Size < 1 || opt.Rank < 0 || opt.Rank >= opt.Size {
+		return nil, fmt.Errorf("cuda: NCCL rank %d of %d", opt.Rank, opt.Size)
+	}
+	lib, err := openNCCLLib(opt.Lib)
+	if err != nil {
+		return nil, err
+	}
+	var id C.tg_nccl_id
+	if opt.CommID != "" {
+		// NCCL derives the id from NCCL_COMM_ID on every rank, and rank 0's
+		// ncclCommInitRank listens there.
+		if err := os.Setenv("NCCL_COMM_ID", opt.CommID); err != nil {
+			return nil, err
+		}
+		if rc := C.tg_nccl_unique_id(lib.n, &id); rc != 0 {
+			return nil, fmt.Errorf("cuda: ncclGetUniqueId with NCCL_COMM_ID=%s: %s", opt.CommID, lib.errText(rc))
+		}
+	} else {
+		if opt.ShareID == nil {
+			return nil, errors.New("cuda: NCCL needs NCCL_COMM_ID or MASTER_ADDR (its bootstrap address), or MPI to share its id")
+		}
+		mine := make([]byte, NCCLIDBytes)
+		if opt.Rank == 0 {
+			if rc := C.tg_nccl_unique_id(lib.n, &id); rc != 0 {
+				return nil, fmt.Errorf("cuda: ncclGetUniqueId: %s", lib.errText(rc))
+			}
+			copy(mine, C.GoBytes(unsafe.Pointer(&id), NCCLIDBytes))
+		}
+		got, err := opt.ShareID(mine)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: share NCCL's id: %w", err)
+		}
+		if len(got) != NCCLIDBytes {
+			return nil, fmt.Errorf("cuda: NCCL's id came back as %d bytes", len(got))
+		}
+		C.memcpy(unsafe.Pointer(&id), unsafe.Pointer(&got[0]), NCCLIDBytes)
+	}
+	c := &ncclComm{b: b, lib: lib, rank: opt.Rank, size: opt.Size}
+	b.mu.Lock()
+	rc := C.tg_nccl_init(lib.n, b.d.setCtxFn(), b.d.ctx, &c.comm, C.int(opt.Size), &id, C.int(opt.Rank))
+	b.mu.Unlock()
+	if rc != 0 {
+		return nil, fmt.Errorf("cuda: ncclCommInitRank (rank %d of %d, %s): %s", opt.Rank, opt.Size, lib.path, lib.errText(rc))
+	}
+	if c.one, err = b.Alloc(kernels.I32, 1); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *ncclComm) Rank() int    { return c.rank }
+func (c *ncclComm) Size() int    { return c.size }
+func (c *ncclComm) Name() string { return "nccl" }
+
+func ncclType(dt kernels.DType) (C.int, error) {
+	switch dt {
+	case kernels.F32:
+		return ncclFloat32, nil
+	case kernels.I32:
+		return ncclInt32, nil
+	case kernels.BF16:
+		return ncclBfloat16, nil
+	}
+	return 0, fmt.Errorf("cuda: NCCL of %s buffers", dt)
+}
+
+// run queues one NCCL call on the backend's stream.
+func (c *ncclComm) run(what string, dt kernels.DType, f func(t C.int) C.int) error {
+	t, err := ncclType(dt)
+	if err != nil {
+		return err
+	}
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("cuda: %s after Close", what)
+	}
+	if rc := f(t); rc != 0 {
+		return fmt.Errorf("cuda: %s: %s", what, c.lib.errText(rc))
+	}
+	return nil
+}
+
+func (c *ncclComm) AllReduceSum(buf kernels.Buf) error {
+	if buf.N == 0 {
+		return nil
+	}
+	return c.run("ncclAllReduce", buf.DType, func(t C.int) C.int {
+		return C.tg_nccl_all_reduce(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, c.b.d.stream, C.ulonglong(ptr(buf)), C.size_t(buf.N), t)
+	})
+}
+
+func (c *ncclComm) ReduceScatterSum(dst, src kernels.Buf) error {
+	if src.N != dst.N*c.size || src.DType != dst.DType {
+		return fmt.Errorf("cuda: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.size)
+	}
+	if dst.N == 0 {
+		return nil
+	}
+	return c.run("ncclReduceScatter", dst.DType, func(t C.int) C.int {
+		return C.tg_nccl_reduce_scatter(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, c.b.d.stream,
+			C.ulonglong(ptr(src)), C.ulonglong(ptr(dst)), C.size_t(dst.N), t)
+	})
+}
+
+func (c *ncclComm) AllGather(dst, src kernels.Buf) error {
+	if dst.N != src.N*c.size || src.DType != dst.DType {
+		return fmt.Errorf("cuda: all-gather of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.size)
+	}
+	if src.N == 0 {
+		return nil
+	}
+	return c.run("ncclAllGather", src.DType, func(t C.int) C.int {
+		return C.tg_nccl_all_gather(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, c.b.d.stream,
+			C.ulonglong(ptr(src)), C.ulonglong(ptr(dst)), C.size_t(src.N), t)
+	})
+}
+
+func (c *ncclComm) Broadcast(buf kernels.Buf, root int) error {
+	if root < 0 || root >= c.size {
+		return fmt.Errorf("cuda: broadcast from rank %d of %d", root, c.size)
+	}
+	if buf.N == 0 {
+		return nil
+	}
+	return c.run("ncclBroadcast", buf.DType, func(t C.int) C.int {
+		return C.tg_nccl_broadcast(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, c.b.d.stream, C.ulonglong(ptr(buf)), C.size_t(buf.N), t, C.int(root))
+	})
+}
+
+// Barrier is an all-reduce of one int followed by a wait for the stream:
+// NCCL has no barrier of its own.
+func (c *ncclComm) Barrier() error {
+	if err := c.AllReduceSum(c.one); err != nil {
+		return err
+	}
+	return c.b.Sync()
+}
+
+// Abort ends the communicator at once (ncclCommAbort), without waiting
+// for the other ranks; their launcher (torchrun, srun --kill-on-bad-exit)
+// ends them.
+func (c *ncclComm) Abort(int) { c.close(true) }
+
+// Close destroys the communicator.
+func (c *ncclComm) Close() error { return c.close(false) }
+
+func (c *ncclComm) close(abort bool) error {
+	c.b.mu.Lock()
+	if c.closed {
+		c.b.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	what, ab := "ncclCommDestroy", C.int(0)
+	if abort {
+		what, ab = "ncclCommAbort", 1
+	}
+	rc := C.tg_nccl_destroy(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, ab)
+	c.b.mu.Unlock()
+	if c.one.N > 0 {
+		c.b.Free(c.one)
+	}
+	if rc != 0 {
+		return fmt.Errorf("cuda: %s: %s", what, c.lib.errText(rc))
+	}
+	return nil
+}

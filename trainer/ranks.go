@@ -1,0 +1,202 @@
+package trainer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/gob"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"strings"
+
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/gym"
+)
+
+// Data parallelism. Every rank runs the same loop on its own share of each
+// step: a contiguous block of the step's task groups (groups never split,
+// since advantages need whole groups). The ranks meet three times a step:
+//
+//	after building their rows: they gather what each holds (its G_tok,
+//	the rollouts' rewards, masks and advantages, an error or a stop
+//	request), so that every rank divides its loss by the step's global
+//	G_tok, and all agree to stop or to fail;
+//	after backward: one all-reduce sums the gradients (sum, never mean: the
+//	ranks hold unequal token counts), so clipping, the non-finite check and
+//	AdamW give every rank the same weights;
+//	after the update: they gather their loss sums for the metrics line.
+//
+// Rank 0 alone writes files (metrics.jsonl, config.yaml, checkpoints); the
+// others wait at a barrier while it prepares a checkpoint.
+
+// shard is one rank's share of a step, as the other ranks need it.
+type shard struct {
+	Err  string // this rank could not build its share: every rank fails
+	Stop bool   // a stop request reached this rank
+
+	// Per logical rollout, in the rank's order.
+	Groups    []int64
+	Rewards   []float64
+	Zeroed    []bool   // loss multiplier 0 (a mask of any kind)
+	Traces    []int    // traces delivered
+	Reasons   []string // Gym's mask reason, "" when delivered
+	Valid     []bool   // the rollout has a trainable row (it votes)
+	Advantage []float64
+
+	Physical, Overlong, Invalid, Eligible int
+	GTok                                  float64
+	TrainTokens                           int
+}
+
+// post is one rank's loss sums, gathered after the update.
+type post struct {
+	Sums              grpo.LossSums
+	EntSum, EntN      float64
+	MaxOldDiff        float64
+	Logprob, Train    float64 // this rank's phase seconds
+	InterruptedOnRank bool
+}
+
+// step is the whole step as every rank sees it after the exchanges.
+type step struct {
+	shards  []shard
+	posts   []post
+	gTok    float64 // the step's G_tok: every rank's eligible tokens
+	logical int     // logical rollouts of the step, over every rank
+	stop    bool    // a rank got a stop request while waiting for rollouts
+}
+
+func encode(v any) ([]byte, error) {
+	var b bytes.Buffer
+	if err := gob.NewEncoder(&b).Encode(v); err != nil {
+		return nil, fmt.Errorf("trainer: encode %T: %w", v, err)
+	}
+	return b.Bytes(), nil
+}
+
+// gather gives every rank every rank's v (in rank order) into out.
+func gather[T any](t *Trainer, v T) ([]T, error) {
+	if t.comm.Size() == 1 {
+		return []T{v}, nil
+	}
+	b, err := encode(v)
+	if err != nil {
+		return nil, err
+	}
+	all, err := dist.GatherBytes(t.comm, t.be, b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, len(all))
+	for r, raw := range all {
+		if err := gob.NewDecoder(bytes.NewReader(raw)).Decode(&out[r]); err != nil {
+			return nil, fmt.Errorf("trainer: decode rank %d's %T: %w", r, v, err)
+		}
+	}
+	return out, nil
+}
+
+// agreedError is an error every rank returns (they learned of it at the
+// same exchange), so none waits for another: no abort is needed.
+type agreedError struct{ err error }
+
+func (e *agreedError) Error() string { return e.err.Error() }
+func (e *agreedError) Unwrap() error { return e.err }
+
+// Agreed reports whether every rank of the run returned err together, so
+// that nothing needs to abort the others.
+func Agreed(err error) bool {
+	var a *agreedError
+	return errors.As(err, &a)
+}
+
+// agree makes every rank fail when any did: each passes its own error
+// (nil for none) and gets the first failing rank's, named by rank.
+func (t *Trainer) agree(err error) error {
+	if t.comm.Size() == 1 {
+		return err
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	all, gerr := gather(t, msg)
+	if gerr != nil {
+		return gerr
+	}
+	var failed []string
+	for r, m := range all {
+		if m != "" {
+			failed = append(failed, fmt.Sprintf("rank %d: %s", r, m))
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	return &agreedError{errors.New(strings.Join(failed, "\n"))}
+}
+
+// myShard summarizes this rank's share of the step.
+func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch) shard {
+	s := shard{
+		Groups: make([]int64, len(logical)), Rewards: make([]float64, len(logical)),
+		Zeroed: make([]bool, len(logical)), Traces: make([]int, len(logical)),
+		Reasons: make([]string, len(logical)), Valid: make([]bool, len(logical)),
+		Advantage: make([]float64, len(logical)),
+		Physical:  b.Metrics.Physical, Overlong: b.Metrics.Overlong, Invalid: b.Metrics.Invalid,
+		Eligible: b.Metrics.EligibleTokens, GTok: b.GTok,
+	}
+	for i, lr := range logical {
+		s.Groups[i], s.Rewards[i], s.Zeroed[i] = lr.TaskGroup, lr.Reward, lr.LossMultiplier == 0
+		if lr.Envelope != nil {
+			s.Traces[i] = len(lr.Envelope.Traces)
+		}
+		if fins[i].Masked {
+			s.Reasons[i] = fins[i].Reason
+		}
+		if i < len(b.Metrics.LogicalValid) {
+			s.Valid[i] = b.Metrics.LogicalValid[i]
+		}
+		if i < len(b.Advantages.Advantage) {
+			s.Advantage[i] = b.Advantages.Advantage[i]
+		}
+	}
+	for _, r := range b.Rows {
+		if r.Valid {
+			s.TrainTokens += len(r.TokenIDs)
+		}
+	}
+	return s
+}
+
+// paramsHash is a hash of the parameter arena's bits: ranks whose weights
+// diverged (a bug, or a checkpoint that was not the same file on every
+// node) are caught at the next checkpoint instead of training apart.
+func (t *Trainer) paramsHash() []byte {
+	h := fnv.New64a()
+	var w [4]byte
+	for _, x := range t.model.ParamsHost() {
+		binary.LittleEndian.PutUint32(w[:], math.Float32bits(x))
+		h.Write(w[:])
+	}
+	return h.Sum(nil)
+}
+
+// checkSameWeights fails when the ranks' weights differ.
+func (t *Trainer) checkSameWeights(when string) error {
+	if t.comm.Size() == 1 {
+		return nil
+	}
+	all, err := gather(t, t.paramsHash())
+	if err != nil {
+		return err
+	}
+	for r := range all {
+		if !bytes.Equal(all[r], all[0]) {
+			return &agreedError{fmt.Errorf("%s: rank %d's weights differ from rank 0's (every rank must start from the same weights and checkpoint: is the run directory on a file system all ranks share?)", when, r)}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,153 @@
+package trainer
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+)
+
+// runLocalRanks runs train with args on n in-process ranks (goroutines, each
+// with its own CPU backend, over dist.Local) and returns each rank's error
+// and log.
+func runLocalRanks(t *testing.T, n int, args ...string) ([]error, []string) {
+	t.Helper()
+	mems := make([]kernels.Backend, n)
+	for i := range mems {
+		b := cpu.New(1)
+		t.Cleanup(b.Close)
+		mems[i] = b
+	}
+	comms := dist.Local(mems)
+	errs := make([]error, n)
+	logs := make([]bytes.Buffer, n)
+	var wg sync.WaitGroup
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o Options
+			fs := newTestFlags()
+			o.AddFlags(fs)
+			if err := fs.Parse(args); err != nil {
+				errs[r] = err
+				comms[r].Abort(1)
+				return
+			}
+			o.Backend, o.Comm, o.Log = mems[r], comms[r], &logs[r]
+			tr, err := New(o)
+			if err == nil {
+				err = tr.Run()
+				tr.Close()
+			}
+			if err != nil && !Agreed(err) {
+				comms[r].Abort(1) // as cmd/train does: the others must not wait
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	out := make([]string, n)
+	for r := range logs {
+		out[r] = logs[r].String()
+	}
+	return errs, out
+}
+
+func mustRanks(t *testing.T, n int, args ...string) {
+	t.Helper()
+	errs, logs := runLocalRanks(t, n, args...)
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("%d ranks, rank %d: %v\n%s", n, r, err, logs[r])
+		}
+	}
+}
+
+// rankTol bounds the weight difference between runs at different world
+// sizes: the ranks sum their gradients in another order than one process
+// (each rank its micro-batches, then the ranks' sums), so a gradient moves
+// by δg ≲ 1e-8 (float32 sums, ~1e-7 relative, of elements up to ~0.1), and
+// AdamW with the same-update tests' eps (1e-4) amplifies that by at most
+// lr/eps = 10 per step. 1e-6 (1e-3·lr) bounds 3 steps (cmd/train's mpirun
+// test measures 1.2e-7 after 4), while a wrong divisor or a dropped rank's
+// gradient moves weights by ~1e-4.
+const rankTol = 1e-6
+
+// TestRanksTrainLikeOneProcess: the built-in job on 2 and 3 in-process
+// ranks samples the same rollouts as one process (metrics equal), gets the
+// same weights after every step within rankTol, twice the same run is bit
+// identical, and only rank 0's files exist.
+func TestRanksTrainLikeOneProcess(t *testing.T) {
+	const steps = 3
+	args := func(out string) []string {
+		return append(trainArgs(out, steps, sameUpdateSets...), "--set", "checkpointing.save_period=1")
+	}
+	ref := t.TempDir()
+	mustTrain(t, args(ref)...)
+	want := metricsNoTimes(t, ref)
+	for _, n := range []int{2, 3} {
+		t.Run(fmt.Sprintf("%d ranks", n), func(t *testing.T) {
+			outs := []string{t.TempDir(), t.TempDir()}
+			for _, out := range outs {
+				mustRanks(t, n, args(out)...)
+			}
+			got := metricsNoTimes(t, outs[0])
+			if len(got) != steps {
+				t.Fatalf("%d metric lines", len(got))
+			}
+			for i := range got {
+				w, g := want[i], got[i]
+				if g.RewardMean != w.RewardMean || g.LogicalRollouts != w.LogicalRollouts || g.EligibleTokens != w.EligibleTokens ||
+					g.Traces != w.Traces || g.PhysicalRows != w.PhysicalRows || g.PaddingRows != w.PaddingRows || g.TrainTokens != w.TrainTokens {
+					t.Errorf("step %d: %d ranks trained other data than one process:\n got %+v\nwant %+v", i+1, n, g, w)
+				}
+				if d := math.Abs(float64(g.Loss - w.Loss)); d > 1e-6*math.Max(1, math.Abs(float64(w.Loss))) {
+					t.Errorf("step %d: loss %v, one process %v", i+1, g.Loss, w.Loss)
+				}
+			}
+			for s := 1; s <= steps; s++ {
+				d, where := maxAbsDiff(weights(t, ref, s), weights(t, outs[0], s))
+				if d > rankTol {
+					t.Errorf("step %d: weights differ from one process by %.3g at %s", s, d, where)
+				}
+				t.Logf("step %d: largest weight difference from one process %.3g (bound %g)", s, d, rankTol)
+			}
+			for _, f := range []string{checkpoint.ModelFile, "optimizer.safetensors"} {
+				if !bytes.Equal(checkpointBytes(t, outs[0], steps, f), checkpointBytes(t, outs[1], steps, f)) {
+					t.Errorf("two runs on %d ranks: %s differs", n, f)
+				}
+			}
+			sameFiles(t, ref, outs[0])
+		})
+	}
+}
+
+// sameFiles fails when the run directories hold other files (names,
+// recursively) than the one-process run's.
+func sameFiles(t *testing.T, ref, out string) {
+	t.Helper()
+	list := func(dir string) string {
+		var names []string
+		filepath.Walk(dir, func(p string, info os.FileInfo, err error) error {
+			if err == nil && p != dir {
+				rel, _ := filepath.Rel(dir, p)
+				names = append(names, rel)
+			}
+			return nil
+		})
+		return strings.Join(names, "\n")
+	}
+	if a, b := list(ref), list(out); a != b {
+		t.Errorf("the run directory holds other files than one process's:\none process:\n%s\nranks:\n%s", a, b)
+	}
+}
