@@ -13,6 +13,10 @@ import (
 // its rank on its node (the CUDA device it uses), and where rank 0 is.
 type Launch struct {
 	Rank, Size, LocalRank int
+	// LocalSize is the number of ranks on this node (0: the launcher did
+	// not say): torchrun's LOCAL_WORLD_SIZE, Open MPI's
+	// OMPI_COMM_WORLD_LOCAL_SIZE, Slurm's SLURM_NTASKS_PER_NODE.
+	LocalSize int
 	// Launchers names the launchers whose variables were found
 	// ("torchrun", "slurm", "mpirun"); none means a plain single process.
 	Launchers []string
@@ -86,6 +90,15 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 		l.Rank, l.Size, l.LocalRank = found[0].rank, found[0].size, found[0].localRank
 		for _, f := range found {
 			l.Launchers = append(l.Launchers, f.name)
+		}
+	}
+	for _, k := range []string{"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"} {
+		if v := getenv(k); v != "" && len(found) > 0 {
+			n, err := envInt(k, v)
+			if err == nil && n > 0 && n <= l.Size {
+				l.LocalSize = n
+				break
+			}
 		}
 	}
 	l.MasterAddr = getenv("MASTER_ADDR")

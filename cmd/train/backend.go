@@ -9,26 +9,26 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
 )
 
-// openBackend opens the compute backend named by --backend. auto picks CUDA
-// when the driver loads and a device exists, else the CPU, and says which it
-// picked and why.
-func openBackend(name string, threads int, log io.Writer) (kernels.Backend, error) {
+// openBackend opens the compute backend named by --backend, on CUDA device
+// number device (a rank's local rank). auto picks CUDA when the driver loads
+// and the device exists, else the CPU, and says which it picked and why.
+func openBackend(name string, threads, device int, log io.Writer) (kernels.Backend, error) {
 	switch name {
 	case "cpu":
 		b := cpu.New(threads)
 		fmt.Fprintf(log, "train: backend cpu (%d threads)\n", b.Threads())
 		return b, nil
 	case "cuda":
-		b, err := cuda.Open(cuda.Options{})
+		b, err := cuda.Open(cuda.Options{Device: device})
 		if err != nil {
-			return nil, fmt.Errorf("--backend cuda: %w", err)
+			return nil, fmt.Errorf("--backend cuda: device %d: %w", device, err)
 		}
-		fmt.Fprintf(log, "train: backend cuda\n")
+		fmt.Fprintf(log, "train: backend cuda (device %d)\n", device)
 		return b, nil
 	case "auto":
-		b, err := cuda.Open(cuda.Options{})
+		b, err := cuda.Open(cuda.Options{Device: device})
 		if err == nil {
-			fmt.Fprintf(log, "train: backend auto: cuda (a driver and a device were found)\n")
+			fmt.Fprintf(log, "train: backend auto: cuda device %d (a driver and the device were found)\n", device)
 			return b, nil
 		}
 		c := cpu.New(threads)

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -38,6 +39,7 @@ type benchResult struct {
 	Seq         int     `json:"seq"`
 	Steps       int     `json:"steps"`
 	Recompute   bool    `json:"recompute"`
+	Ranks       int     `json:"ranks,omitempty"`
 	MsPerStep   float64 `json:"ms_per_step"`
 	MsMin       float64 `json:"ms_min"`
 	TokensPerS  float64 `json:"tokens_per_s"`
@@ -58,6 +60,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	profile := fs.Bool("profile", false, "print time per op to stderr")
 	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass (activation checkpointing)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
+	distMode := fs.String("dist", "auto", "data parallel under torchrun/srun/mpirun: the rows are split among the ranks and the gradients all-reduced (auto, none, mpi, nccl)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -68,15 +71,25 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
+	l, err := detectLaunch()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if *rows < l.Size {
+		return fmt.Errorf("%w: bench: --rows %d for %d ranks: every rank needs a row", errUsage, *rows, l.Size)
+	}
+	if l.Rank != 0 {
+		stdout, stderr = io.Discard, io.Discard
+	}
 	var be kernels.Backend
 	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, Recompute: *recompute, WeightsFrom: "random"}
 	switch *backend {
 	case "cpu":
-		c := cpu.New(*threads)
+		c := cpu.New(l.threadsPerRank(*threads))
 		defer c.Close()
 		be, res.Threads = c, c.Threads()
 	case "cuda":
-		if be, err = cuda.Open(cuda.Options{}); err != nil {
+		if be, err = cuda.Open(cuda.Options{Device: l.LocalRank}); err != nil {
 			return fmt.Errorf("bench: %w", err)
 		}
 		if c, ok := be.(interface{ Close() error }); ok {
@@ -85,13 +98,21 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("%w: --backend: expected cpu or cuda, found %q", errUsage, *backend)
 	}
+	if err := l.openComm(*distMode, be); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	defer l.close()
+	res.Ranks = l.Size
 	var prof *timedBackend
 	if *profile {
 		prof = newTimedBackend(be)
 		be = prof
 	}
-	T := *rows * *seq
-	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: *rows, Recompute: *recompute})
+	// This rank's share of the rows (all of them for one process).
+	lo, hi := dist.Block(*rows, l.Rank, l.Size)
+	myRows := hi - lo
+	T := myRows * *seq
+	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: myRows, Recompute: *recompute})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -115,7 +136,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	for i := range tokens {
 		tokens[i] = int32(r.IntN(cfg.VocabSize))
 	}
-	cu := make([]int32, *rows+1)
+	cu := make([]int32, myRows+1)
 	for s := range cu {
 		cu[s] = int32(s * *seq)
 	}
@@ -137,6 +158,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		lastMean /= float64(len(lp))
 		if err := m.Backward(dl); err != nil {
 			return err
+		}
+		if l.comm != nil && l.Size > 1 {
+			if err := l.comm.AllReduceSum(m.Grads()); err != nil {
+				return err
+			}
 		}
 		benchAdamW(be, m, mom, n)
 		return be.Sync()
@@ -162,7 +188,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		med = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
 	}
 	res.MsPerStep, res.MsMin = med, sorted[0]
-	res.TokensPerS = float64(T) / (med / 1e3)
+	res.TokensPerS = float64(*rows**seq) / (med / 1e3) // every rank's tokens
 	res.PeakRSSMiB = peakRSSMiB()
 	res.FinalLogp = lastMean
 	if prof != nil {

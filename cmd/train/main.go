@@ -35,6 +35,10 @@ func register(c command) {
 // the trainer package marks its own usage errors the same way.
 var errUsage = trainer.ErrUsage
 
+// errQuiet is a failure another process already reported (a rank > 0 of a
+// run whose ranks all failed together): exit status 1, no message.
+var errQuiet = errors.New("failed (reported by rank 0)")
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -72,6 +76,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, pflag.ErrHelp):
 		return 0
+	case errors.Is(err, errQuiet):
+		return 1
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "train: %v\n", err)
 		return 2

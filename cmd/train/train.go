@@ -1,7 +1,9 @@
 package main
 
 import (
+	"fmt"
 	"io"
+	"strings"
 
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
@@ -30,28 +32,57 @@ built-in job, captures/.
 
 Flags:`
 
-// runTrain is the default command: flags, the backend, then the trainer.
+// runTrain is the default command: flags, the launch (ranks), the backend
+// and the collectives, then the trainer.
 func runTrain(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("train", trainSynopsis, stdout)
 	var o trainer.Options
 	o.AddFlags(fs)
 	backend := fs.String("backend", "auto", "compute backend: auto (CUDA when a driver and device are found, else CPU), cpu or cuda")
-	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores)")
+	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores, shared among the ranks on this machine)")
+	distMode := fs.String("dist", "auto", "data-parallel collectives: auto (none for one process; launched by torchrun, srun or mpirun: mpi on the CPU, nccl on CUDA), none, mpi or nccl")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	be, err := openBackend(*backend, *threads, stderr)
+	l, err := detectLaunch()
+	if err != nil {
+		return err
+	}
+	blog := stderr
+	if l.Rank != 0 {
+		blog = io.Discard // rank 0 speaks for the run
+	}
+	be, err := openBackend(*backend, l.threadsPerRank(*threads), l.LocalRank, blog)
 	if err != nil {
 		return err
 	}
 	defer closeBackend(be)
-	stop, release := trainer.WatchSignals(stderr)
-	defer release()
-	o.Backend, o.Log, o.Signals = be, stderr, stop
-	t, err := trainer.New(o)
-	if err != nil {
+	if err := l.openComm(*distMode, be); err != nil {
 		return err
 	}
-	defer t.Close()
-	return t.Run()
+	if l.Size > 1 {
+		fmt.Fprintf(blog, "train: %d ranks over %s (%s)\n", l.Size, l.mode, strings.Join(l.Launchers, "+"))
+	}
+	stop, release := trainer.WatchSignals(blog)
+	defer release()
+	o.Backend, o.Log, o.Signals, o.Comm = be, stderr, stop, l.comm
+	t, err := trainer.New(o)
+	if err == nil {
+		err = t.Run()
+		t.Close()
+	}
+	if err != nil && l.Size > 1 {
+		if !trainer.Agreed(err) {
+			// Only this rank knows: say so, then end every rank, which may
+			// be waiting for this one in a collective.
+			l.abort(err, stderr)
+			return errQuiet
+		}
+		if l.Rank != 0 {
+			// Every rank failed with the same error; rank 0 reports it.
+			err = errQuiet
+		}
+	}
+	l.close()
+	return err
 }

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+
+	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/dist/mpi"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+)
+
+// launch is how this process was started: its place among the ranks and
+// the collectives it uses.
+type launch struct {
+	dist.Launch
+	mode string    // dist.ModeNone, ModeMPI or ModeNCCL
+	comm dist.Comm // nil for one process
+}
+
+// detectLaunch reads the launcher's environment (torchrun, Slurm, mpirun).
+func detectLaunch() (launch, error) {
+	l, err := dist.DetectLaunch(os.Getenv)
+	if err != nil {
+		return launch{}, err
+	}
+	return launch{Launch: l}, nil
+}
+
+// threadsPerRank divides the machine's cores among the ranks on it when
+// --threads is 0 (all cores for one process).
+func (l launch) threadsPerRank(threads int) int {
+	if threads > 0 || l.Size == 1 {
+		return threads
+	}
+	local := l.LocalSize
+	if local == 0 {
+		local = l.Size
+	}
+	return max(1, runtime.NumCPU()/local)
+}
+
+// openComm opens the collectives of --dist mode on be (none for one
+// process) and checks that they agree with the launcher.
+func (l *launch) openComm(mode string, be kernels.Backend) error {
+	var err error
+	if l.mode, err = dist.Choose(mode, l.Launch, be.Name()); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	switch l.mode {
+	case dist.ModeNone:
+		return nil
+	case dist.ModeMPI:
+		cb, ok := be.(*cpu.Backend)
+		if !ok {
+			return fmt.Errorf("%w: --dist mpi runs on the cpu backend; on cuda use --dist nccl", errUsage)
+		}
+		if l.comm, err = mpi.Open(cb, ""); err != nil {
+			return err
+		}
+	case dist.ModeNCCL:
+		id, err := dist.NCCLCommID(l.Launch, os.Getenv)
+		if err != nil {
+			return err
+		}
+		opt := cuda.NCCLOptions{Rank: l.Rank, Size: l.Size, CommID: id}
+		if id == "" {
+			opt.ShareID = l.shareIDOverMPI
+		}
+		if l.comm, err = cuda.OpenNCCL(be, opt); err != nil {
+			return err
+		}
+	}
+	if l.comm.Rank() != l.Rank || l.comm.Size() != l.Size {
+		err := fmt.Errorf("dist: %s sees rank %d of %d, but the launcher (%s) says rank %d of %d: launch a --dist mpi run with mpirun",
+			l.comm.Name(), l.comm.Rank(), l.comm.Size(), l.Launch, l.Rank, l.Size)
+		l.comm.Close()
+		l.comm = nil
+		return err
+	}
+	return nil
+}
+
+// shareIDOverMPI broadcasts rank 0's NCCL id with MPI (under mpirun, when
+// no MASTER_ADDR names NCCL's own bootstrap address).
+func (l *launch) shareIDOverMPI(id []byte) ([]byte, error) {
+	host := cpu.New(1)
+	defer host.Close()
+	c, err := mpi.Open(host, "")
+	if err != nil {
+		return nil, fmt.Errorf("no MASTER_ADDR or NCCL_COMM_ID for NCCL's bootstrap, and MPI is not available to share its id: %w", err)
+	}
+	defer c.Close()
+	words := make([]int32, len(id)/4)
+	for i := range words {
+		words[i] = int32(uint32(id[4*i]) | uint32(id[4*i+1])<<8 | uint32(id[4*i+2])<<16 | uint32(id[4*i+3])<<24)
+	}
+	buf, err := host.Alloc(kernels.I32, len(words))
+	if err != nil {
+		return nil, err
+	}
+	host.UploadI32(buf, words)
+	if err := c.Broadcast(buf, 0); err != nil {
+		return nil, err
+	}
+	host.DownloadI32(words, buf)
+	out := make([]byte, len(id))
+	for i, w := range words {
+		out[4*i], out[4*i+1], out[4*i+2], out[4*i+3] = byte(w), byte(w>>8), byte(w>>16), byte(w>>24)
+	}
+	return out, nil
+}
+
+// abort reports err, which only this rank knows of, and ends every rank
+// (MPI_Abort ends the whole job at once; with NCCL the launcher ends the
+// other ranks when this one exits).
+func (l *launch) abort(err error, stderr io.Writer) {
+	fmt.Fprintf(stderr, "train: rank %d: %v\ntrain: rank %d: aborting every rank\n", l.Rank, err, l.Rank)
+	if l.comm != nil {
+		l.comm.Abort(1)
+	}
+}
+
+func (l *launch) close() {
+	if l.comm != nil {
+		l.comm.Close()
+	}
+}
