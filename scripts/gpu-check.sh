@@ -98,7 +98,7 @@ say "cuBLAS folders: ${TRACEGRPO_CUDA_LIBS:-none found (relying on the loader pa
 (cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout 100 "$bin/cuda.test" \
 	-test.run 'GPU$|SM90$' -test.v -test.count=1 -test.timeout 95s) >"$out/gpu-tests.txt" 2>&1
 rc=$?
-for t in TestConformanceGPU TestTinyStepGPU TestSamplerGPU TestMatmulModesGPU; do
+for t in TestConformanceGPU TestTinyStepGPU TestTinyStepNCCLGPU TestSamplerGPU TestMatmulModesGPU; do
 	if grep -q -- "--- PASS: $t " "$out/gpu-tests.txt"; then
 		say "PASS: $t"
 	else
@@ -119,6 +119,37 @@ if [ $? -eq 0 ] && grep -q -- "--- PASS: TestAdamWGolden" "$out/optim-tests.txt"
 else
 	say "FAIL: optim TestAdamWGolden (see optim-tests.txt)"
 	status=1
+fi
+
+# NCCL across processes: two ranks on the one GPU (each its own NCCL host id,
+# over loopback), launched by torchrun, against one process: the same data
+# and weights within the data-parallel tolerance.
+if command -v torchrun >/dev/null 2>&1; then
+	nccl_args=(--backend cuda --device 0 --quiet --steps 3 --set grpo.num_prompts_per_step=4
+		--set grpo.num_generations_per_prompt=4 --set checkpointing.save_period=1
+		--set policy.megatron_cfg.optimizer.adam_eps=1e-4)
+	rm -rf "$out/nccl-one" "$out/nccl-two"
+	timeout 120 "$bin/train" --out "$out/nccl-one" "${nccl_args[@]}" >"$out/nccl-one.txt" 2>&1
+	NCCL_SOCKET_IFNAME=lo timeout 180 torchrun --standalone --nproc-per-node 2 --no-python \
+		bash -c 'NCCL_HOSTID=tracegrpo-rank$LOCAL_RANK exec "$0" "$@"' "$bin/train" --out "$out/nccl-two" --dist nccl "${nccl_args[@]}" \
+		>"$out/nccl-two.txt" 2>&1
+	if cmp -s <(grep -o '"reward_mean":[^,]*' "$out/nccl-one/metrics.jsonl") <(grep -o '"reward_mean":[^,]*' "$out/nccl-two/metrics.jsonl" 2>/dev/null) &&
+		[ -s "$out/nccl-two/metrics.jsonl" ]; then
+		say "PASS: NCCL, 2 ranks on one GPU (torchrun): the same rewards as one process (see nccl-two.txt)"
+		python3 - "$out" <<'PY' 2>&1 | tee -a "$summary"
+import sys
+from safetensors.numpy import load_file
+a = load_file(f"{sys.argv[1]}/nccl-one/checkpoints/step_3/model.safetensors")
+b = load_file(f"{sys.argv[1]}/nccl-two/checkpoints/step_3/model.safetensors")
+d = max(float(abs(a[k] - b[k]).max()) for k in a)
+print(f"{'PASS' if d <= 1e-6 else 'FAIL'}: NCCL, 2 ranks: largest weight difference from one process after 3 steps {d:.3g} (bound 1e-6)")
+PY
+	else
+		say "FAIL: NCCL, 2 ranks on one GPU (see nccl-one.txt, nccl-two.txt)"
+		status=1
+	fi
+else
+	say "NOT RUN: NCCL with 2 ranks (no torchrun on this machine)"
 fi
 
 # 4. Throughput of one training step of a Qwen3-0.6B-shaped random model.

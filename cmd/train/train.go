@@ -40,6 +40,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	o.AddFlags(fs)
 	backend := fs.String("backend", "auto", "compute backend: auto (CUDA when a driver and device are found, else CPU), cpu or cuda")
 	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores, shared among the ranks on this machine)")
+	device := fs.Int("device", -1, "CUDA device ordinal (default: the launcher's local rank, 0 for one process)")
 	distMode := fs.String("dist", "auto", "data-parallel collectives: auto (none for one process; launched by torchrun, srun or mpirun: mpi on the CPU, nccl on CUDA), none, mpi or nccl")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
@@ -52,7 +53,11 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if l.Rank != 0 {
 		blog = io.Discard // rank 0 speaks for the run
 	}
-	be, err := openBackend(*backend, l.threadsPerRank(*threads), l.LocalRank, blog)
+	dev := l.LocalRank
+	if *device >= 0 {
+		dev = *device
+	}
+	be, err := openBackend(*backend, l.threadsPerRank(*threads), dev, blog)
 	if err != nil {
 		return err
 	}
