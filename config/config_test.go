@@ -104,7 +104,7 @@ func TestRecipesLoad(t *testing.T) {
 			if d := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); d != "" {
 				t.Errorf("(-want +got)\n%s", d)
 			}
-			for _, k := range []string{"policy.dtensor_cfg", "data", "env.math", "logger", "policy.megatron_cfg.tensor_model_parallel_size"} {
+			for _, k := range []string{"policy.dtensor_cfg.tensor_parallel_size", "data", "env.math", "logger", "policy.megatron_cfg.tensor_model_parallel_size"} {
 				if !slices.Contains(l.Ignored, k) {
 					t.Errorf("Ignored lacks %s: %v", k, l.Ignored)
 				}
@@ -149,7 +149,7 @@ func TestSetOverrides(t *testing.T) {
 		"loss_fn.ratio_clip_c=3",
 		"policy.optimizer={name: torch.optim.AdamW, kwargs: {lr: 1e-5, betas: [0.8, 0.9], eps: 1e-6}}",
 		"policy.scheduler.0.kwargs.total_iters=7",
-		"policy.dtensor_cfg.enabled=true", // ignored key: accepted
+		"policy.dtensor_cfg.enabled=true", // read (activation checkpointing of the DTensor path)
 		"grpo.normalize_rewards=false",    // estimator follows the legacy key when the recipe has no adv_estimator
 	)
 	c := l.Config
@@ -504,5 +504,34 @@ func TestManyUnknownKeysFailFast(t *testing.T) {
 	// suggestions another 31 s.
 	if took > 5*time.Second {
 		t.Errorf("refusing the recipe took %v", took)
+	}
+}
+
+// TestActivationCheckpointingAndPrecision: activation checkpointing comes
+// from the training block the recipe enables; policy.precision is float32
+// or bfloat16, anything else refused by name.
+func TestActivationCheckpointingAndPrecision(t *testing.T) {
+	for _, c := range []struct {
+		sets []string
+		on   bool
+		key  string
+	}{
+		{[]string{"policy.megatron_cfg.enabled=true", "policy.megatron_cfg.activation_checkpointing=true"}, true, "policy.megatron_cfg.activation_checkpointing"},
+		{[]string{"policy.megatron_cfg.enabled=true", "policy.dtensor_cfg.activation_checkpointing=true"}, false, "policy.megatron_cfg.activation_checkpointing"},
+		{[]string{"policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true", "policy.dtensor_cfg.activation_checkpointing=true"}, true, "policy.dtensor_cfg.activation_checkpointing"},
+	} {
+		l := mustLoad(t, []string{"testdata/grpo_math_1B_megatron.yaml"}, c.sets...)
+		if on, key := l.Config.ActivationCheckpointing(); on != c.on || key != c.key {
+			t.Errorf("%v: %v from %s, want %v from %s", c.sets, on, key, c.on, c.key)
+		}
+	}
+	for p, want := range map[string]string{"float32": PrecisionFloat32, "bfloat16": PrecisionBFloat16, "bf16": PrecisionBFloat16, "fp16": ""} {
+		l := mustLoad(t, []string{"testdata/grpo_math_1B_megatron.yaml"}, "policy.precision="+p)
+		got, err := l.Config.TrainingPrecision()
+		if got != want || (want == "") != (err != nil) {
+			t.Errorf("policy.precision=%s: %q, %v; want %q", p, got, err, want)
+		} else if err != nil && !strings.Contains(err.Error(), "policy.precision") {
+			t.Errorf("the error does not name the key: %v", err)
+		}
 	}
 }

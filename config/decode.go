@@ -23,7 +23,7 @@ var ignoredKeys = []string{
 	// loss_fn: none; every loss key changes the objective.
 	// policy: engines, batching for other engines, tokenizer source.
 	"policy.tokenizer", "policy.generation_batch_size", "policy.logprob_batch_size",
-	"policy.logprob_chunk_size", "policy.dtensor_cfg", "policy.dynamic_batching",
+	"policy.logprob_chunk_size", "policy.dtensor_cfg.*", "policy.dynamic_batching",
 	"policy.sequence_packing", "policy.make_sequence_length_divisible_by",
 	"policy.megatron_cfg.*",
 	"policy.megatron_cfg.optimizer.bf16", "policy.megatron_cfg.optimizer.fp16",

@@ -303,3 +303,37 @@ func torchSchedule(list []TorchScheduler) (Schedule, error) {
 	}
 	return s, nil
 }
+
+// ActivationCheckpointing says whether the recipe asks to recompute
+// activations in the backward pass: the activation_checkpointing of the
+// training backend block the recipe enables (policy.megatron_cfg when it is
+// enabled, else policy.dtensor_cfg), with the key that said so.
+func (c *Config) ActivationCheckpointing() (on bool, key string) {
+	if c.Policy.MegatronCfg.Enabled {
+		return c.Policy.MegatronCfg.ActivationCheckpointing, "policy.megatron_cfg.activation_checkpointing"
+	}
+	return c.Policy.DtensorCfg.ActivationCheckpointing, "policy.dtensor_cfg.activation_checkpointing"
+}
+
+// Precisions tracegrpo trains in (policy.precision).
+const (
+	PrecisionFloat32  = "float32"
+	PrecisionBFloat16 = "bfloat16"
+)
+
+// TrainingPrecision checks policy.precision: "float32" (fp32 everywhere;
+// TF32 only when asked for), or "bfloat16" (mixed precision: fp32 master
+// weights, gradients and Adam; bf16 GEMM and attention operands). Other
+// values (fp16, fp8 recipes) are refused by name.
+func (c *Config) TrainingPrecision() (string, error) {
+	switch p := c.Policy.Precision; p {
+	case PrecisionFloat32, PrecisionBFloat16:
+		return p, nil
+	case "", "fp32":
+		return PrecisionFloat32, nil
+	case "bf16":
+		return PrecisionBFloat16, nil
+	default:
+		return "", fmt.Errorf("config: policy.precision=%q: tracegrpo trains in float32 or bfloat16 (mixed precision)", p)
+	}
+}

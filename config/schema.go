@@ -86,6 +86,7 @@ type Policy struct {
 	Precision              string      `yaml:"precision"`
 	IsVLM                  bool        `yaml:"is_vlm"`
 	RouterReplay           Toggle      `yaml:"router_replay"`
+	DtensorCfg             DtensorCfg  `yaml:"dtensor_cfg"`
 	MegatronCfg            MegatronCfg `yaml:"megatron_cfg"`
 	// Optimizer is the DTensor-path optimizer; null in Megatron recipes.
 	Optimizer *TorchOptimizer `yaml:"optimizer"`
@@ -95,12 +96,20 @@ type Policy struct {
 	Generation Generation       `yaml:"generation"`
 }
 
+// DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only these keys (the
+// parallelism and offload knobs are ignored).
+type DtensorCfg struct {
+	Enabled                 bool `yaml:"enabled"`
+	ActivationCheckpointing bool `yaml:"activation_checkpointing"`
+}
+
 // MegatronCfg is `policy.megatron_cfg`; tracegrpo reads only these keys (the
 // parallelism and fusion knobs are ignored).
 type MegatronCfg struct {
-	Enabled   bool              `yaml:"enabled"`
-	Optimizer MegatronOptimizer `yaml:"optimizer"`
-	Scheduler MegatronScheduler `yaml:"scheduler"`
+	Enabled                 bool              `yaml:"enabled"`
+	ActivationCheckpointing bool              `yaml:"activation_checkpointing"`
+	Optimizer               MegatronOptimizer `yaml:"optimizer"`
+	Scheduler               MegatronScheduler `yaml:"scheduler"`
 }
 
 // MegatronOptimizer is `policy.megatron_cfg.optimizer`.
