@@ -108,6 +108,14 @@ func (b *Backend) loadKernels() error {
 // Info describes the device.
 func (b *Backend) Info() DeviceInfo { return b.d.info }
 
+// MemInfo returns the device memory free now and in all (cuMemGetInfo):
+// a run checks its memory plan against free before allocating.
+func (b *Backend) MemInfo() (free, total int64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.d.memInfo()
+}
+
 // MatmulMode is the GEMM arithmetic the backend uses.
 func (b *Backend) MatmulMode() MatmulMode { return b.opt.Matmul }
 

@@ -31,6 +31,7 @@ typedef struct {
 	int (*cuDevicePrimaryCtxRelease)(int);
 	int (*cuCtxSetCurrent)(void*);
 	int (*cuMemAlloc)(tg_dptr*, size_t);
+	int (*cuMemGetInfo)(size_t*, size_t*);
 	int (*cuMemFree)(tg_dptr);
 	int (*cuMemcpyHtoDAsync)(tg_dptr, const void*, size_t, void*);
 	int (*cuMemcpyDtoHAsync)(void*, tg_dptr, size_t, void*);
@@ -67,6 +68,7 @@ static const struct { const char* name; size_t off; } tg_driver_syms[] = {
 	{"cuDevicePrimaryCtxRelease_v2", offsetof(tg_driver, cuDevicePrimaryCtxRelease)},
 	{"cuCtxSetCurrent", offsetof(tg_driver, cuCtxSetCurrent)},
 	{"cuMemAlloc_v2", offsetof(tg_driver, cuMemAlloc)},
+	{"cuMemGetInfo_v2", offsetof(tg_driver, cuMemGetInfo)},
 	{"cuMemFree_v2", offsetof(tg_driver, cuMemFree)},
 	{"cuMemcpyHtoDAsync_v2", offsetof(tg_driver, cuMemcpyHtoDAsync)},
 	{"cuMemcpyDtoHAsync_v2", offsetof(tg_driver, cuMemcpyDtoHAsync)},
@@ -188,6 +190,12 @@ static int tg_alloc(tg_driver* d, void* ctx, void* stream, tg_dptr* p, size_t by
 	if ((r = d->cuMemAlloc(p, bytes))) return r;
 	if ((r = d->cuMemsetD8Async(*p, 0, bytes, stream))) return r;
 	return d->cuStreamSynchronize(stream);
+}
+
+static int tg_mem_info(tg_driver* d, void* ctx, size_t* free, size_t* total) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuMemGetInfo(free, total);
 }
 
 static int tg_free(tg_driver* d, void* ctx, tg_dptr p) {
@@ -634,6 +642,15 @@ func (d *device) alloc(bytes int) (uintptr, error) {
 }
 
 func (d *device) free(p uintptr) status { return C.tg_free(d.dr.d, d.ctx, C.tg_dptr(p)) }
+
+// memInfo returns the device's free and total memory (cuMemGetInfo).
+func (d *device) memInfo() (free, total int64, err error) {
+	var f, t C.size_t
+	if err := d.dr.check("cuMemGetInfo", C.tg_mem_info(d.dr.d, d.ctx, &f, &t)); err != nil {
+		return 0, 0, err
+	}
+	return int64(f), int64(t), nil
+}
 
 // htod copies bytes from host memory at src; src is read before it returns.
 func (d *device) htod(dst uintptr, src unsafe.Pointer, bytes int) status {

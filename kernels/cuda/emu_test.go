@@ -253,3 +253,22 @@ func TestEmuMissingCompiler(t *testing.T) {
 		}
 	}
 }
+
+// TestMemInfo: cuMemGetInfo through the binding; on the emulator's 1 GiB
+// device, an allocation lowers free memory by at least its size.
+func TestMemInfo(t *testing.T) {
+	b := emuBackend(t, Options{})
+	free0, total, err := b.MemInfo()
+	if err != nil || total != 1<<30 || free0 <= 0 || free0 > total {
+		t.Fatalf("MemInfo = %d free of %d, %v", free0, total, err)
+	}
+	x, err := b.Alloc(F32, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	free1, _, _ := b.MemInfo()
+	b.Free(x)
+	if free0-free1 < 4<<20 {
+		t.Errorf("a 4 MiB allocation lowered free memory by %d bytes", free0-free1)
+	}
+}

@@ -231,6 +231,7 @@ API cuDevicePrimaryCtxRetain(void** ctx, int) {
 API cuDevicePrimaryCtxRelease_v2(int) { return 0; }
 API cuCtxSetCurrent(void*) { return 0; }
 
+static size_t allocated;  // bytes mapped by cuMemAlloc (for cuMemGetInfo)
 API cuMemAlloc_v2(uint64_t* p, size_t bytes) {
   size_t page = sysconf(_SC_PAGESIZE);
   size_t body = (bytes + page - 1) / page * page;
@@ -240,13 +241,21 @@ API cuMemAlloc_v2(uint64_t* p, size_t bytes) {
   char* user = m + body - (bytes + 15) / 16 * 16;  // end flush with the guard page, 16-aligned
   memset(user, 0xA5, body - (user - m));           // garbage, as cuMemAlloc gives
   allocs[(uint64_t)user] = {m, body + page};
+  allocated += body + page;
   *p = (uint64_t)user;
+  return 0;
+}
+// The emulated device holds 1 GiB; free is what the allocations leave.
+API cuMemGetInfo_v2(size_t* free, size_t* total) {
+  *total = (size_t)1 << 30;
+  *free = allocated > *total ? 0 : *total - allocated;
   return 0;
 }
 API cuMemFree_v2(uint64_t p) {
   auto it = allocs.find(p);
   if (it == allocs.end()) return 1;  // CUDA_ERROR_INVALID_VALUE
   munmap(it->second.first, it->second.second);
+  allocated -= it->second.second;
   allocs.erase(it);
   return 0;
 }
