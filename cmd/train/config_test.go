@@ -26,7 +26,7 @@ func TestConfigCommand(t *testing.T) {
 	s := out.String()
 	for _, want := range []string{
 		"# file: " + cfgMegatron,
-		"#   policy.dtensor_cfg\n",
+		"#   policy.dtensor_cfg.tensor_parallel_size\n",
 		"num_prompts_per_step: 8\n",
 		"gym_multi_trace: true\n",
 		"delivery: all_traces\n",

@@ -53,7 +53,7 @@ func TestMissingSymbol(t *testing.T) {
 	var src strings.Builder
 	for _, s := range []string{"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName",
 		"cuDeviceGetAttribute", "cuDeviceTotalMem_v2", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease_v2",
-		"cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"} {
+		"cuCtxSetCurrent", "cuMemAlloc_v2", "cuMemGetInfo_v2", "cuMemFree_v2", "cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"} {
 		src.WriteString("int " + s + "(void) { return 0; }\n")
 	}
 	// cuMemcpyDtoDAsync_v2 and everything after it is missing.
