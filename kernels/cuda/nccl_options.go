@@ -19,4 +19,3 @@ type NCCLOptions struct {
 	// broadcast under mpirun): id holds rank 0's on rank 0.
 	ShareID func(id []byte) ([]byte, error)
 }
-
