@@ -10,6 +10,9 @@ import (
 type Options struct {
 	MaxTokens int // most tokens of one packed micro-batch (T)
 	MaxSeqs   int // most sequences in one micro-batch (S); 0 means MaxTokens
+	// MaxSeqLen is the longest sequence Forward accepts: the RoPE cos/sin
+	// tables cover positions [0, MaxSeqLen). 0 means MaxTokens.
+	MaxSeqLen int
 	// Recompute keeps only each layer's input across the forward pass and
 	// recomputes the layer's other activations in the backward pass
 	// (activation checkpointing): about one extra forward of the decoder
@@ -61,6 +64,11 @@ type Model struct {
 	acts          kernels.Buf // every activation and scratch buffer
 	ints          kernels.Buf // tokens, positions, targets, cu_seqlens
 
+	// RoPE tables for positions [0, ropeP), computed from the config once.
+	rope             kernels.Buf // both tables
+	ropeCos, ropeSin kernels.Buf // (ropeP, HD/2) each
+	ropeP            int
+
 	// Parameter and gradient views.
 	wte, norm, lmHead    kernels.Buf
 	dwte, dnorm, dlmHead kernels.Buf
@@ -103,6 +111,9 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if opt.MaxSeqs <= 0 {
 		opt.MaxSeqs = opt.MaxTokens
 	}
+	if opt.MaxSeqLen <= 0 {
+		opt.MaxSeqLen = opt.MaxTokens
+	}
 	m := &Model{b: b, cfg: cfg, opt: opt}
 	m.table, m.tidx, m.lidx = newTable(cfg)
 	var err error
@@ -144,6 +155,10 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if err := m.allocActs(); err != nil {
 		b.Free(m.params)
 		b.Free(m.grads)
+		return nil, err
+	}
+	if err := m.ensureRope(opt.MaxSeqLen); err != nil {
+		m.Close()
 		return nil, err
 	}
 	T, S := opt.MaxTokens, opt.MaxSeqs
@@ -251,12 +266,13 @@ func (m *Model) allocActs() error {
 
 // Close frees the model's buffers.
 func (m *Model) Close() {
-	for _, b := range []kernels.Buf{m.params, m.grads, m.acts, m.ints} {
+	for _, b := range []kernels.Buf{m.params, m.grads, m.acts, m.ints, m.rope} {
 		if b.N > 0 {
 			m.b.Free(b)
 		}
 	}
-	m.params, m.grads, m.acts, m.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+	m.params, m.grads, m.acts, m.ints, m.rope = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+	m.ropeP = 0
 }
 
 // Config returns the model's configuration.

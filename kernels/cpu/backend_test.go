@@ -110,8 +110,9 @@ func opCases(scale int) []opCase {
 			}
 			xb, db := e.f32(x), e.f32(x)
 			pb := e.i32(pos)
-			e.b.Rope(xb, pb, T, H, HD, 10000)
-			e.b.RopeBackward(db, pb, T, H, HD, 10000)
+			cb, sb := e.ropeTables(40, HD, 10000)
+			e.b.Rope(xb, pb, cb, sb, T, H, HD)
+			e.b.RopeBackward(db, pb, cb, sb, T, H, HD)
 			e.sync()
 			if check {
 				checkClose(e.t, "rope", e.get(xb), rope64(x, pos, T, H, HD, 10000, false), f32Atol, f32Rtol)
@@ -280,6 +281,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 	ao, lse, dq, dk, dv := e.zeros(T*NH*HD), e.zeros(T*NH), e.zeros(T*NH*HD), e.zeros(T*NKV*HD), e.zeros(T*NKV*HD)
 	seqs := e.seqs([]int{10, 30})
 	pos := e.i32(make([]int32, T))
+	rc, rs := e.ropeTables(1, HD, 1e4)
 	rstd, wn := e.zeros(T), e.f32(randVec(r, C, 1))
 	wv := e.f32(randVec(r, V*C, 1))
 	tg := make([]int32, T)
@@ -294,7 +296,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.MatmulBackward(dx, dw, o, x, w, T, C, OC)
 		e.b.RMSNorm(dx, rstd, x, wn, T, C, 1e-6)
 		e.b.RMSNormBackward(dx, wn, x, x, wn, rstd, T, C)
-		e.b.Rope(q, pos, T, NH, HD, 1e4)
+		e.b.Rope(q, pos, rc, rs, T, NH, HD)
 		e.b.Attention(ao, lse, q, k, v, seqs, NH, NKV, HD)
 		e.b.AttentionBackward(dq, dk, dv, ao, ao, lse, q, k, v, seqs, NH, NKV, HD)
 		e.b.SwiGLU(ao, q, q, T*NH*HD)

@@ -95,11 +95,16 @@ func TestGoldenOps(t *testing.T) {
 	for i, c := range g.Rope {
 		t.Run(fmt.Sprintf("rope%d_HD%d_theta%g", i, c.HD, c.Theta), func(t *testing.T) {
 			x := e.f32(c.X)
-			e.b.Rope(x, e.i32(c.Pos), c.T, c.H, c.HD, float32(c.Theta))
+			P := 0
+			for _, p := range c.Pos {
+				P = max(P, int(p)+1)
+			}
+			cos, sin := e.ropeTables(P, c.HD, float32(c.Theta))
+			e.b.Rope(x, e.i32(c.Pos), cos, sin, c.T, c.H, c.HD)
 			e.sync()
 			checkClose(t, "out", e.get(x), c.Out, goldRopeAtol, 0)
 			// And back: the inverse rotation restores x.
-			e.b.RopeBackward(x, e.i32(c.Pos), c.T, c.H, c.HD, float32(c.Theta))
+			e.b.RopeBackward(x, e.i32(c.Pos), cos, sin, c.T, c.H, c.HD)
 			e.sync()
 			checkClose(t, "inverse", e.get(x), c.X, goldRopeAtol, 0)
 		})

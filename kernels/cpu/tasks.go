@@ -13,7 +13,6 @@ type tasks struct {
 	rmsnorm    rmsnormTask
 	swiglu     swigluTask
 	rope       ropeTask
-	ropeCache  ropeCache
 	attn       attnTask
 	attnBlocks []attnBlock
 	decode     decodeTask
