@@ -171,6 +171,13 @@ type Ops interface {
 	// doutᵀ · inp. A zero-length dinp or dweight (N == 0) skips that half.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
 
+	// AddBias: out (T,OC) += bias (OC) on every row (the bias of a Hugging
+	// Face Linear, added after Matmul).
+	AddBias(out, bias Buf, T, OC int)
+	// BiasBackward: dbias (OC) += Σ_t dout (T,OC), summed in a fixed order
+	// (deterministic for a given backend and shape).
+	BiasBackward(dbias, dout Buf, T, OC int)
+
 	// Rope rotates x (T,H,HD) in place by position pos (T) with Hugging Face's
 	// "rotate half" convention: pair (i, i+HD/2) of row t turns by the angle
 	// whose cosine and sine are cos[pos[t], i] and sin[pos[t], i], from tables

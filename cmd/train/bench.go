@@ -319,6 +319,12 @@ func (p *timedBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 func (p *timedBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
 	p.time("MatmulBackward", func() { p.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC) })
 }
+func (p *timedBackend) AddBias(out, bias kernels.Buf, T, OC int) {
+	p.time("AddBias", func() { p.Backend.AddBias(out, bias, T, OC) })
+}
+func (p *timedBackend) BiasBackward(dbias, dout kernels.Buf, T, OC int) {
+	p.time("BiasBackward", func() { p.Backend.BiasBackward(dbias, dout, T, OC) })
+}
 func (p *timedBackend) Rope(x, pos, cos, sin kernels.Buf, T, H, HD int) {
 	p.time("Rope", func() { p.Backend.Rope(x, pos, cos, sin, T, H, HD) })
 }

@@ -13,6 +13,7 @@ type tasks struct {
 	rmsnorm    rmsnormTask
 	swiglu     swigluTask
 	rope       ropeTask
+	bias       biasTask
 	attn       attnTask
 	attnBlocks []attnBlock
 	decode     decodeTask

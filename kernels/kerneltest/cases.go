@@ -120,6 +120,23 @@ var cases = []testCase{
 			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
 		}
 	}},
+	{"Bias", func(s *suite) {
+		// 300 and 600 rows: several row chunks; 65 and 7 columns: partial
+		// column tiles.
+		for _, sh := range []struct{ T, OC int }{{1, 1}, {37, 33}, {300, 65}, {600, 7}, {3, 256}} {
+			bias := s.randn(sh.OC, 1)
+			out := s.randn(sh.T*sh.OC, 1)
+			dout := s.randn(sh.T*sh.OC, 1)
+			dbias := s.randn(sh.OC, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.AddBias(v(out), v(bias), sh.T, sh.OC)
+				b.BiasBackward(v(dbias), v(dout), sh.T, sh.OC)
+			})
+			tag := fmt.Sprintf("T=%d OC=%d", sh.T, sh.OC)
+			s.check("AddBias out "+tag, out, TolExact)
+			s.check("BiasBackward dbias "+tag, dbias, TolReduce)
+		}
+	}},
 	{"Rope", func(s *suite) {
 		for _, sh := range []struct {
 			T, H, HD int
