@@ -191,6 +191,11 @@ func (m *Model) layerForward(l int, full bool) {
 		b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
 	}
 	b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
+	if c.QKVBias() {
+		b.AddBias(q, w.qBias, T, qn)
+		b.AddBias(k, w.kBias, T, kn)
+		b.AddBias(v, w.vBias, T, kn)
+	}
 	b.Rope(q, pos, m.ropeCos, m.ropeSin, T, NH, HD)
 	b.Rope(k, pos, m.ropeCos, m.ropeSin, T, NKV, HD)
 	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
@@ -273,7 +278,8 @@ func (m *Model) backward() {
 		b.MatmulBackward(dln, dw.gate, tc(m.dgate, I), tc(a.ln2, C), w.gate, T, C, I)
 		b.MatmulBackward(dln, dw.up, tc(m.dup, I), tc(a.ln2, C), w.up, T, C, I)
 		b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
-		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)).
+		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
+		// q = ln1·Wqᵀ (+ bq), likewise k and v.
 		datt := tc(m.datt, qn)
 		b.Fill(datt, 0)
 		b.MatmulBackward(datt, dw.o, dx, tc(a.att, qn), w.o, T, qn, C)
@@ -288,6 +294,11 @@ func (m *Model) backward() {
 			b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)
 			b.RMSNormBackward(dkraw, dw.kNorm, dk, tc(a.kraw, kn), w.kNorm, a.krstd.Slice(0, T*NKV), T*NKV, HD)
 			dq, dk = dqraw, dkraw
+		}
+		if c.QKVBias() {
+			b.BiasBackward(dw.qBias, dq, T, qn)
+			b.BiasBackward(dw.kBias, dk, T, kn)
+			b.BiasBackward(dw.vBias, dv, T, kn)
 		}
 		b.Fill(dln, 0)
 		b.MatmulBackward(dln, dw.q, dq, tc(a.ln1, C), w.q, T, C, qn)

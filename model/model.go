@@ -23,7 +23,7 @@ type Options struct {
 
 // layerView holds one decoder layer's parameter views (or gradient views).
 type layerView struct {
-	ln1, q, k, v, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
+	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
@@ -49,7 +49,7 @@ type layerActs struct {
 	h     kernels.Buf // (T,I) silu(gate)·up
 }
 
-// Model is a Qwen3 or Llama decoder on a kernels.Backend: one parameter
+// Model is a Qwen2, Qwen3 or Llama decoder on a kernels.Backend: one parameter
 // arena, one gradient arena and activations sized once for Options.
 // A Model is driven by one goroutine.
 type Model struct {
@@ -142,6 +142,7 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		for _, arena := range []kernels.Buf{m.params, m.grads} {
 			lv := layerView{
 				ln1: view(arena, li.ln1), q: view(arena, li.q), k: view(arena, li.k), v: view(arena, li.v),
+				qBias: view(arena, li.qBias), kBias: view(arena, li.kBias), vBias: view(arena, li.vBias),
 				o: view(arena, li.o), qNorm: view(arena, li.qNorm), kNorm: view(arena, li.kNorm),
 				ln2: view(arena, li.ln2), gate: view(arena, li.gate), up: view(arena, li.up), down: view(arena, li.down),
 			}

@@ -8,10 +8,22 @@ import (
 )
 
 // RopeInvFreq returns the rotary inverse frequencies inv_freq (HD/2) of cfg
-// with Hugging Face's float32 arithmetic: inv_freq[i] =
-// 1/theta^(float32(2i)/HD), the power rounded to float32 and the reciprocal
-// taken in float32, as transformers' _compute_default_rope_parameters does
-// in torch float32.
+// with Hugging Face's float32 arithmetic, so that the angles match
+// transformers' bit for bit:
+//
+//	default:  inv_freq[i] = 1/theta^(float32(2i)/HD), the power rounded to
+//	          float32 and the reciprocal taken in float32
+//	          (_compute_default_rope_parameters);
+//	llama3:   each of those scaled by its wavelength λ = 2π/inv_freq
+//	          (_compute_llama3_parameters): kept where λ < L/high_freq_factor,
+//	          divided by factor where λ > L/low_freq_factor, and in between
+//	          interpolated, (1−s)·inv/factor + s·inv with
+//	          s = (L/λ − low_freq_factor)/(high_freq_factor − low_freq_factor),
+//	          L = original_max_position_embeddings.
+//
+// Every step is one float32 operation in torch's order (torch computes
+// "x / tensor" as reciprocal(tensor)·x); the explicit conversions keep the
+// compiler from fusing a multiply and an add.
 func RopeInvFreq(cfg Config) []float32 {
 	HD := cfg.HeadDim
 	inv := make([]float32, HD/2)
@@ -19,7 +31,35 @@ func RopeInvFreq(cfg Config) []float32 {
 		e := float32(2*i) / float32(HD)
 		inv[i] = float32(1) / float32(math.Pow(float64(cfg.RopeTheta), float64(e)))
 	}
+	if cfg.RopeScaling.Type == RopeLlama3 {
+		llama3Scale(inv, cfg.RopeScaling)
+	}
 	return inv
+}
+
+// llama3Scale rescales default inverse frequencies in place as
+// _compute_llama3_parameters does (see RopeInvFreq).
+func llama3Scale(inv []float32, s RopeScaling) {
+	factor, lo := float32(s.Factor), float32(s.LowFreqFactor)
+	old := float32(s.OriginalMaxPositionEmbeddings)
+	lowWavelen := float32(float64(s.OriginalMaxPositionEmbeddings) / s.LowFreqFactor)
+	highWavelen := float32(float64(s.OriginalMaxPositionEmbeddings) / s.HighFreqFactor)
+	twoPi := float32(2 * math.Pi)
+	for i, f := range inv {
+		wavelen := float32(float32(1/f) * twoPi)
+		scaled := f
+		if wavelen > lowWavelen {
+			scaled = f / factor
+		}
+		if !(wavelen < highWavelen) && !(wavelen > lowWavelen) {
+			smooth := float32(float32(float32(1/wavelen)*old) - lo)
+			smooth = smooth / float32(s.HighFreqFactor-s.LowFreqFactor)
+			a := float32(float32(float32(1-smooth)*scaled) / factor)
+			b := float32(smooth * scaled)
+			scaled = a + b
+		}
+		inv[i] = scaled
+	}
 }
 
 // RopeTables returns the cos and sin tables (P, HD/2) of positions [0, P)
@@ -31,14 +71,18 @@ func RopeTables(cfg Config, P int) (cos, sin []float32) {
 	half := len(inv)
 	cos, sin = make([]float32, P*half), make([]float32, P*half)
 	for p := 0; p < P; p++ {
-		row := p * half
-		for i, f := range inv {
-			a := float64(float32(float32(p) * f))
-			cos[row+i] = float32(math.Cos(a))
-			sin[row+i] = float32(math.Sin(a))
-		}
+		ropeRow(cos[p*half:(p+1)*half], sin[p*half:(p+1)*half], inv, p)
 	}
 	return cos, sin
+}
+
+// ropeRow fills one position's row of the tables.
+func ropeRow(cos, sin, inv []float32, p int) {
+	for i, f := range inv {
+		a := float64(float32(float32(p) * f))
+		cos[i] = float32(math.Cos(a))
+		sin[i] = float32(math.Sin(a))
+	}
 }
 
 // ensureRope makes the model's cos/sin tables cover positions [0, P),

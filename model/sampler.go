@@ -336,6 +336,11 @@ func (s *Sampler) decodeStep(n int) {
 			b.Matmul(k, ln, w.k, n, C, kn)
 		}
 		b.Matmul(v, ln, w.v, n, C, kn)
+		if c.QKVBias() {
+			b.AddBias(q, w.qBias, n, qn)
+			b.AddBias(k, w.kBias, n, kn)
+			b.AddBias(v, w.vBias, n, kn)
+		}
 		b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
 		b.Rope(k, pos, m.ropeCos, m.ropeSin, n, NKV, HD)
 		b.ScatterRows(s.kc[l], k, idx, n, kn)

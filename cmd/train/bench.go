@@ -81,6 +81,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if l.Rank != 0 {
 		stdout, stderr = io.Discard, io.Discard
 	}
+	for _, n := range cfg.Notes {
+		fmt.Fprintf(stderr, "bench: note: %s\n", n)
+	}
 	var be kernels.Backend
 	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, Recompute: *recompute, WeightsFrom: "random"}
 	switch *backend {
