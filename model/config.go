@@ -356,6 +356,10 @@ func ParseConfig(data []byte, name string) (Config, error) {
 	}
 	c.Extra = map[string]json.RawMessage{}
 	for k, v := range raw {
+		var buf bytes.Buffer
+		if json.Compact(&buf, v) == nil {
+			v = buf.Bytes()
+		}
 		c.Extra[k] = v
 	}
 	for _, k := range configKeys {

@@ -459,6 +459,14 @@ func FuzzParseConfig(f *testing.F) {
 		f.Add(b)
 		f.Add(v5Config(f, b)) // the same model as transformers v5 writes it
 	}
+	published, _ := filepath.Glob(filepath.Join("testdata", "published", "*.json"))
+	for _, p := range published {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add([]byte(`{"model_type":"llama","hidden_size":8,"intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":3,"eos_token_id":[1,2]}`))
 	for _, c := range configCases {
 		f.Add([]byte(c.json))
