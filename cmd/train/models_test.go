@@ -118,6 +118,20 @@ func TestInitFromCheckpointRoundTrip(t *testing.T) {
 			if want := 3 * cfg.NumHiddenLayers * boolInt(cfg.QKVBias()); nbias != want {
 				t.Errorf("checkpoint holds %d q/k/v biases, want %d", nbias, want)
 			}
+			// ... and their Adam moments.
+			st, err := checkpoint.Load(step, checkpoint.LoadOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			moments := 0
+			for _, x := range st.Optimizer {
+				if strings.Contains(x.Name, "_proj.bias.exp_avg") && slices.ContainsFunc(x.F32, func(v float32) bool { return v != 0 }) {
+					moments++
+				}
+			}
+			if want := 2 * nbias; moments != want {
+				t.Errorf("checkpoint holds %d nonzero bias moments, want %d (exp_avg and exp_avg_sq of each bias)", moments, want)
+			}
 
 			// A run starts from the checkpoint.
 			mustTrain(t, trainArgs(filepath.Join(dir, "run2"), 1, "--init-from", step)...)
