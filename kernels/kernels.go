@@ -171,11 +171,22 @@ type Ops interface {
 	// doutᵀ · inp. A zero-length dinp or dweight (N == 0) skips that half.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
 
+	// AddBias: out (T,OC) += bias (OC) on every row (the bias of a Hugging
+	// Face Linear, added after Matmul).
+	AddBias(out, bias Buf, T, OC int)
+	// BiasBackward: dbias (OC) += Σ_t dout (T,OC), summed in a fixed order
+	// (deterministic for a given backend and shape).
+	BiasBackward(dbias, dout Buf, T, OC int)
+
 	// Rope rotates x (T,H,HD) in place by position pos (T) with Hugging Face's
-	// "rotate half" convention: pairs (i, i+HD/2), angle pos·theta^(−2i/HD).
-	Rope(x, pos Buf, T, H, HD int, theta float32)
+	// "rotate half" convention: pair (i, i+HD/2) of row t turns by the angle
+	// whose cosine and sine are cos[pos[t], i] and sin[pos[t], i], from tables
+	// cos, sin (P, HD/2) that the caller computes once (package model fills
+	// them from the config's RoPE: plain or Llama-3 scaled frequencies).
+	// A position outside [0, P) is a data error: that row is left unchanged.
+	Rope(x, pos, cos, sin Buf, T, H, HD int)
 	// RopeBackward rotates dx (T,H,HD) in place by the inverse angles.
-	RopeBackward(dx, pos Buf, T, H, HD int, theta float32)
+	RopeBackward(dx, pos, cos, sin Buf, T, H, HD int)
 
 	// Attention: causal grouped-query attention over packed sequences with
 	// scale 1/sqrt(HD). Query head h reads key/value head h/(NH/NKV).

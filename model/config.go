@@ -15,15 +15,24 @@ type Arch string
 
 // The supported architectures (HF model_type values).
 const (
+	Qwen2 Arch = "qwen2" // Qwen2, Qwen2.5, Qwen2.5-Math, DeepSeek-R1-Distill-Qwen
 	Qwen3 Arch = "qwen3"
-	Llama Arch = "llama"
+	Llama Arch = "llama" // Llama 2, Llama 3.x (with llama3 RoPE scaling)
 )
 
 // archClass is the HF class name written to architectures.
-var archClass = map[Arch]string{Qwen3: "Qwen3ForCausalLM", Llama: "LlamaForCausalLM"}
+var archClass = map[Arch]string{Qwen2: "Qwen2ForCausalLM", Qwen3: "Qwen3ForCausalLM", Llama: "LlamaForCausalLM"}
+
+// supportedArchs lists the model_type values, for error messages.
+const supportedArchs = "llama, qwen2, qwen3"
+
+// defaultRopeTheta is the rope_theta transformers' config class of each
+// model_type uses when config.json states none (LlamaConfig, Qwen2Config and
+// Qwen3Config, v4 and v5: 10000).
+var defaultRopeTheta = map[Arch]float32{Qwen2: 10000, Qwen3: 10000, Llama: 10000}
 
 // Config is the subset of an HF config.json that defines the network.
-// Fields the model does not use are kept in Extra and written back by SaveHF.
+// Fields the model does not use are kept in Extra and written back by JSON.
 type Config struct {
 	Arch                  Arch
 	HiddenSize            int     // C
@@ -33,24 +42,76 @@ type Config struct {
 	NumKeyValueHeads      int     // NKV
 	HeadDim               int     // HD (default C/NH)
 	RMSNormEps            float32 // rms_norm_eps
-	RopeTheta             float32 // rope_theta
-	VocabSize             int     // V
+	RopeTheta             float32 // rope_theta, or rope_parameters.rope_theta (transformers v5)
+	RopeScaling           RopeScaling
+	VocabSize             int // V
 	TieWordEmbeddings     bool
 	MaxPositionEmbeddings int
 	TorchDType            string // torch_dtype (or dtype), e.g. "bfloat16"
 	EOSTokenIDs           []int32
 
+	// Form records how config.json stated RoPE and the dtype, so that JSON
+	// writes them back the same way.
+	Form ConfigForm
+
+	// Notes are things to tell the user once when the config is loaded: a
+	// default that filled a value config.json did not state, keys that are
+	// read but have no effect.
+	Notes []string
+
 	// Extra holds every other key of the config.json it came from.
 	Extra map[string]json.RawMessage
 }
 
-// configKeys are the keys Config reads; SaveHF writes them from the fields.
+// RopeScaling is a scaled RoPE: Type "llama3" (Llama 3.1/3.2/3.3) with
+// transformers' _compute_llama3_parameters fields, or Type "" for none.
+type RopeScaling struct {
+	Type                          string
+	Factor                        float64 // factor
+	LowFreqFactor                 float64 // low_freq_factor
+	HighFreqFactor                float64 // high_freq_factor
+	OriginalMaxPositionEmbeddings int     // original_max_position_embeddings
+}
+
+// RopeLlama3 is the RopeScaling.Type of Llama 3.x.
+const RopeLlama3 = "llama3"
+
+// ConfigForm is how a config.json stated RoPE and the weights' dtype:
+// transformers v4 writes rope_theta and rope_scaling at the top level and
+// torch_dtype; v5 writes a rope_parameters block and dtype. A config may
+// hold both forms, which must then agree.
+type ConfigForm struct {
+	RopeV4 bool // rope_theta or rope_scaling at the top level
+	RopeV5 bool // rope_parameters
+	// RopeScaling and RopeParameters are the keys of the rope_scaling and
+	// rope_parameters objects as read (nil when absent or null). JSON writes
+	// them back with the keys tracegrpo interprets set from the Config and
+	// every other key unchanged.
+	RopeScaling    map[string]json.RawMessage
+	RopeParameters map[string]json.RawMessage
+	TorchDType     bool // the dtype was stated as torch_dtype
+	DType          bool // the dtype was stated as dtype
+}
+
+// QKVBias reports whether the q, k and v projections carry a bias (Qwen2).
+func (c Config) QKVBias() bool { return c.Arch == Qwen2 }
+
+// configKeys are the keys Config reads; JSON writes them from the fields.
 var configKeys = []string{
 	"model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
 	"num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
 	"vocab_size", "tie_word_embeddings", "max_position_embeddings", "torch_dtype", "dtype",
-	"eos_token_id", "attention_bias", "mlp_bias", "hidden_act", "rope_scaling", "use_sliding_window",
+	"eos_token_id", "mlp_bias", "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window",
 }
+
+// ropeKeys are the keys of a RoPE block that tracegrpo interprets.
+var ropeKeys = map[string]bool{
+	"rope_type": true, "type": true, "rope_theta": true, "factor": true, "low_freq_factor": true,
+	"high_freq_factor": true, "original_max_position_embeddings": true, "partial_rotary_factor": true,
+}
+
+// The RoPE types tracegrpo implements.
+const supportedRopeTypes = `"default", "llama3"`
 
 // LoadConfig reads an HF config.json.
 func LoadConfig(path string) (Config, error) {
@@ -61,6 +122,165 @@ func LoadConfig(path string) (Config, error) {
 	return ParseConfig(data, path)
 }
 
+// configReader reads typed fields of one JSON object, naming the file and
+// the field (with its block prefix) in errors.
+type configReader struct {
+	name, prefix string
+	raw          map[string]json.RawMessage
+}
+
+func (r configReader) bad(field, expected string, found any) error {
+	return fmt.Errorf("model: %s: field %s%s: expected %s, found %v", r.name, r.prefix, field, expected, found)
+}
+
+func (r configReader) has(k string) bool {
+	v, ok := r.raw[k]
+	return ok && string(v) != "null"
+}
+
+func (r configReader) str(k string) (string, bool, error) {
+	if !r.has(k) {
+		return "", false, nil
+	}
+	var s string
+	if err := json.Unmarshal(r.raw[k], &s); err != nil {
+		return "", false, r.bad(k, "a string", string(r.raw[k]))
+	}
+	return s, true, nil
+}
+
+func (r configReader) intf(k string, required bool, dst *int) (bool, error) {
+	if !r.has(k) {
+		if required {
+			return false, r.bad(k, "an integer", "nothing")
+		}
+		return false, nil
+	}
+	var f float64
+	if err := json.Unmarshal(r.raw[k], &f); err != nil || f != math.Trunc(f) || f < 0 || f > 1<<40 {
+		return false, r.bad(k, "a non-negative integer", string(r.raw[k]))
+	}
+	*dst = int(f)
+	return true, nil
+}
+
+// num reads a positive number within float32 range.
+func (r configReader) num(k string, required bool, dst *float64) (bool, error) {
+	if !r.has(k) {
+		if required {
+			return false, r.bad(k, "a positive number", "nothing")
+		}
+		return false, nil
+	}
+	var f float64
+	if err := json.Unmarshal(r.raw[k], &f); err != nil || !(float32(f) > 0) || math.IsInf(float64(float32(f)), 0) {
+		return false, r.bad(k, "a positive number within float32 range", string(r.raw[k]))
+	}
+	*dst = f
+	return true, nil
+}
+
+func (r configReader) boolf(k string, dst *bool) error {
+	if !r.has(k) {
+		return nil
+	}
+	if err := json.Unmarshal(r.raw[k], dst); err != nil {
+		return r.bad(k, "true or false", string(r.raw[k]))
+	}
+	return nil
+}
+
+// ropeBlock is what one RoPE statement (top-level keys, rope_scaling or
+// rope_parameters) says.
+type ropeBlock struct {
+	where    string // "rope_scaling", "rope_parameters" or "" (top level)
+	theta    float64
+	hasTheta bool
+	scaling  RopeScaling
+	hasType  bool // states a RoPE type ("default" and rope_scaling null count)
+	null     bool // rope_scaling: null
+	ignored  []string
+}
+
+// parseRopeBlock reads a rope_scaling or rope_parameters object.
+func parseRopeBlock(name, where string, raw map[string]json.RawMessage) (ropeBlock, error) {
+	r := configReader{name: name, prefix: where + ".", raw: raw}
+	b := ropeBlock{where: where}
+	for k, v := range raw {
+		if len(v) > 0 && v[0] == '{' {
+			return b, r.bad(k, "a number or a string (per-layer RoPE parameters are not supported)", string(v))
+		}
+		if !ropeKeys[k] {
+			b.ignored = append(b.ignored, where+"."+k)
+		}
+	}
+	sort.Strings(b.ignored)
+	var err error
+	if b.hasTheta, err = r.num("rope_theta", false, &b.theta); err != nil {
+		return b, err
+	}
+	var prf float64
+	if ok, err := r.num("partial_rotary_factor", false, &prf); err != nil {
+		return b, err
+	} else if ok && prf != 1 {
+		return b, r.bad("partial_rotary_factor", "1 (partial rotary embeddings are not supported)", string(raw["partial_rotary_factor"]))
+	}
+	typeKey := "rope_type"
+	typ, ok, err := r.str("rope_type")
+	if err != nil {
+		return b, err
+	}
+	if !ok {
+		typeKey = "type" // transformers' older name
+		if typ, ok, err = r.str("type"); err != nil {
+			return b, err
+		}
+	}
+	if !ok {
+		if where == "rope_scaling" {
+			return b, r.bad("rope_type", "a RoPE type ("+supportedRopeTypes+")", "nothing")
+		}
+		typ = "default" // transformers v5 fills rope_type "default"
+	} else {
+		b.hasType = true
+	}
+	switch typ {
+	case "default":
+		for _, k := range []string{"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} {
+			if _, ok := raw[k]; ok {
+				b.ignored = append(b.ignored, where+"."+k)
+			}
+		}
+	case RopeLlama3:
+		s := RopeScaling{Type: RopeLlama3}
+		if _, err := r.num("factor", true, &s.Factor); err != nil {
+			return b, err
+		}
+		if s.Factor < 1 {
+			return b, r.bad("factor", "a number ≥ 1", string(raw["factor"]))
+		}
+		if _, err := r.num("low_freq_factor", true, &s.LowFreqFactor); err != nil {
+			return b, err
+		}
+		if _, err := r.num("high_freq_factor", true, &s.HighFreqFactor); err != nil {
+			return b, err
+		}
+		if !(s.HighFreqFactor > s.LowFreqFactor) {
+			return b, r.bad("high_freq_factor", fmt.Sprintf("a number above low_freq_factor %g", s.LowFreqFactor), string(raw["high_freq_factor"]))
+		}
+		if _, err := r.intf("original_max_position_embeddings", true, &s.OriginalMaxPositionEmbeddings); err != nil {
+			return b, err
+		}
+		if s.OriginalMaxPositionEmbeddings == 0 {
+			return b, r.bad("original_max_position_embeddings", "a positive integer", 0)
+		}
+		b.scaling = s
+	default:
+		return b, r.bad(typeKey, "a supported RoPE type ("+supportedRopeTypes+")", fmt.Sprintf("%q, which tracegrpo does not implement", typ))
+	}
+	return b, nil
+}
+
 // ParseConfig parses config.json bytes; name is used in error messages.
 func ParseConfig(data []byte, name string) (Config, error) {
 	var raw map[string]json.RawMessage
@@ -68,71 +288,20 @@ func ParseConfig(data []byte, name string) (Config, error) {
 		return Config{}, fmt.Errorf("model: %s: %w", name, err)
 	}
 	var c Config
-	bad := func(field, expected string, found any) error {
-		return fmt.Errorf("model: %s: field %s: expected %s, found %v", name, field, expected, found)
-	}
-	str := func(k string) (string, bool, error) {
-		v, ok := raw[k]
-		if !ok || string(v) == "null" {
-			return "", false, nil
-		}
-		var s string
-		if err := json.Unmarshal(v, &s); err != nil {
-			return "", false, bad(k, "a string", string(v))
-		}
-		return s, true, nil
-	}
-	intf := func(k string, required bool, dst *int) error {
-		v, ok := raw[k]
-		if !ok || string(v) == "null" {
-			if required {
-				return bad(k, "an integer", "nothing")
-			}
-			return nil
-		}
-		var f float64
-		if err := json.Unmarshal(v, &f); err != nil || f != math.Trunc(f) || f < 0 || f > 1<<40 {
-			return bad(k, "a non-negative integer", string(v))
-		}
-		*dst = int(f)
-		return nil
-	}
-	floatf := func(k string, def float64, dst *float32) error {
-		v, ok := raw[k]
-		if !ok || string(v) == "null" {
-			*dst = float32(def)
-			return nil
-		}
-		var f float64
-		if err := json.Unmarshal(v, &f); err != nil || !(float32(f) > 0) || math.IsInf(float64(float32(f)), 0) {
-			return bad(k, "a positive number within float32 range", string(v))
-		}
-		*dst = float32(f)
-		return nil
-	}
-	boolf := func(k string, dst *bool) error {
-		v, ok := raw[k]
-		if !ok || string(v) == "null" {
-			return nil
-		}
-		if err := json.Unmarshal(v, dst); err != nil {
-			return bad(k, "true or false", string(v))
-		}
-		return nil
-	}
+	r := configReader{name: name, raw: raw}
 
-	mt, _, err := str("model_type")
+	mt, _, err := r.str("model_type")
 	if err != nil {
 		return c, err
 	}
 	c.Arch = Arch(mt)
 	if _, ok := archClass[c.Arch]; !ok {
-		return c, bad("model_type", `"qwen3" or "llama"`, fmt.Sprintf("%q", mt))
+		return c, fmt.Errorf("model: %s: model_type %q is not supported; supported: %s", name, mt, supportedArchs)
 	}
 	if v, ok := raw["architectures"]; ok {
 		var archs []string
 		if err := json.Unmarshal(v, &archs); err != nil || len(archs) != 1 || archs[0] != archClass[c.Arch] {
-			return c, bad("architectures", fmt.Sprintf(`["%s"]`, archClass[c.Arch]), string(v))
+			return c, r.bad("architectures", fmt.Sprintf(`["%s"]`, archClass[c.Arch]), string(v))
 		}
 	}
 	for _, f := range []struct {
@@ -143,78 +312,278 @@ func ParseConfig(data []byte, name string) (Config, error) {
 		{"num_hidden_layers", &c.NumHiddenLayers}, {"num_attention_heads", &c.NumAttentionHeads},
 		{"vocab_size", &c.VocabSize},
 	} {
-		if err := intf(f.k, true, f.dst); err != nil {
+		if _, err := r.intf(f.k, true, f.dst); err != nil {
 			return c, err
 		}
 	}
 	c.NumKeyValueHeads = c.NumAttentionHeads
-	if err := intf("num_key_value_heads", false, &c.NumKeyValueHeads); err != nil {
+	if _, err := r.intf("num_key_value_heads", false, &c.NumKeyValueHeads); err != nil {
 		return c, err
 	}
 	if c.NumAttentionHeads > 0 {
 		c.HeadDim = c.HiddenSize / c.NumAttentionHeads
 	}
-	if err := intf("head_dim", false, &c.HeadDim); err != nil {
+	if _, err := r.intf("head_dim", false, &c.HeadDim); err != nil {
 		return c, err
 	}
-	if err := intf("max_position_embeddings", false, &c.MaxPositionEmbeddings); err != nil {
+	if _, err := r.intf("max_position_embeddings", false, &c.MaxPositionEmbeddings); err != nil {
 		return c, err
 	}
-	if err := floatf("rms_norm_eps", 1e-6, &c.RMSNormEps); err != nil {
+	eps := 1e-6
+	if _, err := r.num("rms_norm_eps", false, &eps); err != nil {
 		return c, err
 	}
-	if err := floatf("rope_theta", 10000, &c.RopeTheta); err != nil {
+	c.RMSNormEps = float32(eps)
+	if err := r.boolf("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
 		return c, err
 	}
-	if err := boolf("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
+	if err := c.parseDType(r); err != nil {
 		return c, err
-	}
-	if s, ok, err := str("torch_dtype"); err != nil {
-		return c, err
-	} else if ok {
-		c.TorchDType = s
-	} else if s, _, err := str("dtype"); err != nil {
-		return c, err
-	} else {
-		c.TorchDType = s
 	}
 	if v, ok := raw["eos_token_id"]; ok && string(v) != "null" {
 		var one int32
 		if err := json.Unmarshal(v, &one); err == nil {
 			c.EOSTokenIDs = []int32{one}
 		} else if err := json.Unmarshal(v, &c.EOSTokenIDs); err != nil {
-			return c, bad("eos_token_id", "an integer or a list of integers", string(v))
+			return c, r.bad("eos_token_id", "an integer or a list of integers", string(v))
 		}
 	}
-	// Features this implementation does not have must be off, not ignored.
-	for _, k := range []string{"attention_bias", "mlp_bias", "use_sliding_window"} {
-		var on bool
-		if err := boolf(k, &on); err != nil {
-			return c, err
-		}
-		if on {
-			return c, bad(k, "false (not supported)", true)
-		}
-	}
-	if v, ok := raw["rope_scaling"]; ok && string(v) != "null" {
-		return c, bad("rope_scaling", "null (scaled RoPE is not supported)", string(v))
-	}
-	if s, ok, err := str("hidden_act"); err != nil {
+	if err := c.parseRope(r); err != nil {
 		return c, err
-	} else if ok && s != "silu" {
-		return c, bad("hidden_act", `"silu"`, fmt.Sprintf("%q", s))
+	}
+	if err := c.checkUnsupported(r); err != nil {
+		return c, err
 	}
 	c.Extra = map[string]json.RawMessage{}
 	for k, v := range raw {
+		var buf bytes.Buffer
+		if json.Compact(&buf, v) == nil {
+			v = buf.Bytes()
+		}
 		c.Extra[k] = v
 	}
 	for _, k := range configKeys {
 		delete(c.Extra, k)
 	}
+	if c.Arch != Qwen2 {
+		delete(c.Extra, "attention_bias") // interpreted (must be false) and written back
+	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("model: %s: %w", name, err)
 	}
 	return c, nil
+}
+
+// parseDType reads torch_dtype and dtype (transformers v5's name for it).
+func (c *Config) parseDType(r configReader) error {
+	td, tok, err := r.str("torch_dtype")
+	if err != nil {
+		return err
+	}
+	d, dok, err := r.str("dtype")
+	if err != nil {
+		return err
+	}
+	if tok && dok && td != d {
+		return fmt.Errorf("model: %s: fields torch_dtype and dtype disagree: %q and %q", r.name, td, d)
+	}
+	c.Form.TorchDType, c.Form.DType = r.has("torch_dtype"), r.has("dtype")
+	c.TorchDType = td
+	if !tok {
+		c.TorchDType = d
+	}
+	return nil
+}
+
+// parseRope reads RoPE from the v4 keys (rope_theta, rope_scaling), the v5
+// rope_parameters block, or both, which must then agree; with neither theta,
+// transformers' default for the model_type applies and a note says so.
+func (c *Config) parseRope(r configReader) error {
+	var blocks []ropeBlock
+	var top ropeBlock
+	var err error
+	if top.hasTheta, err = r.num("rope_theta", false, &top.theta); err != nil {
+		return err
+	}
+	c.Form.RopeV4 = top.hasTheta
+	blocks = append(blocks, top)
+	var prf float64
+	if ok, err := r.num("partial_rotary_factor", false, &prf); err != nil {
+		return err
+	} else if ok && prf != 1 {
+		return r.bad("partial_rotary_factor", "1 (partial rotary embeddings are not supported)", string(r.raw["partial_rotary_factor"]))
+	}
+	for _, where := range []string{"rope_scaling", "rope_parameters"} {
+		v, ok := r.raw[where]
+		if !ok {
+			continue
+		}
+		if where == "rope_scaling" {
+			c.Form.RopeV4 = true
+		} else {
+			c.Form.RopeV5 = true
+		}
+		if string(v) == "null" {
+			if where == "rope_scaling" {
+				blocks = append(blocks, ropeBlock{where: where, hasType: true, null: true}) // states "no scaling"
+			}
+			continue
+		}
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(v, &obj); err != nil || obj == nil {
+			return r.bad(where, "an object or null", string(v))
+		}
+		for k, x := range obj {
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, x); err == nil {
+				obj[k] = buf.Bytes()
+			}
+		}
+		b, err := parseRopeBlock(r.name, where, obj)
+		if err != nil {
+			return err
+		}
+		if len(b.ignored) > 0 {
+			c.Notes = append(c.Notes, fmt.Sprintf("%s: %s not used by %q RoPE (kept in saved configs)", r.name, joinQuoted(b.ignored), ropeTypeName(b.scaling.Type)))
+		}
+		blocks = append(blocks, b)
+		if where == "rope_scaling" {
+			c.Form.RopeScaling = obj
+		} else {
+			c.Form.RopeParameters = obj
+		}
+	}
+	// Every statement of theta and of the scaling must agree.
+	field := func(b ropeBlock, k string) string {
+		if b.where == "" {
+			return k
+		}
+		return b.where + "." + k
+	}
+	var theta *ropeBlock
+	var scaling *ropeBlock
+	for i := range blocks {
+		b := &blocks[i]
+		if b.hasTheta {
+			if theta != nil && float32(theta.theta) != float32(b.theta) {
+				return fmt.Errorf("model: %s: fields %s and %s disagree: %g and %g", r.name, field(*theta, "rope_theta"), field(*b, "rope_theta"), theta.theta, b.theta)
+			}
+			if theta == nil {
+				theta = b
+			}
+		}
+		if b.hasType || b.scaling.Type != "" {
+			if scaling != nil {
+				if err := sameScaling(r.name, *scaling, *b); err != nil {
+					return err
+				}
+			} else {
+				scaling = b
+			}
+		}
+	}
+	if theta != nil {
+		c.RopeTheta = float32(theta.theta)
+	} else {
+		c.RopeTheta = defaultRopeTheta[c.Arch]
+		c.Notes = append(c.Notes, fmt.Sprintf("%s states no rope_theta (nor rope_parameters.rope_theta): using %g, transformers' default for model_type %s",
+			r.name, c.RopeTheta, c.Arch))
+	}
+	if scaling != nil {
+		c.RopeScaling = scaling.scaling
+	}
+	return nil
+}
+
+// sameScaling checks that two RoPE statements give the same scaling.
+func sameScaling(name string, a, b ropeBlock) error {
+	fa := func(k string) string { return a.where + "." + k }
+	fb := func(k string) string { return b.where + "." + k }
+	if a.scaling.Type != b.scaling.Type {
+		describe := func(x ropeBlock) string {
+			if x.null {
+				return "null (no scaling)"
+			}
+			return fmt.Sprintf("RoPE type %q", ropeTypeName(x.scaling.Type))
+		}
+		return fmt.Errorf("model: %s: fields %s and %s disagree: %s and %s", name, a.where, b.where, describe(a), describe(b))
+	}
+	sa, sb := a.scaling, b.scaling
+	for _, f := range []struct {
+		k    string
+		x, y float64
+	}{
+		{"factor", sa.Factor, sb.Factor}, {"low_freq_factor", sa.LowFreqFactor, sb.LowFreqFactor},
+		{"high_freq_factor", sa.HighFreqFactor, sb.HighFreqFactor},
+		{"original_max_position_embeddings", float64(sa.OriginalMaxPositionEmbeddings), float64(sb.OriginalMaxPositionEmbeddings)},
+	} {
+		if f.x != f.y {
+			return fmt.Errorf("model: %s: fields %s and %s disagree: %g and %g", name, fa(f.k), fb(f.k), f.x, f.y)
+		}
+	}
+	return nil
+}
+
+func ropeTypeName(t string) string {
+	if t == "" {
+		return "default"
+	}
+	return t
+}
+
+func joinQuoted(ks []string) string {
+	var b bytes.Buffer
+	for i, k := range ks {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(k)
+	}
+	return b.String()
+}
+
+// checkUnsupported refuses, by name, features the math does not implement,
+// and notes keys that are read but have no effect.
+func (c *Config) checkUnsupported(r configReader) error {
+	off := []string{"mlp_bias", "use_sliding_window", "use_mrope"}
+	if c.Arch != Qwen2 {
+		off = append(off, "attention_bias") // Qwen2's q/k/v biases need no key
+	}
+	for _, k := range off {
+		var on bool
+		if err := r.boolf(k, &on); err != nil {
+			return err
+		}
+		if on {
+			return r.bad(k, "false (not supported)", true)
+		}
+	}
+	if s, ok, err := r.str("hidden_act"); err != nil {
+		return err
+	} else if ok && s != "silu" {
+		return r.bad("hidden_act", `"silu"`, fmt.Sprintf("%q", s))
+	}
+	if v, ok := r.raw["layer_types"]; ok && string(v) != "null" {
+		var lt []string
+		if err := json.Unmarshal(v, &lt); err != nil {
+			return r.bad("layer_types", `a list of "full_attention"`, string(v))
+		}
+		for i, t := range lt {
+			if t != "full_attention" {
+				return r.bad(fmt.Sprintf("layer_types[%d]", i), `"full_attention" (sliding-window layers are not supported)`, fmt.Sprintf("%q", t))
+			}
+		}
+	}
+	var ignored []string
+	for _, k := range []string{"sliding_window", "max_window_layers"} {
+		if r.has(k) {
+			ignored = append(ignored, k)
+		}
+	}
+	if len(ignored) > 0 {
+		c.Notes = append(c.Notes, fmt.Sprintf("%s: %s ignored: use_sliding_window is false (kept in saved configs)", r.name, joinQuoted(ignored)))
+	}
+	return nil
 }
 
 // maxDim bounds every size in a config so that products of two sizes (a
@@ -224,7 +593,7 @@ const maxDim = 1 << 24
 // Validate checks the sizes for consistency.
 func (c Config) Validate() error {
 	if _, ok := archClass[c.Arch]; !ok {
-		return fmt.Errorf("model_type: expected qwen3 or llama, found %q", c.Arch)
+		return fmt.Errorf("model_type %q is not supported; supported: %s", c.Arch, supportedArchs)
 	}
 	for _, f := range []struct {
 		k string
@@ -244,14 +613,76 @@ func (c Config) Validate() error {
 	if c.HeadDim%2 != 0 {
 		return fmt.Errorf("field head_dim: expected an even number (rotary pairs), found %d", c.HeadDim)
 	}
-	if !(c.RMSNormEps > 0) || !(c.RopeTheta > 0) {
+	if !(c.RMSNormEps > 0) || !(c.RopeTheta > 0) || math.IsInf(float64(c.RopeTheta), 0) {
 		return fmt.Errorf("fields rms_norm_eps, rope_theta: expected positive numbers, found %g, %g", c.RMSNormEps, c.RopeTheta)
+	}
+	switch s := c.RopeScaling; s.Type {
+	case "":
+	case RopeLlama3:
+		if !(s.Factor >= 1) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositionEmbeddings <= 0 ||
+			math.IsInf(s.Factor, 0) || math.IsInf(s.HighFreqFactor, 0) {
+			return fmt.Errorf("RoPE scaling llama3: expected factor ≥ 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0, found %+v", s)
+		}
+	default:
+		return fmt.Errorf("RoPE type %q is not supported; supported: %s", s.Type, supportedRopeTypes)
 	}
 	return nil
 }
 
+// pyFloat renders f as JSON the way Python's json writes a float (a decimal
+// point even for whole numbers), so transformers reads back a float.
+func pyFloat(f float64) json.RawMessage {
+	b, _ := json.Marshal(f)
+	if !bytes.ContainsAny(b, ".eE") {
+		b = append(b, '.', '0')
+	}
+	return b
+}
+
+// setRopeKey sets block[k] to v unless the block already holds that value
+// (then its original spelling, such as 8.0 or 8, is kept).
+func setRopeKey(block map[string]json.RawMessage, k string, v json.RawMessage) {
+	if old, ok := block[k]; ok {
+		var a, b any
+		if json.Unmarshal(old, &a) == nil && json.Unmarshal(v, &b) == nil && a == b {
+			return
+		}
+	}
+	block[k] = v
+}
+
+// ropeBlockJSON renders a rope_scaling (withTheta false) or rope_parameters
+// block: the block as read with the interpreted keys set from c.
+func (c Config) ropeBlockJSON(read map[string]json.RawMessage, withTheta bool) map[string]json.RawMessage {
+	block := map[string]json.RawMessage{}
+	for k, v := range read {
+		block[k] = v
+	}
+	typeKey := "rope_type"
+	if _, ok := block["rope_type"]; !ok {
+		if _, ok := block["type"]; ok {
+			typeKey = "type"
+		}
+	}
+	typ, _ := json.Marshal(ropeTypeName(c.RopeScaling.Type))
+	setRopeKey(block, typeKey, typ)
+	if withTheta || block["rope_theta"] != nil {
+		setRopeKey(block, "rope_theta", pyFloat(float64(c.RopeTheta)))
+	}
+	if s := c.RopeScaling; s.Type == RopeLlama3 {
+		setRopeKey(block, "factor", pyFloat(s.Factor))
+		setRopeKey(block, "low_freq_factor", pyFloat(s.LowFreqFactor))
+		setRopeKey(block, "high_freq_factor", pyFloat(s.HighFreqFactor))
+		om, _ := json.Marshal(s.OriginalMaxPositionEmbeddings)
+		setRopeKey(block, "original_max_position_embeddings", om)
+	}
+	return block
+}
+
 // JSON renders the config as an HF config.json for weights stored in dtype
-// (a torch dtype name such as "float32"). Extra keys are kept.
+// (a torch dtype name such as "float32"). Extra keys are kept; RoPE and the
+// dtype are written in the form they were read (Form), the v4 keys when
+// there is none.
 func (c Config) JSON(dtype string) ([]byte, error) {
 	out := map[string]any{}
 	for k, v := range c.Extra {
@@ -266,21 +697,38 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 	out["num_key_value_heads"] = c.NumKeyValueHeads
 	out["head_dim"] = c.HeadDim
 	out["rms_norm_eps"] = c.RMSNormEps
-	out["rope_theta"] = c.RopeTheta
 	out["vocab_size"] = c.VocabSize
 	out["tie_word_embeddings"] = c.TieWordEmbeddings
 	if c.MaxPositionEmbeddings > 0 {
 		out["max_position_embeddings"] = c.MaxPositionEmbeddings
 	}
-	out["torch_dtype"] = dtype
-	out["attention_bias"] = false
-	out["hidden_act"] = "silu"
-	out["rope_scaling"] = nil
-	if c.Arch == Llama {
-		out["mlp_bias"] = false
+	if c.Form.DType {
+		out["dtype"] = dtype
 	}
-	if c.Arch == Qwen3 {
+	if c.Form.TorchDType || !c.Form.DType {
+		out["torch_dtype"] = dtype
+	}
+	if c.Form.RopeV4 || !c.Form.RopeV5 {
+		out["rope_theta"] = c.RopeTheta
+		if c.RopeScaling.Type == "" && c.Form.RopeScaling == nil {
+			out["rope_scaling"] = nil
+		} else {
+			out["rope_scaling"] = c.ropeBlockJSON(c.Form.RopeScaling, false)
+		}
+	}
+	if c.Form.RopeV5 {
+		out["rope_parameters"] = c.ropeBlockJSON(c.Form.RopeParameters, true)
+	}
+	out["hidden_act"] = "silu"
+	switch c.Arch {
+	case Qwen3:
+		out["attention_bias"] = false
 		out["use_sliding_window"] = false
+	case Qwen2:
+		out["use_sliding_window"] = false
+	case Llama:
+		out["attention_bias"] = false
+		out["mlp_bias"] = false
 	}
 	switch len(c.EOSTokenIDs) {
 	case 0:

@@ -1,16 +1,48 @@
-// Package model is tracegrpo's policy: a Qwen3 or Llama decoder built from a
-// Hugging Face config.json, running on any kernels.Backend.
+// Package model is tracegrpo's policy: a Qwen2, Qwen3 or Llama decoder built
+// from a Hugging Face config.json, running on any kernels.Backend.
+//
+// # Architectures
+//
+//   - qwen2 (Qwen2, Qwen2.5, Qwen2.5-Math, DeepSeek-R1-Distill-Qwen): q, k
+//     and v projections with biases, no q/k norm, head_dim = hidden/heads
+//     unless stated; sliding windows refused.
+//   - qwen3: per-head q_norm/k_norm weights before RoPE, no biases.
+//   - llama (Llama 2, Llama 3.x): no biases; Llama 3's rope_scaling.
+//
+// Any other model_type is refused with one line listing these.
 //
 // # Parameters
 //
 // NewParamTable lays out every parameter under its HF name
 // (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
 // model.norm.weight, lm_head.weight unless tie_word_embeddings) in HF order,
-// contiguous and without gaps. One table drives one flat parameter arena
-// (Params) and one gradient arena (Grads) with the same layout, so an
-// optimizer, a gradient norm or a checkpoint is one call over one buffer.
-// Norm weights are exempt from weight decay (Param.Decay); Qwen3 adds
-// per-head q_norm/k_norm weights before RoPE; neither architecture has biases.
+// contiguous and without gaps, except that a layer's q, k and v biases sit
+// together right after its q, k and v weights. One table drives one flat
+// parameter arena (Params) and one gradient arena (Grads) with the same
+// layout, so an optimizer, a gradient norm or a checkpoint is one call over
+// one buffer. 1-D parameters (norm weights and biases) are exempt from
+// weight decay (Param.Decay) under both optimizer styles.
+//
+// # RoPE
+//
+// RopeInvFreq computes the rotary inverse frequencies with transformers'
+// float32 arithmetic: plain theta^(−2i/HD), or Llama 3's per-frequency
+// rescaling (rope_type "llama3": factor, low_freq_factor, high_freq_factor,
+// original_max_position_embeddings). New computes the cos/sin tables once
+// for Options.MaxSeqLen positions and uploads them; kernels.Ops.Rope reads
+// them. Other RoPE types (linear, dynamic, yarn, longrope, ...) are refused
+// by name.
+//
+// # config.json
+//
+// ParseConfig reads both the transformers v4 form (rope_theta and
+// rope_scaling at the top level, torch_dtype) and the v5 form (a
+// rope_parameters block, dtype). A config that states both must state the
+// same values, or it is refused naming the fields; one that states no theta
+// gets transformers' default for its model_type, and Config.Notes says so.
+// Config.JSON writes RoPE and the dtype back in the form they were read and
+// keeps every key it does not interpret (Config.Extra, and the RoPE block's
+// own keys), so a saved checkpoint describes the same model.
 //
 // # Activations
 //
@@ -41,7 +73,8 @@
 // to the fp32 arena) and requires every parameter with its exact shape;
 // SaveHF writes model.safetensors (format "pt", plus FormatName and
 // FormatVersion in its metadata) and config.json so that transformers loads
-// the directory unchanged. Features the math does not implement (rope_scaling,
-// attention or MLP biases, sliding windows, activations other than SiLU) are
-// rejected when the config is read, never ignored.
+// the directory unchanged. Features the math does not implement (RoPE
+// types other than default and llama3, Llama/Qwen3 attention or MLP biases,
+// sliding windows, activations other than SiLU) are rejected when the config
+// is read, never ignored.
 package model

@@ -103,6 +103,9 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 			return fmt.Errorf("model: forward: cu_seqlens[%d] = %d is below cu_seqlens[%d] = %d", s+1, hi, s, lo)
 		}
 		maxLen = max(maxLen, int(hi-lo))
+		if int(hi-lo) > m.ropeP {
+			return fmt.Errorf("model: forward: sequence %d has %d tokens, more than Options.MaxSeqLen %d", s, hi-lo, m.ropeP)
+		}
 		for t := lo; t < hi; t++ {
 			m.hPos[t] = t - lo
 			if t+1 < hi {
@@ -171,7 +174,7 @@ func (m *Model) layerForward(l int, full bool) {
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
-	eps, theta := c.RMSNormEps, c.RopeTheta
+	eps := c.RMSNormEps
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	a, w := &m.la[l], &m.layers[l]
@@ -188,8 +191,13 @@ func (m *Model) layerForward(l int, full bool) {
 		b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
 	}
 	b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
-	b.Rope(q, pos, T, NH, HD, theta)
-	b.Rope(k, pos, T, NKV, HD, theta)
+	if c.QKVBias() {
+		b.AddBias(q, w.qBias, T, qn)
+		b.AddBias(k, w.kBias, T, kn)
+		b.AddBias(v, w.vBias, T, kn)
+	}
+	b.Rope(q, pos, m.ropeCos, m.ropeSin, T, NH, HD)
+	b.Rope(k, pos, m.ropeCos, m.ropeSin, T, NKV, HD)
 	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), w.o, T, qn, C)
@@ -246,7 +254,6 @@ func (m *Model) backward() {
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
-	theta := c.RopeTheta
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	dx, dln := tc(m.dx, C), tc(m.dln, C)
@@ -271,14 +278,15 @@ func (m *Model) backward() {
 		b.MatmulBackward(dln, dw.gate, tc(m.dgate, I), tc(a.ln2, C), w.gate, T, C, I)
 		b.MatmulBackward(dln, dw.up, tc(m.dup, I), tc(a.ln2, C), w.up, T, C, I)
 		b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
-		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)).
+		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
+		// q = ln1·Wqᵀ (+ bq), likewise k and v.
 		datt := tc(m.datt, qn)
 		b.Fill(datt, 0)
 		b.MatmulBackward(datt, dw.o, dx, tc(a.att, qn), w.o, T, qn, C)
 		dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 		b.AttentionBackward(dq, dk, dv, datt, tc(a.att, qn), a.lse.Slice(0, T*NH), tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
-		b.RopeBackward(dq, pos, T, NH, HD, theta)
-		b.RopeBackward(dk, pos, T, NKV, HD, theta)
+		b.RopeBackward(dq, pos, m.ropeCos, m.ropeSin, T, NH, HD)
+		b.RopeBackward(dk, pos, m.ropeCos, m.ropeSin, T, NKV, HD)
 		if c.Arch == Qwen3 {
 			dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
 			b.Fill(dqraw, 0)
@@ -286,6 +294,11 @@ func (m *Model) backward() {
 			b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)
 			b.RMSNormBackward(dkraw, dw.kNorm, dk, tc(a.kraw, kn), w.kNorm, a.krstd.Slice(0, T*NKV), T*NKV, HD)
 			dq, dk = dqraw, dkraw
+		}
+		if c.QKVBias() {
+			b.BiasBackward(dw.qBias, dq, T, qn)
+			b.BiasBackward(dw.kBias, dk, T, kn)
+			b.BiasBackward(dw.vBias, dv, T, kn)
 		}
 		b.Fill(dln, 0)
 		b.MatmulBackward(dln, dw.q, dq, tc(a.ln1, C), w.q, T, C, qn)

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
@@ -21,7 +23,22 @@ const (
 	gradRtol    = 1e-3
 )
 
-var goldenVariants = []string{"qwen3_untied", "qwen3_tied", "llama_untied", "llama_tied"}
+// goldenVariants are the small PyTorch goldens (two layers, 34 tokens in 5
+// sequences, vocabulary 512); every model test runs on them.
+var goldenVariants = []string{
+	"qwen3_untied", "qwen3_tied", "llama_untied", "llama_tied",
+	"qwen2_untied", "qwen2_tied", "qwen2_untied_bf16", "qwen2_tied_f32",
+}
+
+// longVariants are Llama 3.1 (factor 8) and Llama 3.2 (factor 32) RoPE
+// scaling on a one-layer, one-head model with a sequence of 32775 tokens,
+// so positions reach 32774 (four times Llama 3's original 8192).
+var longVariants = []string{"llama31_long", "llama32_long"}
+
+// longMinScaledGap is the least max |logprob − logprob_unscaled| a long
+// golden must show: the scaling changes the result by far more than the
+// tolerance, so a model that ignored it would fail.
+const longMinScaledGap = 100 * logprobAtol
 
 type golden struct {
 	f *safetensors.File
@@ -121,9 +138,10 @@ func loadModelDir(t testing.TB, dir string, b *cpu.Backend, opt Options) *Model 
 
 // TestGoldenForwardBackward runs the PyTorch golden batch through the Go
 // model and compares logprobs, entropy, the loss and every parameter's
-// gradient.
+// gradient (Qwen2's biases included).
 func TestGoldenForwardBackward(t *testing.T) {
-	for _, v := range goldenVariants {
+	for _, v := range append(slices.Clone(goldenVariants), longVariants...) {
+		long := slices.Contains(longVariants, v)
 		t.Run(v, func(t *testing.T) {
 			b := cpu.New(2)
 			defer b.Close()
@@ -131,8 +149,11 @@ func TestGoldenForwardBackward(t *testing.T) {
 			tokens, cu := g.i32(t, "tokens"), g.i32(t, "cu_seqlens")
 			temp := g.f32(t, "temperature")[0]
 			coef := g.f32(t, "coef")
-			m := loadTestModel(t, v, b, Options{MaxTokens: 40, MaxSeqs: 8})
+			m := loadTestModel(t, v, b, Options{MaxTokens: max(40, len(tokens)), MaxSeqs: 8})
 			defer m.Close()
+			if long {
+				checkLongGolden(t, g, m, tokens, cu)
+			}
 			lp, ent, err := m.Forward(tokens, cu, temp)
 			if err != nil {
 				t.Fatal(err)
@@ -151,8 +172,18 @@ func TestGoldenForwardBackward(t *testing.T) {
 			}
 			grads := make([]float32, m.Table().Total)
 			b.DownloadF32(grads, m.Grads())
+			nbias := 0
 			for _, p := range m.Table().Params {
 				compareClose(t, "grad."+p.Name, grads[p.Offset:p.Offset+p.N], g.f32(t, "grad."+p.Name), gradAtol, gradRtol)
+				if p.Bias {
+					nbias++
+				}
+			}
+			if wantBias := 3 * m.Config().NumHiddenLayers; m.Config().QKVBias() && nbias != wantBias {
+				t.Errorf("%d bias parameters, want %d (q, k and v of every layer)", nbias, wantBias)
+			}
+			if long {
+				return // the accumulation check below would double the test's time
 			}
 			// Backward accumulates: a second pass doubles every gradient.
 			if err := m.Backward(coef); err != nil {
@@ -166,4 +197,34 @@ func TestGoldenForwardBackward(t *testing.T) {
 			compareClose(t, "gradient after two Backward calls", twice, grads, 1e-6, 1e-5)
 		})
 	}
+}
+
+// checkLongGolden checks what makes a long golden meaningful: the sequence
+// reaches position 32768, the model's inverse frequencies are PyTorch's bit
+// for bit, and the scaling changes the logprobs far beyond the tolerance.
+func checkLongGolden(t *testing.T, g golden, m *Model, tokens, cu []int32) {
+	t.Helper()
+	longest := 0
+	for s := 0; s+1 < len(cu); s++ {
+		longest = max(longest, int(cu[s+1]-cu[s]))
+	}
+	if longest <= 32768 {
+		t.Fatalf("longest golden sequence has %d tokens: positions do not reach 32768", longest)
+	}
+	if m.Config().RopeScaling.Type != RopeLlama3 {
+		t.Fatalf("config RoPE scaling %+v, want llama3", m.Config().RopeScaling)
+	}
+	want := g.f32(t, "rope.inv_freq")
+	if d := cmp.Diff(want, RopeInvFreq(m.Config())); d != "" {
+		t.Errorf("inv_freq (-pytorch +go):\n%s", d)
+	}
+	lp, unscaled := g.f32(t, "logprob"), g.f32(t, "logprob_unscaled")
+	gap := 0.0
+	for i := range lp {
+		gap = math.Max(gap, math.Abs(float64(lp[i]-unscaled[i])))
+	}
+	if gap < longMinScaledGap {
+		t.Fatalf("scaled and unscaled RoPE logprobs differ by at most %g: the golden cannot tell them apart", gap)
+	}
+	t.Logf("scaled vs unscaled RoPE: max |Δ logprob| %.3g", gap)
 }

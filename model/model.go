@@ -10,6 +10,9 @@ import (
 type Options struct {
 	MaxTokens int // most tokens of one packed micro-batch (T)
 	MaxSeqs   int // most sequences in one micro-batch (S); 0 means MaxTokens
+	// MaxSeqLen is the longest sequence Forward accepts: the RoPE cos/sin
+	// tables cover positions [0, MaxSeqLen). 0 means MaxTokens.
+	MaxSeqLen int
 	// Recompute keeps only each layer's input across the forward pass and
 	// recomputes the layer's other activations in the backward pass
 	// (activation checkpointing): about one extra forward of the decoder
@@ -20,7 +23,7 @@ type Options struct {
 
 // layerView holds one decoder layer's parameter views (or gradient views).
 type layerView struct {
-	ln1, q, k, v, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
+	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
@@ -46,7 +49,7 @@ type layerActs struct {
 	h     kernels.Buf // (T,I) silu(gate)·up
 }
 
-// Model is a Qwen3 or Llama decoder on a kernels.Backend: one parameter
+// Model is a Qwen2, Qwen3 or Llama decoder on a kernels.Backend: one parameter
 // arena, one gradient arena and activations sized once for Options.
 // A Model is driven by one goroutine.
 type Model struct {
@@ -60,6 +63,11 @@ type Model struct {
 	params, grads kernels.Buf
 	acts          kernels.Buf // every activation and scratch buffer
 	ints          kernels.Buf // tokens, positions, targets, cu_seqlens
+
+	// RoPE tables for positions [0, ropeP), computed from the config once.
+	rope             kernels.Buf // both tables
+	ropeCos, ropeSin kernels.Buf // (ropeP, HD/2) each
+	ropeP            int
 
 	// Parameter and gradient views.
 	wte, norm, lmHead    kernels.Buf
@@ -103,6 +111,9 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if opt.MaxSeqs <= 0 {
 		opt.MaxSeqs = opt.MaxTokens
 	}
+	if opt.MaxSeqLen <= 0 {
+		opt.MaxSeqLen = opt.MaxTokens
+	}
 	m := &Model{b: b, cfg: cfg, opt: opt}
 	m.table, m.tidx, m.lidx = newTable(cfg)
 	var err error
@@ -131,6 +142,7 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		for _, arena := range []kernels.Buf{m.params, m.grads} {
 			lv := layerView{
 				ln1: view(arena, li.ln1), q: view(arena, li.q), k: view(arena, li.k), v: view(arena, li.v),
+				qBias: view(arena, li.qBias), kBias: view(arena, li.kBias), vBias: view(arena, li.vBias),
 				o: view(arena, li.o), qNorm: view(arena, li.qNorm), kNorm: view(arena, li.kNorm),
 				ln2: view(arena, li.ln2), gate: view(arena, li.gate), up: view(arena, li.up), down: view(arena, li.down),
 			}
@@ -144,6 +156,10 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if err := m.allocActs(); err != nil {
 		b.Free(m.params)
 		b.Free(m.grads)
+		return nil, err
+	}
+	if err := m.ensureRope(opt.MaxSeqLen); err != nil {
+		m.Close()
 		return nil, err
 	}
 	T, S := opt.MaxTokens, opt.MaxSeqs
@@ -251,12 +267,13 @@ func (m *Model) allocActs() error {
 
 // Close frees the model's buffers.
 func (m *Model) Close() {
-	for _, b := range []kernels.Buf{m.params, m.grads, m.acts, m.ints} {
+	for _, b := range []kernels.Buf{m.params, m.grads, m.acts, m.ints, m.rope} {
 		if b.N > 0 {
 			m.b.Free(b)
 		}
 	}
-	m.params, m.grads, m.acts, m.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+	m.params, m.grads, m.acts, m.ints, m.rope = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+	m.ropeP = 0
 }
 
 // Config returns the model's configuration.

@@ -1,6 +1,8 @@
 package model
 
 import (
+	"bytes"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -56,6 +58,51 @@ func TestParamTableMatchesHF(t *testing.T) {
 	}
 }
 
+// TestQwen2BiasLayout: a Qwen2 layer's q, k and v biases follow its q, k
+// and v weights side by side (one contiguous run each, for a later fused
+// q/k/v projection), are exempt from weight decay and start at zero.
+func TestQwen2BiasLayout(t *testing.T) {
+	cfg, err := LoadConfig(filepath.Join("testdata", "qwen2_untied", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := NewParamTable(cfg)
+	for l := 0; l < cfg.NumHiddenLayers; l++ {
+		var prev Param
+		for i, n := range []string{"q_proj.weight", "k_proj.weight", "v_proj.weight", "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.weight"} {
+			p, ok := tab.Lookup(fmt.Sprintf("model.layers.%d.self_attn.%s", l, n))
+			if !ok {
+				t.Fatalf("no parameter %s in layer %d", n, l)
+			}
+			if i > 0 && p.Offset != prev.Offset+prev.N {
+				t.Errorf("layer %d: %s at %d, want right after %s (%d)", l, n, p.Offset, prev.Name, prev.Offset+prev.N)
+			}
+			if isBias := strings.HasSuffix(n, ".bias"); p.Bias != isBias || (isBias && p.Decay) {
+				t.Errorf("%s: Bias %v Decay %v", p.Name, p.Bias, p.Decay)
+			}
+			prev = p
+		}
+	}
+	b := cpu.New(1)
+	defer b.Close()
+	m, err := New(b, cfg, Options{MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.InitRandom(3)
+	host := m.ParamsHost()
+	for _, p := range m.Table().Params {
+		v := host[p.Offset : p.Offset+p.N]
+		switch {
+		case p.Bias && slices.ContainsFunc(v, func(x float32) bool { return x != 0 }):
+			t.Errorf("%s: InitRandom bias not zero", p.Name)
+		case !p.Bias && len(p.Shape) == 2 && !slices.ContainsFunc(v, func(x float32) bool { return x != 0 }):
+			t.Errorf("%s: InitRandom weight all zero", p.Name)
+		}
+	}
+}
+
 func TestConfig(t *testing.T) {
 	base := `"model_type":"qwen3","hidden_size":64,"intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"vocab_size":512`
 	t.Run("defaults", func(t *testing.T) {
@@ -65,6 +112,7 @@ func TestConfig(t *testing.T) {
 		}
 		want := Config{Arch: Qwen3, HiddenSize: 64, IntermediateSize: 128, NumHiddenLayers: 2, NumAttentionHeads: 4,
 			NumKeyValueHeads: 4, HeadDim: 16, RMSNormEps: 1e-6, RopeTheta: 10000, VocabSize: 512, EOSTokenIDs: []int32{1, 2},
+			Notes: []string{"cfg states no rope_theta (nor rope_parameters.rope_theta): using 10000, transformers' default for model_type qwen3"},
 		}
 		if d := cmp.Diff(want, c, cmpopts.IgnoreFields(Config{}, "Extra")); d != "" {
 			t.Errorf("(-want +got):\n%s", d)
@@ -76,7 +124,7 @@ func TestConfig(t *testing.T) {
 	for _, c := range []struct{ name, json, field string }{
 		{"unknown arch", `{"model_type":"gpt2"}`, "model_type"},
 		{"architectures mismatch", `{` + base + `,"architectures":["LlamaForCausalLM"]}`, "architectures"},
-		{"rope scaling", `{` + base + `,"rope_scaling":{"rope_type":"llama3"}}`, "rope_scaling"},
+		{"rope scaling", `{` + base + `,"rope_scaling":{"rope_type":"llama3"}}`, "rope_scaling.factor"},
 		{"attention bias", `{` + base + `,"attention_bias":true}`, "attention_bias"},
 		{"act", `{` + base + `,"hidden_act":"gelu"}`, "hidden_act"},
 		{"fractional", `{` + base + `,"head_dim":16.5}`, "head_dim"},
@@ -98,7 +146,7 @@ func TestConfig(t *testing.T) {
 // bit for bit, the config.json parses back to the same Config, and the
 // safetensors metadata carries format pt and our format name.
 func TestSaveLoadRoundTrip(t *testing.T) {
-	for _, v := range []string{"qwen3_untied", "llama_tied"} {
+	for _, v := range []string{"qwen3_untied", "llama_tied", "qwen2_tied", "llama31_long"} {
 		t.Run(v, func(t *testing.T) {
 			b := cpu.New(1)
 			defer b.Close()
@@ -115,7 +163,7 @@ func TestSaveLoadRoundTrip(t *testing.T) {
 			}
 			want := m.Config()
 			got := m2.Config()
-			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra")); d != "" {
+			if d := cmp.Diff(want, got, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra", "Notes")); d != "" {
 				t.Errorf("config (-want +got):\n%s", d)
 			}
 			if got.TorchDType != "float32" {
@@ -403,7 +451,26 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	for _, v := range longVariants {
+		b, err := os.ReadFile(filepath.Join("testdata", v, "config.json"))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+		f.Add(v5Config(f, b)) // the same model as transformers v5 writes it
+	}
+	published, _ := filepath.Glob(filepath.Join("testdata", "published", "*.json"))
+	for _, p := range published {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Add([]byte(`{"model_type":"llama","hidden_size":8,"intermediate_size":4,"num_hidden_layers":1,"num_attention_heads":2,"vocab_size":3,"eos_token_id":[1,2]}`))
+	for _, c := range configCases {
+		f.Add([]byte(c.json))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseConfig(data, "fuzz")
 		if err != nil {
@@ -420,8 +487,29 @@ func FuzzParseConfig(f *testing.F) {
 		if err != nil {
 			t.Fatalf("rewritten config rejected: %v\n%s", err, out)
 		}
-		if d := cmp.Diff(c, c2, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra"), cmpopts.EquateEmpty()); d != "" {
+		// The rewrite states what the first config left to defaults (RoPE
+		// theta, the dtype), so the forms and notes may differ; the model
+		// may not, and a second rewrite changes nothing.
+		if d := cmp.Diff(c, c2, cmpopts.IgnoreFields(Config{}, "TorchDType", "Extra", "Form", "Notes"), cmpopts.EquateEmpty()); d != "" {
 			t.Fatalf("round trip (-first +second):\n%s", d)
+		}
+		out2, err := c2.JSON("float32")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, out2) {
+			t.Fatalf("config.json is not a fixed point of parse and write:\n%s\n%s", out, out2)
+		}
+		if c.HeadDim <= 1<<12 {
+			inv := RopeInvFreq(c)
+			for i, f := range inv {
+				if !(f >= 0) || math.IsInf(float64(f), 0) {
+					t.Fatalf("inv_freq[%d] = %g for %+v", i, f, c.RopeScaling)
+				}
+			}
+			if cos, sin := RopeTables(c, 3); len(cos) != 3*c.HeadDim/2 || len(sin) != len(cos) {
+				t.Fatalf("RoPE tables of %d and %d values for head_dim %d", len(cos), len(sin), c.HeadDim)
+			}
 		}
 	})
 }

@@ -8,11 +8,15 @@ type Param struct {
 	Shape  []int  // outermost first
 	Offset int    // first element in the arena
 	N      int    // element count
-	Decay  bool   // weight decay applies (false for norm weights)
+	Decay  bool   // weight decay applies (false for 1-D parameters: norm weights and biases)
+	Bias   bool   // a Linear's bias (Qwen2's q/k/v): zero at InitRandom
 }
 
 // ParamTable lays out every parameter in one flat arena; the gradient arena
-// has the same layout. Parameters are contiguous, in HF order, with no gaps.
+// has the same layout. Parameters are contiguous, with no gaps, in HF order
+// except that a layer's q, k and v biases (Qwen2) follow its three
+// projection weights side by side, so the q/k/v weights and the q/k/v biases
+// are each one contiguous run.
 type ParamTable struct {
 	Params []Param
 	Total  int
@@ -42,9 +46,18 @@ func (t *ParamTable) add(name string, decay bool, shape ...int) int {
 	return len(t.Params) - 1
 }
 
-// layerIdx are the table indices of one decoder layer's parameters.
+// addBias declares a Linear's bias: 1-D, so exempt from weight decay like
+// the norm weights (under both optimizer styles).
+func (t *ParamTable) addBias(name string, n int) int {
+	i := t.add(name, false, n)
+	t.Params[i].Bias = true
+	return i
+}
+
+// layerIdx are the table indices of one decoder layer's parameters (-1
+// when the architecture has no such parameter).
 type layerIdx struct {
-	ln1, q, k, v, o, qNorm, kNorm, ln2, gate, up, down int
+	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down int
 }
 
 // NewParamTable lays out cfg's parameters with HF names.
@@ -72,6 +85,12 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		li.q = t.add(p+"self_attn.q_proj.weight", true, NH*HD, C)
 		li.k = t.add(p+"self_attn.k_proj.weight", true, NKV*HD, C)
 		li.v = t.add(p+"self_attn.v_proj.weight", true, NKV*HD, C)
+		li.qBias, li.kBias, li.vBias = -1, -1, -1
+		if cfg.QKVBias() {
+			li.qBias = t.addBias(p+"self_attn.q_proj.bias", NH*HD)
+			li.kBias = t.addBias(p+"self_attn.k_proj.bias", NKV*HD)
+			li.vBias = t.addBias(p+"self_attn.v_proj.bias", NKV*HD)
+		}
 		li.o = t.add(p+"self_attn.o_proj.weight", true, C, NH*HD)
 		li.qNorm, li.kNorm = -1, -1
 		if cfg.Arch == Qwen3 {

@@ -82,6 +82,9 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 	c := m.cfg
 	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
 	qn, kn, B := NH*HD, NKV*HD, maxBatch
+	if err := m.ensureRope(maxLen); err != nil {
+		return nil, fmt.Errorf("model: sampler: %w", err)
+	}
 	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen}
 	var cp arenaPlan
 	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
@@ -310,7 +313,7 @@ func (s *Sampler) decodeStep(n int) {
 	b, c := m.b, m.cfg
 	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
 	qn, kn := NH*HD, NKV*HD
-	eps, theta := c.RMSNormEps, c.RopeTheta
+	eps := c.RMSNormEps
 	r := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, n*w) }
 	b.UploadI32(s.tok.Slice(0, n), s.hTok[:n])
 	b.UploadI32(s.pos.Slice(0, n), s.hPos[:n])
@@ -333,8 +336,13 @@ func (s *Sampler) decodeStep(n int) {
 			b.Matmul(k, ln, w.k, n, C, kn)
 		}
 		b.Matmul(v, ln, w.v, n, C, kn)
-		b.Rope(q, pos, n, NH, HD, theta)
-		b.Rope(k, pos, n, NKV, HD, theta)
+		if c.QKVBias() {
+			b.AddBias(q, w.qBias, n, qn)
+			b.AddBias(k, w.kBias, n, kn)
+			b.AddBias(v, w.vBias, n, kn)
+		}
+		b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
+		b.Rope(k, pos, m.ropeCos, m.ropeSin, n, NKV, HD)
 		b.ScatterRows(s.kc[l], k, idx, n, kn)
 		b.ScatterRows(s.vc[l], v, idx, n, kn)
 		b.AttentionDecode(r(s.att, qn), q, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),

@@ -22,24 +22,33 @@ const (
 	FormatVersion = "1"
 )
 
-// InitRandom sets every weight matrix to N(0, InitStd²) and every norm weight
-// to 1, from a PCG seeded with seed (HF's _init_weights for these models).
+// InitRandom sets every weight matrix to N(0, InitStd²), every norm weight
+// to 1 and every bias to 0, from a PCG seeded with seed (HF's _init_weights
+// for these models). It stages one parameter at a time, so a large model
+// needs host memory for its largest tensor only.
 func (m *Model) InitRandom(seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x7472616365677270)) // "tracegrp"
-	host := make([]float32, m.table.Total)
+	largest := 0
 	for _, p := range m.table.Params {
-		dst := host[p.Offset : p.Offset+p.N]
-		if len(p.Shape) == 1 {
+		largest = max(largest, p.N)
+	}
+	host := make([]float32, largest)
+	for _, p := range m.table.Params {
+		dst := host[:p.N]
+		switch {
+		case p.Bias:
+			clear(dst)
+		case len(p.Shape) == 1:
 			for i := range dst {
 				dst[i] = 1
 			}
-			continue
+		default:
+			for i := range dst {
+				dst[i] = float32(r.NormFloat64() * InitStd)
+			}
 		}
-		for i := range dst {
-			dst[i] = float32(r.NormFloat64() * InitStd)
-		}
+		m.b.UploadF32(m.params.Slice(p.Offset, p.N), dst)
 	}
-	m.b.UploadF32(m.params, host)
 }
 
 // ParamsHost downloads the parameter arena.

@@ -13,7 +13,9 @@ in float32 (the precision the Go backend runs in):
 - swiglu: silu(gate) * up with autograd;
 - token_logprob: log_softmax(h W^T / temperature), gathered logprob, entropy,
   logsumexp, and autograd of sum(dlogprob * logprob) for dhidden, dweight,
-  rows with target -1 masked.
+  rows with target -1 masked;
+- bias: a Linear's bias, x + b with autograd for dbias (300 rows: more than
+  one of the Go backend's 256-row partial sums).
 
 Run: /usr/bin/python3 scripts/golden_cpu_ops.py   (or `make golden`)
 """
@@ -127,6 +129,17 @@ def blas_in_use():
     return ",".join(sorted(libs)) or "none mapped"
 
 
+def bias_case(g, T, OC):
+    # A Linear's bias (Qwen2's q/k/v projections): out = x + b, dbias = sum_t dout.
+    x = torch.randn(T, OC, generator=g)
+    b = torch.randn(OC, generator=g).requires_grad_()
+    dout = torch.randn(T, OC, generator=g)
+    out = x + b
+    out.backward(dout)
+    return {"T": T, "OC": OC, "x": flat(x), "bias": flat(b), "dout": flat(dout), "out": flat(out),
+            "dbias": flat(b.grad)}
+
+
 def main():
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
@@ -141,6 +154,7 @@ def main():
                       attention_case(g, [50], 2, 2, 8)],
         "swiglu": [swiglu_case(g, 50)],
         "token_logprob": [token_logprob_case(g, 7, 16, 300, 0.7), token_logprob_case(g, 4, 8, 600, 1.0)],
+        "bias": [bias_case(g, 5, 24), bias_case(g, 300, 40)],
     }
     # After every case ran: the BLAS that computed them is mapped by now.
     golden["metadata"]["blas"] = blas_in_use()

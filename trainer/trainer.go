@@ -369,6 +369,9 @@ func (t *Trainer) newModels() error {
 	if err != nil {
 		return err
 	}
+	for _, n := range t.modelCfg.Notes {
+		t.logf("note: %s", n)
+	}
 	mbs := c.Policy.TrainMicroBatchSize
 	if mbs < 1 {
 		return fmt.Errorf("config: policy.train_micro_batch_size=%d: must be ≥ 1", mbs)

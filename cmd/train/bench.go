@@ -81,6 +81,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if l.Rank != 0 {
 		stdout, stderr = io.Discard, io.Discard
 	}
+	for _, n := range cfg.Notes {
+		fmt.Fprintf(stderr, "bench: note: %s\n", n)
+	}
 	var be kernels.Backend
 	res := benchResult{Backend: *backend, Model: *cfgPath, Rows: *rows, Seq: *seq, Steps: *steps, Recompute: *recompute, WeightsFrom: "random"}
 	switch *backend {
@@ -319,11 +322,17 @@ func (p *timedBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 func (p *timedBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
 	p.time("MatmulBackward", func() { p.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC) })
 }
-func (p *timedBackend) Rope(x, pos kernels.Buf, T, H, HD int, theta float32) {
-	p.time("Rope", func() { p.Backend.Rope(x, pos, T, H, HD, theta) })
+func (p *timedBackend) AddBias(out, bias kernels.Buf, T, OC int) {
+	p.time("AddBias", func() { p.Backend.AddBias(out, bias, T, OC) })
 }
-func (p *timedBackend) RopeBackward(dx, pos kernels.Buf, T, H, HD int, theta float32) {
-	p.time("RopeBackward", func() { p.Backend.RopeBackward(dx, pos, T, H, HD, theta) })
+func (p *timedBackend) BiasBackward(dbias, dout kernels.Buf, T, OC int) {
+	p.time("BiasBackward", func() { p.Backend.BiasBackward(dbias, dout, T, OC) })
+}
+func (p *timedBackend) Rope(x, pos, cos, sin kernels.Buf, T, H, HD int) {
+	p.time("Rope", func() { p.Backend.Rope(x, pos, cos, sin, T, H, HD) })
+}
+func (p *timedBackend) RopeBackward(dx, pos, cos, sin kernels.Buf, T, H, HD int) {
+	p.time("RopeBackward", func() { p.Backend.RopeBackward(dx, pos, cos, sin, T, H, HD) })
 }
 func (p *timedBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	p.time("Attention", func() { p.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD) })

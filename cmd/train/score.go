@@ -64,6 +64,9 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("score: %w", err)
 	}
+	for _, n := range cfg.Notes {
+		fmt.Fprintf(stderr, "score: note: %s\n", n)
+	}
 	// Read every record first so the model is sized once.
 	var recs [][]int32
 	sc := bufio.NewScanner(in)

@@ -23,6 +23,8 @@
 //   - EmbeddingBackward and ScatterRows: split by column, rows in index order;
 //   - RMSNormBackward's dweight and SumSquares: fixed-size blocks whose
 //     partial sums are added in block order;
+//   - AddBias: split by row; BiasBackward: split by fixed groups of
+//     columns, each summed over fixed blocks of rows added in block order;
 //   - AttentionBackward: split by (sequence, key/value head).
 //
 // Every op is therefore bit-identical for any thread count

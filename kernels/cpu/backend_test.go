@@ -101,6 +101,28 @@ func opCases(scale int) []opCase {
 			}
 			return outputs(e, "out", out, "dinp", dinp, "dweight", dw)
 		}},
+		{"bias", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
+			// Several row blocks (biasRows 256) and column groups (biasCols 64).
+			T, OC := 300*scale+7, 131
+			out0, bias, dout := round32(randVec(r, T*OC, 1)), round32(randVec(r, OC, 1)), round32(randVec(r, T*OC, 1))
+			db0 := round32(randVec(r, OC, 1))
+			out, db := e.f32(out0), e.f32(db0)
+			e.b.AddBias(out, e.f32(bias), T, OC)
+			e.b.BiasBackward(db, e.f32(dout), T, OC)
+			e.sync()
+			if check {
+				wout, wdb := append([]float64(nil), out0...), append([]float64(nil), db0...)
+				for t := 0; t < T; t++ {
+					for j := 0; j < OC; j++ {
+						wout[t*OC+j] += bias[j]
+						wdb[j] += dout[t*OC+j]
+					}
+				}
+				checkClose(e.t, "out", e.get(out), wout, f32Atol, f32Rtol)
+				checkClose(e.t, "dbias", e.get(db), wdb, f32Atol*float64(T)/16, f32Rtol)
+			}
+			return outputs(e, "out", out, "dbias", db)
+		}},
 		{"rope", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
 			T, H, HD := 29*scale, 3, 10
 			x := round32(randVec(r, T*H*HD, 1))
@@ -110,8 +132,9 @@ func opCases(scale int) []opCase {
 			}
 			xb, db := e.f32(x), e.f32(x)
 			pb := e.i32(pos)
-			e.b.Rope(xb, pb, T, H, HD, 10000)
-			e.b.RopeBackward(db, pb, T, H, HD, 10000)
+			cb, sb := e.ropeTables(40, HD, 10000)
+			e.b.Rope(xb, pb, cb, sb, T, H, HD)
+			e.b.RopeBackward(db, pb, cb, sb, T, H, HD)
 			e.sync()
 			if check {
 				checkClose(e.t, "rope", e.get(xb), rope64(x, pos, T, H, HD, 10000, false), f32Atol, f32Rtol)
@@ -280,6 +303,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 	ao, lse, dq, dk, dv := e.zeros(T*NH*HD), e.zeros(T*NH), e.zeros(T*NH*HD), e.zeros(T*NKV*HD), e.zeros(T*NKV*HD)
 	seqs := e.seqs([]int{10, 30})
 	pos := e.i32(make([]int32, T))
+	rc, rs := e.ropeTables(1, HD, 1e4)
 	rstd, wn := e.zeros(T), e.f32(randVec(r, C, 1))
 	wv := e.f32(randVec(r, V*C, 1))
 	tg := make([]int32, T)
@@ -294,7 +318,9 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.MatmulBackward(dx, dw, o, x, w, T, C, OC)
 		e.b.RMSNorm(dx, rstd, x, wn, T, C, 1e-6)
 		e.b.RMSNormBackward(dx, wn, x, x, wn, rstd, T, C)
-		e.b.Rope(q, pos, T, NH, HD, 1e4)
+		e.b.Rope(q, pos, rc, rs, T, NH, HD)
+		e.b.AddBias(o, wn.Slice(0, OC/2), 2*T, OC/2)
+		e.b.BiasBackward(wn.Slice(0, OC/2), o, 2*T, OC/2)
 		e.b.Attention(ao, lse, q, k, v, seqs, NH, NKV, HD)
 		e.b.AttentionBackward(dq, dk, dv, ao, ao, lse, q, k, v, seqs, NH, NKV, HD)
 		e.b.SwiGLU(ao, q, q, T*NH*HD)

@@ -50,6 +50,10 @@ type goldenOps struct {
 		Targets                                                           []int32 `json:"targets"`
 		Hidden, Weight, Dlogprob, Logprob, Entropy, Lse, Dhidden, Dweight []float64
 	} `json:"token_logprob"`
+	Bias []struct {
+		T, OC                     int
+		X, Bias, Dout, Out, Dbias []float64
+	} `json:"bias"`
 }
 
 func loadGoldenOps(t *testing.T) *goldenOps {
@@ -80,26 +84,41 @@ func loadGoldenOps(t *testing.T) *goldenOps {
 // minGoldenOps is the least number of cases per op the golden must hold, so
 // that an empty or truncated golden file fails instead of passing vacuously
 // (scripts/golden_cpu_ops.py writes 3 rope, 2 rmsnorm, 3 attention,
-// 1 swiglu and 2 token_logprob cases).
-var minGoldenOps = map[string]int{"rope": 3, "rmsnorm": 2, "attention": 3, "swiglu": 1, "token_logprob": 2}
+// 1 swiglu, 2 token_logprob and 2 bias cases).
+var minGoldenOps = map[string]int{"rope": 3, "rmsnorm": 2, "attention": 3, "swiglu": 1, "token_logprob": 2, "bias": 2}
 
 func TestGoldenOps(t *testing.T) {
 	g := loadGoldenOps(t)
 	for op, n := range map[string]int{"rope": len(g.Rope), "rmsnorm": len(g.RMSNorm), "attention": len(g.Attention),
-		"swiglu": len(g.SwiGLU), "token_logprob": len(g.TokenLogprob)} {
+		"swiglu": len(g.SwiGLU), "token_logprob": len(g.TokenLogprob), "bias": len(g.Bias)} {
 		if n < minGoldenOps[op] {
 			t.Fatalf("golden_ops.json holds %d %s cases, want >= %d (regenerate with /usr/bin/python3 scripts/golden_cpu_ops.py)", n, op, minGoldenOps[op])
 		}
 	}
 	e := newEnv(t, 2)
+	for i, c := range g.Bias {
+		t.Run(fmt.Sprintf("bias%d_T%d_OC%d", i, c.T, c.OC), func(t *testing.T) {
+			out, db := e.f32(c.X), e.zeros(c.OC)
+			e.b.AddBias(out, e.f32(c.Bias), c.T, c.OC)
+			e.b.BiasBackward(db, e.f32(c.Dout), c.T, c.OC)
+			e.sync()
+			checkClose(t, "out", e.get(out), c.Out, goldAtol, goldRtol)
+			checkClose(t, "dbias", e.get(db), c.Dbias, goldAtol, goldRtol)
+		})
+	}
 	for i, c := range g.Rope {
 		t.Run(fmt.Sprintf("rope%d_HD%d_theta%g", i, c.HD, c.Theta), func(t *testing.T) {
 			x := e.f32(c.X)
-			e.b.Rope(x, e.i32(c.Pos), c.T, c.H, c.HD, float32(c.Theta))
+			P := 0
+			for _, p := range c.Pos {
+				P = max(P, int(p)+1)
+			}
+			cos, sin := e.ropeTables(P, c.HD, float32(c.Theta))
+			e.b.Rope(x, e.i32(c.Pos), cos, sin, c.T, c.H, c.HD)
 			e.sync()
 			checkClose(t, "out", e.get(x), c.Out, goldRopeAtol, 0)
 			// And back: the inverse rotation restores x.
-			e.b.RopeBackward(x, e.i32(c.Pos), c.T, c.H, c.HD, float32(c.Theta))
+			e.b.RopeBackward(x, e.i32(c.Pos), cos, sin, c.T, c.H, c.HD)
 			e.sync()
 			checkClose(t, "inverse", e.get(x), c.X, goldRopeAtol, 0)
 		})

@@ -145,6 +145,15 @@ func (e *env) i32(x []int32) kernels.Buf {
 
 func (e *env) get(buf kernels.Buf) []float64 { return to64(e.b.F32(buf)) }
 
+// ropeTables uploads Hugging Face float32 cos/sin tables (P, HD/2) for
+// positions [0, P) and base theta.
+func (e *env) ropeTables(P, HD int, theta float32) (cos, sin kernels.Buf) {
+	e.t.Helper()
+	c, s := make([]float32, P*HD/2), make([]float32, P*HD/2)
+	ropeTableHF(c, s, P, HD, theta)
+	return e.f32(to64(c)), e.f32(to64(s))
+}
+
 func (e *env) sync() {
 	e.t.Helper()
 	if err := e.b.Sync(); err != nil {

@@ -36,10 +36,36 @@ func rope64(x []float64, pos []int32, T, H, HD int, theta float32, inverse bool)
 		P = max(P, int(p)+1)
 	}
 	c, s := make([]float64, P*HD/2), make([]float64, P*HD/2)
-	ropeTable(c, s, P, HD, theta)
+	ropeTableHF(c, s, P, HD, theta)
 	y := append([]float64(nil), x...)
 	ropeRows(y, pos, 0, T, H, HD, c, s, inverse)
 	return y
+}
+
+// ropeTableHF fills cos/sin tables (P, HD/2) for positions [0, P) with
+// inv_freq[i] = theta^(−2i/HD). The float32 instantiation follows Hugging
+// Face's float32 arithmetic (inv_freq = 1/theta^(float32(2i)/HD) in float32,
+// angle = float32(p)·inv_freq rounded to float32, then cos/sin of that), as
+// package model does for the backend's tables; the float64 one is exact.
+func ropeTableHF[F Float](cosT, sinT []F, P, HD int, theta float32) {
+	half := HD / 2
+	for i := 0; i < half; i++ {
+		var inv float64
+		if isF32[F]() {
+			e := float32(2*i) / float32(HD)
+			inv = float64(float32(1) / float32(math.Pow(float64(theta), float64(e))))
+		} else {
+			inv = 1 / math.Pow(float64(theta), float64(2*i)/float64(HD))
+		}
+		for p := 0; p < P; p++ {
+			a := float64(p) * inv
+			if isF32[F]() {
+				a = float64(float32(float32(p) * float32(inv)))
+			}
+			cosT[p*half+i] = F(math.Cos(a))
+			sinT[p*half+i] = F(math.Sin(a))
+		}
+	}
 }
 
 func attn64(q, k, v []float64, lens []int, NH, NKV, HD int) (out, lse []float64) {

@@ -13,7 +13,7 @@ type tasks struct {
 	rmsnorm    rmsnormTask
 	swiglu     swigluTask
 	rope       ropeTask
-	ropeCache  ropeCache
+	bias       biasTask
 	attn       attnTask
 	attnBlocks []attnBlock
 	decode     decodeTask

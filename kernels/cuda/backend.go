@@ -243,6 +243,7 @@ var flagNames = []struct {
 	{4, "TokenLogprob: a target id is >= V (the row was treated as masked)"},
 	{8, "AttentionDecode: a length is outside [1, Tmax] (that sequence got zeros)"},
 	{16, "Attention: cu_seqlens does not run from 0 to T, or a sequence is longer than Seqs.MaxLen or negative (outputs unspecified)"},
+	{32, "Rope: a position is outside the cos/sin tables (that row was left unchanged)"},
 }
 
 // Sync implements kernels.Memory: it waits for the stream and returns the

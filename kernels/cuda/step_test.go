@@ -47,13 +47,22 @@ var (
 	tolStepParams = kerneltest.Tol{Atol: 3e-5, Rtol: 1e-5}
 )
 
-// tinyStep runs one GRPO-shaped training step of model/testdata/qwen3_tied
-// (2 layers, C 64, GQA 4:2, tied head, V 512) on be: forward of a packed
-// micro-batch, loss = −mean logprob, backward, (with comm, an all-reduce of
-// the gradients), AdamW on the whole arena.
-func tinyStep(t *testing.T, be kernels.Backend, comm ...dist.Comm) stepResult {
+// stepModels are the tiny models a step runs on: Qwen3 (2 layers, C 64,
+// GQA 4:2, tied head, V 512) and Qwen2 (the same sizes, q/k/v biases set to
+// nonzero random values, untied) from random weights, and the one-layer
+// Llama 3.2 model (llama3-scaled RoPE tables) with its golden weights.
+var stepModels = []struct {
+	variant string
+	random  bool
+}{{"qwen3_tied", true}, {"qwen2_untied", true}, {"llama32_long", false}}
+
+// tinyStep runs one GRPO-shaped training step of model/testdata/<variant>
+// on be: forward of a packed micro-batch, loss = −mean logprob, backward,
+// (with comm, an all-reduce of the gradients), AdamW on the whole arena.
+func tinyStep(t *testing.T, be kernels.Backend, variant string, random bool, comm ...dist.Comm) stepResult {
 	t.Helper()
-	cfg, err := model.LoadConfig("../../model/testdata/qwen3_tied/config.json")
+	dir := "../../model/testdata/" + variant
+	cfg, err := model.LoadConfig(dir + "/config.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +71,24 @@ func tinyStep(t *testing.T, be kernels.Backend, comm ...dist.Comm) stepResult {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	m.InitRandom(11)
+	if random {
+		m.InitRandom(11)
+		// InitRandom zeroes biases; give them values so AddBias matters.
+		host := m.ParamsHost()
+		br := rand.New(rand.NewPCG(5, 6))
+		for _, p := range m.Table().Params {
+			if p.Bias {
+				for i := range host[p.Offset : p.Offset+p.N] {
+					host[p.Offset+i] = float32(br.NormFloat64() * model.InitStd)
+				}
+			}
+		}
+		if err := m.SetParamsHost(host); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := m.LoadHF(dir); err != nil {
+		t.Fatal(err)
+	}
 	r := rand.New(rand.NewPCG(3, 4))
 	tokens, cu := []int32{}, []int32{0}
 	for _, n := range []int{1, 23, 5, 40, 2, 17} {
@@ -145,9 +171,12 @@ func compareSteps(t *testing.T, want, got stepResult) {
 func TestTinyStepEmu(t *testing.T) {
 	ref := cpu.New(2)
 	defer ref.Close()
-	want := tinyStep(t, ref)
-	got := tinyStep(t, cuda.EmuBackend(t, cuda.Options{}))
-	compareSteps(t, want, got)
+	emu := cuda.EmuBackend(t, cuda.Options{})
+	for _, sm := range stepModels {
+		t.Run(sm.variant, func(t *testing.T) {
+			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, emu, sm.variant, sm.random))
+		})
+	}
 }
 
 // TestTinyStepGPU: the same on CUDA device 0 (skips without one, unless
@@ -164,7 +193,11 @@ func TestTinyStepGPU(t *testing.T) {
 	t.Logf("device: %s", be.Info())
 	ref := cpu.New(2)
 	defer ref.Close()
-	compareSteps(t, tinyStep(t, ref), tinyStep(t, be))
+	for _, sm := range stepModels {
+		t.Run(sm.variant, func(t *testing.T) {
+			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, be, sm.variant, sm.random))
+		})
+	}
 }
 
 // stepsEqual fails unless two steps are the same bits.
@@ -185,13 +218,13 @@ func stepsEqual(t *testing.T, want, got stepResult) {
 // one-rank NCCL: this checks the binding's buffers and counts).
 func TestTinyStepNCCLEmu(t *testing.T) {
 	be := cuda.EmuBackend(t, cuda.Options{})
-	plain := tinyStep(t, be)
+	plain := tinyStep(t, be, "qwen3_tied", true)
 	c, err := cuda.OpenNCCL(be, cuda.NCCLOptions{Lib: cuda.EmuNCCL(), Size: 1, CommID: "127.0.0.1:29511"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	stepsEqual(t, plain, tinyStep(t, be, c))
+	stepsEqual(t, plain, tinyStep(t, be, "qwen3_tied", true, c))
 }
 
 // TestTinyStepNCCLGPU: the same with the real NCCL on device 0 (skips
@@ -213,5 +246,5 @@ func TestTinyStepNCCLGPU(t *testing.T) {
 		t.Skipf("NCCL: %v", err)
 	}
 	defer c.Close()
-	stepsEqual(t, tinyStep(t, be), tinyStep(t, be, c))
+	stepsEqual(t, tinyStep(t, be, "qwen3_tied", true), tinyStep(t, be, "qwen3_tied", true, c))
 }

@@ -120,23 +120,54 @@ var cases = []testCase{
 			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
 		}
 	}},
+	{"Bias", func(s *suite) {
+		// 300 and 600 rows: several row chunks; 65 and 7 columns: partial
+		// column tiles.
+		for _, sh := range []struct{ T, OC int }{{1, 1}, {37, 33}, {300, 65}, {600, 7}, {3, 256}} {
+			bias := s.randn(sh.OC, 1)
+			out := s.randn(sh.T*sh.OC, 1)
+			dout := s.randn(sh.T*sh.OC, 1)
+			dbias := s.randn(sh.OC, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.AddBias(v(out), v(bias), sh.T, sh.OC)
+				b.BiasBackward(v(dbias), v(dout), sh.T, sh.OC)
+			})
+			tag := fmt.Sprintf("T=%d OC=%d", sh.T, sh.OC)
+			s.check("AddBias out "+tag, out, TolExact)
+			s.check("BiasBackward dbias "+tag, dbias, TolReduce)
+		}
+	}},
 	{"Rope", func(s *suite) {
 		for _, sh := range []struct {
 			T, H, HD int
-			theta    float32
+			theta    float64
 			maxPos   int
 		}{{1, 1, 2, 10000, 1}, {37, 3, 8, 10000, 100}, {20, 2, 34, 1e6, 4096}, {9, 2, 128, 1e6, 40000}} {
 			pos := s.i32(s.randTokens(sh.T, sh.maxPos))
+			cos, sin := s.ropeTables(sh.maxPos+s.rng.IntN(3), sh.HD, sh.theta)
 			x := s.randn(sh.T*sh.H*sh.HD, 1)
 			dx := s.randn(sh.T*sh.H*sh.HD, 1)
 			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
-				b.Rope(v(x), v(pos), sh.T, sh.H, sh.HD, sh.theta)
-				b.RopeBackward(v(dx), v(pos), sh.T, sh.H, sh.HD, sh.theta)
+				b.Rope(v(x), v(pos), v(cos), v(sin), sh.T, sh.H, sh.HD)
+				b.RopeBackward(v(dx), v(pos), v(cos), v(sin), sh.T, sh.H, sh.HD)
 			})
 			tag := fmt.Sprintf("T=%d H=%d HD=%d theta=%g maxpos=%d", sh.T, sh.H, sh.HD, sh.theta, sh.maxPos)
 			s.check("Rope x "+tag, x, TolRope)
 			s.check("RopeBackward dx "+tag, dx, TolRope)
 		}
+	}},
+	{"RopeBadPosition", func(s *suite) {
+		// Position 6 of a 6-row table, and a negative one: those rows stay
+		// as they were, the others rotate, and Sync reports the error.
+		const T, H, HD = 5, 2, 8
+		pos := s.i32([]int32{0, 6, 2, -1, 5})
+		cos, sin := s.ropeTables(6, HD, 10000)
+		x := s.randn(T*H*HD, 1)
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+			b.Rope(v(x), v(pos), v(cos), v(sin), T, H, HD)
+		})
+		s.wantSyncError("Rope with positions 6 and -1 of a 6-row table")
+		s.check("Rope x with bad positions", x, TolRope)
 	}},
 	{"Attention", func(s *suite) {
 		for i, lens := range seqShapes {

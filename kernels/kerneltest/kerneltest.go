@@ -50,9 +50,9 @@ var (
 	// TolLogprob: log-sum-exp over a vocabulary of a few hundred, formed in
 	// chunks; entropy is lse − E[z], a difference of two O(10) numbers.
 	TolLogprob = Tol{1e-4, 1e-4}
-	// TolRope: the same float32 angle on both sides, cos/sin from different
-	// libraries.
-	TolRope = Tol{1e-5, 1e-5}
+	// TolRope: the same cos/sin tables on both sides; two products and a sum
+	// per element, which a GPU compiler may fuse into one multiply-add.
+	TolRope = Tol{1e-6, 1e-6}
 )
 
 // Run checks every op of the backends newBackend returns against
@@ -153,6 +153,20 @@ func (s *suite) randn(n int, sd float64) *pairBuf {
 		v[i] = float32(s.rng.NormFloat64() * sd)
 	}
 	return s.f32(v)
+}
+
+// ropeTables is a pair of cos, sin tables (P, HD/2) for positions [0, P)
+// with inverse frequencies theta^(−2i/HD), the same on both backends.
+func (s *suite) ropeTables(P, HD int, theta float64) (cos, sin *pairBuf) {
+	half := HD / 2
+	c, sn := make([]float32, P*half), make([]float32, P*half)
+	for p := 0; p < P; p++ {
+		for i := 0; i < half; i++ {
+			a := float64(p) * math.Pow(theta, -float64(2*i)/float64(HD))
+			c[p*half+i], sn[p*half+i] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+	}
+	return s.f32(c), s.f32(sn)
 }
 
 // out is an F32 output buffer with random initial contents (the same on

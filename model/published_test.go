@@ -1,0 +1,123 @@
+package model
+
+import (
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// publishedConfigs are the config.json files of NeMo RL's reference models
+// (testdata/published/PROVENANCE.md) and what each must load as.
+var publishedConfigs = []struct {
+	file       string
+	arch       Arch
+	theta      float32
+	scaling    RopeScaling
+	tied, bias bool
+	headDim    int
+	params     float64 // published parameter count
+	exact      bool    // params is exact (else to the published 3 digits)
+	notes      int
+}{
+	{"qwen2.5-1.5b.v5.config.json", Qwen2, 1e6, RopeScaling{}, true, true, 128, 1543714304, true, 1},
+	{"deepseek-r1-distill-qwen-1.5b.config.json", Qwen2, 10000, RopeScaling{}, false, true, 128, 1.78e9, false, 1},
+	{"llama-3.2-1b.config.json", Llama, 500000, RopeScaling{Type: RopeLlama3, Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}, true, false, 64, 1.24e9, false, 0},
+	{"llama-3.1-8b.config.json", Llama, 500000, RopeScaling{Type: RopeLlama3, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}, false, false, 128, 8.03e9, false, 0},
+}
+
+// TestPublishedConfigs: each published config loads as the model it
+// describes (architecture, RoPE, tying, biases, head size, parameter count),
+// its transformers v5 (or v4) counterpart loads the same, and writing it
+// back states the same model in the same form.
+func TestPublishedConfigs(t *testing.T) {
+	if len(publishedConfigs) < 4 {
+		t.Fatal("no published configs")
+	}
+	for _, c := range publishedConfigs {
+		t.Run(c.file, func(t *testing.T) {
+			path := filepath.Join("testdata", "published", c.file)
+			data, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := ParseConfig(data, path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Arch != c.arch || cfg.RopeTheta != c.theta || cfg.RopeScaling != c.scaling || cfg.TieWordEmbeddings != c.tied ||
+				cfg.QKVBias() != c.bias || cfg.HeadDim != c.headDim || cfg.TorchDType != "bfloat16" {
+				t.Errorf("loaded as %s theta %g scaling %+v tied %v bias %v head_dim %d dtype %s", cfg.Arch, cfg.RopeTheta, cfg.RopeScaling,
+					cfg.TieWordEmbeddings, cfg.QKVBias(), cfg.HeadDim, cfg.TorchDType)
+			}
+			if len(cfg.Notes) != c.notes {
+				t.Errorf("notes %q, want %d", cfg.Notes, c.notes)
+			}
+			n := float64(NewParamTable(cfg).Total)
+			if c.exact && n != c.params {
+				t.Errorf("%.0f parameters, published %.0f", n, c.params)
+			}
+			if !c.exact && math.Abs(n-c.params) > 0.005e9*math.Max(1, c.params/1e9) {
+				t.Errorf("%.0f parameters, published %.3g", n, c.params)
+			}
+			// The other form of the same config.
+			var other []byte
+			if cfg.Form.RopeV5 {
+				other = v4Config(t, data)
+			} else {
+				other = v5Config(t, data)
+			}
+			cfg2, err := ParseConfig(other, path+" (other form)")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, other)
+			}
+			if d := cmp.Diff(cfg, cfg2, cmpopts.IgnoreFields(Config{}, "Form", "Notes", "Extra")); d != "" {
+				t.Errorf("v4 and v5 forms load differently (-file +other form):\n%s", d)
+			}
+			// Written back: the same model, the same form, every key kept.
+			out, err := cfg.JSON("bfloat16")
+			if err != nil {
+				t.Fatal(err)
+			}
+			back, err := ParseConfig(out, "written")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(cfg, back, cmpopts.IgnoreFields(Config{}, "Notes")); d != "" {
+				t.Errorf("written back (-read +written):\n%s", d)
+			}
+		})
+	}
+}
+
+// v4Config is v5Config's inverse: a rope_parameters block back to
+// rope_theta and rope_scaling (null when default), dtype to torch_dtype.
+func v4Config(t testing.TB, v5 []byte) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(v5, &m); err != nil {
+		t.Fatal(err)
+	}
+	rp, _ := m["rope_parameters"].(map[string]any)
+	delete(m, "rope_parameters")
+	m["rope_theta"] = rp["rope_theta"]
+	delete(rp, "rope_theta")
+	if rp["rope_type"] == "default" {
+		m["rope_scaling"] = nil
+	} else {
+		m["rope_scaling"] = rp
+	}
+	if d, ok := m["dtype"]; ok {
+		m["torch_dtype"] = d
+		delete(m, "dtype")
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
