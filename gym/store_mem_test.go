@@ -390,3 +390,66 @@ func TestMemoryStoreClearForgetsEverything(t *testing.T) {
 		t.Fatalf("after clearing every rollout the store holds %d files and %d states, want none", n, s)
 	}
 }
+
+// TestMemoryStoreConcurrentReaders: readers of an in-memory store may run
+// beside each other and beside the writer (as FinalizeBatch's jobs do); each
+// sees the frozen rollouts exactly as a lone reader does. Run with -race.
+func TestMemoryStoreConcurrentReaders(t *testing.T) {
+	w := NewMemoryWriter()
+	rng := rand.New(rand.NewPCG(9, 10))
+	rids := []string{"a", "b", "c", "d"}
+	for _, rid := range rids {
+		for c := 0; c < 3; c++ {
+			mustPut(t, w, randomEntry(rng, rid, fmt.Sprintf("c%d", c)))
+		}
+		if err := w.Freeze(rid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := w.Reader()
+	want := map[string]*Snapshot{}
+	for _, rid := range rids {
+		s, err := r.Snapshot(rid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[rid] = s
+	}
+	extra := make([]*TokenEntry, 50)
+	for i := range extra {
+		extra[i] = randomEntry(rng, "e", fmt.Sprintf("c%d", i))
+	}
+	errs := make(chan error, 9)
+	go func() { // the writer, on another rollout
+		for _, e := range extra {
+			if err := w.Put(e); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for g := 0; g < 8; g++ {
+		go func() {
+			for i := 0; i < 20; i++ {
+				for _, rid := range rids {
+					s, err := r.Snapshot(rid)
+					if err != nil {
+						errs <- err
+						return
+					}
+					if d := cmp.Diff(want[rid], s); d != "" {
+						errs <- fmt.Errorf("concurrent snapshot of %s (-alone +concurrent)\n%s", rid, d)
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for i := 0; i < 9; i++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
