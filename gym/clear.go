@@ -21,7 +21,7 @@ func (w *Writer) Clear(rolloutID string) error {
 	delete(w.state, rolloutID)
 	removed := false
 	for _, suffix := range []string{SuffixEntries, SuffixEntriesZst, SuffixIncomplete, SuffixIntents, SuffixState, SuffixLock} {
-		err := os.Remove(filepath.Join(w.dir, rolloutID+suffix))
+		err := w.fs.remove(filepath.Join(w.fs.root(), rolloutID+suffix))
 		switch {
 		case err == nil:
 			removed = true

@@ -28,6 +28,12 @@
 // A snapshot is incomplete when the marker exists, the state says so, an
 // intent has no entry, or the entries file ends in a torn line.
 //
+// The same store can be kept in memory (NewMemoryWriter, and
+// Writer.Reader to read it): the same files holding the same bytes, written
+// by the same Writer code and read back by the same parser, index checks
+// and builders (storefs.go puts the file operations behind one small
+// interface). Its paths read "(memory)/<rid>.tokens.jsonl" in messages.
+//
 // # Digest (spec §2.1)
 //
 // ComputeDigest(t) = hex(sha256("nemo-gym-tokens" || 0x01 || u64be(len t) ||

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -66,8 +65,8 @@ type Snapshot struct {
 }
 
 // Source yields a rollout's snapshot for finalization. Both Reader and
-// Writer implement it. A rollout with nothing captured yields a snapshot with
-// no entries (not an error).
+// Writer implement it, over a directory or in memory. A rollout with nothing
+// captured yields a snapshot with no entries (not an error).
 type Source interface {
 	Snapshot(rolloutID string) (*Snapshot, error)
 }
@@ -93,11 +92,12 @@ type EntryLineError struct {
 func (e *EntryLineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err) }
 func (e *EntryLineError) Unwrap() error { return e.Err }
 
-// Reader reads Gym's file capture store. It never creates, modifies or
-// deletes a file; it takes no locks (a store being written concurrently may
-// show a torn last line, which marks the snapshot incomplete).
+// Reader reads Gym's file capture store (or an in-memory one: see
+// Writer.Reader). It never creates, modifies or deletes a file; it takes no
+// locks (a store being written concurrently may show a torn last line,
+// which marks the snapshot incomplete).
 type Reader struct {
-	dir string
+	fs storeFS
 }
 
 // NewReader opens a capture directory for reading.
@@ -109,21 +109,28 @@ func NewReader(dir string) (*Reader, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("gym: capture dir %s: not a directory", dir)
 	}
-	return &Reader{dir: dir}, nil
+	return &Reader{fs: osFS{dir}}, nil
 }
 
-// Dir is the directory the reader reads.
-func (r *Reader) Dir() string { return r.dir }
+// Dir is the directory the reader reads ("" for an in-memory store).
+func (r *Reader) Dir() string { return storeDir(r.fs) }
+
+// storeDir is the directory of a store on disk, "" for one in memory.
+func storeDir(fsys storeFS) string {
+	if o, ok := fsys.(osFS); ok {
+		return o.dir
+	}
+	return ""
+}
 
 // RolloutIDs lists the rollouts that have an entries file, sorted.
 func (r *Reader) RolloutIDs() ([]string, error) {
-	des, err := os.ReadDir(r.dir)
+	names, err := r.fs.names()
 	if err != nil {
-		return nil, fmt.Errorf("gym: list %s: %w", r.dir, err)
+		return nil, fmt.Errorf("gym: list %s: %w", r.fs.root(), err)
 	}
 	seen := map[string]bool{}
-	for _, de := range des {
-		name := de.Name()
+	for _, name := range names {
 		var rid string
 		switch {
 		case strings.HasSuffix(name, SuffixEntries):
@@ -156,7 +163,7 @@ func (r *Reader) Snapshot(rolloutID string) (*Snapshot, error) {
 	if err := ValidateRolloutID(rolloutID); err != nil {
 		return nil, err
 	}
-	return readSnapshot(r.dir, rolloutID, nil)
+	return readSnapshot(r.fs, rolloutID, nil)
 }
 
 // Writer writes Gym's file capture store: one fsync'd sorted-key JSON line
@@ -164,11 +171,17 @@ func (r *Reader) Snapshot(rolloutID string) (*Snapshot, error) {
 // identical re-put is a no-op, a conflicting re-put is ErrConflict (and marks
 // the rollout incomplete), and every write after Freeze is ErrFrozen. One
 // Writer per directory per process; it is safe for concurrent use.
+//
+// NewMemoryWriter makes a Writer whose store is held in memory: the same
+// files with the same bytes, written by the same code, read back by the
+// same reader (Writer.Reader), but none of them on disk.
 type Writer struct {
-	dir   string
+	fs    storeFS
 	mu    sync.Mutex
 	state map[string]*storeState
 	fsync bool
+	// snapshotID mints a frozen snapshot's id (nil: newSnapshotID).
+	snapshotID func() string
 }
 
 // NewWriter opens (creating if needed) a capture directory for writing.
@@ -176,8 +189,23 @@ func NewWriter(dir string) (*Writer, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("gym: capture dir: %w", err)
 	}
-	return &Writer{dir: dir, state: map[string]*storeState{}, fsync: true}, nil
+	return newWriter(osFS{dir}, true), nil
 }
+
+// NewMemoryWriter returns a Writer over a new, empty in-memory store, for
+// captures that are read back by this process only (the built-in job's).
+// Nothing reaches the disk, so per-write fsync is off (SetFsync(true)
+// still makes Put update the state document after every entry, as on
+// disk). Memory grows with what is captured: Clear a rollout once its
+// snapshot has been used. Paths in its messages start with "(memory)".
+func NewMemoryWriter() *Writer { return newWriter(newMemFS(), false) }
+
+func newWriter(fsys storeFS, fsync bool) *Writer {
+	return &Writer{fs: fsys, state: map[string]*storeState{}, fsync: fsync}
+}
+
+// Reader returns a Reader over the writer's store, on disk or in memory.
+func (w *Writer) Reader() *Reader { return &Reader{fs: w.fs} }
 
 // SetFsync turns per-write fsync off (tests, benchmarks and throwaway stores)
 // or back on. It is on by default. Without fsync, Put also leaves state.json
@@ -188,8 +216,8 @@ func (w *Writer) SetFsync(on bool) {
 	w.mu.Unlock()
 }
 
-// Dir is the directory the writer writes.
-func (w *Writer) Dir() string { return w.dir }
+// Dir is the directory the writer writes ("" for an in-memory store).
+func (w *Writer) Dir() string { return storeDir(w.fs) }
 
 // loadState returns the rollout's state, reading it from disk the first time
 // and indexing any entries past indexed_size. Caller holds mu.
@@ -197,9 +225,9 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 	if st, ok := w.state[rid]; ok {
 		return st, nil
 	}
-	base := filepath.Join(w.dir, rid)
+	base := filepath.Join(w.fs.root(), rid)
 	st := &storeState{EntryDigests: map[string]string{}}
-	b, err := os.ReadFile(base + SuffixState)
+	b, err := w.fs.readFile(base + SuffixState)
 	switch {
 	case err == nil:
 		if err := json.Unmarshal(b, st); err != nil {
@@ -212,7 +240,7 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 		return nil, fmt.Errorf("gym: %w", err)
 	}
 	// Index entries written after the last state update.
-	data, err := os.ReadFile(base + SuffixEntries)
+	data, err := w.fs.readFile(base + SuffixEntries)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("gym: %w", err)
 	}
@@ -227,7 +255,7 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 		nl := bytes.IndexByte(tail, '\n')
 		if nl < 0 {
 			// A torn final line was never acknowledged: truncate it, as Gym does.
-			if err := os.Truncate(base+SuffixEntries, off); err != nil {
+			if err := w.fs.truncate(base+SuffixEntries, off); err != nil {
 				return nil, fmt.Errorf("gym: %w", err)
 			}
 			break
@@ -260,26 +288,7 @@ func (w *Writer) writeState(rid string, st *storeState, durable bool) error {
 		return fmt.Errorf("gym: state: %w", err)
 	}
 	b = append(b, '\n')
-	final := filepath.Join(w.dir, rid+SuffixState)
-	tmp, err := os.CreateTemp(w.dir, ".tokens-state-")
-	if err != nil {
-		return fmt.Errorf("gym: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("gym: %w", err)
-	}
-	if durable && w.fsync {
-		if err := tmp.Sync(); err != nil {
-			tmp.Close()
-			return fmt.Errorf("gym: %w", err)
-		}
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("gym: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), final); err != nil {
+	if err := w.fs.replaceFile(filepath.Join(w.fs.root(), rid+SuffixState), b, durable && w.fsync); err != nil {
 		return fmt.Errorf("gym: %w", err)
 	}
 	if durable {
@@ -292,36 +301,15 @@ func (w *Writer) syncDir() error {
 	if !w.fsync {
 		return nil
 	}
-	d, err := os.Open(w.dir)
-	if err != nil {
+	if err := w.fs.syncDir(); err != nil {
 		return fmt.Errorf("gym: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("gym: fsync %s: %w", w.dir, err)
 	}
 	return nil
 }
 
+// appendLine appends line to path and returns the file's new size.
 func (w *Writer) appendLine(path string, line []byte) (int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("gym: %w", err)
-	}
-	if _, err := f.Write(line); err != nil {
-		f.Close()
-		return 0, fmt.Errorf("gym: append %s: %w", path, err)
-	}
-	if w.fsync {
-		if err := f.Sync(); err != nil {
-			f.Close()
-			return 0, fmt.Errorf("gym: fsync %s: %w", path, err)
-		}
-	}
-	off, err := f.Seek(0, io.SeekCurrent)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	off, err := w.fs.appendFile(path, line, w.fsync)
 	if err != nil {
 		return 0, fmt.Errorf("gym: %w", err)
 	}
@@ -356,7 +344,7 @@ func (w *Writer) BeginCall(rolloutID, modelCallID string) error {
 	if _, err := w.writable(rolloutID); err != nil {
 		return err
 	}
-	_, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIntents), []byte(modelCallID+"\n"))
+	_, err := w.appendLine(filepath.Join(w.fs.root(), rolloutID+SuffixIntents), []byte(modelCallID+"\n"))
 	return err
 }
 
@@ -367,7 +355,7 @@ func (w *Writer) CancelCall(rolloutID, modelCallID string) error {
 	if _, err := w.writable(rolloutID); err != nil {
 		return err
 	}
-	_, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIntents), []byte("-"+modelCallID+"\n"))
+	_, err := w.appendLine(filepath.Join(w.fs.root(), rolloutID+SuffixIntents), []byte("-"+modelCallID+"\n"))
 	return err
 }
 
@@ -398,7 +386,7 @@ func (w *Writer) Put(e *TokenEntry) error {
 		}
 		return fmt.Errorf("%w: %s in rollout %s", ErrConflict, e.ModelCallID, e.RolloutID)
 	}
-	off, err := w.appendLine(filepath.Join(w.dir, e.RolloutID+SuffixEntries), line)
+	off, err := w.appendLine(filepath.Join(w.fs.root(), e.RolloutID+SuffixEntries), line)
 	if err != nil {
 		return err
 	}
@@ -437,7 +425,7 @@ func (w *Writer) MarkIncomplete(rolloutID, modelCallID string) error {
 	if err := w.writeState(rolloutID, st, true); err != nil {
 		return err
 	}
-	if _, err := w.appendLine(filepath.Join(w.dir, rolloutID+SuffixIncomplete), []byte(modelCallID+"\n")); err != nil {
+	if _, err := w.appendLine(filepath.Join(w.fs.root(), rolloutID+SuffixIncomplete), []byte(modelCallID+"\n")); err != nil {
 		return err
 	}
 	return w.syncDir()
@@ -467,7 +455,11 @@ func (w *Writer) freeze(rolloutID string) (*storeState, error) {
 	}
 	if !st.Frozen {
 		st.Frozen = true
-		st.SnapshotID = newSnapshotID()
+		if w.snapshotID != nil {
+			st.SnapshotID = w.snapshotID()
+		} else {
+			st.SnapshotID = newSnapshotID()
+		}
 		st.Version++
 		if err := w.writeState(rolloutID, st, true); err != nil {
 			return nil, err
@@ -489,7 +481,7 @@ func (w *Writer) Snapshot(rolloutID string) (*Snapshot, error) {
 		return nil, err
 	}
 	cp := *st
-	return readSnapshot(w.dir, rolloutID, &cp)
+	return readSnapshot(w.fs, rolloutID, &cp)
 }
 
 func newSnapshotID() string {
@@ -517,9 +509,9 @@ func (w *Writer) Drop(rolloutID, snapshotID string, version int) (bool, error) {
 	if !st.Frozen || st.Retired || st.SnapshotID != snapshotID || st.Version != version {
 		return false, nil
 	}
-	base := filepath.Join(w.dir, rolloutID)
+	base := filepath.Join(w.fs.root(), rolloutID)
 	for _, suf := range []string{SuffixEntries, SuffixIncomplete, SuffixIntents} {
-		if err := os.Remove(base + suf); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := w.fs.remove(base + suf); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return false, fmt.Errorf("gym: %w", err)
 		}
 	}
@@ -532,5 +524,5 @@ func (w *Writer) Drop(rolloutID, snapshotID string, version int) (bool, error) {
 	return true, nil
 }
 
-// Close releases the writer. The file store holds no open handles.
+// Close releases the writer. The store holds no open handles.
 func (w *Writer) Close() error { return nil }

@@ -1,6 +1,7 @@
 package gym
 
-// Reading one rollout's capture: the files are opened without following a
+// Reading one rollout's capture: the files (on disk, through osFS, or in
+// memory, through memFS: storefs.go) are opened without following a
 // symlink out of the capture directory and without blocking on a FIFO, read
 // no further than their stated size, and checked against the state index
 // (indexed_size and entry_digests) the way Gym's store reconciles them, plus
@@ -233,13 +234,13 @@ func readCaptureFile(dir, path string, limit int64) (data []byte, ok bool, err e
 
 // readEntriesData returns the (decompressed) entries file and its name, or
 // nil when the rollout has none.
-func readEntriesData(dir, base string) ([]byte, string, error) {
+func readEntriesData(fsys storeFS, base string) ([]byte, string, error) {
 	plainPath, zstPath := base+SuffixEntries, base+SuffixEntriesZst
-	plain, havePlain, err := readCaptureFile(dir, plainPath, maxEntriesFile)
+	plain, havePlain, err := fsys.readCapture(plainPath, maxEntriesFile)
 	if err != nil {
 		return nil, "", err
 	}
-	f, st, err := openCaptureFile(dir, zstPath)
+	f, size, err := fsys.openCapture(zstPath)
 	if err != nil {
 		return nil, "", err
 	}
@@ -250,7 +251,7 @@ func readEntriesData(dir, base string) ([]byte, string, error) {
 	if havePlain {
 		return nil, "", damage(ReasonInvalidCapture, base, -1, "both %s and %s exist; keep one", plainPath, zstPath)
 	}
-	dec, err := zstd.NewReader(io.LimitReader(f, st.Size()), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxEntriesFile))
+	dec, err := zstd.NewReader(io.LimitReader(f, size), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxEntriesFile))
 	if err != nil {
 		return nil, "", damage(ReasonInvalidCapture, zstPath, -1, "zstd: %v", err)
 	}
@@ -380,8 +381,8 @@ func readEntries(data []byte, name string, idx *storeIndex) (entries []TokenEntr
 // readIntents returns the intents (minus cancellations "-id") that have no
 // entry, sorted. Lines split as Python's bytes.splitlines and strip ASCII
 // white space, as Gym reads them.
-func readIntents(dir, path string, entries []TokenEntry) ([]string, error) {
-	b, ok, err := readCaptureFile(dir, path, maxIntentsFile)
+func readIntents(fsys storeFS, path string, entries []TokenEntry) ([]string, error) {
+	b, ok, err := fsys.readCapture(path, maxIntentsFile)
 	if err != nil || !ok {
 		return nil, err
 	}
@@ -414,13 +415,13 @@ func readIntents(dir, path string, entries []TokenEntry) ([]string, error) {
 }
 
 // readSnapshot reads one rollout's capture (st nil: read the state file).
-func readSnapshot(dir, rid string, st *storeState) (*Snapshot, error) {
-	base := filepath.Join(dir, rid)
+func readSnapshot(fsys storeFS, rid string, st *storeState) (*Snapshot, error) {
+	base := filepath.Join(fsys.root(), rid)
 	var idx *storeIndex
 	if st != nil {
 		idx = indexFromState(st)
 	} else {
-		b, ok, err := readCaptureFile(dir, base+SuffixState, maxStateFile)
+		b, ok, err := fsys.readCapture(base+SuffixState, maxStateFile)
 		if err != nil {
 			if d := (*CaptureDamage)(nil); errors.As(err, &d) && d.Reason == ReasonCaptureUnreadable {
 				d.Reason = ReasonInvalidState
@@ -436,7 +437,7 @@ func readSnapshot(dir, rid string, st *storeState) (*Snapshot, error) {
 	if idx != nil && idx.retired {
 		return nil, fmt.Errorf("%w: %s", ErrRetired, rid)
 	}
-	data, name, err := readEntriesData(dir, base)
+	data, name, err := readEntriesData(fsys, base)
 	if err != nil {
 		return nil, err
 	}
@@ -448,14 +449,14 @@ func readSnapshot(dir, rid string, st *storeState) (*Snapshot, error) {
 		return nil, err
 	}
 	snap := &Snapshot{RolloutID: rid, Entries: entries, Incomplete: torn}
-	marker, err := checkCapturePath(dir, base+SuffixIncomplete)
+	marker, err := fsys.statCapture(base + SuffixIncomplete)
 	if err != nil {
 		return nil, err
 	}
-	if marker != nil || (idx != nil && idx.incomplete) {
+	if marker || (idx != nil && idx.incomplete) {
 		snap.Incomplete = true
 	}
-	dangling, err := readIntents(dir, base+SuffixIntents, entries)
+	dangling, err := readIntents(fsys, base+SuffixIntents, entries)
 	if err != nil {
 		return nil, err
 	}

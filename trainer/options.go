@@ -36,6 +36,10 @@ type Options struct {
 	OnNonFinite string        // "skip" or "abort"
 	Quiet       bool          // no setup or progress lines
 
+	// SaveCaptures writes the built-in job's captures to Out/captures (or
+	// env.nemo_gym.token_id_capture.dir) instead of keeping them in memory.
+	SaveCaptures bool
+
 	// Log receives setup lines and one progress line per step (nil: none).
 	Log io.Writer
 	// Backend runs the model and the optimizer. Required; the caller closes it.
@@ -62,6 +66,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.Var((*positiveInt)(&o.Steps), "steps", "run this many GRPO steps in all, a positive number (overrides grpo.max_num_steps)")
 	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
 	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
+	fs.BoolVar(&o.SaveCaptures, "save-captures", false, "built-in job: write its captures in NeMo Gym's format to --out/captures (or env.nemo_gym.token_id_capture.dir); by default they are kept in memory, one step at a time, and never written")
 	fs.DurationVar(&o.Wait, "wait", 10*time.Minute, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")

@@ -103,8 +103,9 @@ func (t *Trainer) writeEffectiveConfig() error {
 func (t *Trainer) effectiveConfig() ([]byte, error) {
 	c := t.cfg
 	c.Checkpointing.CheckpointDir = t.checkpointDir()
-	if dir := t.source.captures(); dir != "" {
-		c.Env.NemoGym.TokenIDCapture.Dir = dir
+	capDir := t.source.captures()
+	if capDir != "" {
+		c.Env.NemoGym.TokenIDCapture.Dir = capDir
 	}
 	oc, _, err := c.Optim()
 	if err != nil {
@@ -117,7 +118,17 @@ func (t *Trainer) effectiveConfig() ([]byte, error) {
 	} else {
 		notes = append(notes, "optimizer: policy.optimizer and policy.scheduler; policy.megatron_cfg.optimizer and .scheduler are not used")
 	}
-	notes = append(notes, "checkpointing.checkpoint_dir and the capture dir are the directories this run writes (--out)")
+	switch {
+	case capDir == "":
+		notes = append(notes, "checkpointing.checkpoint_dir is the directory this run writes (--out)",
+			"captures: kept in memory, one step at a time, and never written to disk (token_id_capture.dir is empty; --save-captures writes them to "+filepath.Join(t.out, "captures")+")")
+	case t.o.Rollouts == "":
+		notes = append(notes, "checkpointing.checkpoint_dir and the capture dir are the directories this run writes",
+			"captures: written to "+capDir+" in NeMo Gym's format")
+	default:
+		notes = append(notes, "checkpointing.checkpoint_dir is the directory this run writes (--out)",
+			"captures: read from "+capDir+" (NeMo Gym's)")
+	}
 	body, err := config.Marshal(&c)
 	if err != nil {
 		return nil, err

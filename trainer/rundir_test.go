@@ -92,21 +92,23 @@ func waitForLines(t *testing.T, path string, n int, limit time.Duration) {
 // could neither be resumed nor restarted. --resume (with or without
 // --fallback) now starts it over at step 0, saying so, and finishes as an
 // uninterrupted run would; a fresh run is still refused naming --resume.
+// Each with the captures in memory and on disk (--save-captures).
 func TestResumeWithoutCheckpoint(t *testing.T) {
 	ref := t.TempDir()
 	mustTrain(t, trainArgs(ref, 3, "--set", "checkpointing.save_period=5")...)
-	for _, fallback := range []bool{false, true} {
+	for i, fallback := range []bool{false, true, false, true} {
+		runArgs := append([]string{"--set", "checkpointing.save_period=5"}, captureStores[i/2].args...)
 		out := t.TempDir()
 		stopAfterStep = 1 // one metrics line and captures, no checkpoint
-		code := run(trainArgs(out, 3, "--set", "checkpointing.save_period=5"), &bytes.Buffer{}, &bytes.Buffer{})
+		code := run(trainArgs(out, 3, runArgs...), &bytes.Buffer{}, &bytes.Buffer{})
 		stopAfterStep = 0
 		if code == 0 {
 			t.Fatal("the simulated crash did not fail the run")
 		}
-		if msg := failTrain(t, trainArgs(out, 3, "--set", "checkpointing.save_period=5")...); !strings.Contains(msg, "--resume") {
+		if msg := failTrain(t, trainArgs(out, 3, runArgs...)...); !strings.Contains(msg, "--resume") {
 			t.Errorf("fresh run over a crashed one: %q, want --resume named", msg)
 		}
-		args := append(trainArgs(out, 3, "--set", "checkpointing.save_period=5"), "--resume")
+		args := append(trainArgs(out, 3, runArgs...), "--resume")
 		if fallback {
 			args = append(args, "--fallback")
 		}
@@ -253,7 +255,7 @@ func TestSignalEndsTheWaitForRollouts(t *testing.T) {
 // recipe that runs the same configuration.
 func TestEffectiveConfigSaysWhatTheRunDoes(t *testing.T) {
 	out := t.TempDir()
-	mustTrain(t, trainArgs(out, 1)...)
+	mustTrain(t, trainArgs(out, 1, "--save-captures")...)
 	b, err := os.ReadFile(filepath.Join(out, configFileName))
 	if err != nil {
 		t.Fatal(err)
@@ -289,15 +291,19 @@ func TestEffectiveConfigSaysWhatTheRunDoes(t *testing.T) {
 // random moments (the first ones before any checkpoint), resumes it to the
 // end, and requires the uninterrupted run's final weights and optimizer
 // state bit for bit and a metrics.jsonl of exactly one line per step.
-// TRACEGRPO_KILL_TRIALS sets the number of kills (default 4 in CI).
+// Odd trials keep the captures on disk (--save-captures), where a kill
+// leaves a step's capture files half written. TRACEGRPO_KILL_TRIALS sets the
+// number of kills (default 4 in CI).
 func TestKillAtRandomMoments(t *testing.T) {
 	trials := 4
 	if s := os.Getenv("TRACEGRPO_KILL_TRIALS"); s != "" {
 		trials, _ = strconv.Atoi(s)
 	}
 	const steps = 5
+	trial := 0
 	args := func(out string) []string {
-		return trainArgs(out, steps, "--set", "checkpointing.save_period=1", "--set", "checkpointing.keep_top_k=2")
+		return trainArgs(out, steps, append([]string{"--set", "checkpointing.save_period=1", "--set", "checkpointing.keep_top_k=2"},
+			captureStores[trial%2].args...)...)
 	}
 	ref := t.TempDir()
 	start := time.Now()
@@ -311,6 +317,7 @@ func TestKillAtRandomMoments(t *testing.T) {
 	perStep := full / steps
 	resumedFrom := map[string]int{}
 	for i := 0; i < trials; i++ {
+		trial = i
 		out := filepath.Join(t.TempDir(), "run")
 		// A random moment: after k of the steps' metrics lines (k = 0, before
 		// any checkpoint, for the first trials), plus a random part of a step.
@@ -329,7 +336,7 @@ func TestKillAtRandomMoments(t *testing.T) {
 		time.Sleep(extra)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
-		delay := fmt.Sprintf("%d lines + %v", k, extra)
+		delay := fmt.Sprintf("%d lines + %v, %s", k, extra, captureStores[trial%2].name)
 		ents, _ := checkpoint.List(filepath.Join(out, "checkpoints"))
 		done := 0
 		for _, e := range ents {

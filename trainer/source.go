@@ -31,7 +31,8 @@ type rolloutSource interface {
 	cursor() (json.RawMessage, error)
 	restore(c json.RawMessage) error
 	// captures is the capture directory the source reads (and, built in,
-	// writes), once started.
+	// writes), once started; "" when the built-in job keeps its captures
+	// in memory.
 	captures() string
 	close()
 }
@@ -46,13 +47,16 @@ func (t *Trainer) newSource() (rolloutSource, error) {
 	}
 	if t.o.Rollouts == "" {
 		if t.o.Captures != "" {
-			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures)", ErrUsage)
+			return nil, fmt.Errorf("%w: --captures is for --rollouts (the built-in job records its own captures; --save-captures writes them to disk)", ErrUsage)
 		}
 		tasks, err := rollout.LookupTasks(t.o.Tasks)
 		if err != nil {
 			return nil, err
 		}
-		return &builtinSource{tasks: tasks, captureDir: capDir}, nil
+		return &builtinSource{tasks: tasks, captureDir: capDir, save: t.o.SaveCaptures}, nil
+	}
+	if t.o.SaveCaptures {
+		return nil, fmt.Errorf("%w: --save-captures is for the built-in job; with --rollouts the captures are NeMo Gym's, in --captures", ErrUsage)
 	}
 	if capDir == "" {
 		return nil, fmt.Errorf("%w: --rollouts needs --captures DIR (or env.nemo_gym.token_id_capture.dir): the NeMo Gym capture directory its records correlate with", ErrUsage)
@@ -78,10 +82,16 @@ func (t *Trainer) newSource() (rolloutSource, error) {
 }
 
 // builtinSource plays the built-in tasks with the current policy, records
-// every call in a Gym capture store and reads it back like external captures.
+// every call in a Gym capture store and reads it back like external captures,
+// through the same reader and builders. The store is in memory, a fresh one
+// each step (the previous step's captures were finalized in that step), so
+// memory stays bounded and nothing is written to disk; it is a directory
+// only when the user asks: --save-captures (<out>/captures) or an explicit
+// env.nemo_gym.token_id_capture.dir.
 type builtinSource struct {
 	tasks      []rollout.Task
-	captureDir string
+	captureDir string // "": in memory, unless save
+	save       bool   // --save-captures: a directory, <out>/captures by default
 	t          *Trainer
 	writer     *gym.Writer
 	reader     *gym.Reader
@@ -91,21 +101,25 @@ type builtinSource struct {
 
 func (s *builtinSource) start(t *Trainer) error {
 	s.t = t
-	if s.captureDir == "" {
+	if s.save && s.captureDir == "" {
 		s.captureDir = filepath.Join(t.out, "captures")
 	}
-	var err error
-	if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
-		return err
+	if s.captureDir == "" {
+		s.newMemoryStore()
+	} else {
+		var err error
+		if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
+			return err
+		}
+		// The built-in generator re-creates a step's captures from the
+		// checkpointed random streams on resume (clearing what a crashed
+		// attempt left), so they need no per-write fsync.
+		s.writer.SetFsync(false)
+		if s.reader, err = gym.NewReader(s.captureDir); err != nil {
+			return err
+		}
+		s.rec = &rollout.GymRecorder{W: s.writer, Model: t.cfg.Policy.ModelName}
 	}
-	// The built-in generator re-creates a step's captures from the
-	// checkpointed random streams on resume (clearing what a crashed attempt
-	// left), so they need no per-write fsync.
-	s.writer.SetFsync(false)
-	if s.reader, err = gym.NewReader(s.captureDir); err != nil {
-		return err
-	}
-	s.rec = &rollout.GymRecorder{W: s.writer, Model: t.cfg.Policy.ModelName}
 	g := t.cfg.Policy.Generation
 	// The longest call: every prompt and generation fits one trace.
 	maxBatch := 2 * t.cfg.Policy.TrainGlobalBatchSize
@@ -124,7 +138,18 @@ func (s *builtinSource) start(t *Trainer) error {
 	return nil
 }
 
+// newMemoryStore starts an empty in-memory capture store; the previous
+// one, with everything captured in it, is dropped.
+func (s *builtinSource) newMemoryStore() {
+	s.writer = gym.NewMemoryWriter()
+	s.reader = s.writer.Reader()
+	s.rec = &rollout.GymRecorder{W: s.writer, Model: s.t.cfg.Policy.ModelName}
+}
+
 func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
+	if s.captureDir == "" {
+		s.newMemoryStore()
+	}
 	c := &s.t.cfg.GRPO
 	// Every rank plans the whole step (the same specs, from keyed streams)
 	// and plays its own block of task groups.
@@ -158,8 +183,11 @@ func (s *builtinSource) cursor() (json.RawMessage, error) {
 	return json.Marshal(map[string]string{"kind": "builtin"})
 }
 func (s *builtinSource) restore(json.RawMessage) error { return nil }
-func (s *builtinSource) close()                        {}
 func (s *builtinSource) captures() string              { return s.captureDir }
+
+func (s *builtinSource) close() {
+	s.writer, s.reader, s.rec = nil, nil, nil
+}
 
 // samplerPolicy samples with the current policy's KV-cache sampler.
 type samplerPolicy struct {

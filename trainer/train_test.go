@@ -125,40 +125,60 @@ func TestSameSeedIsBitIdentical(t *testing.T) {
 // TestExactResume: N steps in one run equal k steps, a crash, and --resume
 // for the rest, bit for bit (weights, optimizer state, metrics), for a crash
 // right after a checkpoint (k=4) and between checkpoints (k=3, k=5: the
-// resumed run redoes the steps after the last checkpoint).
+// resumed run redoes the steps after the last checkpoint), with the captures
+// in memory and on disk (--save-captures: the resumed run clears what the
+// crashed attempt wrote for the steps it redoes).
 func TestExactResume(t *testing.T) {
 	const n = 6
 	ref := t.TempDir()
 	mustTrain(t, trainArgs(ref, n)...)
-	for _, k := range []int{3, 4, 5} {
-		t.Run(fmt.Sprintf("crash after step %d", k), func(t *testing.T) {
-			out := t.TempDir()
-			stopAfterStep = k
-			var stderr bytes.Buffer
-			code := run(trainArgs(out, n), &bytes.Buffer{}, &stderr)
-			stopAfterStep = 0
-			if code == 0 || !strings.Contains(stderr.String(), errSimulatedCrash.Error()) {
-				t.Fatalf("simulated crash: exit %d: %s", code, stderr.String())
-			}
-			// Without --resume the directory is refused.
-			if msg := failTrain(t, trainArgs(out, n)...); !strings.Contains(msg, "--resume") {
-				t.Errorf("rerun without --resume: %q, want a hint to pass --resume", msg)
-			}
-			mustTrain(t, append(trainArgs(out, n), "--resume")...)
-			sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
-			for _, f := range []string{checkpoint.ModelFile, "optimizer.safetensors"} {
-				if !bytes.Equal(checkpointBytes(t, ref, n, f), checkpointBytes(t, out, n, f)) {
-					t.Errorf("%s after resume differs from the uninterrupted run", f)
-				}
-			}
-			var a, b checkpoint.TrainerState
-			a, _ = checkpoint.ParseTrainerState(checkpointBytes(t, ref, n, "trainer_state.json"))
-			b, _ = checkpoint.ParseTrainerState(checkpointBytes(t, out, n, "trainer_state.json"))
-			if a.Step != b.Step || a.ConsumedRollouts != b.ConsumedRollouts || !bytes.Equal(a.Scheduler, b.Scheduler) ||
-				!bytes.Equal(a.Optimizer, b.Optimizer) || fmt.Sprint(a.RNG) != fmt.Sprint(b.RNG) {
-				t.Errorf("trainer state after resume differs:\n%+v\n%+v", a, b)
-			}
-		})
+	for _, store := range captureStores {
+		for _, k := range []int{3, 4, 5} {
+			t.Run(fmt.Sprintf("%s/crash after step %d", store.name, k), func(t *testing.T) {
+				exactResume(t, ref, n, k, store.args)
+			})
+		}
+	}
+}
+
+// captureStores are the two places the built-in job keeps its captures.
+var captureStores = []struct {
+	name string
+	args []string
+}{
+	{"captures in memory", nil},
+	{"captures on disk", []string{"--save-captures"}},
+}
+
+// exactResume crashes a run of n steps after step k, resumes it and
+// compares it with the uninterrupted run ref.
+func exactResume(t *testing.T, ref string, n, k int, extra []string) {
+	t.Helper()
+	out := t.TempDir()
+	stopAfterStep = k
+	var stderr bytes.Buffer
+	code := run(trainArgs(out, n, extra...), &bytes.Buffer{}, &stderr)
+	stopAfterStep = 0
+	if code == 0 || !strings.Contains(stderr.String(), errSimulatedCrash.Error()) {
+		t.Fatalf("simulated crash: exit %d: %s", code, stderr.String())
+	}
+	// Without --resume the directory is refused.
+	if msg := failTrain(t, trainArgs(out, n, extra...)...); !strings.Contains(msg, "--resume") {
+		t.Errorf("rerun without --resume: %q, want a hint to pass --resume", msg)
+	}
+	mustTrain(t, append(trainArgs(out, n, extra...), "--resume")...)
+	sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
+	for _, f := range []string{checkpoint.ModelFile, "optimizer.safetensors"} {
+		if !bytes.Equal(checkpointBytes(t, ref, n, f), checkpointBytes(t, out, n, f)) {
+			t.Errorf("%s after resume differs from the uninterrupted run", f)
+		}
+	}
+	var a, b checkpoint.TrainerState
+	a, _ = checkpoint.ParseTrainerState(checkpointBytes(t, ref, n, "trainer_state.json"))
+	b, _ = checkpoint.ParseTrainerState(checkpointBytes(t, out, n, "trainer_state.json"))
+	if a.Step != b.Step || a.ConsumedRollouts != b.ConsumedRollouts || !bytes.Equal(a.Scheduler, b.Scheduler) ||
+		!bytes.Equal(a.Optimizer, b.Optimizer) || fmt.Sprint(a.RNG) != fmt.Sprint(b.RNG) {
+		t.Errorf("trainer state after resume differs:\n%+v\n%+v", a, b)
 	}
 }
 
@@ -631,26 +651,29 @@ func TestBuiltinJobLearns(t *testing.T) {
 // TestSignalStopsAfterTheStepWithACheckpoint: SIGTERM (a pre-emption) during
 // step 1 ends the run after that step with a checkpoint of it, although 1 is
 // not a multiple of save_period; --resume then finishes bit-identical to a
-// run that was never stopped.
+// run that was never stopped (captures in memory or on disk).
 func TestSignalStopsAfterTheStepWithACheckpoint(t *testing.T) {
 	ref := t.TempDir()
 	mustTrain(t, trainArgs(ref, 4)...)
-
-	out := t.TempDir()
-	testSignals = make(chan os.Signal, 1)
-	testSignals <- syscall.SIGTERM
-	var stderr bytes.Buffer
-	code := run(trainArgs(out, 4), &bytes.Buffer{}, &stderr)
-	testSignals = nil
-	if code == 0 || !strings.Contains(stderr.String(), "after step 1") || !strings.Contains(stderr.String(), "--resume") {
-		t.Fatalf("SIGTERM: exit %d, %q; want a stop after step 1 naming --resume", code, stderr.String())
-	}
-	if _, err := os.Stat(filepath.Join(out, "checkpoints", checkpoint.StepDir(1), checkpoint.DoneFile)); err != nil {
-		t.Fatalf("no complete checkpoint of step 1 after the signal: %v", err)
-	}
-	mustTrain(t, append(trainArgs(out, 4), "--resume")...)
-	sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
-	if !bytes.Equal(checkpointBytes(t, ref, 4, checkpoint.ModelFile), checkpointBytes(t, out, 4, checkpoint.ModelFile)) {
-		t.Error("weights after a signal and --resume differ from the uninterrupted run")
+	for _, store := range captureStores {
+		t.Run(store.name, func(t *testing.T) {
+			out := t.TempDir()
+			testSignals = make(chan os.Signal, 1)
+			testSignals <- syscall.SIGTERM
+			var stderr bytes.Buffer
+			code := run(trainArgs(out, 4, store.args...), &bytes.Buffer{}, &stderr)
+			testSignals = nil
+			if code == 0 || !strings.Contains(stderr.String(), "after step 1") || !strings.Contains(stderr.String(), "--resume") {
+				t.Fatalf("SIGTERM: exit %d, %q; want a stop after step 1 naming --resume", code, stderr.String())
+			}
+			if _, err := os.Stat(filepath.Join(out, "checkpoints", checkpoint.StepDir(1), checkpoint.DoneFile)); err != nil {
+				t.Fatalf("no complete checkpoint of step 1 after the signal: %v", err)
+			}
+			mustTrain(t, append(trainArgs(out, 4, store.args...), "--resume")...)
+			sameMetrics(t, metricsNoTimes(t, ref), metricsNoTimes(t, out))
+			if !bytes.Equal(checkpointBytes(t, ref, 4, checkpoint.ModelFile), checkpointBytes(t, out, 4, checkpoint.ModelFile)) {
+				t.Error("weights after a signal and --resume differ from the uninterrupted run")
+			}
+		})
 	}
 }

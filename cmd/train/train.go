@@ -27,8 +27,11 @@ backward per micro-batch, one clipped AdamW update, and one scheduler tick
 counted in logical rollouts.
 
 The run directory (--out) receives metrics.jsonl (one line per step),
-config.yaml (the effective config), checkpoints/step_<N>/ and, for the
-built-in job, captures/.
+config.yaml (the effective config) and checkpoints/step_<N>/. The built-in
+job keeps the captures it records in memory, one step at a time, and writes
+none to disk unless asked: --save-captures writes them to captures/ in the
+run directory, an explicit env.nemo_gym.token_id_capture.dir to that
+directory (NeMo Gym's capture store format, readable by train traces).
 
 Flags:`
 
