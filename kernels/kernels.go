@@ -26,6 +26,18 @@
 // accumulated (+=). Gradients carry a d prefix. All float buffers are F32
 // unless an op says otherwise; token ids, positions and sequence offsets are
 // I32.
+//
+// # bfloat16
+//
+// For mixed-precision training some ops also take BF16 buffers (bfloat16
+// bits): the GEMM and attention operands, and the outputs that feed them.
+// An op marked "F32|BF16" accepts either for that argument; arguments
+// marked "same" must share one dtype. The math is fp32 whatever the storage
+// (BF16 inputs are widened exactly), and a BF16 output is rounded once, to
+// nearest even. Accumulated (+=) outputs, gradients of weights and
+// statistics (lse, rstd, logprob) are always F32. kernels/cpu implements
+// every BF16 variant by widening into fp32 and rounding the outputs: the
+// reference the CUDA kernels (tensor cores) are checked against.
 package kernels
 
 import (
@@ -160,15 +172,17 @@ type Ops interface {
 
 	// RMSNorm over rows: out (N,C) = inp/rms(inp)·weight (C); rstd (N) = 1/rms.
 	// rms = sqrt(mean(inp²) + eps). Qwen3's per-head q/k norm is this op with
-	// N = T·NH and C = HD.
+	// N = T·NH and C = HD. out is F32|BF16 (the next GEMM's input type).
 	RMSNorm(out, rstd, inp, weight Buf, N, C int, eps float32)
 	// RMSNormBackward: dinp (N,C) +=, dweight (C) +=.
 	RMSNormBackward(dinp, dweight, dout, inp, weight, rstd Buf, N, C int)
 
 	// Matmul: out (T,OC) = inp (T,C) · weight (OC,C)ᵀ (a Hugging Face Linear).
+	// inp and weight are F32|BF16, same; out is F32|BF16.
 	Matmul(out, inp, weight Buf, T, C, OC int)
 	// MatmulBackward: dinp (T,C) += dout (T,OC) · weight; dweight (OC,C) +=
 	// doutᵀ · inp. A zero-length dinp or dweight (N == 0) skips that half.
+	// dout, inp and weight are F32|BF16, same; dinp and dweight are F32.
 	MatmulBackward(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
 
 	// AddBias: out (T,OC) += bias (OC) on every row (the bias of a Hugging
@@ -191,17 +205,22 @@ type Ops interface {
 	// Attention: causal grouped-query attention over packed sequences with
 	// scale 1/sqrt(HD). Query head h reads key/value head h/(NH/NKV).
 	// out (T,NH,HD) =; lse (T,NH) = log-sum-exp of each query's scaled scores.
+	// q, k and v are F32|BF16, same; out is F32|BF16; lse is F32.
 	Attention(out, lse, q, k, v Buf, seqs Seqs, NH, NKV, HD int)
 	// AttentionBackward: dq (T,NH,HD) =, dk (T,NKV,HD) =, dv (T,NKV,HD) =.
+	// dout, out, q, k and v are F32|BF16, same; dq, dk, dv and lse are F32.
 	AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buf, seqs Seqs, NH, NKV, HD int)
 	// AttentionDecode: one query per sequence against a KV cache.
 	// out (B,NH,HD) = attention of q (B,NH,HD) over kc, vc (B,Tmax,NKV,HD),
 	// rows [0, lens[b]) of sequence b (the current token's k/v already written).
+	// q, kc and vc are F32|BF16, same (a bf16 KV cache); out is F32.
 	AttentionDecode(out, q, kc, vc, lens Buf, B, Tmax, NH, NKV, HD int)
 
-	// SwiGLU: out (N) = silu(gate (N)) · up (N).
+	// SwiGLU: out (N) = silu(gate (N)) · up (N). gate and up are F32|BF16,
+	// same; out is F32|BF16.
 	SwiGLU(out, gate, up Buf, N int)
-	// SwiGLUBackward: dgate (N) =, dup (N) =.
+	// SwiGLUBackward: dgate (N) =, dup (N) =. gate and up are F32|BF16,
+	// same; dout, dgate and dup are F32.
 	SwiGLUBackward(dgate, dup, dout, gate, up Buf, N int)
 
 	// Add: out (N) = a (N) + b (N). out may alias a or b.
@@ -214,10 +233,12 @@ type Ops interface {
 	// chunks (never all T×V at once) and
 	//   logprob (T) = z[targets[t]] − logsumexp(z),  lse (T) = logsumexp(z),
 	//   entropy (T) = −Σ softmax(z)·log softmax(z).
-	// Rows with targets[t] < 0 get 0 in all three outputs.
+	// Rows with targets[t] < 0 get 0 in all three outputs. hidden and weight
+	// are F32|BF16, same.
 	TokenLogprob(logprob, entropy, lse, hidden, weight, targets Buf, T, C, V int, invTemp float32)
 	// TokenLogprobBackward: given dlogprob (T), dhidden (T,C) += and
-	// dweight (V,C) +=. Rows with targets[t] < 0 contribute nothing.
+	// dweight (V,C) +=. Rows with targets[t] < 0 contribute nothing. hidden
+	// and weight are F32|BF16, same; dhidden and dweight are F32.
 	TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse Buf, T, C, V int, invTemp float32)
 
 	// ScatterRows: dst[idx[i], :] = src[i, :] for src (N,W), idx (N) I32.
@@ -226,6 +247,11 @@ type Ops interface {
 	Fill(x Buf, v float32)
 	// Copy: dst = src (same length).
 	Copy(dst, src Buf)
+	// Convert: dst (N) = src (N) in dst's dtype: F32 → BF16 rounds to
+	// nearest even (NaN stays NaN), BF16 → F32 is exact, same dtype copies.
+	// Mixed precision makes its bf16 copy of the weights with it once per
+	// optimizer step.
+	Convert(dst, src Buf)
 	// Scale: x *= s.
 	Scale(x Buf, s float32)
 

@@ -290,10 +290,13 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	if cu == nil {
 		return
 	}
+	same("Attention q, k, v", q, k, v)
+	o, done := b.out(out, T*NH*HD, "Attention out")
+	defer done()
 	t := &b.tasks.attn
 	*t = attnTask{
-		ws: b.scratch.w, out: b.f32n(out, T*NH*HD, "Attention out"), lse: b.f32n(lse, T*NH, "Attention lse"),
-		q: b.F32(q), k: b.f32n(k, T*NKV*HD, "Attention k"), v: b.f32n(v, T*NKV*HD, "Attention v"),
+		ws: b.scratch.w, out: o, lse: b.f32n(lse, T*NH, "Attention lse"),
+		q: b.in(q, T*NH*HD, "Attention q"), k: b.in(k, T*NKV*HD, "Attention k"), v: b.in(v, T*NKV*HD, "Attention v"),
 		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1),
 	}
 	// Work items: (sequence, head, query block), longest blocks first so the
@@ -324,13 +327,14 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	if cu == nil {
 		return
 	}
+	same("AttentionBackward dout, out, q, k, v", dout, out, q, k, v)
 	t := &b.tasks.attn
 	*t = attnTask{
 		ws: b.scratch.w,
 		dq: b.f32n(dq, T*NH*HD, "AttentionBackward dq"), dk: b.f32n(dk, T*NKV*HD, "AttentionBackward dk"),
-		dv: b.f32n(dv, T*NKV*HD, "AttentionBackward dv"), dout: b.f32n(dout, T*NH*HD, "AttentionBackward dout"),
-		out: b.f32n(out, T*NH*HD, "AttentionBackward out"), lse: b.f32n(lse, T*NH, "AttentionBackward lse"),
-		q: b.F32(q), k: b.f32n(k, T*NKV*HD, "AttentionBackward k"), v: b.f32n(v, T*NKV*HD, "AttentionBackward v"),
+		dv: b.f32n(dv, T*NKV*HD, "AttentionBackward dv"), dout: b.in(dout, T*NH*HD, "AttentionBackward dout"),
+		out: b.in(out, T*NH*HD, "AttentionBackward out"), lse: b.f32n(lse, T*NH, "AttentionBackward lse"),
+		q: b.in(q, T*NH*HD, "AttentionBackward q"), k: b.in(k, T*NKV*HD, "AttentionBackward k"), v: b.in(v, T*NKV*HD, "AttentionBackward v"),
 		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1), bwd: true,
 	}
 	b.pool.parallel(t, seqs.S*NKV, 1)

@@ -72,10 +72,11 @@ func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH,
 	if NH <= 0 || NKV <= 0 || NH%NKV != 0 {
 		panic("cpu: AttentionDecode: NH must be a positive multiple of NKV")
 	}
+	same("AttentionDecode q, kc, vc", q, kc, vc)
 	t := &b.tasks.decode
 	*t = decodeTask{
-		ws: b.scratch.w, out: b.f32n(out, B*NH*HD, "AttentionDecode out"), q: b.f32n(q, B*NH*HD, "AttentionDecode q"),
-		kc: b.f32n(kc, B*Tmax*NKV*HD, "AttentionDecode kc"), vc: b.f32n(vc, B*Tmax*NKV*HD, "AttentionDecode vc"),
+		ws: b.scratch.w, out: b.f32n(out, B*NH*HD, "AttentionDecode out"), q: b.in(q, B*NH*HD, "AttentionDecode q"),
+		kc: b.in(kc, B*Tmax*NKV*HD, "AttentionDecode kc"), vc: b.in(vc, B*Tmax*NKV*HD, "AttentionDecode vc"),
 		lens: b.i32n(lens, B, "AttentionDecode lens"), Tmax: Tmax, NH: NH, NKV: NKV, HD: HD,
 	}
 	for i, n := range t.lens {

@@ -77,6 +77,8 @@ type Backend struct {
 
 	scratch scratch
 	tasks   tasks
+
+	bf16Scratch map[string][]float32 // fp32 copies for the BF16 op variants (convert.go)
 }
 
 // New returns a CPU backend running ops on threads worker goroutines

@@ -111,10 +111,12 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 // Matmul implements kernels.Ops.
 // Shapes: out (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
-	o := b.f32n(out, T*OC, "Matmul out")       // (T,OC)
-	x := b.f32n(inp, T*C, "Matmul inp")        // (T,C)
-	w := b.f32n(weight, OC*C, "Matmul weight") // (OC,C)
+	same("Matmul inp, weight", inp, weight)
+	o, done := b.out(out, T*OC, "Matmul out") // (T,OC) F32|BF16
+	x := b.in(inp, T*C, "Matmul inp")         // (T,C) F32|BF16
+	w := b.in(weight, OC*C, "Matmul weight")  // (OC,C) F32|BF16
 	b.parallelGemm(false, true, T, OC, C, x, C, w, C, o, OC, false)
+	done()
 }
 
 // MatmulBackward implements kernels.Ops.
@@ -122,13 +124,18 @@ func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
 	dx := b.f32opt(dinp, T*C, "MatmulBackward dinp")        // (T,C)
 	dw := b.f32opt(dweight, OC*C, "MatmulBackward dweight") // (OC,C)
-	d := b.f32n(dout, T*OC, "MatmulBackward dout")          // (T,OC)
+	if dx == nil && dw == nil {
+		return
+	}
+	d := b.in(dout, T*OC, "MatmulBackward dout") // (T,OC) F32|BF16
 	if dx != nil {
-		w := b.f32n(weight, OC*C, "MatmulBackward weight") // (OC,C)
+		same("MatmulBackward dout, weight", dout, weight)
+		w := b.in(weight, OC*C, "MatmulBackward weight") // (OC,C) F32|BF16
 		b.parallelGemm(false, false, T, C, OC, d, OC, w, C, dx, C, true)
 	}
 	if dw != nil {
-		x := b.f32n(inp, T*C, "MatmulBackward inp") // (T,C)
+		same("MatmulBackward dout, inp", dout, inp)
+		x := b.in(inp, T*C, "MatmulBackward inp") // (T,C) F32|BF16
 		b.parallelGemm(true, false, OC, C, T, d, OC, x, C, dw, C, true)
 	}
 }

@@ -88,14 +88,16 @@ func (t *rmsnormTask) run(_, lo, hi int) {
 // RMSNorm implements kernels.Ops.
 // Shapes: out (N,C), rstd (N), inp (N,C), weight (C).
 func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
+	o, done := b.out(out, N*C, "RMSNorm out") // F32|BF16
 	t := &b.tasks.rmsnorm
 	*t = rmsnormTask{
-		out: b.f32n(out, N*C, "RMSNorm out"), rstd: b.f32n(rstd, N, "RMSNorm rstd"),
+		out: o, rstd: b.f32n(rstd, N, "RMSNorm rstd"),
 		inp: b.f32n(inp, N*C, "RMSNorm inp"), weight: b.f32n(weight, C, "RMSNorm weight"),
 		C: C, eps: eps,
 	}
 	b.pool.parallel(t, N, rmsBlock)
 	*t = rmsnormTask{}
+	done()
 }
 
 // RMSNormBackward implements kernels.Ops.

@@ -84,21 +84,25 @@ func swigluBackward32(dgate, dup, dout, gate, up, en []float32) {
 // SwiGLU implements kernels.Ops.
 // Shapes: out, gate, up (N).
 func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
+	same("SwiGLU gate, up", gate, up)
+	o, done := b.out(out, N, "SwiGLU out")
 	t := &b.tasks.swiglu
-	*t = swigluTask{ws: b.scratch.w, out: b.f32n(out, N, "SwiGLU out"), gate: b.f32n(gate, N, "SwiGLU gate"), up: b.f32n(up, N, "SwiGLU up")}
+	*t = swigluTask{ws: b.scratch.w, out: o, gate: b.in(gate, N, "SwiGLU gate"), up: b.in(up, N, "SwiGLU up")}
 	b.pool.parallel(t, N, elemGrain)
 	*t = swigluTask{}
+	done()
 }
 
 // SwiGLUBackward implements kernels.Ops. (The task's out field carries dout.)
 // Shapes: dgate, dup, dout, gate, up (N).
 func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) {
+	same("SwiGLUBackward gate, up", gate, up)
 	t := &b.tasks.swiglu
 	*t = swigluTask{
 		ws:    b.scratch.w,
 		dgate: b.f32n(dgate, N, "SwiGLUBackward dgate"), dup: b.f32n(dup, N, "SwiGLUBackward dup"),
-		out: b.f32n(dout, N, "SwiGLUBackward dout"), gate: b.f32n(gate, N, "SwiGLUBackward gate"),
-		up: b.f32n(up, N, "SwiGLUBackward up"), bwd: true,
+		out: b.f32n(dout, N, "SwiGLUBackward dout"), gate: b.in(gate, N, "SwiGLUBackward gate"),
+		up: b.in(up, N, "SwiGLUBackward up"), bwd: true,
 	}
 	b.pool.parallel(t, N, elemGrain)
 	*t = swigluTask{}

@@ -247,8 +247,9 @@ func tlpChunk(T, V int) int {
 // TokenLogprob implements kernels.Ops.
 // Shapes: logprob, entropy, lse (T); hidden (T,C); weight (V,C); targets (T) I32.
 func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
-	h := b.f32n(hidden, T*C, "TokenLogprob hidden") // (T,C)
-	w := b.f32n(weight, V*C, "TokenLogprob weight") // (V,C)
+	same("TokenLogprob hidden, weight", hidden, weight)
+	h := b.in(hidden, T*C, "TokenLogprob hidden") // (T,C) F32|BF16
+	w := b.in(weight, V*C, "TokenLogprob weight") // (V,C) F32|BF16
 	t := &b.tasks.tlp
 	*t = tlpTask{
 		ws: b.scratch.w, logprob: b.f32n(logprob, T, "TokenLogprob logprob"), entropy: b.f32n(entropy, T, "TokenLogprob entropy"),
@@ -280,8 +281,9 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	}
 	dh := b.f32opt(dhidden, T*C, "TokenLogprobBackward dhidden") // (T,C)
 	dw := b.f32opt(dweight, V*C, "TokenLogprobBackward dweight") // (V,C)
-	h := b.f32n(hidden, T*C, "TokenLogprobBackward hidden")      // (T,C)
-	w := b.f32n(weight, V*C, "TokenLogprobBackward weight")      // (V,C)
+	same("TokenLogprobBackward hidden, weight", hidden, weight)
+	h := b.in(hidden, T*C, "TokenLogprobBackward hidden") // (T,C) F32|BF16
+	w := b.in(weight, V*C, "TokenLogprobBackward weight") // (V,C) F32|BF16
 	t := &b.tasks.tlp
 	*t = tlpTask{
 		ws: b.scratch.w, dlogprob: b.f32n(dlogprob, T, "TokenLogprobBackward dlogprob"),

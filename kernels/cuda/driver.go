@@ -225,6 +225,12 @@ static int tg_dtod(tg_driver* d, void* ctx, void* stream, tg_dptr dst, tg_dptr s
 	return d->cuMemcpyDtoDAsync(dst, src, n, stream);
 }
 
+static int tg_memset8(tg_driver* d, void* ctx, void* stream, tg_dptr dst, unsigned char v, size_t n) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuMemsetD8Async(dst, v, n, stream);
+}
+
 static int tg_memset32(tg_driver* d, void* ctx, void* stream, tg_dptr dst, unsigned v, size_t n) {
 	int r = d->cuCtxSetCurrent(ctx);
 	if (r) return r;
@@ -673,6 +679,10 @@ func (d *device) dtod(dst, src uintptr, bytes int) status {
 		return 0
 	}
 	return C.tg_dtod(d.dr.d, d.ctx, d.stream, C.tg_dptr(dst), C.tg_dptr(src), C.size_t(bytes))
+}
+
+func (d *device) memset8(dst uintptr, v byte, n int) status {
+	return C.tg_memset8(d.dr.d, d.ctx, d.stream, C.tg_dptr(dst), C.uchar(v), C.size_t(n))
 }
 
 func (d *device) memset32(dst uintptr, v uint32, n int) status {

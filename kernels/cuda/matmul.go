@@ -21,30 +21,42 @@ const (
 	maxGemmDimension = 1<<31 - 1
 )
 
-// gemm is column-major C (m,n) = alpha·op(A)·op(B) + beta·C on F32 device
-// memory, A holding nA and B nB contiguous elements, in b.opt.Matmul's
-// arithmetic. The caller holds b.mu.
-func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, A uintptr, lda, nA int,
-	B uintptr, ldb, nB int, beta float32, Cp uintptr, ldc int) {
+// gemm is column-major C (m,n) = alpha·op(A)·op(B) + beta·C, A holding nA and
+// B nB contiguous elements of type dt (F32 or BF16; both the same), C of
+// type ct (F32 or BF16). F32 operands run in b.opt.Matmul's arithmetic;
+// BF16 operands (mixed precision) multiply on bf16 tensor cores with fp32
+// accumulation. The caller holds b.mu.
+func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, dt kernels.DType, A uintptr, lda, nA int,
+	B uintptr, ldb, nB int, beta float32, ct kernels.DType, Cp uintptr, ldc int) {
 	if m == 0 || n == 0 {
 		return
 	}
 	if m > maxGemmDimension || n > maxGemmDimension || k > maxGemmDimension {
 		panic(fmt.Sprintf("cuda: gemm %d×%d×%d exceeds int32", m, n, k))
 	}
+	cType := cudaR32F
+	if ct == kernels.BF16 {
+		cType = cudaR16BF
+	}
 	if k == 0 {
 		if beta == 0 {
 			for j := 0; j < n; j++ {
-				b.fail("cuMemsetD32Async", b.d.memset32(Cp+uintptr(4*j*ldc), 0, m))
+				if ct == kernels.BF16 {
+					b.fail("cuMemsetD8Async", b.d.memset8(Cp+uintptr(2*j*ldc), 0, 2*m))
+				} else {
+					b.fail("cuMemsetD32Async", b.d.memset32(Cp+uintptr(4*j*ldc), 0, m))
+				}
 			}
 		}
 		return
 	}
 	at, bt, compute := cudaR32F, cudaR32F, computeF32
-	switch b.opt.Matmul {
-	case MatmulTF32:
+	switch {
+	case dt == kernels.BF16:
+		at, bt = cudaR16BF, cudaR16BF
+	case b.opt.Matmul == MatmulTF32:
 		compute = computeF32TF32
-	case MatmulBF16:
+	case b.opt.Matmul == MatmulBF16:
 		A = b.toBF16("gemm A (bf16)", A, nA)
 		B = b.toBF16("gemm B (bf16)", B, nB)
 		if A == 0 || B == 0 {
@@ -53,7 +65,7 @@ func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, A uintptr, lda, 
 		at, bt = cudaR16BF, cudaR16BF
 	}
 	b.failBlas(fmt.Sprintf("cublasGemmEx %dx%dx%d", m, n, k),
-		b.d.gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, Cp, cudaR32F, ldc, compute))
+		b.d.gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, Cp, cType, ldc, compute))
 }
 
 // toBF16 casts n floats at src into the named scratch buffer.
@@ -65,28 +77,47 @@ func (b *Backend) toBF16(name string, src uintptr, n int) uintptr {
 	return dst
 }
 
-// Matmul implements kernels.Ops: out (T,OC) = inp (T,C) · weight (OC,C)ᵀ.
+// operands checks that bufs share one dtype, F32 or BF16, and returns it.
+func operands(op string, bufs ...kernels.Buf) kernels.DType {
+	dt := bufs[0].DType
+	if dt != kernels.F32 && dt != kernels.BF16 {
+		panic(fmt.Sprintf("cuda: %s of %s operands", op, dt))
+	}
+	for _, x := range bufs[1:] {
+		if x.DType != dt {
+			panic(fmt.Sprintf("cuda: %s: operands of %s and %s (they must share one dtype)", op, dt, x.DType))
+		}
+	}
+	return dt
+}
+
+// Matmul implements kernels.Ops: out (T,OC) = inp (T,C) · weight (OC,C)ᵀ;
+// inp and weight F32|BF16, out F32|BF16.
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
-	want(out, kernels.F32, T*OC, "Matmul out")
-	want(inp, kernels.F32, T*C, "Matmul inp")
-	want(weight, kernels.F32, OC*C, "Matmul weight")
+	dt := operands("Matmul", inp, weight)
+	want(out, out.DType, T*OC, "Matmul out")
+	operands("Matmul out", out)
+	want(inp, dt, T*C, "Matmul inp")
+	want(weight, dt, OC*C, "Matmul weight")
 	defer b.lock()()
-	b.gemm(true, false, OC, T, C, 1, ptr(weight), C, OC*C, ptr(inp), C, T*C, 0, ptr(out), OC)
+	b.gemm(true, false, OC, T, C, 1, dt, ptr(weight), C, OC*C, ptr(inp), C, T*C, 0, out.DType, ptr(out), OC)
 }
 
 // MatmulBackward implements kernels.Ops: dinp (T,C) += dout·weight;
 // dweight (OC,C) += doutᵀ·inp; a zero-length dinp or dweight is skipped.
+// dout, inp, weight F32|BF16; dinp, dweight F32.
 func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
-	want(dout, kernels.F32, T*OC, "MatmulBackward dout")
-	want(inp, kernels.F32, T*C, "MatmulBackward inp")
-	want(weight, kernels.F32, OC*C, "MatmulBackward weight")
+	dt := operands("MatmulBackward dout", dout)
+	want(dout, dt, T*OC, "MatmulBackward dout")
 	defer b.lock()()
 	if dinp.N != 0 {
+		want(weight, dt, OC*C, "MatmulBackward weight")
 		want(dinp, kernels.F32, T*C, "MatmulBackward dinp")
-		b.gemm(false, false, C, T, OC, 1, ptr(weight), C, OC*C, ptr(dout), OC, T*OC, 1, ptr(dinp), C)
+		b.gemm(false, false, C, T, OC, 1, dt, ptr(weight), C, OC*C, ptr(dout), OC, T*OC, 1, kernels.F32, ptr(dinp), C)
 	}
 	if dweight.N != 0 {
+		want(inp, dt, T*C, "MatmulBackward inp")
 		want(dweight, kernels.F32, OC*C, "MatmulBackward dweight")
-		b.gemm(false, true, C, OC, T, 1, ptr(inp), C, T*C, ptr(dout), OC, T*OC, 1, ptr(dweight), C)
+		b.gemm(false, true, C, OC, T, 1, dt, ptr(inp), C, T*C, ptr(dout), OC, T*OC, 1, kernels.F32, ptr(dweight), C)
 	}
 }

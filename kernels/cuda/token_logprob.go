@@ -51,7 +51,7 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)
 		wc := ptr(weight) + uintptr(4*v0*C)
-		b.gemm(true, false, vc, T, C, invTemp, wc, C, vc*C, ptr(hidden), C, T*C, 0, logits, vc)
+		b.gemm(true, false, vc, T, C, invTemp, kernels.F32, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
 		b.launch("logprob_chunk", min(T, 64*b.d.info.SMs), 1, 1, threads, 0,
 			pu(state), pu(logits), pa(targets), ia(T), ia(vc), ia(v0), ia(V))
 	}
@@ -82,13 +82,13 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)
 		wc := ptr(weight) + uintptr(4*v0*C)
-		b.gemm(true, false, vc, T, C, invTemp, wc, C, vc*C, ptr(hidden), C, T*C, 0, dz, vc)
+		b.gemm(true, false, vc, T, C, invTemp, kernels.F32, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, dz, vc)
 		b.elementwise("logprob_bwd_chunk", T*vc, pu(dz), pa(lse), pa(dlogprob), pa(targets), ia(T), ia(vc), ia(v0), ia(V), fa(invTemp))
 		if dhidden.N != 0 {
-			b.gemm(false, false, C, T, vc, 1, wc, C, vc*C, dz, vc, T*vc, 1, ptr(dhidden), C)
+			b.gemm(false, false, C, T, vc, 1, kernels.F32, wc, C, vc*C, dz, vc, T*vc, 1, kernels.F32, ptr(dhidden), C)
 		}
 		if dweight.N != 0 {
-			b.gemm(false, true, C, vc, T, 1, ptr(hidden), C, T*C, dz, vc, T*vc, 1, ptr(dweight)+uintptr(4*v0*C), C)
+			b.gemm(false, true, C, vc, T, 1, kernels.F32, ptr(hidden), C, T*C, dz, vc, T*vc, 1, kernels.F32, ptr(dweight)+uintptr(4*v0*C), C)
 		}
 	}
 }

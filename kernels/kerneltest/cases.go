@@ -2,6 +2,7 @@ package kerneltest
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
@@ -118,6 +119,46 @@ var cases = []testCase{
 			s.check("MatmulBackward dinp "+tag, dinp, TolMatmul)
 			s.check("MatmulBackward dweight "+tag, dw, TolMatmul)
 			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
+		}
+	}},
+	{"Convert", func(s *suite) {
+		// Rounding: ties to even, carries into the exponent, overflow to
+		// infinity, subnormals, signed zeros, NaN; then random values.
+		vals := []float32{0, float32(math.Copysign(0, -1)), 1, -1, 1.00390625, 1.01171875, 1.0078125, 3.3895314e38,
+			float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), 1e-40, -3e-39, 65504, 1.9921875, 255.5}
+		for range 200 {
+			vals = append(vals, float32(s.rng.NormFloat64()*math.Pow(10, float64(s.rng.IntN(20)-10))))
+		}
+		x := s.f32(vals)
+		h := s.alloc(kernels.BF16, len(vals)) // each side's own rounding
+		back := s.out(len(vals))
+		keep := s.out(len(vals))
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+			b.Convert(v(h), v(x))
+			b.Convert(v(back), v(h))
+			b.Convert(v(keep), v(x)) // F32 → F32 copies
+		})
+		s.check("Convert F32→BF16→F32", back, TolExact)
+		s.check("Convert F32→F32", keep, TolExact)
+	}},
+	{"MatmulBF16", func(s *suite) {
+		for _, sh := range mmShapes {
+			inp, w := s.randnBF16(sh.T*sh.C, 1), s.randnBF16(sh.OC*sh.C, 1)
+			out32, out16 := s.out(sh.T*sh.OC), s.randnBF16(sh.T*sh.OC, 1)
+			dout := s.randnBF16(sh.T*sh.OC, 1)
+			dinp, dw := s.randn(sh.T*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Matmul(v(out32), v(inp), v(w), sh.T, sh.C, sh.OC)
+				b.Matmul(v(out16), v(inp), v(w), sh.T, sh.C, sh.OC)
+				b.MatmulBackward(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+			})
+			tag := fmt.Sprintf("T=%d C=%d OC=%d", sh.T, sh.C, sh.OC)
+			// Products of bf16 values are exact in fp32: only the summation
+			// order differs, as in the fp32 case.
+			s.check("Matmul bf16 → f32 "+tag, out32, TolMatmul)
+			s.check("Matmul bf16 → bf16 "+tag, out16, TolBF16Out)
+			s.check("MatmulBackward bf16 dinp "+tag, dinp, TolMatmul)
+			s.check("MatmulBackward bf16 dweight "+tag, dw, TolMatmul)
 		}
 	}},
 	{"Bias", func(s *suite) {

@@ -53,6 +53,10 @@ var (
 	// TolRope: the same cos/sin tables on both sides; two products and a sum
 	// per element, which a GPU compiler may fuse into one multiply-add.
 	TolRope = Tol{1e-6, 1e-6}
+	// TolBF16Out: an fp32 result rounded to bfloat16 (8 significant bits)
+	// on each side; fp32 values a few ulps apart may round to neighbouring
+	// bf16 values, one bf16 ulp (2^-8 relative) apart.
+	TolBF16Out = Tol{1e-6, 1.0 / 128}
 )
 
 // Run checks every op of the backends newBackend returns against
@@ -93,6 +97,7 @@ type pairBuf struct {
 	rAll, dAll   kernels.Buf // the allocations
 	init         []float32   // F32 initial contents of the allocation
 	initI        []int32     // I32 initial contents of the allocation
+	initB        []float32   // BF16 initial contents of the allocation, widened
 	off, n       int
 	checkMargins bool
 }
@@ -169,6 +174,70 @@ func (s *suite) ropeTables(P, HD int, theta float64) (cos, sin *pairBuf) {
 	return s.f32(c), s.f32(sn)
 }
 
+// bf16 is a BF16 buffer holding vals rounded to bfloat16 on both backends
+// (random margins around it): the values are written as F32 and converted
+// on each backend with Convert (itself checked exactly by the Convert case).
+func (s *suite) bf16(vals []float32) *pairBuf {
+	s.t.Helper()
+	p := s.alloc(kernels.BF16, len(vals))
+	all := make([]float32, p.rAll.N)
+	for i := range all {
+		all[i] = float32(s.rng.NormFloat64())
+	}
+	copy(all[p.off:], vals)
+	p.initB = make([]float32, len(all))
+	for i, x := range all {
+		p.initB[i] = cpu.BF16ToF32(cpu.F32ToBF16(x))
+	}
+	for _, side := range []struct {
+		b   kernels.Backend
+		dst kernels.Buf
+	}{{s.ref, p.rAll}, {s.dut, p.dAll}} {
+		tmp, err := side.b.Alloc(kernels.F32, len(all))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		side.b.UploadF32(tmp, all)
+		side.b.Convert(side.dst, tmp)
+		if err := side.b.Sync(); err != nil {
+			s.t.Fatal(err)
+		}
+		side.b.Free(tmp)
+	}
+	return p
+}
+
+// randnBF16 is a BF16 buffer of n N(0, sd²) values rounded to bfloat16.
+func (s *suite) randnBF16(n int, sd float64) *pairBuf {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(s.rng.NormFloat64() * sd)
+	}
+	return s.bf16(v)
+}
+
+// download returns a view's values as float32 on one backend (a BF16 view
+// is widened with Convert).
+func (s *suite) download(b kernels.Backend, view kernels.Buf) []float32 {
+	s.t.Helper()
+	out := make([]float32, view.N)
+	if view.DType != kernels.BF16 {
+		b.DownloadF32(out, view)
+		return out
+	}
+	tmp, err := b.Alloc(kernels.F32, view.N)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer b.Free(tmp)
+	b.Convert(tmp, view)
+	b.DownloadF32(out, tmp)
+	if err := b.Sync(); err != nil {
+		s.t.Fatal(err)
+	}
+	return out
+}
+
 // out is an F32 output buffer with random initial contents (the same on
 // both backends), so that an unwritten element shows.
 func (s *suite) out(n int) *pairBuf { return s.randn(n, 1) }
@@ -201,13 +270,11 @@ func (s *suite) freeAll() {
 	s.bufs = nil
 }
 
-// check compares the F32 view p on both backends.
+// check compares the view p (F32, or BF16 widened) on both backends.
 func (s *suite) check(name string, p *pairBuf, tol Tol) {
 	s.t.Helper()
-	want := make([]float32, p.n)
-	got := make([]float32, p.n)
-	s.ref.DownloadF32(want, p.r)
-	s.dut.DownloadF32(got, p.d)
+	want := s.download(s.ref, p.r)
+	got := s.download(s.dut, p.d)
 	if msg := Compare(want, got, tol); msg != "" {
 		s.t.Errorf("%s (%d elements): %s", name, p.n, msg)
 	}
@@ -218,10 +285,23 @@ func (s *suite) check(name string, p *pairBuf, tol Tol) {
 func (s *suite) checkMargins() {
 	s.t.Helper()
 	for i, p := range s.bufs {
-		if p.init == nil && p.initI == nil {
+		if p.init == nil && p.initI == nil && p.initB == nil {
 			continue
 		}
 		n := p.dAll.N
+		if p.initB != nil {
+			got := s.download(s.dut, p.dAll)
+			for _, region := range [][2]int{{0, p.off}, {p.off + p.n, n}} {
+				for j := region[0]; j < region[1]; j++ {
+					if math.Float32bits(got[j]) != math.Float32bits(p.initB[j]) {
+						s.t.Errorf("buffer %d: BF16 element %d outside the view [%d, %d) changed from %v to %v",
+							i, j, p.off, p.off+p.n, p.initB[j], got[j])
+						break
+					}
+				}
+			}
+			continue
+		}
 		for _, region := range [][2]int{{0, p.off}, {p.off + p.n, n}} {
 			if region[0] == region[1] {
 				continue
