@@ -89,6 +89,9 @@ func (b *Backend) loadKernels() error {
 		return err
 	}
 	sort.Strings(names)
+	if b.opt.kernelFiles != nil {
+		names = b.opt.kernelFiles
+	}
 	for _, n := range names {
 		text, err := ptxFiles.ReadFile(n)
 		if err != nil {

@@ -160,4 +160,8 @@ type Options struct {
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
 	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
 	LogitsScratch int
+
+	// kernelFiles, when set, limits the embedded PTX files loaded (tests of
+	// an emulator built from some of the kernel sources).
+	kernelFiles []string
 }

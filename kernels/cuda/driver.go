@@ -49,6 +49,7 @@ typedef struct {
 	int (*cuModuleLoadDataEx)(void**, const void*, unsigned, int*, void**);
 	int (*cuModuleUnload)(void*);
 	int (*cuModuleGetFunction)(void**, void*, const char*);
+	int (*cuFuncSetAttribute)(void*, int, int);
 	int (*cuLaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
 	                      unsigned, void*, void**, void**);
 	int (*cuGetErrorString)(int, const char**);
@@ -86,6 +87,7 @@ static const struct { const char* name; size_t off; } tg_driver_syms[] = {
 	{"cuModuleLoadDataEx", offsetof(tg_driver, cuModuleLoadDataEx)},
 	{"cuModuleUnload", offsetof(tg_driver, cuModuleUnload)},
 	{"cuModuleGetFunction", offsetof(tg_driver, cuModuleGetFunction)},
+	{"cuFuncSetAttribute", offsetof(tg_driver, cuFuncSetAttribute)},
 	{"cuLaunchKernel", offsetof(tg_driver, cuLaunchKernel)},
 	{"cuGetErrorString", offsetof(tg_driver, cuGetErrorString)},
 	{"cuGetErrorName", offsetof(tg_driver, cuGetErrorName)},
@@ -156,10 +158,10 @@ static int tg_device_count(tg_driver* d, int* n) {
 }
 
 // Attribute ids from cuda.h's CUdevice_attribute.
-enum { TG_ATTR_SMS = 16, TG_ATTR_CC_MAJOR = 75, TG_ATTR_CC_MINOR = 76 };
+enum { TG_ATTR_SMS = 16, TG_ATTR_CC_MAJOR = 75, TG_ATTR_CC_MINOR = 76, TG_ATTR_SMEM_OPTIN = 97 };
 
 static int tg_device_info(tg_driver* d, int ordinal, int* dev, char* name, int namelen,
-                          int* major, int* minor, int* sms, size_t* mem) {
+                          int* major, int* minor, int* sms, int* smem_optin, size_t* mem) {
 	int r = d->cuInit(0);
 	if (r) return r;
 	if ((r = d->cuDeviceGet(dev, ordinal))) return r;
@@ -167,6 +169,7 @@ static int tg_device_info(tg_driver* d, int ordinal, int* dev, char* name, int n
 	if ((r = d->cuDeviceGetAttribute(major, TG_ATTR_CC_MAJOR, *dev))) return r;
 	if ((r = d->cuDeviceGetAttribute(minor, TG_ATTR_CC_MINOR, *dev))) return r;
 	if ((r = d->cuDeviceGetAttribute(sms, TG_ATTR_SMS, *dev))) return r;
+	if ((r = d->cuDeviceGetAttribute(smem_optin, TG_ATTR_SMEM_OPTIN, *dev))) return r;
 	return d->cuDeviceTotalMem(mem, *dev);
 }
 
@@ -270,6 +273,16 @@ static int tg_function(tg_driver* d, void* ctx, void* mod, const char* name, voi
 	int r = d->cuCtxSetCurrent(ctx);
 	if (r) return r;
 	return d->cuModuleGetFunction(fn, mod, name);
+}
+
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: a kernel may use more
+// than the default 48 KiB of dynamic shared memory only after this.
+enum { TG_FUNC_MAX_DYN_SMEM = 8 };
+
+static int tg_func_smem(tg_driver* d, void* ctx, void* fn, int bytes) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuFuncSetAttribute(fn, TG_FUNC_MAX_DYN_SMEM, bytes);
 }
 
 static int tg_launch(tg_driver* d, void* ctx, void* stream, void* fn, unsigned gx, unsigned gy,
@@ -475,6 +488,7 @@ type DeviceInfo struct {
 	Name          string
 	Major, Minor  int // compute capability
 	SMs           int
+	SmemOptin     int // shared memory a block may opt in to, bytes
 	TotalMem      int64
 	DriverVersion int // e.g. 12080 for 12.8
 	BlasVersion   int
@@ -499,16 +513,16 @@ func (dr *driver) deviceInfo(ordinal int) (DeviceInfo, C.int, error) {
 	if ordinal < 0 || ordinal >= int(n) {
 		return DeviceInfo{}, 0, fmt.Errorf("cuda: device %d requested, the driver %s sees %d device(s)", ordinal, dr.path, int(n))
 	}
-	var dev, major, minor, sms C.int
+	var dev, major, minor, sms, optin C.int
 	var mem C.size_t
 	var name [256]C.char
 	if err := dr.check(fmt.Sprintf("query device %d", ordinal),
-		C.tg_device_info(dr.d, C.int(ordinal), &dev, &name[0], C.int(len(name)), &major, &minor, &sms, &mem)); err != nil {
+		C.tg_device_info(dr.d, C.int(ordinal), &dev, &name[0], C.int(len(name)), &major, &minor, &sms, &optin, &mem)); err != nil {
 		return DeviceInfo{}, 0, err
 	}
 	return DeviceInfo{
 		Ordinal: ordinal, Name: C.GoString(&name[0]), Major: int(major), Minor: int(minor),
-		SMs: int(sms), TotalMem: int64(mem), DriverVersion: int(ver), DriverPath: dr.path,
+		SMs: int(sms), SmemOptin: int(optin), TotalMem: int64(mem), DriverVersion: int(ver), DriverPath: dr.path,
 	}, dev, nil
 }
 
@@ -546,6 +560,7 @@ type device struct {
 	params unsafe.Pointer   // C memory: void*[maxArgs] pointing into args
 	mods   []unsafe.Pointer
 	fns    map[string]unsafe.Pointer
+	smem   map[unsafe.Pointer]int // dynamic shared memory opted in per kernel (above 48 KiB)
 }
 
 const maxArgs = 32
@@ -567,7 +582,7 @@ func openDevice(opt Options) (*device, error) {
 		return nil, err
 	}
 	info.BlasPath = bl.path
-	d := &device{dr: dr, bl: bl, dev: dev, info: info, fns: map[string]unsafe.Pointer{}}
+	d := &device{dr: dr, bl: bl, dev: dev, info: info, fns: map[string]unsafe.Pointer{}, smem: map[unsafe.Pointer]int{}}
 	if err := dr.check("create primary context", C.tg_context(dr.d, dev, &d.ctx, &d.stream)); err != nil {
 		return nil, err
 	}
@@ -697,11 +712,23 @@ func (d *device) sync() status { return C.tg_sync(d.dr.d, d.ctx, d.stream) }
 // setCtxFn is the driver's cuCtxSetCurrent, as a C function pointer.
 func (d *device) setCtxFn() unsafe.Pointer { return C.tg_setctx_fn(d.dr.d) }
 
+// defaultSmem is the dynamic shared memory every kernel may use without
+// opting in.
+const defaultSmem = 48 << 10
+
 // launch queues kernel fn with a 1-D block; args are raw 8-byte slots (the
-// driver reads each parameter's size from its slot's low bytes).
+// driver reads each parameter's size from its slot's low bytes). A launch
+// with more than 48 KiB of dynamic shared memory first raises the kernel's
+// limit (cuFuncSetAttribute), once per kernel and size.
 func (d *device) launch(fn unsafe.Pointer, gx, gy, gz, bx, smem int, args []uint64) status {
 	if len(args) > maxArgs {
 		panic("cuda: too many kernel arguments")
+	}
+	if smem > defaultSmem && smem > d.smem[fn] {
+		if code := C.tg_func_smem(d.dr.d, d.ctx, fn, C.int(smem)); code != 0 {
+			return code
+		}
+		d.smem[fn] = smem
 	}
 	copy(d.args[:], args)
 	return C.tg_launch(d.dr.d, d.ctx, d.stream, fn, C.uint(gx), C.uint(gy), C.uint(gz), C.uint(bx),

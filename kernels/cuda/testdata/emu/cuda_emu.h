@@ -16,6 +16,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define TG_INF INFINITY
 #define TG_DYN_SMEM(T, name) T* name = (T*)tg_emu_dyn_smem
 
@@ -29,6 +30,19 @@ void __syncthreads();
 void tg_emu_warp_barrier();
 uint64_t* tg_emu_warp_slots();
 inline void __syncwarp(unsigned = 0xffffffffu) { tg_emu_warp_barrier(); }
+
+// Tensor-core instructions and asynchronous copies (fakecuda.cpp; wrapped
+// for the kernels by csrc/mma.cuh, which documents their semantics).
+// acc (16x8 f32) += A (16x16 bf16) * B (16x8 bf16), per-lane fragments.
+void tg_emu_mma_bf16_16816(float acc[4], const unsigned a[4], const unsigned b[2]);
+// ldmatrix .x1/.x2/.x4 (num matrices), optionally .trans; p is this lane's
+// row address.
+void tg_emu_ldmatrix(unsigned* r, int num, bool trans, const void* p);
+// cp.async of size bytes (src_bytes of them read, the rest zeroed), and its
+// commit/wait_group.
+void tg_emu_cp_async(void* dst, const void* src, int size, int src_bytes);
+void tg_emu_cp_commit();
+void tg_emu_cp_wait(int n);
 
 template <class T>
 T tg_emu_shfl(T v, int src) {
@@ -74,6 +88,30 @@ inline float __int_as_float(int i) {
   return f;
 }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline int atomicAdd(int* p, int v) {
+  int o = *p;
+  *p = o + v;
+  return o;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+  unsigned o = *p;
+  *p = o + v;
+  return o;
+}
+// 16-byte vector types for vectorized loads (the kernels check alignment
+// first; the emulator aborts on a misaligned one, as a GPU faults).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 using std::cos;

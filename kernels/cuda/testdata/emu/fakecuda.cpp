@@ -4,8 +4,19 @@
 // right after each allocation, so a kernel writing or reading past the end
 // of a buffer crashes the test instead of passing silently. Launches check
 // the limits a GPU enforces (block size, grid y/z, 48 KiB of dynamic shared
-// memory) and abort on a barrier deadlock (divergent __syncthreads or a
-// thread exiting while others wait at one).
+// memory unless cuFuncSetAttribute raised a kernel's limit, up to the 163 KiB
+// an sm_80 block may opt in to) and abort on a barrier deadlock (divergent
+// __syncthreads or a thread exiting while others wait at one).
+//
+// The warp-level tensor-core instructions (csrc/mma.cuh) are emulated here
+// from the PTX ISA's fragment layouts: each lane deposits its fragments (or
+// ldmatrix row address) in its warp's scratch, the warp meets at a barrier,
+// and each lane computes its own result from the gathered operands. The
+// scratch is double-buffered by barrier generation, so one barrier per
+// instruction suffices: a lane can write the buffer again only after the
+// next barrier, which every lane reaches after reading this one.
+// Built with -DTG_EMU_MMA_MUTANT, the A fragment's lane mapping is wrong on
+// purpose (the layout test must then fail: kernels/cuda's TestMMALayoutEmu).
 #include <sys/mman.h>
 #include <time.h>
 #include <setjmp.h>
@@ -19,6 +30,8 @@
 #include <vector>
 
 #include "cuda_emu.h"
+
+static const int kSmemOptin = 163 * 1024;  // sm_80's per-block shared memory opt-in limit
 
 typedef void (*tg_invoker)(void** params);
 struct tg_kernel {
@@ -35,12 +48,22 @@ namespace {
 // A fiber starts through makecontext/swapcontext once per block and then
 // switches with _setjmp/_longjmp, which (unlike swapcontext) make no
 // sigprocmask system call: the emulator spends its time in the kernels.
+// One cp.async in flight: its data are captured at issue (the source is
+// not written while a copy is in flight in these kernels) and land in dst
+// at the wait.
+struct CpOp {
+  char* dst;
+  unsigned char data[16];
+  int size;
+};
 struct Fiber {
   ucontext_t ctx;
   jmp_buf jb;
   char* stack = nullptr;
   bool done = false, started = false;
   long wait_gen = -1;  // the block-barrier generation it waits on, or -1
+  std::vector<CpOp> cp;          // cp.async ops issued and not yet waited for
+  std::vector<size_t> cp_groups; // end index in cp of each committed group
 };
 const size_t kStack = 256 << 10;
 ucontext_t sched;
@@ -61,8 +84,16 @@ void yield() {
   if (!_setjmp(fibers[cur].jb)) _longjmp(sched_jb, 1);
 }
 
+void cp_land(Fiber& f, size_t n) {  // completes the first n ops of f.cp
+  for (size_t i = 0; i < n; i++) memcpy(f.cp[i].dst, f.cp[i].data, f.cp[i].size);
+  f.cp.erase(f.cp.begin(), f.cp.begin() + n);
+  for (size_t& e : f.cp_groups) e -= n;
+}
+
 void entry() {
   cur_fn(cur_params);
+  cp_land(fibers[cur], fibers[cur].cp.size());  // copies left in flight still land
+  fibers[cur].cp_groups.clear();
   fibers[cur].done = true;
   progress++;
   _longjmp(sched_jb, 1);  // never returns
@@ -109,6 +140,105 @@ void tg_emu_warp_barrier() {
 
 uint64_t* tg_emu_warp_slots() { return slots[threadIdx.x >> 5]; }
 
+namespace {
+// Per-warp operand scratch of the tensor-core instructions, two buffers
+// used alternately by barrier generation.
+struct WarpOps {
+  unsigned a[32][4];
+  unsigned b[32][2];
+  const char* addr[32];
+};
+WarpOps warp_ops[32][2];
+
+float lo_f(unsigned x) {
+  uint32_t u = x << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+float hi_f(unsigned x) {
+  uint32_t u = x & 0xffff0000u;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+float half_f(unsigned x, int h) { return h ? hi_f(x) : lo_f(x); }
+
+void emu_fail(const char* what) {
+  fprintf(stderr, "fakecuda: thread %u of block (%u,%u,%u): %s\n", threadIdx.x, blockIdx.x, blockIdx.y,
+          blockIdx.z, what);
+  abort();
+}
+}  // namespace
+
+// A (16x16, row-major) element (r, k) lives in lane (r%8)*4 + (k%8)/2,
+// register r/8 + 2*(k/8), half k%2; B (16x8, "col": stored n-major) element
+// (k, n) in lane n*4 + (k%8)/2, register k/8, half k%2; D element (r, n) in
+// lane (r%8)*4 + n/2, register 2*(r/8) + n%2.
+void tg_emu_mma_bf16_16816(float acc[4], const unsigned a[4], const unsigned b[2]) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  WarpOps& o = warp_ops[w][warp_gen[w] & 1];
+  memcpy(o.a[lane], a, sizeof o.a[lane]);
+  memcpy(o.b[lane], b, sizeof o.b[lane]);
+  tg_emu_warp_barrier();
+  for (int i = 0; i < 4; i++) {
+    const int r = (lane >> 2) + 8 * (i >> 1), n = (lane & 3) * 2 + (i & 1);
+    double s = 0;
+    for (int k = 0; k < 16; k++) {
+#ifdef TG_EMU_MMA_MUTANT
+      const int al = (k % 8) / 2 * 8 + (r % 8);  // lanes transposed: wrong on purpose
+#else
+      const int al = (r % 8) * 4 + (k % 8) / 2;
+#endif
+      const float av = half_f(o.a[al][r / 8 + 2 * (k / 8)], k % 2);
+      const float bv = half_f(o.b[n * 4 + (k % 8) / 2][k / 8], k % 2);
+      s += (double)av * (double)bv;  // bf16 products are exact in double
+    }
+    acc[i] = (float)((double)acc[i] + s);
+  }
+}
+
+void tg_emu_ldmatrix(unsigned* r, int num, bool trans, const void* p) {
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (((uintptr_t)p & 15) != 0 && lane < 8 * num) emu_fail("ldmatrix row address not 16-byte aligned");
+  WarpOps& o = warp_ops[w][warp_gen[w] & 1];
+  o.addr[lane] = (const char*)p;
+  tg_emu_warp_barrier();
+  for (int j = 0; j < num; j++) {
+    uint16_t e[2];
+    if (!trans) {
+      memcpy(e, o.addr[8 * j + lane / 4] + 4 * (lane % 4), 4);
+    } else {
+      memcpy(&e[0], o.addr[8 * j + 2 * (lane % 4)] + 2 * (lane / 4), 2);
+      memcpy(&e[1], o.addr[8 * j + 2 * (lane % 4) + 1] + 2 * (lane / 4), 2);
+    }
+    r[j] = (unsigned)e[0] | ((unsigned)e[1] << 16);
+  }
+}
+
+void tg_emu_cp_async(void* dst, const void* src, int size, int src_bytes) {
+  if (((uintptr_t)dst & (size - 1)) != 0 || ((uintptr_t)src & (size - 1)) != 0)
+    emu_fail("cp.async address not aligned to its size");
+  if (src_bytes < 0 || src_bytes > size) emu_fail("cp.async src-size outside [0, cp-size]");
+  CpOp op;
+  op.dst = (char*)dst;
+  op.size = size;
+  memset(op.data, 0, sizeof op.data);
+  if (src_bytes > 0) memcpy(op.data, src, src_bytes);
+  memset(dst, 0xFF, size);  // undefined (NaN) until the wait
+  fibers[cur].cp.push_back(op);
+}
+
+void tg_emu_cp_commit() { fibers[cur].cp_groups.push_back(fibers[cur].cp.size()); }
+
+void tg_emu_cp_wait(int n) {
+  Fiber& f = fibers[cur];
+  if ((int)f.cp_groups.size() <= n) return;
+  size_t land = f.cp_groups[f.cp_groups.size() - 1 - n];
+  f.cp_groups.erase(f.cp_groups.begin(), f.cp_groups.end() - n);
+  cp_land(f, land);
+}
+
 static int run_block(const char* name) {
   blk_arrived = 0;
   memset(warp_arrived, 0, sizeof warp_arrived);
@@ -116,6 +246,8 @@ static int run_block(const char* name) {
     Fiber& f = fibers[t];
     f.done = false;
     f.started = false;
+    f.cp.clear();
+    f.cp_groups.clear();
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStack;
@@ -214,6 +346,7 @@ API cuDeviceGetName(char* name, int len, int) {
 API cuDeviceGetAttribute(int* v, int attr, int) {
   switch (attr) {
     case 16: *v = 2; return 0;   // SMs: small, so grid-stride loops wrap
+    case 97: *v = kSmemOptin; return 0;  // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     case 75: *v = 8; return 0;   // compute capability 8.0
     case 76: *v = 0; return 0;
   }
@@ -313,6 +446,15 @@ API cuModuleLoadDataEx(void** mod, const void* image, unsigned, int*, void**) {
   return 0;
 }
 API cuModuleUnload(void*) { return 0; }
+// Dynamic shared memory a kernel may use, raised by cuFuncSetAttribute
+// (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8); 48 KiB otherwise.
+static std::map<const void*, int> max_dyn_smem;
+API cuFuncSetAttribute(void* fn, int attr, int value) {
+  if (attr != 8) return 1;  // CUDA_ERROR_INVALID_VALUE: only this one is emulated
+  if (value < 0 || value > kSmemOptin) return 1;
+  max_dyn_smem[fn] = value;
+  return 0;
+}
 API cuModuleGetFunction(void** fn, void*, const char* name) {
   for (int i = 0; i < tg_nkernels; i++) {
     if (strcmp(tg_kernels[i].name, name) == 0) {
@@ -325,8 +467,10 @@ API cuModuleGetFunction(void** fn, void*, const char* name) {
 API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                    unsigned bz, unsigned smem, void*, void** params, void**) {
   const tg_kernel* k = (const tg_kernel*)fn;
+  auto lim = max_dyn_smem.find(fn);
+  const unsigned smem_max = lim == max_dyn_smem.end() ? 48 * 1024 : (unsigned)lim->second;
   if (bx == 0 || bx > 1024 || bx % 32 != 0 || by != 1 || bz != 1 || gx == 0 || gy == 0 ||
-      gz == 0 || gy > 65535 || gz > 65535 || smem > 48 * 1024) {
+      gz == 0 || gy > 65535 || gz > 65535 || smem > smem_max) {
     fprintf(stderr, "fakecuda: %s: bad launch grid (%u,%u,%u) block (%u,%u,%u) smem %u\n", k->name,
             gx, gy, gz, bx, by, bz, smem);
     return 1;  // CUDA_ERROR_INVALID_VALUE
@@ -337,7 +481,15 @@ API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     fibers.resize(nthreads);
     for (size_t i = old; i < fibers.size(); i++) fibers[i].stack = (char*)malloc(kStack);
   }
-  std::vector<char> dyn(smem + 16);
+  // 128-byte aligned like a GPU's dynamic shared memory (ldmatrix and
+  // cp.async need 16-byte aligned shared addresses).
+  static char* dyn_buf;
+  static size_t dyn_cap;
+  if (dyn_cap < smem + 16) {
+    free(dyn_buf);
+    dyn_cap = (smem + 16 + 127) / 128 * 128;
+    dyn_buf = (char*)aligned_alloc(128, dyn_cap);
+  }
   blockDim = {bx, 1, 1};
   gridDim = {gx, gy, gz};
   cur_fn = k->fn;
@@ -345,8 +497,8 @@ API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   for (unsigned z = 0; z < gz; z++)
     for (unsigned y = 0; y < gy; y++)
       for (unsigned x = 0; x < gx; x++) {
-        memset(dyn.data(), 0xFF, dyn.size());  // NaN: unwritten shared memory shows up
-        tg_emu_dyn_smem = dyn.data();
+        memset(dyn_buf, 0xFF, smem + 16);  // NaN: unwritten shared memory shows up
+        tg_emu_dyn_smem = dyn_buf;
         blockIdx = {x, y, z};
         run_block(k->name);
       }

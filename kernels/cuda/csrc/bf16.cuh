@@ -1,0 +1,46 @@
+// bf16.cuh: bfloat16 storage for the kernels, the same bits under nvcc and
+// the CPU emulator (TG_EMU). A bf16 value is its 16 bits in an unsigned
+// short; two of them packed in an unsigned (the low half is the element at
+// the lower address, as in memory and in the mma fragments). Widening is
+// exact; narrowing rounds to nearest even with NaN kept quiet, like
+// kernels/cpu's F32ToBF16 and cast.cu.
+#pragma once
+
+typedef unsigned short tg_bf16;
+
+// Widen bf16 bits to float (exact).
+__device__ __forceinline__ float tg_widen(tg_bf16 b) {
+  return __int_as_float((int)((unsigned)b << 16));
+}
+
+// The low and high bf16 halves of a packed pair, widened.
+__device__ __forceinline__ float bf16_lo(unsigned x) { return __int_as_float((int)(x << 16)); }
+__device__ __forceinline__ float bf16_hi(unsigned x) { return __int_as_float((int)(x & 0xffff0000u)); }
+
+// Round float to bf16 bits, to nearest even; NaN stays a quiet NaN.
+__device__ __forceinline__ tg_bf16 tg_round(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (tg_bf16)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (tg_bf16)(u >> 16);
+}
+
+// Two floats rounded to bf16 and packed: lo in the low half.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+#ifdef TG_EMU
+  return (unsigned)tg_round(lo) | ((unsigned)tg_round(hi) << 16);
+#else
+  unsigned r;
+  // cvt.rn.bf16x2.f32 d, a, b puts a in the upper half (PTX ISA 7.0, sm_80).
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+#endif
+}
+
+// Element i of a buffer of type T (float or tg_bf16) as float, and the
+// store of a float into it (rounded for bf16): kernels templated on their
+// storage type read and write through these.
+__device__ __forceinline__ float ld_f(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld_f(const tg_bf16* p, long long i) { return tg_widen(p[i]); }
+__device__ __forceinline__ void st_f(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_f(tg_bf16* p, long long i, float v) { p[i] = tg_round(v); }
