@@ -2,7 +2,10 @@
 
 package cuda
 
-// Attention and AttentionBackward: csrc/attention.cu.
+// Attention and AttentionBackward: csrc/attention.cu. F32 buffers run the
+// fp32 kernels; BF16 buffers with HD 64 or 128 and 16-byte aligned q, k, v
+// (and dout) run the tensor-core kernels; other BF16 calls widen into fp32
+// scratch, run the fp32 kernels and round the outputs (correct, not fast).
 
 import (
 	"fmt"
@@ -40,36 +43,118 @@ func checkAttention(op string, seqs kernels.Seqs, NH, NKV, HD int) {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
+// Tiles of the tensor-core kernels (csrc/attention.cu's TC_ROWS and the
+// key/query tiles of each head dimension) and their shared memory: tiles of
+// rows × (HD+8) bf16.
+const (
+	tcRows  = 64
+	log2e   = 1.4426950408889634
+	tcAlign = 16 // cp.async and ldmatrix move 16-byte chunks
+)
+
+// tcTiles returns the dq kernel's key tile and the dkdv kernel's query tile.
+func tcTiles(HD int) (dqKeys, dkdvQueries int) {
+	if HD == 128 {
+		return 32, 32
+	}
+	return 64, 64
+}
+
+// tcSmem returns the dynamic shared memory of the forward, dq and dkdv
+// tensor-core kernels for head dimension HD.
+func tcSmem(HD int) (fwd, dq, dkdv int) {
+	nk, nq := tcTiles(HD)
+	row := 2 * (HD + 8)
+	return 3 * tcRows * row, (2*tcRows + 4*nk) * row, (2*tcRows+4*nq)*row + 2*2*nq*4
+}
+
+// useTC reports whether the tensor-core kernels run for these operands:
+// BF16, HD 64 or 128, every base address 16-byte aligned (the rows of a
+// head then are too, HD·2 bytes being a multiple of 16).
+func useTC(HD int, bufs ...kernels.Buf) bool {
+	if HD != 64 && HD != 128 {
+		return false
+	}
+	for _, x := range bufs {
+		if x.DType != kernels.BF16 || ptr(x)%tcAlign != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Attention implements kernels.Ops: out (T,NH,HD) =, lse (T,NH) =.
+// q, k, v F32|BF16 (same), out F32|BF16, lse F32.
 func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	T := q.N / max(1, NH*HD)
 	checkAttention("Attention", seqs, NH, NKV, HD)
-	want(q, kernels.F32, T*NH*HD, "Attention q")
-	want(k, kernels.F32, T*NKV*HD, "Attention k")
-	want(v, kernels.F32, T*NKV*HD, "Attention v")
-	want(out, kernels.F32, T*NH*HD, "Attention out")
+	dt := operands("Attention q, k, v", q, k, v)
+	operands("Attention out", out)
+	want(q, dt, T*NH*HD, "Attention q")
+	want(k, dt, T*NKV*HD, "Attention k")
+	want(v, dt, T*NKV*HD, "Attention v")
+	want(out, out.DType, T*NH*HD, "Attention out")
 	want(lse, kernels.F32, T*NH, "Attention lse")
 	if T == 0 || seqs.S == 0 {
 		return
 	}
 	scale := float32(1 / math.Sqrt(float64(HD)))
-	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	defer b.lock()()
+	if dt == kernels.BF16 && useTC(HD, q, k, v) {
+		name := fmt.Sprintf("attention_fwd_tc_hd%d_f32out", HD)
+		if out.DType == kernels.BF16 {
+			name = fmt.Sprintf("attention_fwd_tc_hd%d_bf16out", HD)
+		}
+		smem, _, _ := tcSmem(HD)
+		b.launch(name, ceilDiv(seqs.MaxLen, tcRows), seqs.S, NH, attThreads, smem,
+			pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale*log2e), pu(b.flags))
+		return
+	}
+	if dt == kernels.BF16 { // another head dimension or a misaligned view: widen
+		q, k, v = b.widen("attention q", q), b.widen("attention k", k), b.widen("attention v", v)
+	}
+	o := ptr(out)
+	if out.DType == kernels.BF16 {
+		o = b.work("attention out f32", 4*out.N)
+	}
+	if q.Handle == 0 || k.Handle == 0 || v.Handle == 0 || o == 0 {
+		return // scratch allocation failed (recorded)
+	}
+	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	b.launch("attention_fwd", ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
-		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+		pu(o), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+	if out.DType == kernels.BF16 {
+		b.elementwise("f32_to_bf16", out.N, pa(out), pu(o), la(out.N))
+	}
+}
+
+// widen returns an F32 copy of a BF16 view in the scratch buffer named what
+// (Handle 0 when the allocation failed, which is recorded). The caller
+// holds b.mu.
+func (b *Backend) widen(what string, x kernels.Buf) kernels.Buf {
+	p := b.work(what+" f32", 4*x.N)
+	if p == 0 {
+		return kernels.Buf{}
+	}
+	b.elementwise("bf16_to_f32", x.N, pu(p), pa(x), la(x.N))
+	return kernels.Buf{Handle: p, N: x.N, DType: kernels.F32}
 }
 
 // AttentionBackward implements kernels.Ops: dq (T,NH,HD) =, dk, dv (T,NKV,HD) =.
+// dout, out, q, k, v F32|BF16 (same); dq, dk, dv, lse F32.
 func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	T := q.N / max(1, NH*HD)
 	checkAttention("AttentionBackward", seqs, NH, NKV, HD)
+	dt := operands("AttentionBackward dout, out, q, k, v", dout, out, q, k, v)
 	for _, c := range []struct {
 		b    kernels.Buf
+		dt   kernels.DType
 		n    int
 		name string
-	}{{dq, T * NH * HD, "dq"}, {dk, T * NKV * HD, "dk"}, {dv, T * NKV * HD, "dv"}, {dout, T * NH * HD, "dout"},
-		{out, T * NH * HD, "out"}, {lse, T * NH, "lse"}, {q, T * NH * HD, "q"}, {k, T * NKV * HD, "k"}, {v, T * NKV * HD, "v"}} {
-		want(c.b, kernels.F32, c.n, "AttentionBackward "+c.name)
+	}{{dq, kernels.F32, T * NH * HD, "dq"}, {dk, kernels.F32, T * NKV * HD, "dk"}, {dv, kernels.F32, T * NKV * HD, "dv"},
+		{dout, dt, T * NH * HD, "dout"}, {out, dt, T * NH * HD, "out"}, {lse, kernels.F32, T * NH, "lse"},
+		{q, dt, T * NH * HD, "q"}, {k, dt, T * NKV * HD, "k"}, {v, dt, T * NKV * HD, "v"}} {
+		want(c.b, c.dt, c.n, "AttentionBackward "+c.name)
 	}
 	if T == 0 || seqs.S == 0 {
 		return
@@ -81,7 +166,25 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		return
 	}
 	rows := T * NH
-	b.launch("attention_bwd_dot", max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs)), 1, 1, threads, 0,
+	dotBlocks := max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs))
+	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
+		b.launch("attention_bwd_dot_bf16", dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
+		_, smemDq, smemDkdv := tcSmem(HD)
+		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
+			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
+		grid := ceilDiv(seqs.MaxLen, tcRows)
+		b.launch(fmt.Sprintf("attention_bwd_dq_tc_hd%d", HD), grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+		b.launch(fmt.Sprintf("attention_bwd_dkdv_tc_hd%d", HD), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		return
+	}
+	if dt == kernels.BF16 { // another head dimension or a misaligned view: widen
+		dout, out = b.widen("attention dout", dout), b.widen("attention out", out)
+		q, k, v = b.widen("attention q", q), b.widen("attention k", k), b.widen("attention v", v)
+		if dout.Handle == 0 || out.Handle == 0 || q.Handle == 0 || k.Handle == 0 || v.Handle == 0 {
+			return
+		}
+	}
+	b.launch("attention_bwd_dot", dotBlocks, 1, 1, threads, 0,
 		pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
 	b.launch("attention_bwd_dq", ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,

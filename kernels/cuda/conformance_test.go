@@ -16,7 +16,7 @@ import (
 // vocabulary chunks, DecodeSplit so AttentionDecode combines several splits.
 func TestConformanceEmu(t *testing.T) {
 	b := emuBackend(t, Options{LogitsScratch: 37 * 64, DecodeSplit: 32})
-	kerneltest.Run(t, func() kernels.Backend { return noClose{b} })
+	kerneltest.RunOptions(t, func() kernels.Backend { return noClose{b} }, kerneltest.Options{Reduced: true})
 }
 
 // noClose keeps kerneltest from closing a backend emuBackend closes.

@@ -241,6 +241,79 @@ var cases = []testCase{
 			}
 		}
 	}},
+	{"AttentionBF16", func(s *suite) {
+		// bf16 q, k, v at the head dimensions the tensor-core kernels
+		// serve (64, 128), packings that cross their 64-row tiles, GQA; then
+		// the fallbacks (another head dimension; views not 16-byte aligned).
+		type shape struct {
+			lens          []int
+			NH, NKV, HD   int
+			misaligned    bool
+			long, reduced bool // a long shape; kept when Options.Reduced
+		}
+		shapes := []shape{
+			{lens: []int{1}, NH: 4, NKV: 2, HD: 64, reduced: true},
+			{lens: []int{37}, NH: 2, NKV: 1, HD: 128, reduced: true},
+			{lens: []int{5, 1, 17, 33, 2}, NH: 4, NKV: 2, HD: 64},
+			{lens: []int{70, 3, 130}, NH: 2, NKV: 1, HD: 128, reduced: true},
+			{lens: []int{64, 65, 63, 128}, NH: 6, NKV: 3, HD: 64, reduced: true},
+			{lens: []int{3, 1, 2, 4, 1, 1, 3, 2, 4, 1, 2, 3, 1, 4, 2, 1, 3, 1, 2, 2}, NH: 4, NKV: 4, HD: 128},
+			{lens: []int{37, 20}, NH: 4, NKV: 2, HD: 40, reduced: true},                   // widened: HD 40
+			{lens: []int{37, 20}, NH: 4, NKV: 2, HD: 64, misaligned: true, reduced: true}, // widened: unaligned views
+			{lens: []int{300, 700}, NH: 2, NKV: 1, HD: 128, reduced: true},
+			// 4096 tokens: on the emulator one head of HD 64 (its fibers take
+			// ~10 s for it), on a device the Qwen3 shape's head ratio.
+			{lens: []int{4096}, NH: 1, NKV: 1, HD: 64, long: true, reduced: true},
+			{lens: []int{1000, 3000, 96}, NH: 4, NKV: 2, HD: 64, long: true},
+			{lens: []int{4096}, NH: 8, NKV: 2, HD: 128, long: true},
+		}
+		for _, h := range shapes {
+			if s.reduced && !h.reduced {
+				continue
+			}
+			sq, cuP, T := seqs(s, h.lens)
+			s.aligned = !h.misaligned
+			q := s.randnBF16(T*h.NH*h.HD, 1)
+			k := s.randnBF16(T*h.NKV*h.HD, 1)
+			v := s.randnBF16(T*h.NKV*h.HD, 1)
+			out32, lse := s.out(T*h.NH*h.HD), s.out(T*h.NH)
+			out16 := s.randnBF16(T*h.NH*h.HD, 1)
+			dout := s.randnBF16(T*h.NH*h.HD, 1)
+			both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
+				sb := sq
+				sb.CuSeqlens = vw(cuP)
+				if !h.long { // an fp32 output too (the long shapes' time goes to the bf16 one)
+					b.Attention(vw(out32), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+				}
+				b.Attention(vw(out16), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+			})
+			tag := fmt.Sprintf("lens=%v NH=%d NKV=%d HD=%d", h.lens, h.NH, h.NKV, h.HD)
+			if len(tag) > 80 {
+				tag = fmt.Sprintf("%d seqs NH=%d NKV=%d HD=%d", len(h.lens), h.NH, h.NKV, h.HD)
+			}
+			if h.misaligned {
+				tag += " misaligned"
+			}
+			if !h.long {
+				s.check("Attention bf16 → f32 out "+tag, out32, TolAttentionBF16Out)
+			}
+			s.check("Attention bf16 → bf16 out "+tag, out16, TolAttentionBF16OutBF16)
+			s.check("Attention bf16 lse "+tag, lse, TolAttentionBF16LSE)
+			// The backward pass of both backends from the reference's out
+			// and lse, so that it is checked on its own.
+			outR, lseR := s.bf16(s.download(s.ref, out16.r)), s.f32(s.download(s.ref, lse.r))
+			dq, dk, dv := s.out(T*h.NH*h.HD), s.out(T*h.NKV*h.HD), s.out(T*h.NKV*h.HD)
+			both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
+				sb := sq
+				sb.CuSeqlens = vw(cuP)
+				b.AttentionBackward(vw(dq), vw(dk), vw(dv), vw(dout), vw(outR), vw(lseR), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+			})
+			s.check("AttentionBackward bf16 dq "+tag, dq, TolAttentionBF16Grad)
+			s.check("AttentionBackward bf16 dk "+tag, dk, TolAttentionBF16Grad)
+			s.check("AttentionBackward bf16 dv "+tag, dv, TolAttentionBF16Grad)
+			s.aligned = false
+		}
+	}},
 	{"AttentionBadSeqs", func(s *suite) {
 		const NH, NKV, HD = 2, 1, 8
 		for _, c := range []struct {
@@ -424,7 +497,7 @@ var cases = []testCase{
 			x := s.randn(N, 1)
 			out := s.out(1)
 			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) { b.SumSquares(v(out), v(x)) })
-			s.check(fmt.Sprintf("SumSquares N=%d", N), out, Tol{0, 1e-6})
+			s.check(fmt.Sprintf("SumSquares N=%d", N), out, Tol{Atol: 0, Rtol: 1e-6})
 		}
 	}},
 }

@@ -21,48 +21,90 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
-// Tol is |got − want| ≤ Atol + Rtol·|want|.
-type Tol struct{ Atol, Rtol float64 }
+// Tol is |got − want| ≤ Atol + RMS·rms(want) + Rtol·|want|, rms(want) the
+// root mean square of the whole reference buffer: RMS states an error
+// relative to the data's scale, for low-precision paths whose error is a
+// fraction of the typical magnitude rather than of each element.
+type Tol struct{ Atol, Rtol, RMS float64 }
 
 // The per-op tolerances of a backend against kernels/cpu, both fp32 with
 // different summation orders and transcendental implementations.
 var (
 	// Exact: pure data movement or one correctly rounded fp32 operation.
-	TolExact = Tol{0, 0}
+	TolExact = Tol{Atol: 0, Rtol: 0}
 	// TolElementwise: one or two calls of exp/sqrt whose last bit differs
 	// between libraries.
-	TolElementwise = Tol{1e-6, 1e-5}
+	TolElementwise = Tol{Atol: 1e-6, Rtol: 1e-5}
 	// TolReduce: sums over up to a few hundred terms in another order
 	// (atomics across blocks, tree reductions).
-	TolReduce = Tol{1e-5, 1e-5}
+	TolReduce = Tol{Atol: 1e-5, Rtol: 1e-5}
 	// TolMatmul: fp32 dot products of length ≤ 300 of N(0,1) terms in
 	// another blocking order.
-	TolMatmul = Tol{1e-4, 1e-4}
+	TolMatmul = Tol{Atol: 1e-4, Rtol: 1e-4}
 	// TolAttention: softmax over ≤ 100 keys, online (rescaled per tile) on
 	// one side, and the backward pass's products of those.
-	TolAttention = Tol{2e-5, 1e-4}
+	TolAttention = Tol{Atol: 2e-5, Rtol: 1e-4}
 	// TolLogprob: log-sum-exp over a vocabulary of a few hundred, formed in
 	// chunks; entropy is lse − E[z], a difference of two O(10) numbers.
-	TolLogprob = Tol{1e-4, 1e-4}
+	TolLogprob = Tol{Atol: 1e-4, Rtol: 1e-4}
 	// TolRope: the same cos/sin tables on both sides; two products and a sum
 	// per element, which a GPU compiler may fuse into one multiply-add.
-	TolRope = Tol{1e-6, 1e-6}
+	TolRope = Tol{Atol: 1e-6, Rtol: 1e-6}
 	// TolBF16Out: an fp32 result rounded to bfloat16 (8 significant bits)
 	// on each side; fp32 values a few ulps apart may round to neighbouring
 	// bf16 values, one bf16 ulp (2^-8 relative) apart.
-	TolBF16Out = Tol{1e-6, 1.0 / 128}
+	TolBF16Out = Tol{Atol: 1e-6, Rtol: 1.0 / 128}
+	// TolAttentionBF16Out: attention output (fp32) from bf16 q, k, v of
+	// N(0,1) values on tensor cores, which round the probabilities P to
+	// bf16 (relative error up to 2^-9 each) before P·V, against the
+	// reference's fp32 P: each term p_j·v_j is off by up to 2^-9·p_j·|v_j|,
+	// so out = Σ p_j·v_j / l by up to about 2^-9·max|v| ≈ 1e-2 for the
+	// largest of a million N(0,1) values (worst on rows that see few keys,
+	// where one p dominates). Measured worst on the emulator: 3.6e-3
+	// absolute (the reduced shapes).
+	TolAttentionBF16Out = Tol{Atol: 8e-3, Rtol: 4e-3}
+	// TolAttentionBF16OutBF16: the same output rounded to bf16 on both
+	// sides: TolAttentionBF16Out plus one bf16 ulp (TolBF16Out).
+	TolAttentionBF16OutBF16 = Tol{Atol: 8e-3, Rtol: 4e-3 + 1.0/128}
+	// TolAttentionBF16LSE: the log-sum-exp is formed from fp32 scores
+	// (exact bf16 products, fp32 sums) and unrounded probabilities: fp32
+	// error only, through exp2 of log2-scaled scores. Measured worst: 5e-7
+	// absolute on values up to ~10.
+	TolAttentionBF16LSE = Tol{Atol: 1e-5, Rtol: 1e-5}
+	// TolAttentionBF16Grad: dq, dk, dv from bf16 operands of N(0,1)
+	// values. P and dS are rounded to bf16 as mma operands (2^-9 relative
+	// each), so every term summed over keys (dq) or queries and heads
+	// (dk, dv) carries up to 2^-9 of itself: terms with p near 1 and |dout|
+	// near the largest of a million N(0,1) samples (≈5) are off by ≈1e-2,
+	// on gradients of magnitude 0.05 to 5. Measured worst on the emulator:
+	// 1.05e-2 (dv, a 130-token sequence), 5.8e-3 at 4096 tokens.
+	TolAttentionBF16Grad = Tol{Atol: 2e-2, Rtol: 1e-2}
 )
 
+// Options adjust a run of the suite.
+type Options struct {
+	// Reduced keeps the long shapes (sequences of thousands of tokens at
+	// real head dimensions) to a few, for backends that run slowly (the
+	// CUDA emulator runs every GPU thread as a fiber on one CPU core).
+	Reduced bool
+}
+
 // Run checks every op of the backends newBackend returns against
-// kernels/cpu. newBackend is called once; the backend is closed at the end
-// if it has a Close method.
+// kernels/cpu, with every shape. newBackend is called once; the backend is
+// closed at the end if it has a Close method.
 func Run(t *testing.T, newBackend func() kernels.Backend) {
+	RunOptions(t, newBackend, Options{})
+}
+
+// RunOptions is Run with options.
+func RunOptions(t *testing.T, newBackend func() kernels.Backend, opt Options) {
 	dut := newBackend()
 	ref := cpu.New(2)
 	defer ref.Close()
@@ -70,7 +112,7 @@ func Run(t *testing.T, newBackend func() kernels.Backend) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(len(c.name)), 0x7eace))
-			s := &suite{t: t, ref: ref, dut: dut, rng: rng}
+			s := &suite{t: t, ref: ref, dut: dut, rng: rng, reduced: opt.Reduced}
 			defer s.freeAll()
 			c.run(s)
 			s.syncBoth()
@@ -107,11 +149,18 @@ type suite struct {
 	ref, dut kernels.Backend
 	rng      *rand.Rand
 	bufs     []*pairBuf
+	reduced  bool // Options.Reduced
+	aligned  bool // the next allocations start 16-byte aligned
 }
 
 func (s *suite) alloc(dt kernels.DType, n int) *pairBuf {
 	s.t.Helper()
 	lo, hi := s.rng.IntN(5), s.rng.IntN(5)
+	if s.aligned {
+		// A margin of a multiple of 16 bytes: backends that move 16-byte
+		// chunks (the tensor-core paths) take their fast path on such views.
+		lo = s.rng.IntN(3) * 16 / dt.Size()
+	}
 	p := &pairBuf{off: lo, n: n, checkMargins: true}
 	var err error
 	if p.rAll, err = s.ref.Alloc(dt, lo+n+hi); err != nil {
@@ -278,7 +327,15 @@ func (s *suite) check(name string, p *pairBuf, tol Tol) {
 	if msg := Compare(want, got, tol); msg != "" {
 		s.t.Errorf("%s (%d elements): %s", name, p.n, msg)
 	}
+	if os.Getenv(reportEnv) != "" {
+		frac, maxAbs, maxRel := Used(want, got, tol)
+		s.t.Logf("%s: max abs err %.3g, max rel err %.3g, rms(want) %.3g, %.1f%% of the tolerance", name, maxAbs, maxRel, rms(want), 100*frac)
+	}
 }
+
+// reportEnv, when set, makes every check log its largest errors and the
+// share of its tolerance they use (to state and justify tolerances).
+const reportEnv = "TRACEGRPO_KERNELTEST_REPORT"
 
 // checkMargins verifies that no op wrote outside its views on the backend
 // under test.
@@ -339,6 +396,7 @@ func Compare(want, got []float32, tol Tol) string {
 	var maxAbs, maxRel float64
 	var first []string
 	bad := 0
+	atol := tol.Atol + tol.RMS*rms(want)
 	for i := range want {
 		w, g := float64(want[i]), float64(got[i])
 		d := math.Abs(g - w)
@@ -355,7 +413,7 @@ func Compare(want, got []float32, tol Tol) string {
 		if math.IsNaN(scale) || math.IsInf(scale, 0) {
 			scale = 0
 		}
-		if !(d <= tol.Atol+tol.Rtol*scale) {
+		if !(d <= atol+tol.Rtol*scale) {
 			bad++
 			if len(first) < 5 {
 				first = append(first, fmt.Sprintf("[%d] got %g want %g", i, g, w))
@@ -366,13 +424,31 @@ func Compare(want, got []float32, tol Tol) string {
 		return ""
 	}
 	return fmt.Sprintf("%d mismatches beyond atol %g rtol %g (max abs err %.3g, max rel err %.3g); first: %v",
-		bad, tol.Atol, tol.Rtol, maxAbs, maxRel, first)
+		bad, atol, tol.Rtol, maxAbs, maxRel, first)
+}
+
+// rms is the root mean square of the finite elements of x.
+func rms(x []float32) float64 {
+	var s float64
+	n := 0
+	for _, v := range x {
+		if f := float64(v); !math.IsNaN(f) && !math.IsInf(f, 0) {
+			s += f * f
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return math.Sqrt(s / float64(n))
 }
 
 // Used returns the largest fraction of tol any element's error uses,
-// max |got−want| / (Atol + Rtol·|want|), with the max abs and rel errors: a
-// measurement to set a tolerance from (a value > 1 fails Compare).
+// max |got−want| / (Atol + RMS·rms(want) + Rtol·|want|), with the max abs
+// and rel errors: a measurement to set a tolerance from (a value > 1 fails
+// Compare).
 func Used(want, got []float32, tol Tol) (frac, maxAbs, maxRel float64) {
+	atol := tol.Atol + tol.RMS*rms(want)
 	for i := range want {
 		if i >= len(got) {
 			return math.Inf(1), math.Inf(1), math.Inf(1)
@@ -389,7 +465,7 @@ func Used(want, got []float32, tol Tol) (frac, maxAbs, maxRel float64) {
 		if w != 0 {
 			maxRel = math.Max(maxRel, d/math.Abs(w))
 		}
-		if lim := tol.Atol + tol.Rtol*math.Abs(w); lim > 0 {
+		if lim := atol + tol.Rtol*math.Abs(w); lim > 0 {
 			frac = math.Max(frac, d/lim)
 		} else if d > 0 {
 			frac = math.Inf(1)

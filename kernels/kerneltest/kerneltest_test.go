@@ -13,8 +13,10 @@ import (
 // TestCPUAgainstCPU runs the suite with a second CPU backend (3 threads
 // against the reference's 2) as the backend under test: the CI check that
 // the suite itself runs and that the CPU backend is thread-count invariant.
+// The reduced shapes keep it quick (the full set adds long sequences, for
+// devices).
 func TestCPUAgainstCPU(t *testing.T) {
-	Run(t, func() kernels.Backend { return cpu.New(3) })
+	RunOptions(t, func() kernels.Backend { return cpu.New(3) }, Options{Reduced: true})
 }
 
 // TestCompare checks the comparison the suite rests on.
@@ -28,10 +30,13 @@ func TestCompare(t *testing.T) {
 		ok        bool
 	}{
 		{"equal", []float32{1, -2, 0}, []float32{1, -2, 0}, TolExact, true},
-		{"within rtol", []float32{100}, []float32{100.001}, Tol{0, 1e-5}, true},
-		{"beyond rtol", []float32{100}, []float32{100.01}, Tol{0, 1e-5}, false},
-		{"within atol at zero", []float32{0}, []float32{1e-7}, Tol{1e-6, 0}, true},
-		{"nan got", []float32{1}, []float32{nan}, Tol{1, 1}, false},
+		{"within rtol", []float32{100}, []float32{100.001}, Tol{Atol: 0, Rtol: 1e-5}, true},
+		{"beyond rtol", []float32{100}, []float32{100.01}, Tol{Atol: 0, Rtol: 1e-5}, false},
+		{"within atol at zero", []float32{0}, []float32{1e-7}, Tol{Atol: 1e-6, Rtol: 0}, true},
+		{"nan got", []float32{1}, []float32{nan}, Tol{Atol: 1, Rtol: 1}, false},
+		// rms(want) ≈ 0.89: RMS 0.02 allows ≈ 0.018 everywhere, even at zero.
+		{"within rms", []float32{1, -1, 1, -1, 0}, []float32{1, -1, 1.01, -1, 0.015}, Tol{RMS: 0.02}, true},
+		{"beyond rms", []float32{1, -1, 1, -1, 0}, []float32{1, -1, 1, -1, 0.025}, Tol{RMS: 0.02}, false},
 		{"nan both", []float32{nan}, []float32{nan}, TolExact, true},
 		{"length", []float32{1}, []float32{1, 2}, TolExact, false},
 	} {
@@ -72,13 +77,29 @@ func (b broken) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float3
 	b.Backend.RMSNorm(out, rstd, inp, weight, N, C, eps)
 }
 
+// Attention with bf16 operands whose queries are 1% too large (a softmax
+// temperature off by 1%): the bf16 tolerances must still catch that.
+func (b broken) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
+	if b.which == "attention_bf16" && q.DType == kernels.BF16 {
+		w, _ := b.Alloc(kernels.F32, q.N)
+		q2, _ := b.Alloc(kernels.BF16, q.N)
+		defer b.Free(w)
+		defer b.Free(q2)
+		b.Convert(w, q)
+		b.Backend.Scale(w, 1.01)
+		b.Convert(q2, w)
+		q = q2
+	}
+	b.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD)
+}
+
 // TestBrokenBackendHelper is run as a subprocess by TestSuiteCatchesBrokenBackends.
 func TestBrokenBackendHelper(t *testing.T) {
 	which := os.Getenv("KERNELTEST_BROKEN")
 	if which == "" {
 		t.Skip("run by TestSuiteCatchesBrokenBackends")
 	}
-	Run(t, func() kernels.Backend { return broken{cpu.New(1), which} })
+	RunOptions(t, func() kernels.Backend { return broken{cpu.New(1), which} }, Options{Reduced: true})
 }
 
 // TestSuiteCatchesBrokenBackends shows that the suite fails a backend with
@@ -88,6 +109,7 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		{"scale", "Scale N="},
 		{"accumulate", "Accumulate N="},
 		{"rmsnorm", "RMSNorm out"},
+		{"attention_bf16", "Attention bf16 → bf16 out"},
 	} {
 		t.Run(c.which, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenBackendHelper$", "-test.count=1")

@@ -393,3 +393,504 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// The tensor-core path: bf16 q, k, v (and dout, out), head_dim 64 or 128,
+// FlashAttention-2 style on mma.sync m16n8k16 with fp32 accumulation.
+//
+// Every tile is a (rows, HD) bf16 block of one head staged in shared memory
+// with rows HD+8 elements apart (16 bytes of padding make the 8 row
+// addresses of an ldmatrix hit different banks), loaded by cp.async in
+// 16-byte chunks; chunk c of a tile is row c / (HD/8), column (c % (HD/8))·8
+// with HD/8 a compile-time power of two (a shift and a mask, no division).
+// Rows past the sequence are zero-filled. Scores are scaled into the log2
+// domain once (sl2 = scale·log2 e) so the softmax uses exp2.
+//
+//   attention_fwd_tc_hdD_{bf16,f32}out: grid (ceil(MaxLen/64), S, NH), 4
+//     warps; warp w owns query rows 16w..16w+15 of the block's 64, keeps its
+//     Q fragments in registers and, per tile of 64 keys: S = Q·Kᵀ (mma),
+//     the causal/length mask on the tiles that need it, the online softmax
+//     per row (the 4 lanes of a row combine by shuffles), then O += P·V with
+//     P packed to bf16 straight from the accumulator registers. V's load
+//     overlaps S, the next K's overlaps P·V. Heavy (late) query tiles are
+//     scheduled first. out (bf16 or f32) =, lse (fp32) =.
+//   attention_bwd_dot_bf16: D (T,NH) = Σ_d dout·out over bf16 inputs   (=)
+//   attention_bwd_dq_tc_hdD: grid (ceil(MaxLen/64), S, NH); warp w owns 16
+//     query rows, Q and dO fragments in registers; per key tile (BCQ keys,
+//     double-buffered): S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − D), dQ += dS·K;
+//     dq = scale·dQ (fp32) =.
+//   attention_bwd_dkdv_tc_hdD: grid (ceil(MaxLen/64), S, NKV); warp w owns
+//     16 key rows; for every query head of the group and query tile (BQK
+//     queries, double-buffered with its lse and D) at or after the block's
+//     first key: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q;
+//     dk = scale·dK, dv = dV (fp32) =.
+// The backward pass is deterministic: every output element is accumulated
+// by one warp in a fixed order (no atomics; dq is its own kernel instead of
+// FlashAttention-2's atomic adds, at the cost of recomputing S and dP).
+// P and dS are rounded to bf16 as mma operands, as in FlashAttention-2.
+// ---------------------------------------------------------------------------
+#include "mma.cuh"
+
+#define TC_THREADS 128
+#define TC_ROWS 64  // query rows of a forward/dq block, key rows of a dkdv block
+#define TC_LOG2E 1.4426950408889634f
+#define TC_LN2 0.6931471805599453f
+
+// Rows [0, ROWS) of a tile starting at packed row row0 of a (T, H, HD)
+// tensor's head h into dst (ROWS, HD+8); rows >= rmax are zero-filled.
+// Every thread of the block calls it; the caller commits the group.
+template <int ROWS, int HD>
+__device__ __forceinline__ void tc_load(tg_bf16* dst, const tg_bf16* src, long long row0, int rmax,
+                                        int H, int h) {
+  constexpr unsigned CPR = HD / 8, LD = HD + 8;
+  static_assert(ROWS * CPR % TC_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (unsigned i = 0; i < ROWS * CPR / TC_THREADS; i++) {
+    const unsigned c = threadIdx.x + i * TC_THREADS;
+    const unsigned r = c / CPR, col = (c % CPR) * 8;  // CPR is a power of two
+    const bool ok = (int)r < rmax;
+    const tg_bf16* s = src + ((row0 + (ok ? r : 0)) * H + h) * HD + col;
+    cp_async16(dst + r * LD + col, s, ok ? 16 : 0);
+  }
+}
+
+// The 4 A fragments (16 rows × 16 columns at column k) of rows r0.. of a
+// (rows, HD+8) tile.
+template <int HD>
+__device__ __forceinline__ void tc_frag_a(unsigned a[4], const tg_bf16* tile, int r0, int k, int lane) {
+  ldmatrix_x4(a, tile + (r0 + (lane & 15)) * (HD + 8) + k + 8 * (lane >> 4));
+}
+// B fragments of two n-tiles (rows n0..n0+15 of the tile are the n index,
+// columns k..k+15 the k index): b[0..1] for n0..n0+7, b[2..3] for n0+8...
+template <int HD>
+__device__ __forceinline__ void tc_frag_b(unsigned b[4], const tg_bf16* tile, int n0, int k, int lane) {
+  ldmatrix_x4(b, tile + (n0 + (lane & 7) + 8 * (lane >> 4)) * (HD + 8) + k + 8 * ((lane >> 3) & 1));
+}
+// B fragments of two n-tiles when the tile's rows are the k index (rows
+// k0..k0+15) and its columns the n index (columns n0..n0+15): ldmatrix.trans.
+template <int HD>
+__device__ __forceinline__ void tc_frag_bt(unsigned b[4], const tg_bf16* tile, int k0, int n0, int lane) {
+  ldmatrix_x4_trans(b, tile + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * (HD + 8) + n0 + 8 * (lane >> 4));
+}
+// A fragment of k-step kk from accumulator tiles 2kk and 2kk+1, as bf16.
+__device__ __forceinline__ void tc_pack_a(unsigned a[4], const float c0[4], const float c1[4]) {
+  a[0] = pack_bf16x2(c0[0], c0[1]);
+  a[1] = pack_bf16x2(c0[2], c0[3]);
+  a[2] = pack_bf16x2(c1[0], c1[1]);
+  a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+
+template <int HD, class TO>
+__device__ __forceinline__ void att_fwd_tc(TO* out, float* lse, const tg_bf16* q, const tg_bf16* k,
+                                           const tg_bf16* v, const int* cu, int S, int T, int maxlen,
+                                           int NH, int NKV, float sl2, int* flags) {
+  constexpr int MQ = TC_ROWS, NK = 64, LD = HD + 8, KS = HD / 16, NT = NK / 8, DT = HD / 8;
+  TG_DYN_SMEM_ALIGNED(tg_bf16, sm_tc);
+  tg_bf16* Qs = sm_tc;            // (MQ, LD)
+  tg_bf16* Ks = Qs + MQ * LD;  // (NK, LD)
+  tg_bf16* Vs = Ks + NK * LD;  // (NK, LD)
+  const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;  // flagged; never read outside q, k, v
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * MQ;    // the longest rows first
+  if (q0 >= len) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  tc_load<MQ, HD>(Qs, q, start + q0, len - q0, NH, h);
+  tc_load<NK, HD>(Ks, k, start, len, NKV, kvh);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  unsigned qf[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) tc_frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
+  float o[DT][4], m[2] = {-TG_INF, -TG_INF}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < DT; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  const int row0 = q0 + warp * 16 + g;  // this lane's rows: row0 and row0 + 8
+  const int nkeys = min(len, q0 + MQ);
+  for (int k0 = 0; k0 < nkeys; k0 += NK) {
+    tc_load<NK, HD>(Vs, v, start + k0, len - k0, NKV, kvh);
+    cp_async_commit();
+    float sc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int jp = 0; jp < NT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_b<HD>(b, Ks, jp * 16, kk * 16, lane);
+        mma_bf16_16816(sc[2 * jp], qf[kk], b);
+        mma_bf16_16816(sc[2 * jp + 1], qf[kk], b + 2);
+      }
+    }
+    if (k0 + NK > q0 + warp * 16 || k0 + NK > len) {  // the diagonal or the end in this tile
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + 8 * j + 2 * t + (i & 1), row = row0 + 8 * (i >> 1);
+          if (key > row || key >= len) sc[j][i] = -TG_INF;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float mx = -TG_INF;
+#pragma unroll
+      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(sc[j][2 * r], sc[j][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(TG_FULL, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(TG_FULL, mx, 2));
+      const float mnew = fmaxf(m[r], mx * sl2);
+      const float muse = mnew == -TG_INF ? 0.f : mnew;  // a row with nothing seen yet
+      const float alpha = exp2f(m[r] - muse);
+      m[r] = mnew;
+      float ls = 0.f;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        sc[j][2 * r] = exp2f(fmaf(sc[j][2 * r], sl2, -muse));
+        sc[j][2 * r + 1] = exp2f(fmaf(sc[j][2 * r + 1], sl2, -muse));
+        ls += sc[j][2 * r] + sc[j][2 * r + 1];
+      }
+      l[r] = l[r] * alpha + ls;  // this lane's part of the row sum
+#pragma unroll
+      for (int j = 0; j < DT; j++) {
+        o[j][2 * r] *= alpha;
+        o[j][2 * r + 1] *= alpha;
+      }
+    }
+    cp_async_wait<0>();  // V landed
+    __syncthreads();     // and every warp is done with K
+    if (k0 + NK < nkeys) tc_load<NK, HD>(Ks, k, start + k0 + NK, len - k0 - NK, NKV, kvh);
+    cp_async_commit();
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; kk++) {
+      unsigned a[4];
+      tc_pack_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_bt<HD>(b, Vs, kk * 16, jp * 16, lane);
+        mma_bf16_16816(o[2 * jp], a, b);
+        mma_bf16_16816(o[2 * jp + 1], a, b + 2);
+      }
+    }
+    cp_async_wait<0>();  // the next K landed
+    __syncthreads();     // and every warp is done with V
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(TG_FULL, l[r], 1);
+    l[r] += __shfl_xor_sync(TG_FULL, l[r], 2);
+    const int qi = row0 + 8 * r;
+    if (qi < len) {
+      const long long row = (long long)(start + qi) * NH + h;
+      const float inv = 1.f / l[r];  // l >= 1: key qi itself is always seen
+#pragma unroll
+      for (int j = 0; j < DT; j++) {
+        st_f(out, row * HD + 8 * j + 2 * t, o[j][2 * r] * inv);
+        st_f(out, row * HD + 8 * j + 2 * t + 1, o[j][2 * r + 1] * inv);
+      }
+      if (t == 0) lse[row] = m[r] * TC_LN2 + logf(l[r]);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_fwd_tc_hd64_bf16out(tg_bf16* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+        const int* cu, int S, int T, int maxlen, int NH, int NKV, float sl2, int* flags) {
+  att_fwd_tc<64, tg_bf16>(out, lse, q, k, v, cu, S, T, maxlen, NH, NKV, sl2, flags);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_fwd_tc_hd64_f32out(float* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+        const int* cu, int S, int T, int maxlen, int NH, int NKV, float sl2, int* flags) {
+  att_fwd_tc<64, float>(out, lse, q, k, v, cu, S, T, maxlen, NH, NKV, sl2, flags);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_fwd_tc_hd128_bf16out(tg_bf16* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+        const int* cu, int S, int T, int maxlen, int NH, int NKV, float sl2, int* flags) {
+  att_fwd_tc<128, tg_bf16>(out, lse, q, k, v, cu, S, T, maxlen, NH, NKV, sl2, flags);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_fwd_tc_hd128_f32out(float* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+        const int* cu, int S, int T, int maxlen, int NH, int NKV, float sl2, int* flags) {
+  att_fwd_tc<128, float>(out, lse, q, k, v, cu, S, T, maxlen, NH, NKV, sl2, flags);
+}
+
+// D (T·NH) = Σ_d dout·out over bf16 rows, one warp per row.
+extern "C" __global__ void attention_bwd_dot_bf16(float* D, const tg_bf16* dout, const tg_bf16* out,
+                                                  long long rows, int HD) {
+  const int lane = threadIdx.x & 31;
+  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
+  for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
+       row += nwarps) {
+    float s = 0.f;
+    for (int d = lane; d < HD; d += 32) s += tg_widen(dout[row * HD + d]) * tg_widen(out[row * HD + d]);
+    s = warp_sum(s);
+    if (lane == 0) D[row] = s;
+  }
+}
+
+template <int HD, int NK>
+__device__ __forceinline__ void att_bwd_dq_tc(float* dq, const tg_bf16* dout, const float* lse,
+                                              const float* D, const tg_bf16* q, const tg_bf16* k,
+                                              const tg_bf16* v, const int* cu, int S, int T,
+                                              int maxlen, int NH, int NKV, float scale, float sl2,
+                                              int* flags) {
+  constexpr int MQ = TC_ROWS, LD = HD + 8, KS = HD / 16, NT = NK / 8, DT = HD / 8;
+  TG_DYN_SMEM_ALIGNED(tg_bf16, sm_tc);
+  tg_bf16* Qs = sm_tc;              // (MQ, LD)
+  tg_bf16* dOs = Qs + MQ * LD;   // (MQ, LD)
+  tg_bf16* Ks = dOs + MQ * LD;   // 2 × (NK, LD)
+  tg_bf16* Vs = Ks + 2 * NK * LD; // 2 × (NK, LD)
+  const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * MQ;
+  if (q0 >= len) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  tc_load<MQ, HD>(Qs, q, start + q0, len - q0, NH, h);
+  tc_load<MQ, HD>(dOs, dout, start + q0, len - q0, NH, h);
+  tc_load<NK, HD>(Ks, k, start, len, NKV, kvh);
+  tc_load<NK, HD>(Vs, v, start, len, NKV, kvh);
+  cp_async_commit();
+  const int row0 = q0 + warp * 16 + g;
+  float L2[2], Dr[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = row0 + 8 * r;
+    const long long row = (long long)(start + qi) * NH + h;
+    L2[r] = qi < len ? lse[row] * TC_LOG2E : 0.f;
+    Dr[r] = qi < len ? D[row] : 0.f;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  unsigned qf[KS][4], df[KS][4];
+#pragma unroll
+  for (int kk = 0; kk < KS; kk++) {
+    tc_frag_a<HD>(qf[kk], Qs, warp * 16, kk * 16, lane);
+    tc_frag_a<HD>(df[kk], dOs, warp * 16, kk * 16, lane);
+  }
+  float acc[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  const int nkeys = min(len, q0 + MQ);
+  for (int k0 = 0, buf = 0; k0 < nkeys; k0 += NK, buf ^= 1) {
+    const tg_bf16* Kb = Ks + buf * NK * LD;
+    const tg_bf16* Vb = Vs + buf * NK * LD;
+    if (k0 + NK < nkeys) {
+      tc_load<NK, HD>(Ks + (buf ^ 1) * NK * LD, k, start + k0 + NK, len - k0 - NK, NKV, kvh);
+      tc_load<NK, HD>(Vs + (buf ^ 1) * NK * LD, v, start + k0 + NK, len - k0 - NK, NKV, kvh);
+    }
+    cp_async_commit();
+    float sc[NT][4], dp[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) sc[j][i] = dp[j][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+#pragma unroll
+      for (int jp = 0; jp < NT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_b<HD>(b, Kb, jp * 16, kk * 16, lane);
+        mma_bf16_16816(sc[2 * jp], qf[kk], b);
+        mma_bf16_16816(sc[2 * jp + 1], qf[kk], b + 2);
+        tc_frag_b<HD>(b, Vb, jp * 16, kk * 16, lane);
+        mma_bf16_16816(dp[2 * jp], df[kk], b);
+        mma_bf16_16816(dp[2 * jp + 1], df[kk], b + 2);
+      }
+    }
+    const bool edge = k0 + NK > q0 + warp * 16 || k0 + NK > len;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int r = i >> 1, key = k0 + 8 * j + 2 * t + (i & 1), row = row0 + 8 * r;
+        const float p = edge && (key > row || key >= len || row >= len)
+                            ? 0.f
+                            : exp2f(fmaf(sc[j][i], sl2, -L2[r]));
+        sc[j][i] = p * (dp[j][i] - Dr[r]);  // dS
+      }
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; kk++) {
+      unsigned a[4];
+      tc_pack_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_bt<HD>(b, Kb, kk * 16, jp * 16, lane);
+        mma_bf16_16816(acc[2 * jp], a, b);
+        mma_bf16_16816(acc[2 * jp + 1], a, b + 2);
+      }
+    }
+    cp_async_wait<0>();  // the next K, V landed
+    __syncthreads();     // and every warp is done with this buffer
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = row0 + 8 * r;
+    if (qi < len) {
+      const long long row = (long long)(start + qi) * NH + h;
+#pragma unroll
+      for (int j = 0; j < DT; j++) {
+        dq[row * HD + 8 * j + 2 * t] = acc[j][2 * r] * scale;
+        dq[row * HD + 8 * j + 2 * t + 1] = acc[j][2 * r + 1] * scale;
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dq_tc_hd64(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
+        const tg_bf16* k, const tg_bf16* v, const int* cu, int S, int T, int maxlen, int NH,
+        int NKV, float scale, float sl2, int* flags) {
+  att_bwd_dq_tc<64, 64>(dq, dout, lse, D, q, k, v, cu, S, T, maxlen, NH, NKV, scale, sl2, flags);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dq_tc_hd128(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
+        const tg_bf16* k, const tg_bf16* v, const int* cu, int S, int T, int maxlen, int NH,
+        int NKV, float scale, float sl2, int* flags) {
+  att_bwd_dq_tc<128, 32>(dq, dout, lse, D, q, k, v, cu, S, T, maxlen, NH, NKV, scale, sl2, flags);
+}
+
+// The lse and D of a query tile's rows into shared memory (ordinary loads
+// and stores; visible after the next __syncthreads).
+template <int NQ>
+__device__ __forceinline__ void tc_load_stats(float* Ls, float* Ds, const float* lse, const float* D,
+                                              long long row0, int rmax, int NH, int h) {
+  for (int r = threadIdx.x; r < NQ; r += TC_THREADS) {
+    const long long row = (row0 + r) * NH + h;
+    Ls[r] = r < rmax ? lse[row] * TC_LOG2E : 0.f;
+    Ds[r] = r < rmax ? D[row] : 0.f;
+  }
+}
+
+template <int HD, int NQ>
+__device__ __forceinline__ void att_bwd_dkdv_tc(float* dk, float* dv, const tg_bf16* dout,
+                                                const float* lse, const float* D, const tg_bf16* q,
+                                                const tg_bf16* k, const tg_bf16* v, const int* cu,
+                                                int S, int T, int maxlen, int NH, int NKV,
+                                                float scale, float sl2, int* flags) {
+  constexpr int MK = TC_ROWS, LD = HD + 8, KS = HD / 16, NT = NQ / 8, DT = HD / 8;
+  TG_DYN_SMEM_ALIGNED(tg_bf16, sm_tc);
+  tg_bf16* Ks = sm_tc;                // (MK, LD)
+  tg_bf16* Vs = Ks + MK * LD;      // (MK, LD)
+  tg_bf16* Qs = Vs + MK * LD;      // 2 × (NQ, LD)
+  tg_bf16* dOs = Qs + 2 * NQ * LD; // 2 × (NQ, LD)
+  float* Ls = (float*)(dOs + 2 * NQ * LD);  // 2 × (NQ): lse·log2 e
+  float* Ds = Ls + 2 * NQ;                  // 2 × (NQ)
+  const int s = blockIdx.y, kvh = blockIdx.z, G = NH / NKV;
+  const int start = cu[s], len = cu[s + 1] - start;
+  if (blockIdx.x == 0 && threadIdx.x == 0) check_seq(cu, s, S, T, maxlen, len, flags);
+  if (start < 0 || len < 0 || start + len > T) return;
+  const int k0 = blockIdx.x * MK;  // the first key blocks have the most work and go first
+  if (k0 >= len) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int ntq = (len - k0 + NQ - 1) / NQ, nit = G * ntq;  // query tiles per head, in all
+  tc_load<MK, HD>(Ks, k, start + k0, len - k0, NKV, kvh);
+  tc_load<MK, HD>(Vs, v, start + k0, len - k0, NKV, kvh);
+  tc_load<NQ, HD>(Qs, q, start + k0, len - k0, NH, kvh * G);
+  tc_load<NQ, HD>(dOs, dout, start + k0, len - k0, NH, kvh * G);
+  cp_async_commit();
+  tc_load_stats<NQ>(Ls, Ds, lse, D, start + k0, len - k0, NH, kvh * G);
+  cp_async_wait<0>();
+  __syncthreads();
+  float adk[DT][4], adv[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; j++)
+#pragma unroll
+    for (int i = 0; i < 4; i++) adk[j][i] = adv[j][i] = 0.f;
+  const int key0 = k0 + warp * 16 + g;  // this lane's key rows: key0 and key0 + 8
+  for (int it = 0, buf = 0; it < nit; it++, buf ^= 1) {
+    const int i0 = k0 + (it % ntq) * NQ;
+    if (it + 1 < nit) {
+      const int hn = kvh * G + (it + 1) / ntq, in0 = k0 + ((it + 1) % ntq) * NQ;
+      tc_load<NQ, HD>(Qs + (buf ^ 1) * NQ * LD, q, start + in0, len - in0, NH, hn);
+      tc_load<NQ, HD>(dOs + (buf ^ 1) * NQ * LD, dout, start + in0, len - in0, NH, hn);
+      tc_load_stats<NQ>(Ls + (buf ^ 1) * NQ, Ds + (buf ^ 1) * NQ, lse, D, start + in0, len - in0, NH, hn);
+    }
+    cp_async_commit();
+    const tg_bf16* Qb = Qs + buf * NQ * LD;
+    const tg_bf16* dOb = dOs + buf * NQ * LD;
+    const float* Lb = Ls + buf * NQ;
+    const float* Db = Ds + buf * NQ;
+    float sc[NT][4], dp[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) sc[j][i] = dp[j][i] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+      unsigned ka[4], va[4];
+      tc_frag_a<HD>(ka, Ks, warp * 16, kk * 16, lane);
+      tc_frag_a<HD>(va, Vs, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int jp = 0; jp < NT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_b<HD>(b, Qb, jp * 16, kk * 16, lane);
+        mma_bf16_16816(sc[2 * jp], ka, b);
+        mma_bf16_16816(sc[2 * jp + 1], ka, b + 2);
+        tc_frag_b<HD>(b, dOb, jp * 16, kk * 16, lane);
+        mma_bf16_16816(dp[2 * jp], va, b);
+        mma_bf16_16816(dp[2 * jp + 1], va, b + 2);
+      }
+    }
+    const bool edge = i0 < k0 + MK || i0 + NQ > len;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const int c = 8 * j + 2 * t + (i & 1), qi = i0 + c, key = key0 + 8 * (i >> 1);
+        const float p = edge && (qi < key || qi >= len) ? 0.f : exp2f(fmaf(sc[j][i], sl2, -Lb[c]));
+        sc[j][i] = p;
+        dp[j][i] = p * (dp[j][i] - Db[c]);  // dS
+      }
+#pragma unroll
+    for (int kk = 0; kk < NQ / 16; kk++) {
+      unsigned pa[4], da[4];
+      tc_pack_a(pa, sc[2 * kk], sc[2 * kk + 1]);
+      tc_pack_a(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_bt<HD>(b, dOb, kk * 16, jp * 16, lane);
+        mma_bf16_16816(adv[2 * jp], pa, b);
+        mma_bf16_16816(adv[2 * jp + 1], pa, b + 2);
+        tc_frag_bt<HD>(b, Qb, kk * 16, jp * 16, lane);
+        mma_bf16_16816(adk[2 * jp], da, b);
+        mma_bf16_16816(adk[2 * jp + 1], da, b + 2);
+      }
+    }
+    cp_async_wait<0>();  // the next query tile landed
+    __syncthreads();     // and every warp is done with this one
+  }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int kj = key0 + 8 * r;
+    if (kj < len) {
+      const long long row = (long long)(start + kj) * NKV + kvh;
+#pragma unroll
+      for (int j = 0; j < DT; j++) {
+        dk[row * HD + 8 * j + 2 * t] = adk[j][2 * r] * scale;
+        dk[row * HD + 8 * j + 2 * t + 1] = adk[j][2 * r + 1] * scale;
+        dv[row * HD + 8 * j + 2 * t] = adv[j][2 * r];
+        dv[row * HD + 8 * j + 2 * t + 1] = adv[j][2 * r + 1];
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dkdv_tc_hd64(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
+        const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, const int* cu, int S, int T,
+        int maxlen, int NH, int NKV, float scale, float sl2, int* flags) {
+  att_bwd_dkdv_tc<64, 64>(dk, dv, dout, lse, D, q, k, v, cu, S, T, maxlen, NH, NKV, scale, sl2, flags);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dkdv_tc_hd128(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
+        const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, const int* cu, int S, int T,
+        int maxlen, int NH, int NKV, float scale, float sl2, int* flags) {
+  att_bwd_dkdv_tc<128, 32>(dk, dv, dout, lse, D, q, k, v, cu, S, T, maxlen, NH, NKV, scale, sl2, flags);
+}

@@ -12,6 +12,9 @@
 
 #ifndef TG_EMU
 #define TG_DYN_SMEM(T, name) extern __shared__ T name[]
+// Dynamic shared memory for 16-byte accesses (ldmatrix, cp.async); a
+// kernel file using both macros gives the arrays different names.
+#define TG_DYN_SMEM_ALIGNED(T, name) extern __shared__ __align__(16) T name[]
 #define TG_INF __int_as_float(0x7f800000)
 #endif
 

@@ -19,6 +19,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 #define TG_INF INFINITY
 #define TG_DYN_SMEM(T, name) T* name = (T*)tg_emu_dyn_smem
+#define TG_DYN_SMEM_ALIGNED(T, name) T* name = (T*)tg_emu_dyn_smem  // 128-byte aligned
 
 struct tg_dim3 {
   unsigned x, y, z;

@@ -162,7 +162,6 @@ float hi_f(unsigned x) {
   memcpy(&f, &u, 4);
   return f;
 }
-float half_f(unsigned x, int h) { return h ? hi_f(x) : lo_f(x); }
 
 void emu_fail(const char* what) {
   fprintf(stderr, "fakecuda: thread %u of block (%u,%u,%u): %s\n", threadIdx.x, blockIdx.x, blockIdx.y,
@@ -174,28 +173,46 @@ void emu_fail(const char* what) {
 // A (16x16, row-major) element (r, k) lives in lane (r%8)*4 + (k%8)/2,
 // register r/8 + 2*(k/8), half k%2; B (16x8, "col": stored n-major) element
 // (k, n) in lane n*4 + (k%8)/2, register k/8, half k%2; D element (r, n) in
-// lane (r%8)*4 + n/2, register 2*(r/8) + n%2.
+// lane (r%8)*4 + n/2, register 2*(r/8) + n%2 (PTX ISA, mma.m16n8k16).
 void tg_emu_mma_bf16_16816(float acc[4], const unsigned a[4], const unsigned b[2]) {
   const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   WarpOps& o = warp_ops[w][warp_gen[w] & 1];
   memcpy(o.a[lane], a, sizeof o.a[lane]);
   memcpy(o.b[lane], b, sizeof o.b[lane]);
   tg_emu_warp_barrier();
-  for (int i = 0; i < 4; i++) {
-    const int r = (lane >> 2) + 8 * (i >> 1), n = (lane & 3) * 2 + (i & 1);
-    double s = 0;
-    for (int k = 0; k < 16; k++) {
+  // This lane's D elements are rows g, g+8 and columns 2t, 2t+1: gather
+  // rows g and g+8 of A (from lanes 4g..4g+3) and columns 2t, 2t+1 of B
+  // (from lanes 8t..8t+7), then four 16-term dot products.
+  const int g = lane >> 2, t = lane & 3;
+  float A0[16], A1[16], B0[16], B1[16];
+  for (int q = 0; q < 4; q++) {  // lane 4g+q holds columns 2q, 2q+1 and 2q+8, 2q+9
 #ifdef TG_EMU_MMA_MUTANT
-      const int al = (k % 8) / 2 * 8 + (r % 8);  // lanes transposed: wrong on purpose
+    const unsigned* ar = o.a[q * 8 + g];  // lanes transposed: wrong on purpose
 #else
-      const int al = (r % 8) * 4 + (k % 8) / 2;
+    const unsigned* ar = o.a[g * 4 + q];
 #endif
-      const float av = half_f(o.a[al][r / 8 + 2 * (k / 8)], k % 2);
-      const float bv = half_f(o.b[n * 4 + (k % 8) / 2][k / 8], k % 2);
-      s += (double)av * (double)bv;  // bf16 products are exact in double
-    }
-    acc[i] = (float)((double)acc[i] + s);
+    A0[2 * q] = lo_f(ar[0]), A0[2 * q + 1] = hi_f(ar[0]);
+    A1[2 * q] = lo_f(ar[1]), A1[2 * q + 1] = hi_f(ar[1]);
+    A0[2 * q + 8] = lo_f(ar[2]), A0[2 * q + 9] = hi_f(ar[2]);
+    A1[2 * q + 8] = lo_f(ar[3]), A1[2 * q + 9] = hi_f(ar[3]);
+    const unsigned* b0 = o.b[(2 * t) * 4 + q];  // column n in lanes 4n..4n+3
+    const unsigned* b1 = o.b[(2 * t + 1) * 4 + q];
+    B0[2 * q] = lo_f(b0[0]), B0[2 * q + 1] = hi_f(b0[0]);
+    B0[2 * q + 8] = lo_f(b0[1]), B0[2 * q + 9] = hi_f(b0[1]);
+    B1[2 * q] = lo_f(b1[0]), B1[2 * q + 1] = hi_f(b1[0]);
+    B1[2 * q + 8] = lo_f(b1[1]), B1[2 * q + 9] = hi_f(b1[1]);
   }
+  double d0 = 0, d1 = 0, d2 = 0, d3 = 0;  // bf16 products are exact in double
+  for (int k = 0; k < 16; k++) {
+    d0 += (double)A0[k] * B0[k];
+    d1 += (double)A0[k] * B1[k];
+    d2 += (double)A1[k] * B0[k];
+    d3 += (double)A1[k] * B1[k];
+  }
+  acc[0] = (float)(acc[0] + d0);
+  acc[1] = (float)(acc[1] + d1);
+  acc[2] = (float)(acc[2] + d2);
+  acc[3] = (float)(acc[3] + d3);
 }
 
 void tg_emu_ldmatrix(unsigned* r, int num, bool trans, const void* p) {
