@@ -7,7 +7,7 @@ BENCH       ?= .
 BENCHTIME   ?= 1x
 NVCC        ?= nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff run ptx ptx-sm90 gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -82,6 +82,12 @@ ptx:
 # Assemble every committed PTX for Hopper (needs ptxas from the CUDA toolkit).
 ptx-sm90:
 	$(MAKE) -C kernels/cuda/csrc sm90
+
+# Rewrite kernels/cuda/csrc/gen_sass.md (the SASS facts of the committed PTX:
+# tensor-core instructions, registers, spills, blocks per SM) with the ptxas
+# and cuobjdump make deps installs; TestSASS checks the file is current.
+sass: deps
+	PATH="$(TOOLS):$$PATH" $(GO) test ./kernels/cuda -count=1 -run '^TestSASS$$' -update-sass
 
 # Build what scripts/gpu-check.sh runs on a GPU machine (carry bin/gpu-check there).
 gpu-check-build:

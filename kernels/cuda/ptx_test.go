@@ -2,13 +2,17 @@ package cuda
 
 import (
 	"bufio"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -101,25 +105,190 @@ func ptxHeader(path string) (map[string]string, error) {
 // PTX's own target) and Hopper (sm_90) with ptxas from the CUDA toolkit.
 // make test installs ptxas (scripts/deps.sh) and sets
 // $TRACEGRPO_REQUIRE_PTXAS=1, so that there a missing ptxas fails instead of
-// skipping; elsewhere the skip says what did not run.
+// skipping; elsewhere the skip says what did not run. (TestSASS reads the
+// same assembly.)
 func TestPTXAssemblesSM90(t *testing.T) {
-	ptxas, err := exec.LookPath("ptxas")
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_PTXAS") == "1" {
-			t.Fatal("TRACEGRPO_REQUIRE_PTXAS=1 but there is no ptxas on PATH: the committed PTX was not assembled for sm_80 or sm_90 (scripts/deps.sh installs it)")
+	ptxTools(t, false)
+	assembleAll(t)
+}
+
+// ptxTools finds ptxas (and cuobjdump when asked), or skips (fails with
+// $TRACEGRPO_REQUIRE_PTXAS=1, as make test sets).
+func ptxTools(t *testing.T, withCuobjdump bool) (ptxas, cuobjdump string) {
+	t.Helper()
+	tools := []string{"ptxas"}
+	if withCuobjdump {
+		tools = append(tools, "cuobjdump")
+	}
+	var missing []string
+	for _, tool := range tools {
+		p, err := exec.LookPath(tool)
+		if err != nil {
+			missing = append(missing, tool)
 		}
-		t.Skip("NOT RUN: no ptxas (CUDA toolkit) on PATH, so the committed PTX was not assembled for sm_80 or sm_90")
+		if tool == "ptxas" {
+			ptxas = p
+		} else {
+			cuobjdump = p
+		}
 	}
-	gens, _ := filepath.Glob("csrc/gen_*.ptx")
-	if len(gens) == 0 {
-		t.Fatal("no csrc/gen_*.ptx")
+	if len(missing) > 0 {
+		msg := fmt.Sprintf("no %s (CUDA toolkit) on PATH, so the committed PTX was not assembled for sm_80 and sm_90", strings.Join(missing, " or "))
+		if os.Getenv("TRACEGRPO_REQUIRE_PTXAS") == "1" {
+			t.Fatalf("TRACEGRPO_REQUIRE_PTXAS=1 but %s (scripts/deps.sh installs them)", msg)
+		}
+		t.Skip("NOT RUN: " + msg)
 	}
-	for _, arch := range []string{"sm_80", "sm_90"} {
-		for _, g := range gens {
-			out, err := exec.Command(ptxas, "-arch="+arch, "-O3", "-o", os.DevNull, g).CombinedOutput()
-			if err != nil {
-				t.Errorf("ptxas -arch=%s %s: %v\n%s", arch, g, err, out)
+	return ptxas, cuobjdump
+}
+
+// The architectures every committed PTX is assembled for.
+var ptxArchs = []string{"sm_80", "sm_90"}
+
+// sassFiles are the PTX files whose SASS cuobjdump reads (the tensor-core
+// kernels'; cuobjdump takes seconds a file, so not every file).
+var sassFiles = map[string]bool{"csrc/gen_attention.ptx": true, "csrc/gen_mma_selftest.ptx": true}
+
+var assembled struct {
+	once  sync.Once
+	facts map[string]map[string]*kernelFacts // arch → kernel → facts
+	err   error
+}
+
+// assembleAll assembles every committed PTX for ptxArchs once per test
+// binary (cuobjdump on sassFiles when it is on PATH) and fails t on an
+// error. The caller has checked the tools with ptxTools.
+func assembleAll(t *testing.T) map[string]map[string]*kernelFacts {
+	t.Helper()
+	assembled.once.Do(func() {
+		gens, _ := filepath.Glob("csrc/gen_*.ptx")
+		if len(gens) == 0 {
+			assembled.err = fmt.Errorf("no csrc/gen_*.ptx")
+			return
+		}
+		ptxas, _ := exec.LookPath("ptxas")
+		cuobjdump, _ := exec.LookPath("cuobjdump")
+		dir, err := os.MkdirTemp("", "tracegrpo-sass-")
+		if err != nil {
+			assembled.err = err
+			return
+		}
+		defer os.RemoveAll(dir)
+		assembled.facts = map[string]map[string]*kernelFacts{}
+		var errs []string
+		for _, arch := range ptxArchs {
+			assembled.facts[arch] = map[string]*kernelFacts{}
+			for _, g := range gens {
+				dump := ""
+				if sassFiles[g] {
+					dump = cuobjdump
+				}
+				facts, err := assemble(ptxas, dump, dir, arch, g)
+				if err != nil {
+					errs = append(errs, err.Error())
+					continue
+				}
+				for k, f := range facts {
+					assembled.facts[arch][k] = f
+				}
+			}
+		}
+		if len(errs) > 0 {
+			assembled.err = fmt.Errorf("%s", strings.Join(errs, "\n"))
+		}
+	})
+	if assembled.err != nil {
+		t.Fatal(assembled.err)
+	}
+	return assembled.facts
+}
+
+// kernelFacts is what ptxas and cuobjdump say of one kernel on one arch.
+type kernelFacts struct {
+	regs, staticSmem, spillStores, spillLoads, stack int
+	hmma, hgmma                                      int
+	sassRead                                         bool // cuobjdump read its SASS
+}
+
+var (
+	entryLineRE = regexp.MustCompile(`Function properties for (\w+)`)
+	spillRE     = regexp.MustCompile(`(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads`)
+	usedRE      = regexp.MustCompile(`Used (\d+) registers(?:, (\d+) bytes smem)?`)
+	usedForRE   = regexp.MustCompile(`Compiling entry function '(\w+)'`)
+	sassFuncRE  = regexp.MustCompile(`^\s*Function : (\w+)`)
+)
+
+// assemble runs ptxas -v on one PTX file for arch and, when cuobjdump is
+// not empty, cuobjdump -sass on the result (sassRead marks its kernels).
+func assemble(ptxas, cuobjdump, dir, arch, ptx string) (map[string]*kernelFacts, error) {
+	cubin := filepath.Join(dir, strings.TrimSuffix(filepath.Base(ptx), ".ptx")+"."+arch+".cubin")
+	out, err := exec.Command(ptxas, "-arch="+arch, "-O3", "-v", "-o", cubin, ptx).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("ptxas -arch=%s %s: %v\n%s", arch, ptx, err, out)
+	}
+	facts := map[string]*kernelFacts{}
+	var cur *kernelFacts
+	for _, line := range strings.Split(string(out), "\n") {
+		if m := usedForRE.FindStringSubmatch(line); m != nil {
+			cur = facts[m[1]]
+			if cur == nil {
+				cur = &kernelFacts{}
+				facts[m[1]] = cur
+			}
+		}
+		if m := entryLineRE.FindStringSubmatch(line); m != nil {
+			cur = facts[m[1]]
+			if cur == nil {
+				cur = &kernelFacts{}
+				facts[m[1]] = cur
+			}
+		}
+		if cur == nil {
+			continue
+		}
+		if m := spillRE.FindStringSubmatch(line); m != nil {
+			cur.stack, _ = strconv.Atoi(m[1])
+			cur.spillStores, _ = strconv.Atoi(m[2])
+			cur.spillLoads, _ = strconv.Atoi(m[3])
+		}
+		if m := usedRE.FindStringSubmatch(line); m != nil {
+			cur.regs, _ = strconv.Atoi(m[1])
+			if m[2] != "" {
+				cur.staticSmem, _ = strconv.Atoi(m[2])
 			}
 		}
 	}
+	if cuobjdump == "" {
+		return facts, nil
+	}
+	for _, f := range facts {
+		f.sassRead = true
+	}
+	sass, err := exec.Command(cuobjdump, "-sass", cubin).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("cuobjdump -sass %s: %v\n%s", cubin, err, sass)
+	}
+	var fn *kernelFacts
+	sc := bufio.NewScanner(bytes.NewReader(sass))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := sassFuncRE.FindStringSubmatch(line); m != nil {
+			fn = facts[m[1]]
+			if fn == nil {
+				return nil, fmt.Errorf("cuobjdump shows %s, which ptxas -v did not report", m[1])
+			}
+			continue
+		}
+		if fn == nil {
+			continue
+		}
+		switch {
+		case strings.Contains(line, "HGMMA."):
+			fn.hgmma++
+		case strings.Contains(line, "HMMA."):
+			fn.hmma++
+		}
+	}
+	return facts, sc.Err()
 }
