@@ -42,10 +42,26 @@
 //
 // # Numerics
 //
-// Elementwise ops, norms, attention and the log-prob reductions are fp32;
-// SumSquares accumulates in double. Matmul is cuBLAS: fp32 by default, TF32
-// tensor cores or bf16 inputs with fp32 accumulation by Options.Matmul. No
-// kernel adds with atomics: attention's backward pass, SumSquares,
+// Elementwise ops, norms, attention and the log-prob reductions compute in
+// fp32 whatever the storage; SumSquares accumulates in double. Matmul is
+// cuBLAS: fp32 by default, TF32 tensor cores or bf16 inputs with fp32
+// accumulation by Options.Matmul; BF16 operands (the kernels package's
+// bfloat16 contract) always multiply on bf16 tensor cores with fp32
+// accumulation. Attention on BF16 operands with head_dim 64 or 128 runs
+// FlashAttention-2-style kernels on mma.sync (csrc/attention.cu; P and dS
+// are rounded to bf16 as mma operands); other head dimensions widen to the
+// fp32 kernels. TokenLogprob on BF16 hidden and weight forms its fp32
+// logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
+//
+// The GEMMs are cublasGemmEx, not cuBLASLt: with bf16 operands and
+// CUBLAS_COMPUTE_32F, GemmEx runs cuBLAS's tensor-core kernels (chosen by
+// the same heuristics cuBLASLt exposes), and cuBLASLt's addition, epilogue
+// fusion (bias, activation, auxiliary outputs), cannot fold an online
+// log-sum-exp over a row, which is the fusion the LM head needs; that stays
+// a kernel reading each fp32 chunk once. scripts/gpu-check.sh measures the
+// LM head against the bare GEMMs it contains.
+//
+// No kernel adds with atomics: attention's backward pass, SumSquares,
 // RMSNormBackward's dweight (per-block partials reduced in block order, with a
 // block count that depends on the shape, not the device) and
 // EmbeddingBackward (each element summed in token order, bitwise equal to the

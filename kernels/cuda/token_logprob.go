@@ -3,7 +3,10 @@
 package cuda
 
 // TokenLogprob and TokenLogprobBackward: csrc/token_logprob.cu with cuBLAS
-// forming one (T, Vc) logits chunk at a time.
+// forming one (T, Vc) fp32 logits chunk at a time. BF16 hidden and weight
+// (the LM head of mixed precision) multiply on bf16 tensor cores with fp32
+// accumulation (cublasGemmEx; see doc.go for why not cuBLASLt), and the
+// backward's dz chunk is rounded to bf16 for its two GEMMs.
 
 import (
 	"fmt"
@@ -22,18 +25,24 @@ func (b *Backend) vocabChunk(T, V int) int {
 	return min(V, vc)
 }
 
-func checkLogprob(op string, hidden, weight, targets kernels.Buf, T, C, V int) {
+// checkLogprob checks the shapes and returns the operands' dtype.
+func checkLogprob(op string, hidden, weight, targets kernels.Buf, T, C, V int) kernels.DType {
 	if T < 0 || C <= 0 || V <= 0 {
 		panic(fmt.Sprintf("cuda: %s: T %d C %d V %d", op, T, C, V))
 	}
-	want(hidden, kernels.F32, T*C, op+" hidden")
-	want(weight, kernels.F32, V*C, op+" weight")
+	dt := operands(op+" hidden, weight", hidden, weight)
+	want(hidden, dt, T*C, op+" hidden")
+	want(weight, dt, V*C, op+" weight")
 	want(targets, kernels.I32, T, op+" targets")
+	return dt
 }
+
+// rowBlocks is the grid of a one-block-per-row kernel over T rows.
+func (b *Backend) rowBlocks(T int) int { return max(1, min(T, 64*b.d.info.SMs)) }
 
 // TokenLogprob implements kernels.Ops: logprob, entropy, lse (T) =.
 func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
-	checkLogprob("TokenLogprob", hidden, weight, targets, T, C, V)
+	dt := checkLogprob("TokenLogprob", hidden, weight, targets, T, C, V)
 	want(logprob, kernels.F32, T, "TokenLogprob logprob")
 	want(entropy, kernels.F32, T, "TokenLogprob entropy")
 	want(lse, kernels.F32, T, "TokenLogprob lse")
@@ -50,9 +59,9 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 	b.elementwise("logprob_init", T, pu(state), ia(T))
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)
-		wc := ptr(weight) + uintptr(4*v0*C)
-		b.gemm(true, false, vc, T, C, invTemp, kernels.F32, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
-		b.launch("logprob_chunk", min(T, 64*b.d.info.SMs), 1, 1, threads, 0,
+		wc := ptr(weight) + uintptr(dt.Size()*v0*C)
+		b.gemm(true, false, vc, T, C, invTemp, dt, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
+		b.launch("logprob_chunk", b.rowBlocks(T), 1, 1, threads, 0,
 			pu(state), pu(logits), pa(targets), ia(T), ia(vc), ia(v0), ia(V))
 	}
 	b.elementwise("logprob_finish", T, pa(logprob), pa(entropy), pa(lse), pu(state), pa(targets), ia(T), ia(V), pu(b.flags))
@@ -61,7 +70,7 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 // TokenLogprobBackward implements kernels.Ops: dhidden (T,C) +=, dweight (V,C) +=.
 // A zero-length dhidden or dweight is skipped.
 func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse kernels.Buf, T, C, V int, invTemp float32) {
-	checkLogprob("TokenLogprobBackward", hidden, weight, targets, T, C, V)
+	dt := checkLogprob("TokenLogprobBackward", hidden, weight, targets, T, C, V)
 	want(dlogprob, kernels.F32, T, "TokenLogprobBackward dlogprob")
 	want(lse, kernels.F32, T, "TokenLogprobBackward lse")
 	if dhidden.N != 0 {
@@ -75,20 +84,25 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	}
 	defer b.lock()()
 	Vc := b.vocabChunk(T, V)
-	dz := b.work("logits", 4*T*Vc)
-	if dz == 0 {
+	logits := b.work("logits", 4*T*Vc)
+	dz, kernel := logits, "logprob_bwd_chunk" // fp32: dz over the logits
+	if dt == kernels.BF16 {
+		dz, kernel = b.work("logits dz bf16", 2*T*Vc), "logprob_bwd_chunk_bf16"
+	}
+	if logits == 0 || dz == 0 {
 		return
 	}
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)
-		wc := ptr(weight) + uintptr(4*v0*C)
-		b.gemm(true, false, vc, T, C, invTemp, kernels.F32, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, dz, vc)
-		b.elementwise("logprob_bwd_chunk", T*vc, pu(dz), pa(lse), pa(dlogprob), pa(targets), ia(T), ia(vc), ia(v0), ia(V), fa(invTemp))
+		wc := ptr(weight) + uintptr(dt.Size()*v0*C)
+		b.gemm(true, false, vc, T, C, invTemp, dt, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
+		b.launch(kernel, b.rowBlocks(T), 1, 1, threads, 0,
+			pu(dz), pu(logits), pa(lse), pa(dlogprob), pa(targets), ia(T), ia(vc), ia(v0), ia(V), fa(invTemp))
 		if dhidden.N != 0 {
-			b.gemm(false, false, C, T, vc, 1, kernels.F32, wc, C, vc*C, dz, vc, T*vc, 1, kernels.F32, ptr(dhidden), C)
+			b.gemm(false, false, C, T, vc, 1, dt, wc, C, vc*C, dz, vc, T*vc, 1, kernels.F32, ptr(dhidden), C)
 		}
 		if dweight.N != 0 {
-			b.gemm(false, true, C, vc, T, 1, kernels.F32, ptr(hidden), C, T*C, dz, vc, T*vc, 1, kernels.F32, ptr(dweight)+uintptr(4*v0*C), C)
+			b.gemm(false, true, C, vc, T, 1, dt, ptr(hidden), C, T*C, dz, vc, T*vc, 1, kernels.F32, ptr(dweight)+uintptr(4*v0*C), C)
 		}
 	}
 }

@@ -420,6 +420,50 @@ var cases = []testCase{
 			s.check("TokenLogprobBackward dweight "+tag, dw, TolLogprob)
 		}
 	}},
+	{"TokenLogprobBF16", func(s *suite) {
+		// The LM head of mixed precision: bf16 hidden and weight, fp32
+		// logits, chunked over the vocabulary (the CUDA test backends use a
+		// small logits scratch, so several chunks, a last partial one, and
+		// chunk widths that are not multiples of 4).
+		for _, sh := range []struct {
+			T, C, V int
+			invTemp float32
+		}{{1, 8, 5, 1}, {37, 64, 300, 1}, {20, 128, 1000, 0.7}, {64, 96, 2053, 1}} {
+			hidden := s.randnBF16(sh.T*sh.C, 1)
+			w := s.randnBF16(sh.V*sh.C, 0.5)
+			tg := s.randTokens(sh.T, sh.V)
+			for i := range tg {
+				if i%5 == 3 {
+					tg[i] = -1
+				}
+			}
+			for i, id := range []int{0, sh.V - 1, 32, 64, 96, 128, 256} {
+				if i < sh.T && i%5 != 3 && id < sh.V {
+					tg[i] = int32(id)
+				}
+			}
+			targets := s.i32(tg)
+			lp, ent, lse := s.out(sh.T), s.out(sh.T), s.out(sh.T)
+			dlp := s.randn(sh.T, 1)
+			dh, dw := s.randn(sh.T*sh.C, 1), s.randn(sh.V*sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.TokenLogprob(v(lp), v(ent), v(lse), v(hidden), v(w), v(targets), sh.T, sh.C, sh.V, sh.invTemp)
+			})
+			// The backward of both from the reference's lse.
+			lseR := s.f32(s.download(s.ref, lse.r))
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.TokenLogprobBackward(v(dh), v(dw), v(dlp), v(hidden), v(w), v(targets), v(lseR), sh.T, sh.C, sh.V, sh.invTemp)
+			})
+			tag := fmt.Sprintf("T=%d C=%d V=%d invTemp=%g", sh.T, sh.C, sh.V, sh.invTemp)
+			// bf16 products are exact in fp32: the forward differs from the
+			// reference only in summation order, as the fp32 case does.
+			s.check("TokenLogprob bf16 logprob "+tag, lp, TolLogprob)
+			s.check("TokenLogprob bf16 entropy "+tag, ent, TolLogprob)
+			s.check("TokenLogprob bf16 lse "+tag, lse, TolLogprob)
+			s.check("TokenLogprobBackward bf16 dhidden "+tag, dh, TolLogprobBF16Grad)
+			s.check("TokenLogprobBackward bf16 dweight "+tag, dw, TolLogprobBF16Grad)
+		}
+	}},
 	{"DataErrors", func(s *suite) {
 		// ScatterRows with an index past the destination's rows.
 		src := s.randn(3*5, 1)

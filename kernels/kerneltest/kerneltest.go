@@ -28,11 +28,8 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
-// Tol is |got − want| ≤ Atol + RMS·rms(want) + Rtol·|want|, rms(want) the
-// root mean square of the whole reference buffer: RMS states an error
-// relative to the data's scale, for low-precision paths whose error is a
-// fraction of the typical magnitude rather than of each element.
-type Tol struct{ Atol, Rtol, RMS float64 }
+// Tol is |got − want| ≤ Atol + Rtol·|want|.
+type Tol struct{ Atol, Rtol float64 }
 
 // The per-op tolerances of a backend against kernels/cpu, both fp32 with
 // different summation orders and transcendental implementations.
@@ -54,6 +51,16 @@ var (
 	// TolLogprob: log-sum-exp over a vocabulary of a few hundred, formed in
 	// chunks; entropy is lse − E[z], a difference of two O(10) numbers.
 	TolLogprob = Tol{Atol: 1e-4, Rtol: 1e-4}
+	// TolLogprobBF16Grad: the LM head's gradients from bf16 hidden and
+	// weight: the logits' gradient dz is rounded to bf16 (2^-9 relative) as
+	// the operand of the two tensor-core GEMMs (as torch.autocast does), so
+	// dhidden = Σ_v dz_v·W_v and dweight = Σ_t dz_t·hidden_t carry up to
+	// 2^-9 of each term. The largest terms are the targets' (|dz| ≈
+	// |dlogprob| ≤ 2.5 times |hidden| ≤ 4 here): up to 2e-2 absolute, where
+	// two such terms may cancel. The softmax part (|dz| ≈ p) is what the
+	// non-target rows hold, 0.1 to 0.3 here: a kernel dropping it fails.
+	// Measured worst on the emulator: 1.8e-2 (dweight, V=2053).
+	TolLogprobBF16Grad = Tol{Atol: 3e-2, Rtol: 1e-2}
 	// TolRope: the same cos/sin tables on both sides; two products and a sum
 	// per element, which a GPU compiler may fuse into one multiply-add.
 	TolRope = Tol{Atol: 1e-6, Rtol: 1e-6}
@@ -396,7 +403,7 @@ func Compare(want, got []float32, tol Tol) string {
 	var maxAbs, maxRel float64
 	var first []string
 	bad := 0
-	atol := tol.Atol + tol.RMS*rms(want)
+	atol := tol.Atol
 	for i := range want {
 		w, g := float64(want[i]), float64(got[i])
 		d := math.Abs(g - w)
@@ -444,11 +451,10 @@ func rms(x []float32) float64 {
 }
 
 // Used returns the largest fraction of tol any element's error uses,
-// max |got−want| / (Atol + RMS·rms(want) + Rtol·|want|), with the max abs
-// and rel errors: a measurement to set a tolerance from (a value > 1 fails
-// Compare).
+// max |got−want| / (Atol + Rtol·|want|), with the max abs and rel errors: a
+// measurement to set a tolerance from (a value > 1 fails Compare).
 func Used(want, got []float32, tol Tol) (frac, maxAbs, maxRel float64) {
-	atol := tol.Atol + tol.RMS*rms(want)
+	atol := tol.Atol
 	for i := range want {
 		if i >= len(got) {
 			return math.Inf(1), math.Inf(1), math.Inf(1)

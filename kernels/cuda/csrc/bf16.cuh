@@ -44,3 +44,60 @@ __device__ __forceinline__ float ld_f(const float* p, long long i) { return p[i]
 __device__ __forceinline__ float ld_f(const tg_bf16* p, long long i) { return tg_widen(p[i]); }
 __device__ __forceinline__ void st_f(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void st_f(tg_bf16* p, long long i, float v) { p[i] = tg_round(v); }
+
+// Vector access, 8 or 4 elements at a time as floats: 16-byte loads and
+// stores (two for 8 floats, one for 8 bf16; 8 bytes for 4 bf16). p must be
+// aligned to the access (the launchers check and take a scalar kernel
+// otherwise; the emulator aborts on a misaligned one, as a GPU faults).
+#ifdef TG_EMU
+#define TG_CHECK_ALIGN(p, n) tg_emu_check_align(p, n)
+#else
+#define TG_CHECK_ALIGN(p, n)
+#endif
+
+__device__ __forceinline__ float4 ld_f4(const float* p) {
+  TG_CHECK_ALIGN(p, 16);
+  return *(const float4*)p;
+}
+__device__ __forceinline__ void ld4(const float* p, float r[4]) {
+  const float4 v = ld_f4(p);
+  r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
+}
+__device__ __forceinline__ void ld4(const tg_bf16* p, float r[4]) {
+  TG_CHECK_ALIGN(p, 8);
+  const uint2 v = *(const uint2*)p;
+  r[0] = bf16_lo(v.x), r[1] = bf16_hi(v.x), r[2] = bf16_lo(v.y), r[3] = bf16_hi(v.y);
+}
+__device__ __forceinline__ void st_f4(float* p, const float r[4]) {
+  TG_CHECK_ALIGN(p, 16);
+  float4 v;
+  v.x = r[0], v.y = r[1], v.z = r[2], v.w = r[3];
+  *(float4*)p = v;
+}
+__device__ __forceinline__ void st_f4(tg_bf16* p, const float r[4]) {
+  TG_CHECK_ALIGN(p, 8);
+  uint2 v;
+  v.x = pack_bf16x2(r[0], r[1]), v.y = pack_bf16x2(r[2], r[3]);
+  *(uint2*)p = v;
+}
+__device__ __forceinline__ void ld8(const float* p, float r[8]) {
+  ld4(p, r);
+  ld4(p + 4, r + 4);
+}
+__device__ __forceinline__ void ld8(const tg_bf16* p, float r[8]) {
+  TG_CHECK_ALIGN(p, 16);
+  const uint4 v = *(const uint4*)p;
+  r[0] = bf16_lo(v.x), r[1] = bf16_hi(v.x), r[2] = bf16_lo(v.y), r[3] = bf16_hi(v.y);
+  r[4] = bf16_lo(v.z), r[5] = bf16_hi(v.z), r[6] = bf16_lo(v.w), r[7] = bf16_hi(v.w);
+}
+__device__ __forceinline__ void st8(float* p, const float r[8]) {
+  st_f4(p, r);
+  st_f4(p + 4, r + 4);
+}
+__device__ __forceinline__ void st8(tg_bf16* p, const float r[8]) {
+  TG_CHECK_ALIGN(p, 16);
+  uint4 v;
+  v.x = pack_bf16x2(r[0], r[1]), v.y = pack_bf16x2(r[2], r[3]);
+  v.z = pack_bf16x2(r[4], r[5]), v.w = pack_bf16x2(r[6], r[7]);
+  *(uint4*)p = v;
+}

@@ -3,18 +3,24 @@
 //
 // The launcher (kernels/cuda/token_logprob.go) loops over chunks [v0, v0+Vc)
 // of the vocabulary: cuBLAS writes logits (T,Vc) = invTemp·hidden (T,C)·W[v0:v0+Vc]ᵀ
-// into a scratch buffer, then
+// in fp32 into a scratch buffer (hidden and W fp32, or bf16 on tensor cores
+// with fp32 accumulation), then
 //   logprob_chunk folds the chunk into a running per-row state (T,4) =
 //     {m, Σ e^(z−m), Σ e^(z−m)·z, z[target]}                         (update)
 //   logprob_finish: lse (T) = m + log Σ, logprob (T) = z[target] − lse,
 //     entropy (T) = lse − Σ e^(z−m)·z / Σ e^(z−m)                     (=)
-// Backward, per chunk after the same GEMM:
-//   logprob_bwd_chunk: dz (T,Vc) = dlogprob·(onehot(target) − e^(z−lse))·invTemp,
-//     written over the logits, then cuBLAS adds dhidden += dz·W_chunk and
-//     dW_chunk += dzᵀ·hidden.
+// so the log-sum-exp, entropy and target logit are folded in the chunk loop
+// and no T×V logits ever exist. Backward, per chunk after the same GEMM:
+//   logprob_bwd_chunk{,_bf16}: dz (T,Vc) = dlogprob·(onehot(target) − e^(z−lse))·invTemp,
+//     fp32 over the logits (fp32 GEMMs) or bf16 into its own buffer (the bf16
+//     GEMMs' operand), then cuBLAS adds dhidden += dz·W_chunk and
+//     dW_chunk += dzᵀ·hidden: one chunk of fp32 logits at a time.
 // Rows with target < 0 get zeros and no gradient; a target >= V is treated the
-// same and sets TG_ERR_TARGET.
+// same and sets TG_ERR_TARGET. The chunk kernels take one block per row and
+// read the row with 16-byte loads when Vc is a multiple of 4 (the scratch
+// rows are then 16-byte aligned).
 #include "common.cuh"
+#include "bf16.cuh"
 
 struct lp_state {
   float m, s, s1;
@@ -33,6 +39,20 @@ __device__ __forceinline__ void lp_merge(lp_state& a, float mb, float sb, float 
   a.s = a.s * ea + sb * eb;
   a.s1 = a.s1 * ea + s1b * eb;
   a.m = m;
+}
+
+// Folds one logit into a running state.
+__device__ __forceinline__ void lp_add(lp_state& a, float zj) {
+  if (zj > a.m) {
+    float e = a.m == -TG_INF ? 0.f : expf(a.m - zj);
+    a.s = a.s * e + 1.f;
+    a.s1 = a.s1 * e + zj;
+    a.m = zj;
+  } else {
+    float e = expf(zj - a.m);
+    a.s += e;
+    a.s1 += e * zj;
+  }
 }
 
 extern "C" __global__ void logprob_init(float* state, int T) {
@@ -54,18 +74,16 @@ extern "C" __global__ void logprob_chunk(float* state, const float* logits, cons
     if (tgt < 0 || tgt >= V) continue;  // whole block
     const float* z = logits + (long long)t * Vc;
     lp_state a = {-TG_INF, 0.f, 0.f};
-    for (int j = threadIdx.x; j < Vc; j += blockDim.x) {
-      float zj = z[j];
-      if (zj > a.m) {
-        float e = a.m == -TG_INF ? 0.f : expf(a.m - zj);
-        a.s = a.s * e + 1.f;
-        a.s1 = a.s1 * e + zj;
-        a.m = zj;
-      } else {
-        float e = expf(zj - a.m);
-        a.s += e;
-        a.s1 += e * zj;
+    if ((Vc & 3) == 0) {
+      for (int j = 4 * threadIdx.x; j < Vc; j += 4 * blockDim.x) {
+        const float4 z4 = ld_f4(z + j);
+        lp_add(a, z4.x);
+        lp_add(a, z4.y);
+        lp_add(a, z4.z);
+        lp_add(a, z4.w);
       }
+    } else {
+      for (int j = threadIdx.x; j < Vc; j += blockDim.x) lp_add(a, z[j]);
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -115,17 +133,44 @@ extern "C" __global__ void logprob_finish(float* logprob, float* entropy, float*
   }
 }
 
-extern "C" __global__ void logprob_bwd_chunk(float* logits, const float* lse,
+// dz row t of the chunk, one block per row (grid-stride over rows). TD is
+// float (dz over the logits) or tg_bf16 (dz into its own buffer).
+template <class TD>
+__device__ __forceinline__ void lp_bwd_chunk(TD* dz, const float* logits, const float* lse,
                                              const float* dlogprob, const int* targets, int T,
                                              int Vc, int v0, int V, float invTemp) {
-  TG_FOR(i, (long long)T * Vc) {
-    const int t = (int)(i / Vc), j = (int)(i % Vc);
+  for (int t = blockIdx.x; t < T; t += gridDim.x) {
     const int tgt = targets[t];
-    float g = 0.f;
-    if (tgt >= 0 && tgt < V) {
-      const float p = expf(logits[i] - lse[t]);
-      g = dlogprob[t] * ((v0 + j == tgt ? 1.f : 0.f) - p) * invTemp;
+    const bool on = tgt >= 0 && tgt < V;
+    const float L = on ? lse[t] : 0.f, g = on ? dlogprob[t] : 0.f;
+    const int jt = on ? tgt - v0 : -1;  // the target's column in this chunk, if any
+    const float* z = logits + (long long)t * Vc;
+    TD* d = dz + (long long)t * Vc;
+    if ((Vc & 3) == 0) {
+      for (int j = 4 * threadIdx.x; j < Vc; j += 4 * blockDim.x) {
+        const float4 z4 = ld_f4(z + j);
+        float r[4] = {z4.x, z4.y, z4.z, z4.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) r[i] = on ? g * ((j + i == jt ? 1.f : 0.f) - expf(r[i] - L)) * invTemp : 0.f;
+        st_f4(d + j, r);
+      }
+    } else {
+      for (int j = threadIdx.x; j < Vc; j += blockDim.x) {
+        const float r = on ? g * ((j == jt ? 1.f : 0.f) - expf(z[j] - L)) * invTemp : 0.f;
+        st_f(d, j, r);
+      }
     }
-    logits[i] = g;
   }
+}
+
+extern "C" __global__ void logprob_bwd_chunk(float* dz, const float* logits, const float* lse, const float* dlogprob,
+                                             const int* targets, int T, int Vc, int v0, int V,
+                                             float invTemp) {
+  lp_bwd_chunk(dz, logits, lse, dlogprob, targets, T, Vc, v0, V, invTemp);  // dz == logits
+}
+
+extern "C" __global__ void logprob_bwd_chunk_bf16(tg_bf16* dz, const float* logits, const float* lse,
+                                                  const float* dlogprob, const int* targets, int T,
+                                                  int Vc, int v0, int V, float invTemp) {
+  lp_bwd_chunk(dz, logits, lse, dlogprob, targets, T, Vc, v0, V, invTemp);
 }

@@ -44,6 +44,8 @@ void tg_emu_ldmatrix(unsigned* r, int num, bool trans, const void* p);
 void tg_emu_cp_async(void* dst, const void* src, int size, int src_bytes);
 void tg_emu_cp_commit();
 void tg_emu_cp_wait(int n);
+// Aborts, naming the thread, unless p is aligned to n bytes (vector access).
+void tg_emu_check_align(const void* p, int n);
 
 template <class T>
 T tg_emu_shfl(T v, int src) {

@@ -246,6 +246,14 @@ void tg_emu_cp_async(void* dst, const void* src, int size, int src_bytes) {
   fibers[cur].cp.push_back(op);
 }
 
+void tg_emu_check_align(const void* p, int n) {
+  if (((uintptr_t)p & (n - 1)) != 0) {
+    char what[96];
+    snprintf(what, sizeof what, "%d-byte vector access at %p, not %d-byte aligned", n, p, n);
+    emu_fail(what);
+  }
+}
+
 void tg_emu_cp_commit() { fibers[cur].cp_groups.push_back(fibers[cur].cp.size()); }
 
 void tg_emu_cp_wait(int n) {
