@@ -291,12 +291,12 @@ func (s *Sampler) prefill(prompts [][]int32) error {
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
 		m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
-			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
-			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.kc[l], m.la[l].k32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.vc[l], m.la[l].v32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
 		})
 		for p := start; p < end; p++ {
 			last := int(s.prefillCu[p-start+1]) - 1
-			m.b.Copy(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C))
+			m.b.Convert(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C)) // lnf is bf16 under mixed precision
 		}
 		start = end
 	}

@@ -112,11 +112,11 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 // Shapes: out (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	same("Matmul inp, weight", inp, weight)
-	o, done := b.out(out, T*OC, "Matmul out") // (T,OC) F32|BF16
-	x := b.in(inp, T*C, "Matmul inp")         // (T,C) F32|BF16
-	w := b.in(weight, OC*C, "Matmul weight")  // (OC,C) F32|BF16
+	o := b.out(out, T*OC, "Matmul out")      // (T,OC) F32|BF16
+	x := b.in(inp, T*C, "Matmul inp")        // (T,C) F32|BF16
+	w := b.in(weight, OC*C, "Matmul weight") // (OC,C) F32|BF16
 	b.parallelGemm(false, true, T, OC, C, x, C, w, C, o, OC, false)
-	done()
+	b.done(out, o)
 }
 
 // MatmulBackward implements kernels.Ops.
