@@ -31,6 +31,9 @@ type Options struct {
 	// statistics, RoPE, the softmax and log-sum-exp of attention and of the
 	// LM head, log-probabilities, and every gradient of a weight.
 	Precision kernels.DType
+	// ForwardOnly builds a model for Forward alone (scoring): no gradient
+	// arena and no backward buffers, one layer's activations at a time.
+	ForwardOnly bool
 }
 
 // normalized fills Options' defaults and checks them.
@@ -122,7 +125,7 @@ type Model struct {
 	params, grads kernels.Buf
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only)
 	stale         bool        // paramsW is older than params
-	forwardOnly   bool        // a reference: no gradients, workspace borrowed
+	forwardOnly   bool        // no gradients or backward buffers (a reference, or Options.ForwardOnly)
 	ws            *workspace
 	owner         *Model // the model whose workspace and RoPE tables this one borrows; nil if its own
 
@@ -167,8 +170,8 @@ type Model struct {
 	haveForward              bool
 }
 
-// ErrForwardOnly is returned by Backward on a forward-only reference model.
-var ErrForwardOnly = errors.New("model: Backward on a forward-only reference model (it has no gradients)")
+// ErrForwardOnly is returned by Backward on a forward-only model.
+var ErrForwardOnly = errors.New("model: Backward on a forward-only model (a reference, or Options.ForwardOnly: it has no gradients)")
 
 // shell returns a Model with its configuration, options and parameter
 // layout but no memory: New allocates from it, and PlanModel sizes with it.
@@ -180,7 +183,7 @@ func shell(cfg Config, opt Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision}
+	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision, forwardOnly: opt.ForwardOnly}
 	m.table, m.tidx, m.lidx = newTable(cfg)
 	return m, nil
 }
@@ -197,9 +200,11 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if err := m.allocWeights(sz); err != nil {
 		return nil, err
 	}
-	if m.grads, err = b.Alloc(kernels.F32, sz.grads); err != nil {
-		m.Close()
-		return nil, fmt.Errorf("model: gradient arena of %d floats: %w", sz.grads, err)
+	if sz.grads > 0 {
+		if m.grads, err = b.Alloc(kernels.F32, sz.grads); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("model: gradient arena of %d floats: %w", sz.grads, err)
+		}
 	}
 	m.views()
 	ws := &workspace{}
@@ -382,6 +387,8 @@ func (m *Model) sizes() (arenaSizes, *actPlan) {
 	}
 	if !m.forwardOnly {
 		sz.grads = m.table.Total
+	}
+	if m.owner == nil {
 		sz.rope = ropeElems(m.cfg, m.opt.MaxSeqLen)
 	}
 	return sz, p
@@ -558,7 +565,7 @@ func PlanReference(cfg Config, opt Options) (Footprint, error) {
 	if err != nil {
 		return Footprint{}, err
 	}
-	m.forwardOnly = true
+	m.forwardOnly, m.owner = true, &Model{}
 	sz, _ := m.sizes()
 	return Footprint{Weights: int64(sz.params) * 4, WeightsBF16: int64(sz.paramsW) * 2}, nil
 }
@@ -568,7 +575,7 @@ func PlanReference(cfg Config, opt Options) (Footprint, error) {
 // weights.
 func (m *Model) Footprint() Footprint {
 	f := Footprint{Weights: int64(m.params.N) * 4, WeightsBF16: int64(m.paramsW.N) * 2, Grads: int64(m.grads.N) * 4}
-	if !m.forwardOnly && m.ws != nil {
+	if m.owner == nil && m.ws != nil {
 		f.Activations = int64(m.ws.acts.N) * 4
 		if m.ws.actsW.N > 0 {
 			f.Activations += int64(m.ws.actsW.N) * int64(m.ws.actsW.DType.Size())
@@ -582,7 +589,7 @@ func (m *Model) Footprint() Footprint {
 // Close frees the model's buffers (a reference frees only its weights).
 func (m *Model) Close() {
 	bufs := []*kernels.Buf{&m.params, &m.paramsW, &m.grads, &m.rope}
-	if m.ws != nil && !m.forwardOnly {
+	if m.ws != nil && m.owner == nil {
 		bufs = append(bufs, &m.ws.acts, &m.ws.actsW, &m.ws.ints)
 	}
 	for _, b := range bufs {

@@ -104,8 +104,34 @@ func TestPlanEqualsAllocations(t *testing.T) {
 				if rplan.Total() != wantRef {
 					t.Errorf("%s: reference plans %d bytes, want its weights only, %d", tag, rplan.Total(), wantRef)
 				}
+				for _, maxLen := range []int{20, 70} { // within the model's RoPE tables, and beyond
+					before := b.bytes
+					smp, err := NewSampler(m, 3, maxLen)
+					if err != nil {
+						t.Fatal(err)
+					}
+					sp, err := PlanSampler(cfg, opt, 3, maxLen)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := b.bytes - before; got != sp.KVCache+sp.Buffers+sp.Rope {
+						t.Errorf("%s: sampler maxLen %d: plan %+v, allocated %d bytes", tag, maxLen, sp, got)
+					}
+					smp.Close()
+				}
 				ref.Close()
 				m.Close()
+				fo := opt
+				fo.ForwardOnly = true
+				f, err := New(b, cfg, fo)
+				if err != nil {
+					t.Fatal(err)
+				}
+				fplan, _ := PlanModel(cfg, fo)
+				if fplan.Total() != b.bytes || fplan.Grads != 0 || fplan.Activations >= plan.Activations {
+					t.Errorf("%s: forward-only plan %+v (%d bytes), allocated %d; training activations %d", tag, fplan, fplan.Total(), b.bytes, plan.Activations)
+				}
+				f.Close()
 				if b.bytes != 0 {
 					t.Errorf("%s: %d bytes left allocated after Close", tag, b.bytes)
 				}
