@@ -12,6 +12,9 @@ func PlanWorkspace(w kernels.Workload, threads int) int64 {
 	return shared + int64(threads)*perWorker
 }
 
+// PlanWorkspace is PlanWorkspace for this backend's thread count.
+func (b *Backend) PlanWorkspace(w kernels.Workload) int64 { return PlanWorkspace(w, b.threads) }
+
 // planScratch returns the bytes of the shared scratch w needs and the bound
 // of one worker's.
 func planScratch(w kernels.Workload) (shared, perWorker int64) {

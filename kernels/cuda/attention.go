@@ -76,7 +76,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	}
 	scale := float32(1 / math.Sqrt(float64(HD)))
 	defer b.lock()()
-	D := b.work("attention D", 4*T*NH)
+	D := b.work(workAttnD, attnDWork(T, NH))
 	if D == 0 {
 		return
 	}

@@ -11,16 +11,8 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// vocabChunk is the vocabulary chunk width for T rows: as wide as the
-// logits scratch allows, a multiple of 32.
-func (b *Backend) vocabChunk(T, V int) int {
-	limit := b.opt.LogitsScratch
-	if limit <= 0 {
-		limit = 32 << 20
-	}
-	vc := max(32, limit/max(T, 1)/32*32)
-	return min(V, vc)
-}
+// vocabChunk is the vocabulary chunk width for T rows (workspace.go).
+func (b *Backend) vocabChunk(T, V int) int { return vocabChunk(b.opt.LogitsScratch, T, V) }
 
 func checkLogprob(op string, hidden, weight, targets kernels.Buf, T, C, V int) {
 	if T < 0 || C <= 0 || V <= 0 {
@@ -42,8 +34,8 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 	}
 	defer b.lock()()
 	Vc := b.vocabChunk(T, V)
-	logits := b.work("logits", 4*T*Vc)
-	state := b.work("logprob state", 16*T)
+	logits := b.work(workLogits, 4*T*Vc)
+	state := b.work(workLogprobState, 16*T)
 	if logits == 0 || state == 0 {
 		return
 	}
@@ -75,7 +67,7 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	}
 	defer b.lock()()
 	Vc := b.vocabChunk(T, V)
-	dz := b.work("logits", 4*T*Vc)
+	dz := b.work(workLogits, 4*T*Vc)
 	if dz == 0 {
 		return
 	}
