@@ -267,7 +267,21 @@ func (t *Trainer) setupFiles() error {
 	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s%s",
 		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out, ranks)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
+	mo := t.model.Options()
+	ckpt := "off"
+	if mo.Recompute {
+		ckpt = "on"
+	}
+	_, key := c.ActivationCheckpointing()
+	t.logf("compute: %s on %s, activation checkpointing %s (%s), %d tokens per micro-batch", precisionName(mo.Precision), t.be.Name(), ckpt, key, mo.MaxTokens)
 	return nil
+}
+
+func precisionName(p kernels.DType) string {
+	if p == kernels.BF16 {
+		return "bf16 mixed precision (fp32 master weights, gradients and Adam)"
+	}
+	return "fp32"
 }
 
 // Close releases what New built (not the backend).
