@@ -57,8 +57,10 @@ bench-ops:
 
 # Regenerate the committed goldens with the independent implementations
 # (Debian's python3-torch and python3-numpy; Python's hashlib).
+# Byte order (LC_ALL=C), so golden_model.py runs before golden_model_bf16.py,
+# which reads its output.
 golden:
-	@for s in scripts/golden_*.py; do echo "$(PYTHON) $$s"; $(PYTHON) $$s || exit 1; done
+	@for s in $$(LC_ALL=C ls scripts/golden_*.py); do echo "$(PYTHON) $$s"; $(PYTHON) $$s || exit 1; done
 
 # Regenerate gym/testdata/gymdiff with NeMo Gym's own writer and builders
 # (see gym/testdata/gymdiff/README.md). GYM_UPSTREAM holds the six PR files,

@@ -140,6 +140,28 @@ func NewAdamWStep(lr, beta1, beta2, eps, weightDecay float64, step int64, gradSc
 	}
 }
 
+// CheckCopyCols panics unless CopyCols's arguments are consistent; every
+// backend calls it first (backend names the backend in the message).
+func CheckCopyCols(backend string, dst, src Buf, R, W, dstStride, srcStride int) {
+	for _, x := range []Buf{dst, src} {
+		if x.DType != F32 && x.DType != BF16 {
+			panic(fmt.Sprintf("%s: CopyCols of a %s buffer", backend, x.DType))
+		}
+	}
+	if R < 0 || W < 0 || dstStride < W || srcStride < W {
+		panic(fmt.Sprintf("%s: CopyCols of %d rows of %d with strides %d and %d", backend, R, W, dstStride, srcStride))
+	}
+	if R == 0 || W == 0 {
+		return
+	}
+	if need := (R-1)*dstStride + W; dst.N < need {
+		panic(fmt.Sprintf("%s: CopyCols dst has %d elements, %d rows of %d, %d apart, need %d", backend, dst.N, R, W, dstStride, need))
+	}
+	if need := (R-1)*srcStride + W; src.N < need {
+		panic(fmt.Sprintf("%s: CopyCols src has %d elements, %d rows of %d, %d apart, need %d", backend, src.N, R, W, srcStride, need))
+	}
+}
+
 // Memory is the allocation and transfer half of a backend.
 type Memory interface {
 	// Name is a short backend name such as "cpu" or "cuda".
@@ -252,6 +274,13 @@ type Ops interface {
 	// Mixed precision makes its bf16 copy of the weights with it once per
 	// optimizer step.
 	Convert(dst, src Buf)
+	// CopyCols: dst[r·dstStride + j] = src[r·srcStride + j] for r < R,
+	// j < W: a strided 2-D copy, each of dst and src F32|BF16 (converted as
+	// Convert does). A view's offset picks the column: the model splits a
+	// fused projection's output (T, q|k|v) into q, k and v with it, and
+	// packs their gradients back. Both strides are at least W; dst and src
+	// must not overlap.
+	CopyCols(dst, src Buf, R, W, dstStride, srcStride int)
 	// Scale: x *= s.
 	Scale(x Buf, s float32)
 

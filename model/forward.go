@@ -103,8 +103,8 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 			return fmt.Errorf("model: forward: cu_seqlens[%d] = %d is below cu_seqlens[%d] = %d", s+1, hi, s, lo)
 		}
 		maxLen = max(maxLen, int(hi-lo))
-		if int(hi-lo) > m.ropeP {
-			return fmt.Errorf("model: forward: sequence %d has %d tokens, more than Options.MaxSeqLen %d", s, hi-lo, m.ropeP)
+		if _, _, P := m.ropeTables(); int(hi-lo) > P {
+			return fmt.Errorf("model: forward: sequence %d has %d tokens, more than Options.MaxSeqLen %d", s, hi-lo, P)
 		}
 		for t := lo; t < hi; t++ {
 			m.hPos[t] = t - lo
@@ -122,6 +122,7 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 		}
 	}
 	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, S, maxLen, 1/temperature
+	m.ws.last = m // the staged inputs and, next, the activations are this model's
 	copy(m.hTokens, tokens)
 	copy(m.hCu, cu)
 	if T > 0 {
@@ -130,6 +131,7 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
 	m.b.UploadI32(m.cu.Slice(0, S+1), m.hCu[:S+1])
+	m.syncWeights()
 	return nil
 }
 
@@ -145,7 +147,7 @@ func (m *Model) forward() {
 		return
 	}
 	m.forwardBody(nil)
-	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHead,
+	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHeadW,
 		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
 	m.haveForward = true
 }
@@ -169,42 +171,57 @@ func (m *Model) forwardBody(after func(l int)) {
 // layerForward queues decoder layer l from its input la[l].x. With full it
 // also writes the layer's output (the next layer's input or xf); without,
 // it stops once every activation the layer's backward needs is ready.
+//
+// q, k and v come from one GEMM (the fused q|k|v weight) into qkvOut, fp32
+// for the bias, q/k norms and RoPE, then split apart (and rounded to bf16
+// under mixed precision); gate and up come from one GEMM into fused, then
+// split.
 func (m *Model) layerForward(l int, full bool) {
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
+	qkvN := qn + 2*kn
 	eps := c.RMSNormEps
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	cos, sin, _ := m.ropeTables()
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
-	a, w := &m.la[l], &m.layers[l]
+	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
 	b.RMSNorm(tc(a.ln1, C), a.rstd1.Slice(0, T), x, w.ln1, T, C, eps)
-	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
-	if c.Arch == Qwen3 {
-		b.Matmul(tc(a.qraw, qn), tc(a.ln1, C), w.q, T, C, qn)
-		b.Matmul(tc(a.kraw, kn), tc(a.ln1, C), w.k, T, C, kn)
-		b.RMSNorm(q, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
-		b.RMSNorm(k, a.krstd.Slice(0, T*NKV), tc(a.kraw, kn), w.kNorm, T*NKV, HD, eps)
-	} else {
-		b.Matmul(q, tc(a.ln1, C), w.q, T, C, qn)
-		b.Matmul(k, tc(a.ln1, C), w.k, T, C, kn)
-	}
-	b.Matmul(v, tc(a.ln1, C), w.v, T, C, kn)
+	qkv := tc(m.qkvOut, qkvN)
+	b.Matmul(qkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	if c.QKVBias() {
-		b.AddBias(q, w.qBias, T, qn)
-		b.AddBias(k, w.kBias, T, kn)
-		b.AddBias(v, w.vBias, T, kn)
+		b.AddBias(qkv, w.qkvBias, T, qkvN)
 	}
-	b.Rope(q, pos, m.ropeCos, m.ropeSin, T, NH, HD)
-	b.Rope(k, pos, m.ropeCos, m.ropeSin, T, NKV, HD)
+	q32, k32, v32 := tc(a.q32, qn), tc(a.k32, kn), tc(a.v32, kn)
+	if c.Arch == Qwen3 {
+		b.CopyCols(tc(a.qraw, qn), qkv, T, qn, qn, qkvN)
+		b.CopyCols(tc(a.kraw, kn), qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
+		b.RMSNorm(q32, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
+		b.RMSNorm(k32, a.krstd.Slice(0, T*NKV), tc(a.kraw, kn), w.kNorm, T*NKV, HD, eps)
+	} else {
+		b.CopyCols(q32, qkv, T, qn, qn, qkvN)
+		b.CopyCols(k32, qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
+	}
+	b.CopyCols(v32, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
+	b.Rope(q32, pos, cos, sin, T, NH, HD)
+	b.Rope(k32, pos, cos, sin, T, NKV, HD)
+	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
+	if m.wdt != kernels.F32 {
+		b.Convert(q, q32)
+		b.Convert(k, k32)
+		b.Convert(v, v32)
+	}
 	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
 	xmid := tc(a.xmid, C)
-	b.Matmul(xmid, tc(a.att, qn), w.o, T, qn, C)
+	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
 	b.Add(xmid, xmid, x, T*C)
 	b.RMSNorm(tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, w.ln2, T, C, eps)
-	b.Matmul(tc(a.gate, I), tc(a.ln2, C), w.gate, T, C, I)
-	b.Matmul(tc(a.up, I), tc(a.ln2, C), w.up, T, C, I)
+	gu := tc(m.fused, 2*I)
+	b.Matmul(gu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
+	b.CopyCols(tc(a.up, I), gu.Slice(I, T*2*I-I), T, I, I, 2*I)
 	b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
 	if !full {
 		return
@@ -213,7 +230,7 @@ func (m *Model) layerForward(l int, full bool) {
 	if l+1 < len(m.la) {
 		next = tc(m.la[l+1].x, C)
 	}
-	b.Matmul(next, tc(a.h, I), w.down, T, I, C)
+	b.Matmul(next, tc(a.h, I), gw.down, T, I, C)
 	b.Add(next, next, xmid, T*C)
 }
 
@@ -222,7 +239,10 @@ func (m *Model) layerForward(l int, full bool) {
 // Forward (same alignment; entries at each sequence's first token are
 // ignored). Entropy is treated as a metric and receives no gradient.
 func (m *Model) Backward(dlogprob []float32) error {
-	if !m.haveForward {
+	if m.forwardOnly {
+		return ErrForwardOnly
+	}
+	if !m.haveForward || m.ws.last != m {
 		return ErrNoForward
 	}
 	T := m.lastT
@@ -248,45 +268,63 @@ func (m *Model) Backward(dlogprob []float32) error {
 	return nil
 }
 
-// backward queues the backward pass from dlp (T).
+// backward queues the backward pass from dlp (T). Under mixed precision
+// each gradient that feeds a GEMM's or attention's backward is rounded to
+// bf16 first (dxW, dattW, the packed q|k|v and gate|up gradients); the
+// gradients themselves accumulate in fp32.
 func (m *Model) backward() {
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
+	qkvN := qn + 2*kn
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	cos, sin, _ := m.ropeTables()
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	dx, dln := tc(m.dx, C), tc(m.dln, C)
+	// gemmGrad returns g in the GEMMs' precision: g itself, or rounded into
+	// the scratch w.
+	gemmGrad := func(g, w kernels.Buf) kernels.Buf {
+		if m.wdt == kernels.F32 {
+			return g
+		}
+		w = w.Slice(0, g.N)
+		b.Convert(w, g)
+		return w
+	}
 
 	b.Fill(tc(m.dlnf, C), 0)
-	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHead,
+	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHeadW,
 		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
 	b.Fill(dx, 0)
 	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
 
 	for l := len(m.la) - 1; l >= 0; l-- {
-		a, w, dw := &m.la[l], &m.layers[l], &m.dlayers[l]
+		a, w, dw, gw := &m.la[l], &m.layers[l], &m.dlayers[l], &m.gw[l]
 		if m.opt.Recompute {
 			m.layerForward(l, false)
 		}
-		// MLP: x_{l+1} = xmid + down(silu(gate)·up).
+		// MLP: x_{l+1} = xmid + down(silu(gate)·up), gate|up = ln2·Wguᵀ.
 		dh := tc(m.dh, I)
 		b.Fill(dh, 0)
-		b.MatmulBackward(dh, dw.down, dx, tc(a.h, I), w.down, T, I, C)
+		b.MatmulBackward(dh, dw.down, gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
 		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
+		dgu := tc(m.fused, 2*I)
+		b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
+		b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
 		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.gate, tc(m.dgate, I), tc(a.ln2, C), w.gate, T, C, I)
-		b.MatmulBackward(dln, dw.up, tc(m.dup, I), tc(a.ln2, C), w.up, T, C, I)
+		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 		b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
 		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
-		// q = ln1·Wqᵀ (+ bq), likewise k and v.
+		// q|k|v = ln1·Wqkvᵀ (+ bias).
 		datt := tc(m.datt, qn)
 		b.Fill(datt, 0)
-		b.MatmulBackward(datt, dw.o, dx, tc(a.att, qn), w.o, T, qn, C)
+		b.MatmulBackward(datt, dw.o, gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
 		dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
-		b.AttentionBackward(dq, dk, dv, datt, tc(a.att, qn), a.lse.Slice(0, T*NH), tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
-		b.RopeBackward(dq, pos, m.ropeCos, m.ropeSin, T, NH, HD)
-		b.RopeBackward(dk, pos, m.ropeCos, m.ropeSin, T, NKV, HD)
+		b.AttentionBackward(dq, dk, dv, gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
+			tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
+		b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
+		b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
 		if c.Arch == Qwen3 {
 			dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
 			b.Fill(dqraw, 0)
@@ -300,10 +338,12 @@ func (m *Model) backward() {
 			b.BiasBackward(dw.kBias, dk, T, kn)
 			b.BiasBackward(dw.vBias, dv, T, kn)
 		}
+		dqkv := tc(m.fused, qkvN)
+		b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
+		b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
+		b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
 		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.q, dq, tc(a.ln1, C), w.q, T, C, qn)
-		b.MatmulBackward(dln, dw.k, dk, tc(a.ln1, C), w.k, T, C, kn)
-		b.MatmulBackward(dln, dw.v, dv, tc(a.ln1, C), w.v, T, C, kn)
+		b.MatmulBackward(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 		b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
 	}
 	b.EmbeddingBackward(m.dwte, dx, m.tokens.Slice(0, T), T, C)

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -19,39 +20,99 @@ type Options struct {
 	// layers per step for activation memory of C floats per token per layer
 	// plus one layer's worth. Results are bit-identical.
 	Recompute bool
+	// Precision is how the GEMM and attention operands are stored: F32 (the
+	// default; 0 means F32) or BF16, mixed precision. Under BF16 the fp32
+	// master weights get a bf16 copy, made once after every change to them
+	// (once per optimizer step, see ParamsChanged), and the operands of
+	// every GEMM and of attention are bf16: the normed hidden states, q, k,
+	// v, the attention output, the MLP's gate, up and their product, and the
+	// gradients flowing into the GEMMs' and attention's backward. Everything
+	// that accumulates stays fp32: the residual stream, the norms'
+	// statistics, RoPE, the softmax and log-sum-exp of attention and of the
+	// LM head, log-probabilities, and every gradient of a weight.
+	Precision kernels.DType
+	// ForwardOnly builds a model for Forward alone (scoring): no gradient
+	// arena and no backward buffers, one layer's activations at a time.
+	ForwardOnly bool
 }
 
-// layerView holds one decoder layer's parameter views (or gradient views).
+// normalized fills Options' defaults and checks them.
+func (o Options) normalized() (Options, error) {
+	if o.MaxTokens <= 0 {
+		return o, fmt.Errorf("model: Options.MaxTokens: expected a positive number, found %d", o.MaxTokens)
+	}
+	if o.MaxSeqs <= 0 {
+		o.MaxSeqs = o.MaxTokens
+	}
+	if o.MaxSeqLen <= 0 {
+		o.MaxSeqLen = o.MaxTokens
+	}
+	switch o.Precision {
+	case 0:
+		o.Precision = kernels.F32
+	case kernels.F32, kernels.BF16:
+	default:
+		return o, fmt.Errorf("model: Options.Precision: expected F32 or BF16, found %s", o.Precision)
+	}
+	return o, nil
+}
+
+// layerView holds one decoder layer's parameter views (or gradient views)
+// in the fp32 arena. qkv, qkvBias and gu are the fused views: q, k and v
+// (and their biases) are adjacent in the arena, and so are gate and up
+// (NewParamTable's layout), so one GEMM computes each group.
 type layerView struct {
 	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
+	qkv, qkvBias, gu                                                        kernels.Buf
+}
+
+// gemmWeights are one layer's GEMM weights in the precision of the GEMMs:
+// views of the fp32 arena, or of its bf16 copy under mixed precision.
+type gemmWeights struct {
+	qkv, o, gu, down kernels.Buf
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
-// each sized for MaxTokens rows.
+// each sized for MaxTokens rows. "w" marks the GEMM precision
+// (Options.Precision); everything else is F32.
 type layerActs struct {
 	x     kernels.Buf // (T,C) layer input (residual stream)
-	ln1   kernels.Buf // (T,C)
+	ln1   kernels.Buf // (T,C) w
 	rstd1 kernels.Buf // (T)
 	qraw  kernels.Buf // (T,NH,HD) q projection before q_norm (Qwen3 only)
 	qrstd kernels.Buf // (T,NH) (Qwen3 only)
 	kraw  kernels.Buf // (T,NKV,HD) (Qwen3 only)
 	krstd kernels.Buf // (T,NKV) (Qwen3 only)
-	q     kernels.Buf // (T,NH,HD) after norm and rope
-	k     kernels.Buf // (T,NKV,HD) after norm and rope
-	v     kernels.Buf // (T,NKV,HD)
-	att   kernels.Buf // (T,NH,HD)
-	lse   kernels.Buf // (T,NH)
-	xmid  kernels.Buf // (T,C) residual after attention
-	ln2   kernels.Buf // (T,C)
-	rstd2 kernels.Buf // (T)
-	gate  kernels.Buf // (T,I)
-	up    kernels.Buf // (T,I)
-	h     kernels.Buf // (T,I) silu(gate)·up
+	// q32, k32 after norm and RoPE, and v32, in fp32: the attention
+	// operands under F32 (the same buffers as q, k, v), one layer's scratch
+	// under BF16.
+	q32, k32, v32 kernels.Buf
+	q             kernels.Buf // (T,NH,HD) w
+	k             kernels.Buf // (T,NKV,HD) w
+	v             kernels.Buf // (T,NKV,HD) w
+	att           kernels.Buf // (T,NH,HD) w
+	lse           kernels.Buf // (T,NH)
+	xmid          kernels.Buf // (T,C) residual after attention
+	ln2           kernels.Buf // (T,C) w
+	rstd2         kernels.Buf // (T)
+	gate          kernels.Buf // (T,I) w
+	up            kernels.Buf // (T,I) w
+	h             kernels.Buf // (T,I) w silu(gate)·up
 }
 
-// Model is a Qwen2, Qwen3 or Llama decoder on a kernels.Backend: one parameter
-// arena, one gradient arena and activations sized once for Options.
-// A Model is driven by one goroutine.
+// workspace is the activation memory one or more models run in: a policy
+// and its forward-only reference share one. last is the model whose
+// Forward the activations now hold, so a Backward after another model's
+// Forward is refused instead of reading the other model's activations.
+type workspace struct {
+	acts, actsW, ints kernels.Buf // F32 activations, GEMM-precision activations (BF16 only), I32 inputs
+	last              *Model
+}
+
+// Model is a Qwen2, Qwen3 or Llama decoder on a kernels.Backend: one fp32
+// parameter arena (plus its bf16 copy under mixed precision), one gradient
+// arena and activations sized once for Options. A Model is driven by one
+// goroutine.
 type Model struct {
 	b     kernels.Backend
 	cfg   Config
@@ -59,10 +120,14 @@ type Model struct {
 	table ParamTable
 	tidx  tableIdx
 	lidx  []layerIdx
+	wdt   kernels.DType // Options.Precision
 
 	params, grads kernels.Buf
-	acts          kernels.Buf // every activation and scratch buffer
-	ints          kernels.Buf // tokens, positions, targets, cu_seqlens
+	paramsW       kernels.Buf // bf16 copy of params (BF16 only)
+	stale         bool        // paramsW is older than params
+	forwardOnly   bool        // no gradients or backward buffers (a reference, or Options.ForwardOnly)
+	ws            *workspace
+	owner         *Model // the model whose workspace and RoPE tables this one borrows; nil if its own
 
 	// RoPE tables for positions [0, ropeP), computed from the config once.
 	rope             kernels.Buf // both tables
@@ -73,16 +138,22 @@ type Model struct {
 	wte, norm, lmHead    kernels.Buf
 	dwte, dnorm, dlmHead kernels.Buf
 	layers, dlayers      []layerView
+	gw                   []gemmWeights // per layer
+	lmHeadW              kernels.Buf   // lm_head (or the tied embedding) in GEMM precision
 
 	// Activations.
 	la                  []layerActs
+	qkvOut              kernels.Buf // (T, q|k|v) F32: the fused projection's output
+	fused               kernels.Buf // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
 	xf                  kernels.Buf // (T,C) output of the last layer
-	lnf                 kernels.Buf // (T,C)
+	lnf                 kernels.Buf // (T,C) w
 	rstdf               kernels.Buf // (T)
 	lp, ent, lseHead    kernels.Buf // (T) logprob of targets, entropy, lse
 	dlp                 kernels.Buf // (T)
 	dx, dln, dlnf       kernels.Buf // (T,C)
+	dxW                 kernels.Buf // (T,C) w: dx rounded for the GEMMs (BF16 only)
 	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
+	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
 	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
 	dgate, dup, dh      kernels.Buf // (T,I)
 	tokens, pos, target kernels.Buf // (T) I32
@@ -99,45 +170,156 @@ type Model struct {
 	haveForward              bool
 }
 
-// New allocates a model's arenas on b. Parameters start at zero; call
-// InitRandom or LoadHF.
-func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
+// ErrForwardOnly is returned by Backward on a forward-only model.
+var ErrForwardOnly = errors.New("model: Backward on a forward-only model (a reference, or Options.ForwardOnly: it has no gradients)")
+
+// shell returns a Model with its configuration, options and parameter
+// layout but no memory: New allocates from it, and PlanModel sizes with it.
+func shell(cfg Config, opt Options) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("model: %w", err)
 	}
-	if opt.MaxTokens <= 0 {
-		return nil, fmt.Errorf("model: Options.MaxTokens: expected a positive number, found %d", opt.MaxTokens)
+	opt, err := opt.normalized()
+	if err != nil {
+		return nil, err
 	}
-	if opt.MaxSeqs <= 0 {
-		opt.MaxSeqs = opt.MaxTokens
-	}
-	if opt.MaxSeqLen <= 0 {
-		opt.MaxSeqLen = opt.MaxTokens
-	}
-	m := &Model{b: b, cfg: cfg, opt: opt}
+	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision, forwardOnly: opt.ForwardOnly}
 	m.table, m.tidx, m.lidx = newTable(cfg)
+	return m, nil
+}
+
+// New allocates a model's arenas on b. Parameters start at zero; call
+// InitRandom or LoadHF.
+func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
+	m, err := shell(cfg, opt)
+	if err != nil {
+		return nil, err
+	}
+	m.b = b
+	sz, p := m.sizes()
+	if err := m.allocWeights(sz); err != nil {
+		return nil, err
+	}
+	if sz.grads > 0 {
+		if m.grads, err = b.Alloc(kernels.F32, sz.grads); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("model: gradient arena of %d floats: %w", sz.grads, err)
+		}
+	}
+	m.views()
+	ws := &workspace{}
+	m.ws = ws
+	if ws.acts, err = b.Alloc(kernels.F32, sz.acts); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("model: activations of %d floats for %d tokens: %w", sz.acts, m.opt.MaxTokens, err)
+	}
+	if sz.actsW > 0 {
+		if ws.actsW, err = b.Alloc(m.wdt, sz.actsW); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("model: %s activations of %d elements for %d tokens: %w", m.wdt, sz.actsW, m.opt.MaxTokens, err)
+		}
+	}
+	if ws.ints, err = b.Alloc(kernels.I32, sz.ints); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("model: token buffers: %w", err)
+	}
+	p.cut(m, ws)
+	if err := m.ensureRope(m.opt.MaxSeqLen); err != nil {
+		m.Close()
+		return nil, err
+	}
+	m.hostStaging()
+	return m, nil
+}
+
+// NewReference returns a forward-only copy of policy with its current
+// weights, frozen: the KL penalty's reference policy. It allocates its
+// weights (and their bf16 copy under mixed precision) and nothing else: no
+// gradient arena, no activations of its own. It runs in the policy's
+// activation memory and RoPE tables, so a reference Forward between the
+// policy's Forward and Backward makes that Backward fail (ErrNoForward):
+// run the reference before the policy's training forward, as the trainer
+// does. policy must stay open while the reference is used.
+func NewReference(policy *Model) (*Model, error) {
+	if policy.forwardOnly {
+		return nil, errors.New("model: NewReference of a reference model")
+	}
+	m, err := shell(policy.cfg, policy.opt)
+	if err != nil {
+		return nil, err
+	}
+	m.b, m.forwardOnly, m.owner = policy.b, true, policy
+	sz, p := m.sizes()
+	if sz.acts > policy.ws.acts.N || sz.actsW > policy.ws.actsW.N || sz.ints > policy.ws.ints.N {
+		return nil, fmt.Errorf("model: reference activations (%d, %d, %d elements) exceed the policy's workspace (%d, %d, %d)",
+			sz.acts, sz.actsW, sz.ints, policy.ws.acts.N, policy.ws.actsW.N, policy.ws.ints.N)
+	}
+	if err := m.allocWeights(sz); err != nil {
+		return nil, err
+	}
+	m.b.Copy(m.params, policy.params)
+	m.stale = true
+	m.views()
+	m.ws = policy.ws
+	p.cut(m, policy.ws)
+	m.hostStaging()
+	return m, nil
+}
+
+// allocWeights allocates the fp32 parameter arena and, under BF16, its copy.
+func (m *Model) allocWeights(sz arenaSizes) error {
 	var err error
-	if m.params, err = b.Alloc(kernels.F32, m.table.Total); err != nil {
-		return nil, fmt.Errorf("model: parameter arena of %d floats: %w", m.table.Total, err)
+	if m.params, err = m.b.Alloc(kernels.F32, sz.params); err != nil {
+		return fmt.Errorf("model: parameter arena of %d floats: %w", sz.params, err)
 	}
-	if m.grads, err = b.Alloc(kernels.F32, m.table.Total); err != nil {
-		b.Free(m.params)
-		return nil, fmt.Errorf("model: gradient arena of %d floats: %w", m.table.Total, err)
+	if sz.paramsW > 0 {
+		if m.paramsW, err = m.b.Alloc(kernels.BF16, sz.paramsW); err != nil {
+			m.Close()
+			return fmt.Errorf("model: bf16 copy of the weights, %d elements: %w", sz.paramsW, err)
+		}
 	}
+	m.stale = true
+	return nil
+}
+
+func (m *Model) hostStaging() {
+	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
+	m.hTokens, m.hPos, m.hTarget, m.hCu = make([]int32, T), make([]int32, T), make([]int32, T), make([]int32, S+1)
+	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
+	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
+}
+
+// views cuts the parameter (and gradient) views out of the arenas.
+func (m *Model) views() {
 	view := func(arena kernels.Buf, i int) kernels.Buf {
-		if i < 0 {
+		if i < 0 || arena.N == 0 {
 			return kernels.Buf{}
 		}
 		p := m.table.Params[i]
 		return arena.Slice(p.Offset, p.N)
 	}
+	// run is the fused view of parameters first..last, adjacent in the arena.
+	run := func(arena kernels.Buf, first, last int) kernels.Buf {
+		if first < 0 || arena.N == 0 {
+			return kernels.Buf{}
+		}
+		lo, hi := m.table.Params[first], m.table.Params[last]
+		return arena.Slice(lo.Offset, hi.Offset+hi.N-lo.Offset)
+	}
 	m.wte, m.dwte = view(m.params, m.tidx.wte), view(m.grads, m.tidx.wte)
 	m.norm, m.dnorm = view(m.params, m.tidx.norm), view(m.grads, m.tidx.norm)
-	if cfg.TieWordEmbeddings {
+	weights := m.params
+	if m.wdt == kernels.BF16 {
+		weights = m.paramsW
+	}
+	if m.cfg.TieWordEmbeddings {
 		m.lmHead, m.dlmHead = m.wte, m.dwte
+		m.lmHeadW = view(weights, m.tidx.wte)
 	} else {
 		m.lmHead, m.dlmHead = view(m.params, m.tidx.lmHead), view(m.grads, m.tidx.lmHead)
+		m.lmHeadW = view(weights, m.tidx.lmHead)
 	}
+	m.layers, m.dlayers, m.gw = nil, nil, nil
 	for _, li := range m.lidx {
 		for _, arena := range []kernels.Buf{m.params, m.grads} {
 			lv := layerView{
@@ -145,6 +327,7 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 				qBias: view(arena, li.qBias), kBias: view(arena, li.kBias), vBias: view(arena, li.vBias),
 				o: view(arena, li.o), qNorm: view(arena, li.qNorm), kNorm: view(arena, li.kNorm),
 				ln2: view(arena, li.ln2), gate: view(arena, li.gate), up: view(arena, li.up), down: view(arena, li.down),
+				qkv: run(arena, li.q, li.v), qkvBias: run(arena, li.qBias, li.vBias), gu: run(arena, li.gate, li.up),
 			}
 			if arena == m.params {
 				m.layers = append(m.layers, lv)
@@ -152,21 +335,10 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 				m.dlayers = append(m.dlayers, lv)
 			}
 		}
+		m.gw = append(m.gw, gemmWeights{
+			qkv: run(weights, li.q, li.v), o: view(weights, li.o), gu: run(weights, li.gate, li.up), down: view(weights, li.down),
+		})
 	}
-	if err := m.allocActs(); err != nil {
-		b.Free(m.params)
-		b.Free(m.grads)
-		return nil, err
-	}
-	if err := m.ensureRope(opt.MaxSeqLen); err != nil {
-		m.Close()
-		return nil, err
-	}
-	T, S := opt.MaxTokens, opt.MaxSeqs
-	m.hTokens, m.hPos, m.hTarget, m.hCu = make([]int32, T), make([]int32, T), make([]int32, T), make([]int32, S+1)
-	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
-	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
-	return m, nil
 }
 
 // arenaPlan cuts named views out of one allocation.
@@ -190,22 +362,83 @@ func (p *arenaPlan) cut(arena kernels.Buf) {
 	}
 }
 
-func (m *Model) allocActs() error {
+// actPlan lays out the activation arenas: f holds F32, w the GEMM
+// precision's buffers under BF16 (under F32 they go to f), i the I32 inputs.
+type actPlan struct {
+	f, w, i arenaPlan
+	after   func() // aliases set once the views are cut
+}
+
+// arenaSizes are the element counts of every allocation a model makes.
+type arenaSizes struct {
+	params, paramsW, grads int
+	acts, actsW, ints      int
+	rope                   int
+}
+
+// sizes lays out the model's activations and returns every allocation's
+// size: New and NewReference allocate exactly these, and PlanModel and
+// PlanReference report them.
+func (m *Model) sizes() (arenaSizes, *actPlan) {
+	p := m.layoutActs()
+	sz := arenaSizes{params: m.table.Total, acts: p.f.n, actsW: p.w.n, ints: p.i.n}
+	if m.wdt == kernels.BF16 {
+		sz.paramsW = m.table.Total
+	}
+	if !m.forwardOnly {
+		sz.grads = m.table.Total
+	}
+	if m.owner == nil {
+		sz.rope = ropeElems(m.cfg, m.opt.MaxSeqLen)
+	}
+	return sz, p
+}
+
+func (p *actPlan) cut(m *Model, ws *workspace) {
+	p.f.cut(ws.acts)
+	if p.w.n > 0 {
+		p.w.cut(ws.actsW)
+	}
+	p.i.cut(ws.ints)
+	p.after()
+}
+
+// layoutActs plans every activation, scratch and input buffer for
+// MaxTokens tokens. A training model keeps each layer's activations for
+// Backward (with Recompute only each layer's input, and one layer's
+// worth); a forward-only reference keeps one layer's worth and two
+// alternating layer inputs.
+func (m *Model) layoutActs() *actPlan {
 	c := m.cfg
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
-	var f arenaPlan
-	m.la = make([]layerActs, c.NumHiddenLayers)
-	for l := range m.la {
-		f.add(&m.la[l].x, T*C)
+	qkvN := qn + 2*kn
+	bf16 := m.wdt == kernels.BF16
+	p := &actPlan{}
+	f := &p.f
+	w := &p.f
+	if bf16 {
+		w = &p.w
 	}
+	L := c.NumHiddenLayers
+	m.la = make([]layerActs, L)
+	var xs [2]kernels.Buf
+	if m.forwardOnly {
+		f.add(&xs[0], T*C)
+		f.add(&xs[1], T*C)
+	} else {
+		for l := range m.la {
+			f.add(&m.la[l].x, T*C)
+		}
+	}
+	share := m.opt.Recompute || m.forwardOnly // every layer shares layer 0's activations
 	for l := range m.la {
-		if m.opt.Recompute && l > 0 {
-			break // every layer shares layer 0's activations
+		if share && l > 0 {
+			break
 		}
 		a := &m.la[l]
-		f.add(&a.ln1, T*C)
+		w.add(&a.ln1, T*C)
 		f.add(&a.rstd1, T)
 		if c.Arch == Qwen3 {
 			f.add(&a.qraw, T*qn)
@@ -213,67 +446,160 @@ func (m *Model) allocActs() error {
 			f.add(&a.kraw, T*kn)
 			f.add(&a.krstd, T*NKV)
 		}
-		f.add(&a.q, T*qn)
-		f.add(&a.k, T*kn)
-		f.add(&a.v, T*kn)
-		f.add(&a.att, T*qn)
+		w.add(&a.q, T*qn)
+		w.add(&a.k, T*kn)
+		w.add(&a.v, T*kn)
+		w.add(&a.att, T*qn)
 		f.add(&a.lse, T*NH)
 		f.add(&a.xmid, T*C)
-		f.add(&a.ln2, T*C)
+		w.add(&a.ln2, T*C)
 		f.add(&a.rstd2, T)
-		f.add(&a.gate, T*I)
-		f.add(&a.up, T*I)
-		f.add(&a.h, T*I)
+		w.add(&a.gate, T*I)
+		w.add(&a.up, T*I)
+		w.add(&a.h, T*I)
 	}
-	for _, x := range []*kernels.Buf{&m.xf, &m.lnf, &m.dx, &m.dln, &m.dlnf} {
-		f.add(x, T*C)
+	var q32, k32, v32 kernels.Buf
+	if bf16 {
+		f.add(&q32, T*qn)
+		f.add(&k32, T*kn)
+		f.add(&v32, T*kn)
+		f.add(&m.qkvOut, T*qkvN)
 	}
-	for _, x := range []*kernels.Buf{&m.rstdf, &m.lp, &m.ent, &m.lseHead, &m.dlp} {
+	w.add(&m.fused, T*max(qkvN, 2*I))
+	f.add(&m.xf, T*C)
+	w.add(&m.lnf, T*C)
+	for _, x := range []*kernels.Buf{&m.rstdf, &m.lp, &m.ent, &m.lseHead} {
 		f.add(x, T)
 	}
-	for _, x := range []*kernels.Buf{&m.datt, &m.dq, &m.dqraw} {
-		f.add(x, T*qn)
-	}
-	for _, x := range []*kernels.Buf{&m.dk, &m.dv, &m.dkraw} {
-		f.add(x, T*kn)
-	}
-	for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
-		f.add(x, T*I)
-	}
-	var err error
-	if m.acts, err = m.b.Alloc(kernels.F32, f.n); err != nil {
-		return fmt.Errorf("model: activations of %d floats for %d tokens: %w", f.n, T, err)
-	}
-	f.cut(m.acts)
-	if m.opt.Recompute {
-		for l := 1; l < len(m.la); l++ {
-			x := m.la[l].x
-			m.la[l] = m.la[0]
-			m.la[l].x = x
+	if !m.forwardOnly {
+		for _, x := range []*kernels.Buf{&m.dx, &m.dln, &m.dlnf} {
+			f.add(x, T*C)
+		}
+		f.add(&m.dlp, T)
+		f.add(&m.datt, T*qn)
+		f.add(&m.dq, T*qn)
+		f.add(&m.dk, T*kn)
+		f.add(&m.dv, T*kn)
+		if c.Arch == Qwen3 {
+			f.add(&m.dqraw, T*qn)
+			f.add(&m.dkraw, T*kn)
+		}
+		for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
+			f.add(x, T*I)
+		}
+		if bf16 {
+			w.add(&m.dxW, T*C)
+			w.add(&m.dattW, T*qn)
 		}
 	}
-	var ip arenaPlan
-	ip.add(&m.tokens, T)
-	ip.add(&m.pos, T)
-	ip.add(&m.target, T)
-	ip.add(&m.cu, S+1)
-	if m.ints, err = m.b.Alloc(kernels.I32, ip.n); err != nil {
-		m.b.Free(m.acts)
-		return fmt.Errorf("model: token buffers: %w", err)
+	p.i.add(&m.tokens, T)
+	p.i.add(&m.pos, T)
+	p.i.add(&m.target, T)
+	p.i.add(&m.cu, S+1)
+	p.after = func() {
+		for l := range m.la {
+			if share && l > 0 {
+				x := m.la[l].x
+				m.la[l] = m.la[0]
+				m.la[l].x = x
+			}
+			if m.forwardOnly {
+				m.la[l].x = xs[l%2]
+			}
+			a := &m.la[l]
+			if bf16 {
+				a.q32, a.k32, a.v32 = q32, k32, v32
+			} else {
+				a.q32, a.k32, a.v32 = a.q, a.k, a.v
+			}
+		}
+		if !bf16 {
+			m.qkvOut = m.fused.Slice(0, T*qkvN)
+		}
 	}
-	ip.cut(m.ints)
-	return nil
+	return p
 }
 
-// Close frees the model's buffers.
-func (m *Model) Close() {
-	for _, b := range []kernels.Buf{m.params, m.grads, m.acts, m.ints, m.rope} {
-		if b.N > 0 {
-			m.b.Free(b)
-		}
+// Footprint is the memory a Model allocates on its backend, in bytes.
+type Footprint struct {
+	Weights     int64 // fp32 master weights
+	WeightsBF16 int64 // their bf16 copy (mixed precision)
+	Grads       int64 // fp32 gradients
+	Activations int64 // saved activations and scratch of forward and backward
+	Inputs      int64 // token ids, positions, targets, sequence offsets
+	Rope        int64 // RoPE cos/sin tables
+}
+
+// Total is the sum of every part.
+func (f Footprint) Total() int64 {
+	return f.Weights + f.WeightsBF16 + f.Grads + f.Activations + f.Inputs + f.Rope
+}
+
+func (sz arenaSizes) footprint(wdt kernels.DType) Footprint {
+	return Footprint{
+		Weights:     int64(sz.params) * 4,
+		WeightsBF16: int64(sz.paramsW) * 2,
+		Grads:       int64(sz.grads) * 4,
+		Activations: int64(sz.acts)*4 + int64(sz.actsW)*int64(wdt.Size()),
+		Inputs:      int64(sz.ints) * 4,
+		Rope:        int64(sz.rope) * 4,
 	}
-	m.params, m.grads, m.acts, m.ints, m.rope = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+}
+
+// PlanModel returns what New(b, cfg, opt) allocates, without allocating:
+// the same layout code sizes both.
+func PlanModel(cfg Config, opt Options) (Footprint, error) {
+	m, err := shell(cfg, opt)
+	if err != nil {
+		return Footprint{}, err
+	}
+	sz, _ := m.sizes()
+	return sz.footprint(m.wdt), nil
+}
+
+// PlanReference returns what NewReference allocates for a policy built
+// with cfg and opt: its weights (and bf16 copy), nothing else. Its
+// activations live in the policy's workspace.
+func PlanReference(cfg Config, opt Options) (Footprint, error) {
+	m, err := shell(cfg, opt)
+	if err != nil {
+		return Footprint{}, err
+	}
+	m.forwardOnly, m.owner = true, &Model{}
+	sz, _ := m.sizes()
+	return Footprint{Weights: int64(sz.params) * 4, WeightsBF16: int64(sz.paramsW) * 2}, nil
+}
+
+// Footprint returns what the model allocated (its RoPE tables as they are
+// now: a Sampler may have grown them). A reference reports only its
+// weights.
+func (m *Model) Footprint() Footprint {
+	f := Footprint{Weights: int64(m.params.N) * 4, WeightsBF16: int64(m.paramsW.N) * 2, Grads: int64(m.grads.N) * 4}
+	if m.owner == nil && m.ws != nil {
+		f.Activations = int64(m.ws.acts.N) * 4
+		if m.ws.actsW.N > 0 {
+			f.Activations += int64(m.ws.actsW.N) * int64(m.ws.actsW.DType.Size())
+		}
+		f.Inputs = int64(m.ws.ints.N) * 4
+		f.Rope = int64(m.rope.N) * 4
+	}
+	return f
+}
+
+// Close frees the model's buffers (a reference frees only its weights).
+func (m *Model) Close() {
+	bufs := []*kernels.Buf{&m.params, &m.paramsW, &m.grads, &m.rope}
+	if m.ws != nil && m.owner == nil {
+		bufs = append(bufs, &m.ws.acts, &m.ws.actsW, &m.ws.ints)
+	}
+	for _, b := range bufs {
+		if b.N > 0 {
+			m.b.Free(*b)
+		}
+		*b = kernels.Buf{}
+	}
 	m.ropeP = 0
+	m.haveForward = false
 }
 
 // Config returns the model's configuration.
@@ -288,11 +614,30 @@ func (m *Model) Backend() kernels.Backend { return m.b }
 // Table returns the parameter table shared by Params and Grads.
 func (m *Model) Table() *ParamTable { return &m.table }
 
-// Params is the flat parameter arena (Table().Total floats).
+// Params is the flat fp32 parameter arena (Table().Total floats). Whoever
+// writes it directly (the optimizer) calls ParamsChanged afterwards.
 func (m *Model) Params() kernels.Buf { return m.params }
 
-// Grads is the flat gradient arena, laid out like Params.
+// ParamsChanged tells the model its parameters were written behind its
+// back (by the optimizer's update): under mixed precision the next Forward
+// remakes the bf16 copy, once, whatever the number of micro-batches.
+func (m *Model) ParamsChanged() { m.stale = true }
+
+// syncWeights remakes the bf16 copy of the weights if they changed.
+func (m *Model) syncWeights() {
+	if m.stale && m.paramsW.N > 0 {
+		m.b.Convert(m.paramsW, m.params)
+	}
+	m.stale = false
+}
+
+// Grads is the flat gradient arena, laid out like Params (empty for a
+// reference).
 func (m *Model) Grads() kernels.Buf { return m.grads }
 
 // ZeroGrad sets every gradient to zero.
-func (m *Model) ZeroGrad() { m.b.Fill(m.grads, 0) }
+func (m *Model) ZeroGrad() {
+	if m.grads.N > 0 {
+		m.b.Fill(m.grads, 0)
+	}
+}

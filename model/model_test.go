@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
@@ -570,16 +571,20 @@ func TestForwardMasked(t *testing.T) {
 // entropies, gradients and samples, allocates nothing per step, and uses
 // less activation memory.
 func TestRecompute(t *testing.T) {
-	for _, v := range []string{"qwen3_untied", "llama_tied"} {
-		t.Run(v, func(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		prec kernels.DType
+	}{{"qwen3_untied", kernels.F32}, {"llama_tied", kernels.F32}, {"qwen3_untied", kernels.BF16}, {"qwen2_untied", kernels.BF16}} {
+		v := c.v
+		t.Run(v+"_"+c.prec.String(), func(t *testing.T) {
 			b := cpu.New(2)
 			defer b.Close()
-			plain := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8})
+			plain := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8, Precision: c.prec})
 			defer plain.Close()
-			re := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8, Recompute: true})
+			re := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8, Recompute: true, Precision: c.prec})
 			defer re.Close()
-			if re.acts.N >= plain.acts.N {
-				t.Errorf("recompute activations %d floats, plain %d", re.acts.N, plain.acts.N)
+			if re.ws.acts.N >= plain.ws.acts.N {
+				t.Errorf("recompute activations %d floats, plain %d", re.ws.acts.N, plain.ws.acts.N)
 			}
 			r := rand.New(rand.NewPCG(11, 12))
 			tokens, cu := randomBatch(r, 5, 12, 512)

@@ -16,7 +16,9 @@ type Param struct {
 // has the same layout. Parameters are contiguous, with no gaps, in HF order
 // except that a layer's q, k and v biases (Qwen2) follow its three
 // projection weights side by side, so the q/k/v weights and the q/k/v biases
-// are each one contiguous run.
+// are each one contiguous run, and so are gate and up: the model's fused
+// projections read each run as one weight (q|k|v of shape (NH+2·NKV)·HD × C,
+// gate|up of shape 2I × C). The HF tensors themselves are unchanged.
 type ParamTable struct {
 	Params []Param
 	Total  int
@@ -101,6 +103,13 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		li.gate = t.add(p+"mlp.gate_proj.weight", true, I, C)
 		li.up = t.add(p+"mlp.up_proj.weight", true, I, C)
 		li.down = t.add(p+"mlp.down_proj.weight", true, C, I)
+	}
+	// The fused projections (one GEMM for q|k|v, one for gate|up) read
+	// these runs as single weights: keep them adjacent.
+	for l, li := range layers {
+		if li.k != li.q+1 || li.v != li.k+1 || li.up != li.gate+1 || (li.qBias >= 0 && (li.kBias != li.qBias+1 || li.vBias != li.kBias+1)) {
+			panic(fmt.Sprintf("model: layer %d: q, k, v (and their biases), gate and up must be adjacent in the parameter table", l))
+		}
 	}
 	ti.norm = t.add("model.norm.weight", false, C)
 	ti.lmHead = -1

@@ -1,7 +1,9 @@
 package model
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -28,6 +30,40 @@ var publishedConfigs = []struct {
 	{"deepseek-r1-distill-qwen-1.5b.config.json", Qwen2, 10000, RopeScaling{}, false, true, 128, 1.78e9, false, 1},
 	{"llama-3.2-1b.config.json", Llama, 500000, RopeScaling{Type: RopeLlama3, Factor: 32, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}, true, false, 64, 1.24e9, false, 0},
 	{"llama-3.1-8b.config.json", Llama, 500000, RopeScaling{Type: RopeLlama3, Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositionEmbeddings: 8192}, false, false, 128, 8.03e9, false, 0},
+	// Qwen3-1.7B, tied: 1,720,574,976 parameters. Not the "2.03B" the Hub
+	// shows: that is the checkpoint's count, which stores lm_head.weight as
+	// a byte-identical copy of embed_tokens (publishedCheckpoints). The same
+	// shapes with the head dropped, measured independently: Qwen3-1.7B-Base,
+	// whose single model.safetensors has no lm_head, holds 310 BF16 tensors
+	// and 1,720,574,976 parameters; and by hand, V·C + L·(2C + 2·NH·HD·C +
+	// 2·NKV·HD·C + 2·HD + 3·I·C) + C = 311,164,928 + 28·50,336,000 + 2,048.
+	// The card's "1.7B / 1.4B non-embedding" agrees (1,409,410,048).
+	{"qwen3-1.7b.config.json", Qwen3, 1e6, RopeScaling{}, true, false, 128, 1720574976, true, 1},
+	// Qwen2.5-7B, untied: 7,615,616,512 = the index total_size 15,231,233,024
+	// / 2 bytes (all BF16) recorded for Qwen2.5-7B-Instruct, which has these
+	// shapes and shard sizes; the card says 7.61B total, 6.53B non-embedding
+	// (6,525,621,760 here).
+	{"qwen2.5-7b.config.json", Qwen2, 1e6, RopeScaling{}, false, true, 128, 7615616512, true, 1},
+}
+
+// publishedCheckpoints are facts about the Hub files of the models whose
+// config.json is byte-identical to the Hub's (testdata/published/PROVENANCE.md):
+// the file's SHA-256 as published, and the parameters the checkpoint stores,
+// model.safetensors.index.json's metadata.total_size / 2 (every tensor is
+// BF16). headStored: the checkpoint stores lm_head.weight although the
+// embeddings are tied, so it holds V·C more than the model has.
+var publishedCheckpoints = map[string]struct {
+	sha256     string
+	stored     int
+	headStored bool
+}{
+	// Qwen/Qwen3-1.7B 70d244cc86ccca08cf5af4e1e306ecf908b1ad5e: total_size
+	// 4,063,479,808; shard 2 is 622,329,984 bytes: lm_head (622,329,856) and
+	// a header.
+	"qwen3-1.7b.config.json": {"1ddb5b89ebc90dcb417a45c213d818577e65976454d29385c8f6140771d95197", 2031739904, true},
+	// Qwen/Qwen2.5-7B d149729398750b98c0af14eb82c78cfe92750796: total_size
+	// 15,231,233,024 (as recorded for -Instruct; see PROVENANCE.md).
+	"qwen2.5-7b.config.json": {"267ce68584c5f24c3b267d934db2de68dd21d1ca677fb78ed809eb60067f7642", 7615616512, false},
 }
 
 // TestPublishedConfigs: each published config loads as the model it
@@ -63,6 +99,18 @@ func TestPublishedConfigs(t *testing.T) {
 			}
 			if !c.exact && math.Abs(n-c.params) > 0.005e9*math.Max(1, c.params/1e9) {
 				t.Errorf("%.0f parameters, published %.3g", n, c.params)
+			}
+			if ck, ok := publishedCheckpoints[c.file]; ok {
+				if sum := fmt.Sprintf("%x", sha256.Sum256(data)); sum != ck.sha256 {
+					t.Errorf("SHA-256 %s, the Hub's file has %s", sum, ck.sha256)
+				}
+				stored := NewParamTable(cfg).Total
+				if ck.headStored {
+					stored += cfg.VocabSize * cfg.HiddenSize
+				}
+				if stored != ck.stored {
+					t.Errorf("checkpoint would store %d parameters, its index says %d", stored, ck.stored)
+				}
 			}
 			// The other form of the same config.
 			var other []byte

@@ -89,11 +89,14 @@ func ropeRow(cos, sin, inv []float32, p int) {
 // computing and uploading them when they do not yet. Called at setup (New,
 // NewSampler), never inside a step.
 func (m *Model) ensureRope(P int) error {
+	if m.owner != nil {
+		return m.owner.ensureRope(P)
+	}
 	if P <= m.ropeP {
 		return nil
 	}
 	half := m.cfg.HeadDim / 2
-	buf, err := m.b.Alloc(kernels.F32, 2*P*half)
+	buf, err := m.b.Alloc(kernels.F32, ropeElems(m.cfg, P))
 	if err != nil {
 		return fmt.Errorf("model: RoPE tables for %d positions: %w", P, err)
 	}
@@ -110,4 +113,16 @@ func (m *Model) ensureRope(P int) error {
 	m.rope, m.ropeP = buf, P
 	m.ropeCos, m.ropeSin = buf.Slice(0, P*half), buf.Slice(P*half, P*half)
 	return nil
+}
+
+// ropeElems is the size of the cos and sin tables for P positions.
+func ropeElems(c Config, P int) int { return 2 * P * (c.HeadDim / 2) }
+
+// ropeTables returns the RoPE tables a forward uses: the model's own, or
+// those of the policy a reference borrows them from.
+func (m *Model) ropeTables() (cos, sin kernels.Buf, P int) {
+	if m.owner != nil {
+		return m.owner.ropeTables()
+	}
+	return m.ropeCos, m.ropeSin, m.ropeP
 }

@@ -80,25 +80,49 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 		return nil, fmt.Errorf("model: sampler: maxBatch and maxLen must be positive, found %d and %d", maxBatch, maxLen)
 	}
 	c := m.cfg
-	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
-	qn, kn, B := NH*HD, NKV*HD, maxBatch
+	V, B := c.VocabSize, maxBatch
 	if err := m.ensureRope(maxLen); err != nil {
 		return nil, fmt.Errorf("model: sampler: %w", err)
 	}
 	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen}
-	var cp arenaPlan
+	cp, ap, ip := s.layout(c, m.opt)
+	var err error
+	if s.cache, err = m.b.Alloc(kernels.F32, cp.n); err != nil {
+		return nil, fmt.Errorf("model: sampler: KV cache of %d floats: %w", cp.n, err)
+	}
+	cp.cut(s.cache)
+	if s.acts, err = m.b.Alloc(kernels.F32, ap.n); err != nil {
+		m.b.Free(s.cache)
+		return nil, fmt.Errorf("model: sampler: activations: %w", err)
+	}
+	ap.cut(s.acts)
+	if s.ints, err = m.b.Alloc(kernels.I32, ip.n); err != nil {
+		m.b.Free(s.cache)
+		m.b.Free(s.acts)
+		return nil, fmt.Errorf("model: sampler: %w", err)
+	}
+	ip.cut(s.ints)
+	nIdx := max(m.opt.MaxTokens, B)
+	s.hTok, s.hPos, s.hLens, s.hIdx = make([]int32, B), make([]int32, B), make([]int32, B), make([]int32, nIdx)
+	s.hLogits = make([]float32, B*V)
+	s.probs = make([]float64, V)
+	s.order = make([]int32, V)
+	s.slotRow, s.fill = make([]int, B), make([]int, B)
+	s.stop = map[int32]bool{}
+	return s, nil
+}
+
+// layout plans the sampler's KV cache (cp), decode activations (ap) and
+// I32 inputs (ip): NewSampler allocates them and PlanSampler reports them.
+func (s *Sampler) layout(c Config, opt Options) (cp, ap, ip arenaPlan) {
+	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
+	qn, kn, B, maxLen := NH*HD, NKV*HD, s.maxBatch, s.maxLen
 	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
 	s.vc = make([]kernels.Buf, c.NumHiddenLayers)
 	for l := range s.kc {
 		cp.add(&s.kc[l], B*maxLen*kn)
 		cp.add(&s.vc[l], B*maxLen*kn)
 	}
-	var err error
-	if s.cache, err = m.b.Alloc(kernels.F32, cp.n); err != nil {
-		return nil, fmt.Errorf("model: sampler: KV cache of %d floats: %w", cp.n, err)
-	}
-	cp.cut(s.cache)
-	var ap arenaPlan
 	for _, x := range []*kernels.Buf{&s.x, &s.ln, &s.xmid} {
 		ap.add(x, B*C)
 	}
@@ -115,30 +139,53 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 		ap.add(x, B*I)
 	}
 	ap.add(&s.logits, B*V)
-	if s.acts, err = m.b.Alloc(kernels.F32, ap.n); err != nil {
-		m.b.Free(s.cache)
-		return nil, fmt.Errorf("model: sampler: activations: %w", err)
-	}
-	ap.cut(s.acts)
-	var ip arenaPlan
 	ip.add(&s.tok, B)
 	ip.add(&s.pos, B)
 	ip.add(&s.lens, B)
-	nIdx := max(m.opt.MaxTokens, B)
-	ip.add(&s.idx, nIdx)
-	if s.ints, err = m.b.Alloc(kernels.I32, ip.n); err != nil {
-		m.b.Free(s.cache)
-		m.b.Free(s.acts)
-		return nil, fmt.Errorf("model: sampler: %w", err)
+	ip.add(&s.idx, max(opt.MaxTokens, B))
+	return cp, ap, ip
+}
+
+// SamplerFootprint is the memory a Sampler allocates, in bytes.
+type SamplerFootprint struct {
+	KVCache int64 // every layer's keys and values
+	Buffers int64 // decode activations, logits and inputs
+	Rope    int64 // RoPE tables grown to cover maxLen (beyond the model's)
+}
+
+// PlanSampler returns what NewSampler(m, maxBatch, maxLen) allocates for a
+// model built with cfg and opt, from the same layout.
+func PlanSampler(cfg Config, opt Options, maxBatch, maxLen int) (SamplerFootprint, error) {
+	m, err := shell(cfg, opt)
+	if err != nil {
+		return SamplerFootprint{}, err
 	}
-	ip.cut(s.ints)
-	s.hTok, s.hPos, s.hLens, s.hIdx = make([]int32, B), make([]int32, B), make([]int32, B), make([]int32, nIdx)
-	s.hLogits = make([]float32, B*V)
-	s.probs = make([]float64, V)
-	s.order = make([]int32, V)
-	s.slotRow, s.fill = make([]int, B), make([]int, B)
-	s.stop = map[int32]bool{}
-	return s, nil
+	s := &Sampler{maxBatch: maxBatch, maxLen: maxLen}
+	cp, ap, ip := s.layout(cfg, m.opt)
+	f := SamplerFootprint{KVCache: int64(cp.n) * 4, Buffers: int64(ap.n)*4 + int64(ip.n)*4}
+	if maxLen > m.opt.MaxSeqLen {
+		f.Rope = int64(ropeElems(cfg, maxLen)-ropeElems(cfg, m.opt.MaxSeqLen)) * 4
+	}
+	return f, nil
+}
+
+// SamplerWorkload returns the ops a Sampler runs, for a backend to size
+// its scratch: the prefill runs the model's forward, then decoding runs
+// unfused per-layer GEMMs over at most maxBatch rows and the LM head.
+func SamplerWorkload(cfg Config, opt Options, maxBatch, maxLen int) (kernels.Workload, error) {
+	m, err := shell(cfg, opt)
+	if err != nil {
+		return kernels.Workload{}, err
+	}
+	w := m.workload(false)
+	C, I, HD, NH, NKV, V := cfg.HiddenSize, cfg.IntermediateSize, cfg.HeadDim, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize
+	B := maxBatch
+	w.GEMMs = append(w.GEMMs, kernels.GEMM{T: B, C: C, OC: NH * HD}, kernels.GEMM{T: B, C: C, OC: NKV * HD},
+		kernels.GEMM{T: B, C: NH * HD, OC: C}, kernels.GEMM{T: B, C: C, OC: I}, kernels.GEMM{T: B, C: I, OC: C},
+		kernels.GEMM{T: B, C: C, OC: V})
+	w.RowNorms = append(w.RowNorms, kernels.RowNorm{N: B, C: C})
+	w.Decode = []kernels.Decode{{B: B, Tmax: maxLen, NH: NH, NKV: NKV, HD: HD}}
+	return w, nil
 }
 
 // Close frees the sampler's buffers.
@@ -291,12 +338,12 @@ func (s *Sampler) prefill(prompts [][]int32) error {
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
 		m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
-			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
-			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.kc[l], m.la[l].k32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.vc[l], m.la[l].v32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
 		})
 		for p := start; p < end; p++ {
 			last := int(s.prefillCu[p-start+1]) - 1
-			m.b.Copy(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C))
+			m.b.Convert(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C)) // lnf is bf16 under mixed precision
 		}
 		start = end
 	}

@@ -49,6 +49,7 @@ func (m *Model) InitRandom(seed uint64) {
 		}
 		m.b.UploadF32(m.params.Slice(p.Offset, p.N), dst)
 	}
+	m.stale = true
 }
 
 // ParamsHost downloads the parameter arena.
@@ -64,6 +65,7 @@ func (m *Model) SetParamsHost(host []float32) error {
 		return fmt.Errorf("model: %d parameters given, the table holds %d", len(host), m.table.Total)
 	}
 	m.b.UploadF32(m.params, host)
+	m.stale = true
 	return nil
 }
 
@@ -138,6 +140,7 @@ func (m *Model) LoadHF(dir string) error {
 			}
 		}
 		m.b.UploadF32(m.params.Slice(p.Offset, p.N), buf)
+		m.stale = true
 	}
 	if err := m.b.Sync(); err != nil {
 		return fmt.Errorf("model: load: %w", err)

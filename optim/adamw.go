@@ -124,15 +124,27 @@ func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*Adam
 		o.runs = append(o.runs, g)
 	}
 	var err error
-	if o.moments, err = be.Alloc(kernels.F32, 2*param.N); err != nil {
-		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", 2*param.N, err)
+	moments, sums := sizes(param.N, len(groups))
+	if o.moments, err = be.Alloc(kernels.F32, moments); err != nil {
+		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", moments, err)
 	}
-	if o.sums, err = be.Alloc(kernels.F32, len(groups)); err != nil {
+	if o.sums, err = be.Alloc(kernels.F32, sums); err != nil {
 		be.Free(o.moments)
 		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
 	}
 	o.host = make([]float32, len(groups))
 	return o, nil
+}
+
+// sizes are the F32 elements New allocates for n parameters in groups
+// groups: both moments, and one gradient norm partial per group.
+func sizes(n, groups int) (moments, sums int) { return 2 * n, groups }
+
+// PlanBytes returns the bytes New allocates on its backend for n
+// parameters in groups groups.
+func PlanBytes(n, groups int) int64 {
+	m, s := sizes(n, groups)
+	return 4 * int64(m+s)
 }
 
 // Close frees the moment arena.

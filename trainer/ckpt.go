@@ -17,6 +17,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
@@ -83,12 +84,8 @@ func (t *Trainer) save() error {
 // temporary name.
 func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	table := t.model.Table()
-	host := t.model.ParamsHost()
 	mBuf, vBuf := t.opt.Moments()
-	m := make([]float32, mBuf.N)
-	v := make([]float32, vBuf.N)
-	t.be.DownloadF32(m, mBuf)
-	t.be.DownloadF32(v, vBuf)
+	host, m, v := t.hostCopy(t.model.Params()), t.hostCopy(mBuf), t.hostCopy(vBuf)
 	if err := t.be.Sync(); err != nil {
 		return nil, err
 	}
@@ -155,9 +152,8 @@ func (t *Trainer) restore() error {
 		return err
 	}
 	table := t.model.Table()
-	host := make([]float32, table.Total)
-	m := make([]float32, table.Total)
-	v := make([]float32, table.Total)
+	mBuf, vBuf := t.opt.Moments()
+	host, m, v := t.hostTarget(t.model.Params()), t.hostTarget(mBuf), t.hostTarget(vBuf)
 	byName := func(ts []checkpoint.Tensor) map[string]checkpoint.Tensor {
 		out := make(map[string]checkpoint.Tensor, len(ts))
 		for _, x := range ts {
@@ -188,12 +184,15 @@ func (t *Trainer) restore() error {
 			copy(want.dst[p.Offset:p.Offset+p.N], x.F32)
 		}
 	}
-	if err := t.model.SetParamsHost(host); err != nil {
-		return err
+	for _, x := range []struct {
+		buf  kernels.Buf
+		host []float32
+	}{{t.model.Params(), host}, {mBuf, m}, {vBuf, v}} {
+		if _, ok := t.hostView(x.buf); !ok {
+			t.be.UploadF32(x.buf, x.host)
+		}
 	}
-	mBuf, vBuf := t.opt.Moments()
-	t.be.UploadF32(mBuf, m)
-	t.be.UploadF32(vBuf, v)
+	t.model.ParamsChanged()
 	if err := t.be.Sync(); err != nil {
 		return err
 	}
@@ -388,3 +387,34 @@ func (t *Trainer) log(m Metrics, sync bool) error {
 var stopAfterStep = 0
 
 var errSimulatedCrash = errors.New("simulated crash")
+
+// hostView returns buf's elements in place when the backend keeps them in
+// host memory (the CPU backend): a checkpoint is written from, and read
+// into, the arenas themselves, with no second copy of the weights and
+// moments.
+func (t *Trainer) hostView(buf kernels.Buf) ([]float32, bool) {
+	if v, ok := t.be.(interface{ F32(kernels.Buf) []float32 }); ok {
+		return v.F32(buf), true
+	}
+	return nil, false
+}
+
+// hostCopy returns buf's elements for reading on the host: in place on the
+// CPU, else a download (complete after the next Sync).
+func (t *Trainer) hostCopy(buf kernels.Buf) []float32 {
+	if v, ok := t.hostView(buf); ok {
+		return v
+	}
+	h := make([]float32, buf.N)
+	t.be.DownloadF32(h, buf)
+	return h
+}
+
+// hostTarget returns where buf's new elements are written on the host: in
+// place on the CPU, else a staging slice the caller uploads.
+func (t *Trainer) hostTarget(buf kernels.Buf) []float32 {
+	if v, ok := t.hostView(buf); ok {
+		return v
+	}
+	return make([]float32, buf.N)
+}

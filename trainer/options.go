@@ -20,7 +20,9 @@ import (
 var ErrUsage = errors.New("usage")
 
 // Options are the settings of one run: the command line's flags, and what
-// the caller chose for it (the backend).
+// the caller chose for it (the backend). A program that builds Options
+// itself gets the flags' defaults for the zero values of Tasks,
+// OnNonFinite and Wait.
 type Options struct {
 	ConfigFiles []string      // NeMo RL recipes, later ones merged over earlier ones; none: the built-in job
 	Sets        []string      // key.path=value overrides after the files
@@ -55,6 +57,9 @@ type Options struct {
 	Signals <-chan os.Signal
 }
 
+// defaultWait is --wait's default.
+const defaultWait = 10 * time.Minute
+
 // AddFlags registers the run's flags on fs, writing into o.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.ConfigFiles, "config", nil, "NeMo RL recipe (YAML); repeatable, later files override earlier ones")
@@ -67,7 +72,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
 	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
 	fs.BoolVar(&o.SaveCaptures, "save-captures", false, "built-in job: write its captures in NeMo Gym's format to --out/captures (or env.nemo_gym.token_id_capture.dir); by default they are kept in memory, one step at a time, and never written")
-	fs.DurationVar(&o.Wait, "wait", 10*time.Minute, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
+	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")

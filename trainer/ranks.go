@@ -177,7 +177,11 @@ func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch
 func (t *Trainer) paramsHash() []byte {
 	h := fnv.New64a()
 	var w [4]byte
-	for _, x := range t.model.ParamsHost() {
+	host := t.hostCopy(t.model.Params())
+	if err := t.be.Sync(); err != nil {
+		return nil
+	}
+	for _, x := range host {
 		binary.LittleEndian.PutUint32(w[:], math.Float32bits(x))
 		h.Write(w[:])
 	}

@@ -94,6 +94,7 @@ func (t *Trainer) Run() error {
 		// they expanded into.
 		lr, wd := t.sched.LR(), t.sched.WeightDecay()
 		upd, err := t.opt.Step(lr, wd)
+		t.model.ParamsChanged() // the bf16 copy (mixed precision) is remade once, at the next forward
 		if err != nil {
 			return fmt.Errorf("step %d: optimizer: %w", step, err)
 		}

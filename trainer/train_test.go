@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -676,4 +677,40 @@ func TestSignalStopsAfterTheStepWithACheckpoint(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestActivationCheckpointingIsBitIdentical: the recipe's activation
+// checkpointing (megatron_cfg here, the block the built-in recipe enables)
+// recomputes activations in the backward pass and changes no bit of the
+// run: metrics and weights equal those without it, with a KL reference
+// policy too (which runs in the policy's activation memory).
+func TestActivationCheckpointingIsBitIdentical(t *testing.T) {
+	kl := []string{"--set", "loss_fn.reference_policy_kl_penalty=0.05"}
+	plain, ckpt := t.TempDir(), t.TempDir()
+	loud := func(args []string) []string {
+		return slices.DeleteFunc(args, func(a string) bool { return a == "--quiet" })
+	}
+	if log := mustTrain(t, loud(trainArgs(plain, 3, kl...))...); !strings.Contains(log, "activation checkpointing off") {
+		t.Fatalf("the run does not say checkpointing is off:\n%s", log)
+	}
+	log := mustTrain(t, loud(trainArgs(ckpt, 3, append(kl, "--set", "policy.megatron_cfg.activation_checkpointing=true")...))...)
+	if !strings.Contains(log, "activation checkpointing on (policy.megatron_cfg.activation_checkpointing)") {
+		t.Fatalf("the recipe's checkpointing did not reach the model:\n%s", log)
+	}
+	sameMetrics(t, metricsNoTimes(t, plain), metricsNoTimes(t, ckpt))
+	if d, name := maxAbsDiff(weights(t, plain, 3), weights(t, ckpt, 3)); d != 0 {
+		t.Fatalf("weights differ by %g (%s)", d, name)
+	}
+}
+
+// TestCPUSaysItComputesInFP32: policy.precision=bfloat16 on the CPU trains
+// in fp32, exactly as float32 does, and says so once, even under --quiet.
+func TestCPUSaysItComputesInFP32(t *testing.T) {
+	f32, bf16 := t.TempDir(), t.TempDir()
+	mustTrain(t, trainArgs(f32, 2)...)
+	log := mustTrain(t, trainArgs(bf16, 2, "--set", "policy.precision=bfloat16", "--quiet")...)
+	if n := strings.Count(log, "computes in fp32"); n != 1 {
+		t.Fatalf("the CPU said %d times that it computes in fp32:\n%s", n, log)
+	}
+	sameMetrics(t, metricsNoTimes(t, f32), metricsNoTimes(t, bf16))
 }

@@ -97,6 +97,15 @@ func New(o Options) (_ *Trainer, err error) {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
+	if o.Tasks == nil {
+		o.Tasks = rollout.TaskNames()
+	}
+	if o.OnNonFinite == "" {
+		o.OnNonFinite = "skip"
+	}
+	if o.Wait == 0 {
+		o.Wait = defaultWait
+	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
 		t.comm = dist.Single(o.Backend)
@@ -127,6 +136,9 @@ func New(o Options) (_ *Trainer, err error) {
 		return nil, err
 	}
 	if err := t.agree(t.setupFiles()); err != nil {
+		return nil, err
+	}
+	if err := t.agree(t.reserveWorkspace()); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -255,7 +267,21 @@ func (t *Trainer) setupFiles() error {
 	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s%s",
 		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out, ranks)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
+	mo := t.model.Options()
+	ckpt := "off"
+	if mo.Recompute {
+		ckpt = "on"
+	}
+	_, key := c.ActivationCheckpointing()
+	t.logf("compute: %s on %s, activation checkpointing %s (%s), %d tokens per micro-batch", precisionName(mo.Precision), t.be.Name(), ckpt, key, mo.MaxTokens)
 	return nil
+}
+
+func precisionName(p kernels.DType) string {
+	if p == kernels.BF16 {
+		return "bf16 mixed precision (fp32 master weights, gradients and Adam)"
+	}
+	return "fp32"
 }
 
 // Close releases what New built (not the backend).
@@ -350,53 +376,140 @@ func LoadRecipe(files, sets []string) (*config.Loaded, string, error) {
 // has a KL penalty, the frozen reference policy with the same weights.
 func (t *Trainer) newModels() error {
 	c := &t.cfg
-	name := c.Policy.ModelName
 	var err error
-	switch {
-	case t.o.InitFrom != "":
-		t.init = initSource{Kind: "hf", Dir: t.o.InitFrom}
-		t.modelCfg, err = model.LoadConfig(filepath.Join(t.o.InitFrom, "config.json"))
-	case name == builtinModelName:
-		t.init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
-		t.modelCfg, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
-	default:
-		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
-			return fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
-		}
-		t.init = initSource{Kind: "hf", Dir: name}
-		t.modelCfg, err = model.LoadConfig(filepath.Join(name, "config.json"))
-	}
-	if err != nil {
+	if t.modelCfg, t.init, err = resolveModel(c, t.o.InitFrom); err != nil {
 		return err
 	}
 	for _, n := range t.modelCfg.Notes {
 		t.logf("note: %s", n)
 	}
-	mbs := c.Policy.TrainMicroBatchSize
-	if mbs < 1 {
-		return fmt.Errorf("config: policy.train_micro_batch_size=%d: must be ≥ 1", mbs)
+	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "")
+	if err != nil {
+		return err
 	}
-	t.maxTokens = c.Policy.MaxTotalSequenceLength * mbs
+	t.maxTokens = sh.opt.MaxTokens
 	if c.Policy.MaxTotalSequenceLength > t.modelCfg.MaxPositionEmbeddings && t.modelCfg.MaxPositionEmbeddings > 0 {
 		t.logf("note: policy.max_total_sequence_length=%d exceeds the model's max_position_embeddings=%d",
 			c.Policy.MaxTotalSequenceLength, t.modelCfg.MaxPositionEmbeddings)
 	}
-	opt := model.Options{MaxTokens: t.maxTokens, MaxSeqs: t.maxTokens/2 + 1}
-	if t.model, err = model.New(t.be, t.modelCfg, opt); err != nil {
+	if sh.precision == config.PrecisionBFloat16 && sh.opt.Precision != kernels.BF16 && t.rank == 0 {
+		// Said even under --quiet: the run computes in another precision
+		// than the recipe asks for.
+		fmt.Fprintf(t.o.Log, "train: note: policy.precision=bfloat16: the %s backend computes in fp32 (mixed precision runs on cuda); weights, checkpoints and metrics are unchanged\n", t.be.Name())
+	}
+	if err := t.checkPlan(); err != nil {
+		return err
+	}
+	if t.model, err = model.New(t.be, t.modelCfg, sh.opt); err != nil {
 		return err
 	}
 	if err := t.loadInitialWeights(t.model); err != nil {
 		return err
 	}
 	if t.lossOpt.KLPenalty != 0 {
-		if t.ref, err = model.New(t.be, t.modelCfg, opt); err != nil {
-			return err
-		}
-		if err := t.ref.SetParamsHost(t.model.ParamsHost()); err != nil {
+		if t.ref, err = model.NewReference(t.model); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// checkPlan refuses a run whose memory plan exceeds the memory free for
+// it, before anything is allocated.
+func (t *Trainer) checkPlan() error {
+	p, err := t.Plan()
+	if err != nil {
+		return err
+	}
+	free, source, ok, err := Free(t.be)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		t.logf("note: free memory unknown: the memory plan (%s) is not checked", Bytes(p.TotalBytes))
+		return nil
+	}
+	if err := p.Check(free, source); err != nil {
+		return err
+	}
+	t.logf("memory plan: %s of %s free (%s)", Bytes(p.TotalBytes), Bytes(free), source)
+	return nil
+}
+
+// reserveWorkspace has a backend that can allocate its ops' scratch up
+// front (CUDA) do so now, at the plan's sizes: the run then holds its whole
+// plan before the first step, and never allocates during one.
+func (t *Trainer) reserveWorkspace() error {
+	r, ok := t.be.(interface {
+		ReserveWorkspace(kernels.Workload) error
+	})
+	if !ok {
+		return nil
+	}
+	p, err := t.Plan()
+	if err != nil {
+		return err
+	}
+	if err := r.ReserveWorkspace(p.work); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// Plan returns the memory plan of this run on its backend.
+func (t *Trainer) Plan() (*MemPlan, error) {
+	return PlanRun(PlanRequest{
+		Config: &t.cfg, Model: t.modelCfg, ModelName: t.cfg.Policy.ModelName, Backend: t.be.Name(),
+		Workspace: workspacePlanner(t.be), Builtin: t.o.Rollouts == "", Resume: t.o.Resume,
+	})
+}
+
+// workspacePlanner returns how be sizes its ops' scratch, or nil.
+func workspacePlanner(be kernels.Backend) func(kernels.Workload) int64 {
+	if p, ok := be.(interface {
+		PlanWorkspace(kernels.Workload) int64
+	}); ok {
+		return p.PlanWorkspace
+	}
+	return nil
+}
+
+// resolveModel returns the policy's model configuration and where its
+// initial weights come from: --init-from DIR, the built-in model (random
+// weights from grpo.seed), or policy.model_name as a directory.
+func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, error) {
+	name := c.Policy.ModelName
+	var (
+		mc   model.Config
+		init initSource
+		err  error
+	)
+	switch {
+	case initFrom != "":
+		init = initSource{Kind: "hf", Dir: initFrom}
+		mc, err = model.LoadConfig(filepath.Join(initFrom, "config.json"))
+	case name == builtinModelName:
+		init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
+		mc, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
+	default:
+		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
+			return mc, init, fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
+		}
+		init = initSource{Kind: "hf", Dir: name}
+		mc, err = model.LoadConfig(filepath.Join(name, "config.json"))
+	}
+	return mc, init, err
+}
+
+// ModelConfig returns the model configuration a run with this config and
+// --init-from (may be empty) trains, and a name for it.
+func ModelConfig(c *config.Config, initFrom string) (model.Config, string, error) {
+	mc, init, err := resolveModel(c, initFrom)
+	name := c.Policy.ModelName
+	if init.Dir != "" {
+		name = init.Dir
+	}
+	return mc, name, err
 }
 
 func (t *Trainer) loadInitialWeights(m *model.Model) error {

@@ -1,24 +1,21 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"os"
 	"runtime"
 	"sort"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/internal/meminfo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
 	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 func init() {
@@ -44,6 +41,8 @@ type benchResult struct {
 	MsMin       float64 `json:"ms_min"`
 	TokensPerS  float64 `json:"tokens_per_s"`
 	PeakRSSMiB  float64 `json:"peak_rss_mib,omitempty"`
+	PlanMiB     float64 `json:"plan_mib"` // train plan's total for this shape
+	Precision   string  `json:"precision"`
 	FinalLogp   float64 `json:"mean_logprob_last_step"`
 	WeightsFrom string  `json:"weights"`
 }
@@ -59,6 +58,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	weights := fs.String("weights", "", "load HF weights from this directory instead of random ones")
 	profile := fs.Bool("profile", false, "print time per op to stderr")
 	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass (activation checkpointing)")
+	precision := fs.String("precision", "float32", "float32, or bfloat16: mixed precision (cuda; the CPU computes in fp32 and says so)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
 	distMode := fs.String("dist", "auto", "data parallel under torchrun/srun/mpirun: the rows are split among the ranks and the gradients all-reduced (auto, none, mpi, nccl)")
 	if err := parseFlags(fs, args, 0); err != nil {
@@ -66,6 +66,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 {
 		return fmt.Errorf("%w: bench needs --model and positive --rows, --seq, --steps", errUsage)
+	}
+	if *precision != "float32" && *precision != "bfloat16" {
+		return fmt.Errorf("%w: bench: --precision %q: want float32 or bfloat16", errUsage, *precision)
 	}
 	cfg, err := model.LoadConfig(*cfgPath)
 	if err != nil {
@@ -115,7 +118,30 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	lo, hi := dist.Block(*rows, l.Rank, l.Size)
 	myRows := hi - lo
 	T := myRows * *seq
-	m, err := model.New(be, cfg, model.Options{MaxTokens: T, MaxSeqs: myRows, Recompute: *recompute})
+	opt := model.Options{MaxTokens: T, MaxSeqs: myRows, Recompute: *recompute, Precision: kernels.F32}
+	res.Precision = "float32"
+	if *precision == "bfloat16" {
+		if be.Name() == "cuda" {
+			opt.Precision, res.Precision = kernels.BF16, "bfloat16"
+		} else {
+			fmt.Fprintf(stderr, "bench: note: --precision bfloat16: the %s backend computes in fp32 (mixed precision runs on cuda)\n", be.Name())
+		}
+	}
+	plan, err := trainer.PlanModelRun(trainer.PlanSpec{
+		Request: trainer.PlanRequest{Model: cfg, ModelName: *cfgPath, Backend: be.Name(), Rows: myRows,
+			Workspace: func(w kernels.Workload) int64 { return planWorkspaceOf(be, w) }},
+		Options: opt, Optimizer: true,
+		Shrink: map[string][]string{"activations": {"--rows", "--seq", "--recompute"}, "workspace": {"--rows", "--seq"},
+			"weights": {"a smaller --model"}, "gradients": {"a smaller --model"}, "adam_moments": {"a smaller --model"}},
+	})
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if err := checkFree(plan, be); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	res.PlanMiB = float64(plan.TotalBytes) / (1 << 20)
+	m, err := model.New(be, cfg, opt)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -227,18 +253,8 @@ func benchAdamW(be kernels.Backend, m *model.Model, mom kernels.Buf, step int) {
 
 // peakRSSMiB reads VmHWM from /proc/self/status (0 where unavailable).
 func peakRSSMiB() float64 {
-	data, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 2 && f[0] == "VmHWM:" {
-			kb, _ := strconv.ParseFloat(f[1], 64)
-			return kb / 1024
-		}
-	}
-	return 0
+	_, peak, _ := meminfo.Self()
+	return float64(peak) / (1 << 20)
 }
 
 // opStat accumulates one op's calls and time.
@@ -254,6 +270,10 @@ type timedBackend struct {
 	stats map[string]*opStat
 	err   error
 }
+
+// Unwrap returns the backend being timed (its memory plan and free memory
+// are the wrapped backend's).
+func (p *timedBackend) Unwrap() kernels.Backend { return p.Backend }
 
 func newTimedBackend(b kernels.Backend) *timedBackend {
 	return &timedBackend{Backend: b, stats: map[string]*opStat{}}

@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 func init() {
@@ -21,7 +23,8 @@ func init() {
 	})
 }
 
-// scoreBudget is the most tokens packed into one forward pass of score.
+// scoreBudget is the default of --max-tokens: the most tokens packed into
+// one forward pass of score.
 const scoreBudget = 4096
 
 // scoreLine is one input record.
@@ -41,11 +44,15 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	input := fs.String("input", "", `JSONL file of {"token_ids": [...]} ("-" for stdin)`)
 	temp := fs.Float32("temperature", 1, "divide the logits by this before the softmax")
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
+	budget := fs.Int("max-tokens", scoreBudget, "most tokens per forward pass: lines are packed into passes of this many tokens; a longer line gets a pass of its own")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
 	if *dir == "" || *input == "" {
 		return fmt.Errorf("%w: score needs --model and --input", errUsage)
+	}
+	if *budget <= 0 {
+		return fmt.Errorf("%w: --max-tokens must be positive, found %d", errUsage, *budget)
 	}
 	if !(*temp > 0) {
 		return fmt.Errorf("%w: --temperature must be positive, found %g", errUsage, *temp)
@@ -71,7 +78,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	var recs [][]int32
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 1<<30)
-	longest := 0
+	longest, longestLine := 0, 0
 	for line := 1; sc.Scan(); line++ {
 		b := bytes.TrimSpace(sc.Bytes())
 		if len(b) == 0 {
@@ -90,8 +97,14 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 				return fmt.Errorf("score: %s line %d: field token_ids[%d]: expected an id in [0, %d), found %d", name, line, i, cfg.VocabSize, x)
 			}
 		}
+		if mpe := cfg.MaxPositionEmbeddings; mpe > 0 && len(rec.TokenIDs) > mpe {
+			return fmt.Errorf("score: %s line %d: field token_ids: %d tokens, more than the model's max_position_embeddings %d (config.json): a line is scored in one forward pass, within the model's context",
+				name, line, len(rec.TokenIDs), mpe)
+		}
 		recs = append(recs, rec.TokenIDs)
-		longest = max(longest, len(rec.TokenIDs))
+		if len(rec.TokenIDs) > longest {
+			longest, longestLine = len(rec.TokenIDs), line
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("score: %s: %w", name, err)
@@ -101,8 +114,34 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	}
 	b := cpu.New(*threads)
 	defer b.Close()
-	budget := max(scoreBudget, longest)
-	m, err := model.New(b, cfg, model.Options{MaxTokens: budget, MaxSeqs: budget})
+	T := max(*budget, longest)
+	opt := func(T int) model.Options { return model.Options{MaxTokens: T, MaxSeqs: T, ForwardOnly: true} }
+	plan := func(T int) (*trainer.MemPlan, error) {
+		return trainer.PlanModelRun(trainer.PlanSpec{
+			Request: trainer.PlanRequest{Model: cfg, ModelName: *dir, Backend: "cpu", Workspace: b.PlanWorkspace},
+			Options: opt(T), Shrink: map[string][]string{"activations": {"--max-tokens"}, "workspace": {"--max-tokens"}},
+		})
+	}
+	p, err := plan(T)
+	if err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
+	if free, source, ok, err := trainer.Free(b); err != nil {
+		return fmt.Errorf("score: %w", err)
+	} else if ok && p.TotalBytes > free {
+		if longest > *budget {
+			// The longest line needs a pass of its own: say which line,
+			// and the longest that would fit.
+			fits := sort.Search(longest, func(n int) bool {
+				q, err := plan(n + 1)
+				return err != nil || q.TotalBytes > free
+			})
+			return fmt.Errorf("score: %s line %d: %d tokens in one forward pass need %s, %s is free (%s): the longest line that fits is %d tokens",
+				name, longestLine, longest, trainer.Bytes(p.TotalBytes), trainer.Bytes(free), source, fits)
+		}
+		return fmt.Errorf("score: %w", p.Check(free, source))
+	}
+	m, err := model.New(b, cfg, opt(T))
 	if err != nil {
 		return fmt.Errorf("score: %w", err)
 	}
@@ -116,7 +155,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	for start := 0; start < len(recs); {
 		tokens, cu = tokens[:0], append(cu[:0], 0)
 		end := start
-		for end < len(recs) && len(tokens)+len(recs[end]) <= budget {
+		for end < len(recs) && len(tokens)+len(recs[end]) <= T {
 			tokens = append(tokens, recs[end]...)
 			cu = append(cu, int32(len(tokens)))
 			end++

@@ -125,3 +125,29 @@ func cgroupRoom() (limit, usage int64, where string, err error) {
 	}
 	return 0, 0, "", fmt.Errorf("meminfo: no memory cgroup limit")
 }
+
+// Self returns this process's resident memory now (VmRSS) and its peak
+// (VmHWM), from /proc/self/status; ok is false when it cannot be read.
+func Self() (rss, peak int64, ok bool) {
+	b, err := os.ReadFile(filepath.Join(root, "proc/self/status"))
+	if err != nil {
+		return 0, 0, false
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 || (f[0] != "VmRSS:" && f[0] != "VmHWM:") {
+			continue
+		}
+		kb, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			return 0, 0, false
+		}
+		if f[0] == "VmRSS:" {
+			rss = kb << 10
+		} else {
+			peak = kb << 10
+		}
+	}
+	return rss, peak, rss > 0
+}

@@ -291,8 +291,8 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 		return
 	}
 	same("Attention q, k, v", q, k, v)
-	o, done := b.out(out, T*NH*HD, "Attention out")
-	defer done()
+	o := b.out(out, T*NH*HD, "Attention out")
+	defer b.done(out, o)
 	t := &b.tasks.attn
 	*t = attnTask{
 		ws: b.scratch.w, out: o, lse: b.f32n(lse, T*NH, "Attention lse"),

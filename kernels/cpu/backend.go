@@ -81,11 +81,14 @@ type Backend struct {
 	bf16Scratch map[string][]float32 // fp32 copies for the BF16 op variants (convert.go)
 }
 
+// DefaultThreads is the thread count New(0) uses: runtime.GOMAXPROCS(0).
+func DefaultThreads() int { return runtime.GOMAXPROCS(0) }
+
 // New returns a CPU backend running ops on threads worker goroutines
-// (including the caller's); threads ≤ 0 means runtime.GOMAXPROCS(0).
+// (including the caller's); threads ≤ 0 means DefaultThreads().
 func New(threads int) *Backend {
 	if threads <= 0 {
-		threads = runtime.GOMAXPROCS(0)
+		threads = DefaultThreads()
 	}
 	b := &Backend{pool: newPool(threads), threads: threads}
 	b.scratch.init(threads)

@@ -76,20 +76,27 @@ func (b *Backend) in(buf kernels.Buf, n int, what string) []float32 {
 }
 
 // out returns where an assigned (=) output of n elements is computed: buf
-// itself when F32, else an fp32 scratch slot; done rounds it into buf.
-func (b *Backend) out(buf kernels.Buf, n int, what string) (dst []float32, done func()) {
+// itself when F32, else an fp32 scratch slot that done then rounds into
+// buf (no closure, so the BF16 variants allocate nothing per call either).
+func (b *Backend) out(buf kernels.Buf, n int, what string) []float32 {
 	if buf.DType != kernels.BF16 {
-		return b.f32n(buf, n, what), func() {}
+		return b.f32n(buf, n, what)
 	}
-	d := b.BF16(buf)
-	if len(d) != n {
+	if d := b.BF16(buf); len(d) != n {
 		panic(fmt.Sprintf("cpu: %s has %d elements, want %d", what, len(d), n))
 	}
-	w := b.bf16Slot(what, n)
-	return w, func() {
-		for i, x := range w {
-			d[i] = F32ToBF16(x)
-		}
+	return b.bf16Slot(what, n)
+}
+
+// done rounds the fp32 result w of an op into its BF16 output buf; for an
+// F32 output, w is buf itself and there is nothing to do.
+func (b *Backend) done(buf kernels.Buf, w []float32) {
+	if buf.DType != kernels.BF16 {
+		return
+	}
+	d := b.BF16(buf)
+	for i, x := range w {
+		d[i] = F32ToBF16(x)
 	}
 }
 

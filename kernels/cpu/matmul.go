@@ -73,6 +73,23 @@ func (t *gemmTask) run(w, lo, hi int) {
 	}
 }
 
+// gemmShared returns the floats of op(A) and op(B) that parallelGemm packs
+// once for all tiles of an (M,N,K) product (0: that operand is not
+// prepacked): B when several rows of tiles share it, A when several
+// columns do. PlanWorkspace sizes the shared slots with it.
+func gemmShared(M, N, K int) (pa, pb int) {
+	if K <= 0 || M <= 0 || N <= 0 {
+		return 0, 0
+	}
+	if (M+tileM-1)/tileM > 1 {
+		pb = packedBSize(N, K)
+	}
+	if (N+tileN-1)/tileN > 1 {
+		pa = packedASize(M, K)
+	}
+	return pa, pb
+}
+
 // parallelGemm runs C (+)= op(A)·op(B) over the pool, tile by tile.
 func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, C []float32, ldc int, acc bool) {
 	if M <= 0 || N <= 0 {
@@ -83,21 +100,21 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 	nN := (N + tileN - 1) / tileN
 	*t = gemmTask{ws: b.scratch.w, transA: transA, transB: transB, M: M, N: N, K: K,
 		A: A, B: B, C: C, lda: lda, ldb: ldb, ldc: ldc, acc: acc, nN: nN}
-	if K > 0 && (nM > 1 || nN > 1) {
+	if pa, pb := gemmShared(M, N, K); pa > 0 || pb > 0 {
 		// Pack op(B) once if several rows of tiles share it, op(A) once if
 		// several columns of tiles do.
 		t.np = (N + gemmNR - 1) / gemmNR
 		t.mp = (M + gemmMR - 1) / gemmMR
 		t.nkb = (K + gemmKC - 1) / gemmKC
 		items := 0
-		if nM > 1 {
+		if pb > 0 {
 			t.pre.npad = t.np * gemmNR
-			t.pre.pb = b.scratch.getShared(sharedPackB, packedBSize(N, K))
+			t.pre.pb = b.scratch.getShared(sharedPackB, pb)
 			items += t.nkb * t.np
 		}
-		if nN > 1 {
+		if pa > 0 {
 			t.pre.mpad = t.mp * gemmMR
-			t.pre.pa = b.scratch.getShared(sharedPackA, packedASize(M, K))
+			t.pre.pa = b.scratch.getShared(sharedPackA, pa)
 			items += t.nkb * t.mp
 		}
 		t.packing = true
@@ -112,11 +129,11 @@ func (b *Backend) parallelGemm(transA, transB bool, M, N, K int, A []float32, ld
 // Shapes: out (T,OC), inp (T,C), weight (OC,C).
 func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	same("Matmul inp, weight", inp, weight)
-	o, done := b.out(out, T*OC, "Matmul out") // (T,OC) F32|BF16
-	x := b.in(inp, T*C, "Matmul inp")         // (T,C) F32|BF16
-	w := b.in(weight, OC*C, "Matmul weight")  // (OC,C) F32|BF16
+	o := b.out(out, T*OC, "Matmul out")      // (T,OC) F32|BF16
+	x := b.in(inp, T*C, "Matmul inp")        // (T,C) F32|BF16
+	w := b.in(weight, OC*C, "Matmul weight") // (OC,C) F32|BF16
 	b.parallelGemm(false, true, T, OC, C, x, C, w, C, o, OC, false)
-	done()
+	b.done(out, o)
 }
 
 // MatmulBackward implements kernels.Ops.

@@ -88,7 +88,7 @@ func (t *rmsnormTask) run(_, lo, hi int) {
 // RMSNorm implements kernels.Ops.
 // Shapes: out (N,C), rstd (N), inp (N,C), weight (C).
 func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
-	o, done := b.out(out, N*C, "RMSNorm out") // F32|BF16
+	o := b.out(out, N*C, "RMSNorm out") // F32|BF16
 	t := &b.tasks.rmsnorm
 	*t = rmsnormTask{
 		out: o, rstd: b.f32n(rstd, N, "RMSNorm rstd"),
@@ -97,7 +97,7 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 	}
 	b.pool.parallel(t, N, rmsBlock)
 	*t = rmsnormTask{}
-	done()
+	b.done(out, o)
 }
 
 // RMSNormBackward implements kernels.Ops.

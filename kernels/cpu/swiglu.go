@@ -85,12 +85,12 @@ func swigluBackward32(dgate, dup, dout, gate, up, en []float32) {
 // Shapes: out, gate, up (N).
 func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	same("SwiGLU gate, up", gate, up)
-	o, done := b.out(out, N, "SwiGLU out")
+	o := b.out(out, N, "SwiGLU out")
 	t := &b.tasks.swiglu
 	*t = swigluTask{ws: b.scratch.w, out: o, gate: b.in(gate, N, "SwiGLU gate"), up: b.in(up, N, "SwiGLU up")}
 	b.pool.parallel(t, N, elemGrain)
 	*t = swigluTask{}
-	done()
+	b.done(out, o)
 }
 
 // SwiGLUBackward implements kernels.Ops. (The task's out field carries dout.)

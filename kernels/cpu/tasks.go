@@ -5,6 +5,7 @@ package cpu
 type tasks struct {
 	fill       fillTask
 	add        addTask
+	copyCols   copyColsTask
 	adamw      adamwTask
 	sumSquares sumSquaresTask
 	embedding  embeddingTask

@@ -4,8 +4,9 @@ package cuda
 
 // Attention and AttentionBackward: csrc/attention.cu. F32 buffers run the
 // fp32 kernels; BF16 buffers with HD 64 or 128 and 16-byte aligned q, k, v
-// (and dout) run the tensor-core kernels; other BF16 calls widen into fp32
-// scratch, run the fp32 kernels and round the outputs (correct, not fast).
+// (and dout) run the tensor-core kernels; other BF16 calls run the fp32
+// kernels' bf16 instantiations, which widen as they load (correct, not
+// fast, and without scratch).
 
 import (
 	"fmt"
@@ -110,34 +111,18 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 			pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale*log2e), pu(b.flags))
 		return
 	}
-	if dt == kernels.BF16 { // another head dimension or a misaligned view: widen
-		q, k, v = b.widen("attention q", q), b.widen("attention k", k), b.widen("attention v", v)
-	}
-	o := ptr(out)
-	if out.DType == kernels.BF16 {
-		o = b.work("attention out f32", 4*out.N)
-	}
-	if q.Handle == 0 || k.Handle == 0 || v.Handle == 0 || o == 0 {
-		return // scratch allocation failed (recorded)
+	name := "attention_fwd" // fp32, or bf16 of another head dimension or an unaligned view
+	switch {
+	case dt == kernels.BF16 && out.DType == kernels.BF16:
+		name = "attention_fwd_bf16"
+	case dt == kernels.BF16:
+		name = "attention_fwd_bf16_f32out"
+	case out.DType == kernels.BF16:
+		name = "attention_fwd_bf16out"
 	}
 	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
-	b.launch("attention_fwd", ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
-		pu(o), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
-	if out.DType == kernels.BF16 {
-		b.elementwise("f32_to_bf16", out.N, pa(out), pu(o), la(out.N))
-	}
-}
-
-// widen returns an F32 copy of a BF16 view in the scratch buffer named what
-// (Handle 0 when the allocation failed, which is recorded). The caller
-// holds b.mu.
-func (b *Backend) widen(what string, x kernels.Buf) kernels.Buf {
-	p := b.work(what+" f32", 4*x.N)
-	if p == 0 {
-		return kernels.Buf{}
-	}
-	b.elementwise("bf16_to_f32", x.N, pu(p), pa(x), la(x.N))
-	return kernels.Buf{Handle: p, N: x.N, DType: kernels.F32}
+	b.launch(name, ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
+		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }
 
 // AttentionBackward implements kernels.Ops: dq (T,NH,HD) =, dk, dv (T,NKV,HD) =.
@@ -161,7 +146,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	}
 	scale := float32(1 / math.Sqrt(float64(HD)))
 	defer b.lock()()
-	D := b.work("attention D", 4*T*NH)
+	D := b.work(workAttnD, attnDWork(T, NH))
 	if D == 0 {
 		return
 	}
@@ -177,19 +162,16 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		b.launch(fmt.Sprintf("attention_bwd_dkdv_tc_hd%d", HD), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
 		return
 	}
-	if dt == kernels.BF16 { // another head dimension or a misaligned view: widen
-		dout, out = b.widen("attention dout", dout), b.widen("attention out", out)
-		q, k, v = b.widen("attention q", q), b.widen("attention k", k), b.widen("attention v", v)
-		if dout.Handle == 0 || out.Handle == 0 || q.Handle == 0 || k.Handle == 0 || v.Handle == 0 {
-			return
-		}
+	suffix := "" // fp32, or bf16 of another head dimension or an unaligned view
+	if dt == kernels.BF16 {
+		suffix = "_bf16"
 	}
-	b.launch("attention_bwd_dot", dotBlocks, 1, 1, threads, 0,
+	b.launch("attention_bwd_dot"+suffix, dotBlocks, 1, 1, threads, 0,
 		pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
-	b.launch("attention_bwd_dq", ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
+	b.launch("attention_bwd_dq"+suffix, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
 		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
-	b.launch("attention_bwd_dkdv", ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
+	b.launch("attention_bwd_dkdv"+suffix, ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
 		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }

@@ -27,18 +27,13 @@ func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH,
 		return
 	}
 	scale := float32(1 / math.Sqrt(float64(HD)))
-	split := b.opt.DecodeSplit
-	if split <= 0 {
-		split = 256
-	}
-	split = max(32, split/32*32)
-	nsplit := max(1, ceilDiv(Tmax, split))
+	split, nsplit := decodeSplits(b.opt.DecodeSplit, Tmax)
 	if nsplit > attMaxGridY {
 		panic(fmt.Sprintf("cuda: AttentionDecode: Tmax %d needs %d splits of %d (at most %d)", Tmax, nsplit, split, attMaxGridY))
 	}
 	smem := 4 * (HD + attKeyTile*(HD+1) + attKeyTile*HD)
 	defer b.lock()()
-	part := b.work("decode partials", 4*B*NH*nsplit*(HD+2))
+	part := b.work(workDecode, decodeWork(B, NH, HD, nsplit))
 	if part == 0 {
 		return
 	}

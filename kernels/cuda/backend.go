@@ -41,10 +41,7 @@ type scratchBuf struct {
 	bytes int
 }
 
-const (
-	threads      = 256
-	reduceBlocks = 256 // fixed: SumSquares' order must not depend on the device
-)
+const threads = 256
 
 // Open loads the driver and cuBLAS, creates a context on opt.Device, and
 // JIT-compiles the embedded kernels for it.
@@ -137,6 +134,31 @@ func (b *Backend) Close() error {
 	b.d.free(b.flags)
 	b.d.free(b.partials)
 	return b.d.close()
+}
+
+// ReserveWorkspace allocates, now, every scratch buffer the ops of w will
+// ask for, at the size PlanWorkspace counts: a run allocates all its
+// device memory before its first step, and holds exactly its plan.
+func (b *Backend) ReserveWorkspace(w kernels.Workload) error {
+	b.mu.Lock()
+	for name, n := range workspaceSizes(w, b.opt) {
+		b.work(name, n)
+	}
+	b.mu.Unlock()
+	return b.Sync()
+}
+
+// PlanWorkspace is PlanWorkspace for this backend's options.
+func (b *Backend) PlanWorkspace(w kernels.Workload) int64 { return PlanWorkspace(w, b.opt) }
+
+// Allocated returns the device memory the backend holds now through its
+// own allocations (buffers and its ops' scratch) and the most it held at
+// once; what the driver and cuBLAS keep for themselves is not included.
+// The memory plan's CUDA figures are checked against it.
+func (b *Backend) Allocated() (live, peak int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.d.live, b.d.peak
 }
 
 // Name implements kernels.Memory.

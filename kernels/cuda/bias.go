@@ -10,12 +10,8 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// biasRows is TG_BIAS_ROWS of csrc/bias.cu (rows per partial sum), and
 // bias_backward_partial is written for blocks of biasThreads threads.
-const (
-	biasRows    = 256
-	biasThreads = 256
-)
+const biasThreads = 256
 
 // AddBias implements kernels.Ops: out (T,OC) += bias (OC).
 func (b *Backend) AddBias(out, bias kernels.Buf, T, OC int) {
@@ -43,7 +39,7 @@ func (b *Backend) BiasBackward(dbias, dout kernels.Buf, T, OC int) {
 	chunks := (T + biasRows - 1) / biasRows
 	tiles := (OC + 31) / 32
 	defer b.lock()()
-	partials := b.work("bias_partials", 4*chunks*OC)
+	partials := b.work(workBias, biasWork(T, OC))
 	if partials == 0 {
 		return
 	}

@@ -561,6 +561,11 @@ type device struct {
 	mods   []unsafe.Pointer
 	fns    map[string]unsafe.Pointer
 	smem   map[unsafe.Pointer]int // dynamic shared memory opted in per kernel (above 48 KiB)
+
+	// Bytes allocated through alloc and not yet freed, their peak, and
+	// each live allocation's size (Backend.Allocated).
+	live, peak int64
+	sizes      map[uintptr]int
 }
 
 const maxArgs = 32
@@ -659,10 +664,20 @@ func (d *device) alloc(bytes int) (uintptr, error) {
 		C.tg_alloc(d.dr.d, d.ctx, d.stream, &p, C.size_t(bytes))); err != nil {
 		return 0, err
 	}
+	if d.sizes == nil {
+		d.sizes = map[uintptr]int{}
+	}
+	d.sizes[uintptr(p)] = bytes
+	d.live += int64(bytes)
+	d.peak = max(d.peak, d.live)
 	return uintptr(p), nil
 }
 
-func (d *device) free(p uintptr) status { return C.tg_free(d.dr.d, d.ctx, C.tg_dptr(p)) }
+func (d *device) free(p uintptr) status {
+	d.live -= int64(d.sizes[p])
+	delete(d.sizes, p)
+	return C.tg_free(d.dr.d, d.ctx, C.tg_dptr(p))
+}
 
 // memInfo returns the device's free and total memory (cuMemGetInfo).
 func (d *device) memInfo() (free, total int64, err error) {

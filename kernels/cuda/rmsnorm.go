@@ -22,12 +22,6 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 		pa(out), pa(rstd), pa(inp), pa(weight), ia(N), ia(C), fa(eps))
 }
 
-// normBwdBlocks bounds the blocks of rmsnorm_bwd (each keeps a row of
-// dweight partials). The count depends on N only, never on the device, so
-// the reduction order, and with it the bits of dweight, are the same on
-// every GPU.
-const normBwdBlocks = 128
-
 // RMSNormBackward implements kernels.Ops: dinp (N,C) +=, dweight (C) +=.
 func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
 	want(dinp, kernels.F32, N*C, "RMSNormBackward dinp")
@@ -41,7 +35,7 @@ func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels
 	}
 	G := min(N, normBwdBlocks)
 	defer b.lock()()
-	partial := b.work("rmsnorm dweight partials", 4*G*C)
+	partial := b.work(workNorm, normWork(N, C))
 	if partial == 0 {
 		return
 	}

@@ -14,16 +14,8 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// vocabChunk is the vocabulary chunk width for T rows: as wide as the
-// logits scratch allows, a multiple of 32.
-func (b *Backend) vocabChunk(T, V int) int {
-	limit := b.opt.LogitsScratch
-	if limit <= 0 {
-		limit = 32 << 20
-	}
-	vc := max(32, limit/max(T, 1)/32*32)
-	return min(V, vc)
-}
+// vocabChunk is the vocabulary chunk width for T rows (workspace.go).
+func (b *Backend) vocabChunk(T, V int) int { return vocabChunk(b.opt.LogitsScratch, T, V) }
 
 // checkLogprob checks the shapes and returns the operands' dtype.
 func checkLogprob(op string, hidden, weight, targets kernels.Buf, T, C, V int) kernels.DType {
@@ -51,8 +43,8 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 	}
 	defer b.lock()()
 	Vc := b.vocabChunk(T, V)
-	logits := b.work("logits", 4*T*Vc)
-	state := b.work("logprob state", 16*T)
+	logits := b.work(workLogits, 4*T*Vc)
+	state := b.work(workLogprobState, 16*T)
 	if logits == 0 || state == 0 {
 		return
 	}
@@ -79,18 +71,22 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	if dweight.N != 0 {
 		want(dweight, kernels.F32, V*C, "TokenLogprobBackward dweight")
 	}
-	if T == 0 {
+	if T == 0 || V == 1 { // one token: logprob ≡ 0, no gradient
 		return
 	}
 	defer b.lock()()
 	Vc := b.vocabChunk(T, V)
-	logits := b.work("logits", 4*T*Vc)
+	logits := b.work(workLogits, 4*T*Vc)
+	if logits == 0 {
+		return
+	}
 	dz, kernel := logits, "logprob_bwd_chunk" // fp32: dz over the logits
 	if dt == kernels.BF16 {
-		dz, kernel = b.work("logits dz bf16", 2*T*Vc), "logprob_bwd_chunk_bf16"
-	}
-	if logits == 0 || dz == 0 {
-		return
+		// The bf16 dz chunk shares the logits scratch: chunks of Vc' with
+		// 4·T·Vc' bytes of logits and 2·T·Vc' of dz after them, within the
+		// 4·T·Vc bytes the memory plan counts.
+		Vc = bf16DzChunk(Vc)
+		dz, kernel = logits+uintptr(4*T*Vc), "logprob_bwd_chunk_bf16"
 	}
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)

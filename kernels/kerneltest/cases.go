@@ -141,6 +141,33 @@ var cases = []testCase{
 		s.check("Convert F32→BF16→F32", back, TolExact)
 		s.check("Convert F32→F32", keep, TolExact)
 	}},
+	{"CopyCols", func(s *suite) {
+		// Every dtype pair; dst is pre-filled so the elements between its
+		// rows must come through untouched; the view offsets pick columns.
+		for _, sh := range []struct{ R, W, ds, ss, doff, soff int }{
+			{1, 1, 1, 1, 0, 0}, {7, 5, 5, 13, 0, 8}, {37, 33, 65, 99, 32, 40}, {3, 300, 900, 300, 600, 0}, {64, 128, 128, 384, 0, 256},
+		} {
+			dN, sN := (sh.R-1)*sh.ds+sh.W+sh.doff, (sh.R-1)*sh.ss+sh.W+sh.soff
+			for _, dt := range [][2]kernels.DType{{kernels.F32, kernels.F32}, {kernels.BF16, kernels.F32}, {kernels.F32, kernels.BF16}, {kernels.BF16, kernels.BF16}} {
+				var src, dst *pairBuf
+				if dt[1] == kernels.F32 {
+					src = s.randn(sN, 3)
+				} else {
+					src = s.randnBF16(sN, 3)
+				}
+				if dt[0] == kernels.F32 {
+					dst = s.randn(dN, 1)
+				} else {
+					dst = s.randnBF16(dN, 1)
+				}
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					d, x := v(dst), v(src)
+					b.CopyCols(d.Slice(sh.doff, d.N-sh.doff), x.Slice(sh.soff, x.N-sh.soff), sh.R, sh.W, sh.ds, sh.ss)
+				})
+				s.check(fmt.Sprintf("CopyCols %s ← %s R=%d W=%d strides %d,%d", dt[0], dt[1], sh.R, sh.W, sh.ds, sh.ss), dst, TolExact)
+			}
+		}
+	}},
 	{"MatmulBF16", func(s *suite) {
 		for _, sh := range mmShapes {
 			inp, w := s.randnBF16(sh.T*sh.C, 1), s.randnBF16(sh.OC*sh.C, 1)
@@ -226,13 +253,20 @@ var cases = []testCase{
 				out, lse := s.out(T*h.NH*h.HD), s.out(T*h.NH)
 				dout := s.randn(T*h.NH*h.HD, 1)
 				dq, dk, dv := s.out(T*h.NH*h.HD), s.out(T*h.NKV*h.HD), s.out(T*h.NKV*h.HD)
+				out16 := s.randnBF16(T*h.NH*h.HD, 1) // fp32 operands, a bf16 output
 				both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) {
 					sb := sq
 					sb.CuSeqlens = vw(cuP)
 					b.Attention(vw(out), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
 					b.AttentionBackward(vw(dq), vw(dk), vw(dv), vw(dout), vw(out), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+					if j == 0 {
+						b.Attention(vw(out16), vw(lse), vw(q), vw(k), vw(v), sb, h.NH, h.NKV, h.HD)
+					}
 				})
 				tag := fmt.Sprintf("lens=%v NH=%d NKV=%d HD=%d", lens, h.NH, h.NKV, h.HD)
+				if j == 0 {
+					s.check("Attention f32 → bf16 out "+tag, out16, TolBF16Out)
+				}
 				s.check("Attention out "+tag, out, TolAttention)
 				s.check("Attention lse "+tag, lse, TolAttention)
 				s.check("AttentionBackward dq "+tag, dq, TolAttention)

@@ -34,6 +34,7 @@
 // return at once. Shared memory stays under the 48 KiB a block gets without
 // opting in (HD = 128: fwd 40.5 KiB, dq 41.1 KiB, dkdv 41.4 KiB).
 #include "common.cuh"
+#include "bf16.cuh"
 
 #define ATT_THREADS 128
 #define ATT_WARPS 4
@@ -55,10 +56,10 @@ __device__ __forceinline__ void check_seq(const int* cu, int s, int S, int T, in
   if (len < 0 || len > maxlen || (s == 0 && (cu[0] != 0 || cu[S] != T))) atomicOr(flags, TG_ERR_SEQS);
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v,
-                  const int* cu, int S, int T, int maxlen, int NH, int NKV, int HD, float scale,
-                  int* flags) {
+template <class TI, class TO>
+__device__ __forceinline__ void att_fwd(TO* out, float* lse, const TI* q, const TI* k, const TI* v,
+                                        const int* cu, int S, int T, int maxlen, int NH, int NKV,
+                                        int HD, float scale, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
   const int start = cu[s], len = cu[s + 1] - start;
@@ -75,7 +76,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 
   for (int i = tid; i < FWD_BR * HD; i += ATT_THREADS) {
     int r = i / HD, d = i % HD, qi = q0 + r;
-    Qs[i] = qi < len ? q[((long long)(start + qi) * NH + h) * HD + d] * scale : 0.f;
+    Qs[i] = qi < len ? ld_f(q, ((long long)(start + qi) * NH + h) * HD + d) * scale : 0.f;
   }
   float m[FWD_R], l[FWD_R], acc[FWD_R][ATT_MAXJ];
 #pragma unroll
@@ -93,8 +94,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
       float kv = 0.f, vv = 0.f;
       if (kj < len) {
         long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
-        kv = k[off];
-        vv = v[off];
+        kv = ld_f(k, off);
+        vv = ld_f(v, off);
       }
       Ks[r * HDP + d] = kv;
       Vs[r * HD + d] = vv;
@@ -149,31 +150,67 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 #pragma unroll
       for (int j = 0; j < ATT_MAXJ; j++) {
         int d = lane + 32 * j;
-        if (d < HD) out[row * HD + d] = acc[rr][j] * inv;
+        if (d < HD) st_f(out, row * HD + d, acc[rr][j] * inv);
       }
       if (lane == 0) lse[row] = m[rr] + logf(l[rr]);
     }
   }
 }
 
+// The fp32 path, and the path of bf16 operands the tensor-core kernels do
+// not take (another head dimension, unaligned views): bf16 is widened as it
+// is loaded into shared memory.
+#define ATT_FWD_ARGS                                                                            \
+  const int *cu, int S, int T, int maxlen, int NH, int NKV, int HD, float scale, int *flags
+#define ATT_FWD_CALL cu, S, T, maxlen, NH, NKV, HD, scale, flags
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_fwd(float* out, float* lse, const float* q, const float* k, const float* v, ATT_FWD_ARGS) {
+  att_fwd(out, lse, q, k, v, ATT_FWD_CALL);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_fwd_bf16out(tg_bf16* out, float* lse, const float* q, const float* k, const float* v,
+                          ATT_FWD_ARGS) {
+  att_fwd(out, lse, q, k, v, ATT_FWD_CALL);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_fwd_bf16(tg_bf16* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+                       ATT_FWD_ARGS) {
+  att_fwd(out, lse, q, k, v, ATT_FWD_CALL);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_fwd_bf16_f32out(float* out, float* lse, const tg_bf16* q, const tg_bf16* k,
+                              const tg_bf16* v, ATT_FWD_ARGS) {
+  att_fwd(out, lse, q, k, v, ATT_FWD_CALL);
+}
+
 // D (T·NH) = Σ_d dout·out, one warp per row.
-extern "C" __global__ void attention_bwd_dot(float* D, const float* dout, const float* out,
-                                             long long rows, int HD) {
+template <class TI>
+__device__ __forceinline__ void att_bwd_dot(float* D, const TI* dout, const TI* out, long long rows,
+                                            int HD) {
   const int lane = threadIdx.x & 31;
   const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
   for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
        row += nwarps) {
     float s = 0.f;
-    for (int d = lane; d < HD; d += 32) s += dout[row * HD + d] * out[row * HD + d];
+    for (int d = lane; d < HD; d += 32) s += ld_f(dout, row * HD + d) * ld_f(out, row * HD + d);
     s = warp_sum(s);
     if (lane == 0) D[row] = s;
   }
 }
+extern "C" __global__ void attention_bwd_dot(float* D, const float* dout, const float* out,
+                                             long long rows, int HD) {
+  att_bwd_dot(D, dout, out, rows, HD);
+}
+extern "C" __global__ void attention_bwd_dot_bf16(float* D, const tg_bf16* dout, const tg_bf16* out,
+                                                  long long rows, int HD) {
+  att_bwd_dot(D, dout, out, rows, HD);
+}
 
-extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attention_bwd_dq(float* dq, const float* dout, const float* lse, const float* D,
-                     const float* q, const float* k, const float* v, const int* cu, int S,
-                     int T, int maxlen, int NH, int NKV, int HD, float scale, int* flags) {
+template <class TI>
+__device__ __forceinline__ void att_bwd_dq(float* dq, const TI* dout, const float* lse, const float* D,
+                                           const TI* q, const TI* k, const TI* v, const int* cu,
+                                           int S, int T, int maxlen, int NH, int NKV, int HD,
+                                           float scale, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
   const int start = cu[s], len = cu[s + 1] - start;
@@ -191,8 +228,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
   for (int i = tid; i < DQ_BR * HD; i += ATT_THREADS) {
     int r = i / HD, d = i % HD, qi = q0 + r;
     long long off = ((long long)(start + qi) * NH + h) * HD + d;
-    Qs[i] = qi < len ? q[off] * scale : 0.f;
-    dOs[i] = qi < len ? dout[off] : 0.f;
+    Qs[i] = qi < len ? ld_f(q, off) * scale : 0.f;
+    dOs[i] = qi < len ? ld_f(dout, off) : 0.f;
   }
   float Li[DQ_R], Di[DQ_R], acc[DQ_R][ATT_MAXJ];
 #pragma unroll
@@ -212,8 +249,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
       float kv = 0.f, vv = 0.f;
       if (kj < len) {
         long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
-        kv = k[off];
-        vv = v[off];
+        kv = ld_f(k, off);
+        vv = ld_f(v, off);
       }
       Ks[r * HDP + d] = kv;
       Vs[r * HDP + d] = vv;
@@ -270,10 +307,25 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
   }
 }
 
+#define ATT_BWD_ARGS                                                                               \
+  const int *cu, int S, int T, int maxlen, int NH, int NKV, int HD, float scale, int *flags
+#define ATT_BWD_CALL cu, S, T, maxlen, NH, NKV, HD, scale, flags
 extern "C" __global__ void __launch_bounds__(ATT_THREADS)
-    attention_bwd_dkdv(float* dk, float* dv, const float* dout, const float* lse, const float* D,
-                       const float* q, const float* k, const float* v, const int* cu, int S,
-                       int T, int maxlen, int NH, int NKV, int HD, float scale, int* flags) {
+    attention_bwd_dq(float* dq, const float* dout, const float* lse, const float* D, const float* q,
+                     const float* k, const float* v, ATT_BWD_ARGS) {
+  att_bwd_dq(dq, dout, lse, D, q, k, v, ATT_BWD_CALL);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_bwd_dq_bf16(float* dq, const tg_bf16* dout, const float* lse, const float* D,
+                          const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, ATT_BWD_ARGS) {
+  att_bwd_dq(dq, dout, lse, D, q, k, v, ATT_BWD_CALL);
+}
+
+template <class TI>
+__device__ __forceinline__ void att_bwd_dkdv(float* dk, float* dv, const TI* dout, const float* lse,
+                                             const float* D, const TI* q, const TI* k, const TI* v,
+                                             const int* cu, int S, int T, int maxlen, int NH,
+                                             int NKV, int HD, float scale, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int s = blockIdx.y, kvh = blockIdx.z, G = NH / NKV;
   const int start = cu[s], len = cu[s + 1] - start;
@@ -295,8 +347,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
     float kv = 0.f, vv = 0.f;
     if (kj < len) {
       long long off = ((long long)(start + kj) * NKV + kvh) * HD + d;
-      kv = k[off];
-      vv = v[off];
+      kv = ld_f(k, off);
+      vv = ld_f(v, off);
     }
     Ks[i] = kv;
     Vs[i] = vv;
@@ -315,8 +367,8 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
         float qv = 0.f, gv = 0.f;
         if (qi < len) {
           long long off = ((long long)(start + qi) * NH + h) * HD + d;
-          qv = q[off] * scale;
-          gv = dout[off];
+          qv = ld_f(q, off) * scale;
+          gv = ld_f(dout, off);
         }
         Qs[r * HDP + d] = qv;
         dOs[r * HDP + d] = gv;
@@ -394,6 +446,18 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
   }
 }
 
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_bwd_dkdv(float* dk, float* dv, const float* dout, const float* lse, const float* D,
+                       const float* q, const float* k, const float* v, ATT_BWD_ARGS) {
+  att_bwd_dkdv(dk, dv, dout, lse, D, q, k, v, ATT_BWD_CALL);
+}
+extern "C" __global__ void __launch_bounds__(ATT_THREADS)
+    attention_bwd_dkdv_bf16(float* dk, float* dv, const tg_bf16* dout, const float* lse,
+                            const float* D, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
+                            ATT_BWD_ARGS) {
+  att_bwd_dkdv(dk, dv, dout, lse, D, q, k, v, ATT_BWD_CALL);
+}
+
 // ---------------------------------------------------------------------------
 // The tensor-core path: bf16 q, k, v (and dout, out), head_dim 64 or 128,
 // FlashAttention-2 style on mma.sync m16n8k16 with fp32 accumulation.
@@ -414,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS)
 //     P packed to bf16 straight from the accumulator registers. V's load
 //     overlaps S, the next K's overlaps P·V. Heavy (late) query tiles are
 //     scheduled first. out (bf16 or f32) =, lse (fp32) =.
-//   attention_bwd_dot_bf16: D (T,NH) = Σ_d dout·out over bf16 inputs   (=)
+//   attention_bwd_dot_bf16 (above): D (T,NH) = Σ_d dout·out             (=)
 //   attention_bwd_dq_tc_hdD: grid (ceil(MaxLen/64), S, NH); warp w owns 16
 //     query rows, Q and dO fragments in registers; per key tile (BCQ keys,
 //     double-buffered): S = Q·Kᵀ, dP = dO·Vᵀ, dS = P∘(dP − D), dQ += dS·K;
@@ -615,20 +679,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
     attention_fwd_tc_hd128_f32out(float* out, float* lse, const tg_bf16* q, const tg_bf16* k, const tg_bf16* v,
         const int* cu, int S, int T, int maxlen, int NH, int NKV, float sl2, int* flags) {
   att_fwd_tc<128, float>(out, lse, q, k, v, cu, S, T, maxlen, NH, NKV, sl2, flags);
-}
-
-// D (T·NH) = Σ_d dout·out over bf16 rows, one warp per row.
-extern "C" __global__ void attention_bwd_dot_bf16(float* D, const tg_bf16* dout, const tg_bf16* out,
-                                                  long long rows, int HD) {
-  const int lane = threadIdx.x & 31;
-  const long long nwarps = (long long)gridDim.x * (blockDim.x >> 5);
-  for (long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
-       row += nwarps) {
-    float s = 0.f;
-    for (int d = lane; d < HD; d += 32) s += tg_widen(dout[row * HD + d]) * tg_widen(out[row * HD + d]);
-    s = warp_sum(s);
-    if (lane == 0) D[row] = s;
-  }
 }
 
 template <int HD, int NK>

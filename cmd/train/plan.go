@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/trainer"
+)
+
+func init() {
+	register(command{
+		name:    "plan",
+		summary: "print the memory a run will allocate, part by part, on the CPU or a GPU (needs neither)",
+		run:     runPlan,
+	})
+}
+
+const planSynopsis = `train plan [--config FILE]... [--set k=v]... (--init-from DIR | --model config.json)
+           [--rows R] [--seq T] [--backend cpu|cuda] [--rollouts PATH] [--resume] [--json]
+
+Prints the memory a train run with these recipes and overrides allocates on
+the backend, part by part: the fp32 weights, their bf16 copy (mixed
+precision, policy.precision=bfloat16 on cuda), the gradients, AdamW's
+moments, the activations (with activation checkpointing as the recipe sets
+it; both figures are printed), the frozen KL reference policy (when
+loss_fn.reference_policy_kl_penalty is not 0), the in-process sampler's KV
+cache (the built-in job; not with --rollouts), and the workspace (token
+buffers, RoPE tables and the backend's own scratch). It runs on any
+machine: planning for cuda needs no GPU. The figures come from the code that
+sizes the allocations, and train, train bench and train score check them
+against the free memory before allocating anything.
+
+--rows and --seq default to policy.train_micro_batch_size and
+policy.max_total_sequence_length (one micro-batch of rows × seq tokens).
+Without --init-from or --model the recipe's policy.model_name is planned
+(the built-in model, or a directory holding config.json).
+
+Flags:`
+
+func runPlan(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("plan", planSynopsis, stdout)
+	var o trainer.Options
+	fs.StringArrayVar(&o.ConfigFiles, "config", nil, "NeMo RL recipe (YAML); repeatable, later files override earlier ones (none: the built-in job)")
+	fs.StringArrayVar(&o.Sets, "set", nil, "override one config key after the files (repeatable)")
+	fs.StringVar(&o.InitFrom, "init-from", "", "Hugging Face model directory (its config.json is read; no weights are)")
+	cfgPath := fs.String("model", "", "a Hugging Face config.json")
+	rows := fs.Int("rows", 0, "rows per micro-batch (default policy.train_micro_batch_size)")
+	seq := fs.Int("seq", 0, "tokens per row (default policy.max_total_sequence_length)")
+	backend := fs.String("backend", "cuda", "plan for cpu or cuda")
+	threads := fs.Int("threads", 0, "CPU threads the run uses (cpu; 0: all)")
+	fs.StringVar(&o.Rollouts, "rollouts", "", "the run reads NeMo Gym rollouts (no in-process sampler); the path is not read")
+	fs.BoolVar(&o.Resume, "resume", false, "the run resumes from a checkpoint (cpu: the checkpoint is read into memory first)")
+	asJSON := fs.Bool("json", false, "print one JSON object (total_bytes, components, ...) instead of text")
+	if err := parseFlags(fs, args, 0); err != nil {
+		return err
+	}
+	if *rows < 0 || *seq < 0 {
+		return fmt.Errorf("%w: plan: --rows and --seq must be positive", errUsage)
+	}
+	if *cfgPath != "" && o.InitFrom != "" {
+		return fmt.Errorf("%w: plan: give --init-from or --model, not both", errUsage)
+	}
+	ld, _, err := trainer.LoadRecipe(o.ConfigFiles, o.Sets)
+	if err != nil {
+		return err
+	}
+	var mc model.Config
+	var name string
+	if *cfgPath != "" {
+		if mc, err = model.LoadConfig(*cfgPath); err != nil {
+			return err
+		}
+		name = *cfgPath
+	} else if mc, name, err = trainer.ModelConfig(&ld.Config, o.InitFrom); err != nil {
+		return err
+	}
+	ws, err := planWorkspace(*backend, *threads)
+	if err != nil {
+		return err
+	}
+	p, err := trainer.PlanRun(trainer.PlanRequest{
+		Config: &ld.Config, Model: mc, ModelName: name, Backend: *backend, Workspace: ws,
+		Rows: *rows, Seq: *seq, Builtin: o.Rollouts == "", Resume: o.Resume,
+	})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		fmt.Fprintf(stdout, "%s\n", p.JSON())
+		return nil
+	}
+	p.WriteText(stdout)
+	return nil
+}
+
+// planWorkspace returns how a backend, not opened, sizes its ops' scratch.
+func planWorkspace(backend string, threads int) (func(kernels.Workload) int64, error) {
+	switch backend {
+	case "cpu":
+		if threads <= 0 {
+			threads = cpu.DefaultThreads()
+		}
+		return func(w kernels.Workload) int64 { return cpu.PlanWorkspace(w, threads) }, nil
+	case "cuda":
+		return func(w kernels.Workload) int64 { return cuda.PlanWorkspace(w, cuda.Options{}) }, nil
+	}
+	return nil, fmt.Errorf("%w: --backend %q: want cpu or cuda", errUsage, backend)
+}
+
+// planWorkspaceOf sizes an opened backend's scratch for w (0 when the
+// backend does not say: a test's wrapper).
+func planWorkspaceOf(be kernels.Backend, w kernels.Workload) int64 {
+	for {
+		if p, ok := be.(interface {
+			PlanWorkspace(kernels.Workload) int64
+		}); ok {
+			return p.PlanWorkspace(w)
+		}
+		u, ok := be.(interface{ Unwrap() kernels.Backend })
+		if !ok {
+			return 0
+		}
+		be = u.Unwrap()
+	}
+}
+
+// checkFree refuses a plan that exceeds the memory free on be.
+func checkFree(p *trainer.MemPlan, be kernels.Backend) error {
+	free, source, ok, err := trainer.Free(be)
+	if err != nil || !ok {
+		return err
+	}
+	return p.Check(free, source)
+}

@@ -1,0 +1,19 @@
+//go:build cgo
+
+package cuda
+
+// CopyCols: csrc/copy_cols.cu.
+
+import "github.com/tracegrpo/tracegrpo/kernels"
+
+// CopyCols implements kernels.Ops: dst[r·dstStride + j] = src[r·srcStride + j]
+// for r < R, j < W, each side F32 or BF16.
+func (b *Backend) CopyCols(dst, src kernels.Buf, R, W, dstStride, srcStride int) {
+	kernels.CheckCopyCols("cuda", dst, src, R, W, dstStride, srcStride)
+	if R == 0 || W == 0 {
+		return
+	}
+	defer b.lock()()
+	b.elementwise("copy_cols_"+dst.DType.String()+"_"+src.DType.String(), R*W,
+		pa(dst), pa(src), la(R), la(W), la(dstStride), la(srcStride))
+}

@@ -1,0 +1,128 @@
+package cuda
+
+// The scratch the CUDA ops allocate for themselves (Backend.work), sized by
+// the functions below, which the ops call and PlanWorkspace sums: the memory
+// plan counts it from the same code, with no GPU and without cgo.
+
+import "github.com/tracegrpo/tracegrpo/kernels"
+
+// Names of the scratch buffers: each holds the largest request made of it.
+const (
+	workAttnD        = "attention D"
+	workDecode       = "decode partials"
+	workBias         = "bias_partials"
+	workNorm         = "rmsnorm dweight partials"
+	workLogits       = "logits"
+	workLogprobState = "logprob state"
+	workMinBytes     = 256 // the least work allocates
+)
+
+// reduceBlocks is SumSquares' number of partial sums, fixed so that its
+// order does not depend on the device; the backend keeps them, and a flag
+// word for data errors, for its lifetime (fixedWork bytes).
+const (
+	reduceBlocks = 256
+	fixedWork    = 4 + 8*reduceBlocks
+)
+
+// biasRows is TG_BIAS_ROWS of csrc/bias.cu: rows per partial sum.
+const biasRows = 256
+
+// normBwdBlocks bounds the blocks of rmsnorm_bwd (each keeps a row of
+// dweight partials). The count depends on N only, never on the device, so
+// the reduction order, and with it the bits of dweight, are the same on
+// every GPU.
+const normBwdBlocks = 128
+
+// defaultLogitsScratch is Options.LogitsScratch's default, in elements.
+const defaultLogitsScratch = 32 << 20
+
+// attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
+func attnDWork(T, NH int) int { return 4 * T * NH }
+
+// biasWork is BiasBackward's partial sums: one row per chunk of biasRows.
+func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
+
+// normWork is RMSNormBackward's dweight partials: one row per block.
+func normWork(N, C int) int { return 4 * min(N, normBwdBlocks) * C }
+
+// decodeSplits returns AttentionDecode's rows per split (option, 0: 256,
+// rounded down to a multiple of 32) and the number of splits of Tmax rows.
+func decodeSplits(option, Tmax int) (split, nsplit int) {
+	split = option
+	if split <= 0 {
+		split = 256
+	}
+	split = max(32, split/32*32)
+	return split, max(1, (Tmax+split-1)/split)
+}
+
+// decodeWork is AttentionDecode's partial results: per (sequence, head,
+// split) a running max, a sum and HD accumulators.
+func decodeWork(B, NH, HD, nsplit int) int { return 4 * B * NH * nsplit * (HD + 2) }
+
+// vocabChunk is the vocabulary chunk width for T rows: as wide as a logits
+// scratch of limit elements (0: the default) allows, a multiple of 32.
+func vocabChunk(limit, T, V int) int {
+	if limit <= 0 {
+		limit = defaultLogitsScratch
+	}
+	return min(V, max(32, limit/max(T, 1)/32*32))
+}
+
+// bf16DzChunk is TokenLogprobBackward's chunk width on BF16 operands, where
+// the logits scratch of a Vc-wide fp32 chunk holds a narrower fp32 chunk
+// and its bf16 dz (6 bytes a logit, so at most two thirds of Vc): a
+// multiple of 4 from Vc = 6 on, so that the dz rows stay 16-byte aligned.
+// Vc ≥ 2 (a one-token vocabulary has no gradient).
+func bf16DzChunk(Vc int) int {
+	if Vc >= 6 {
+		return Vc * 2 / 3 / 4 * 4
+	}
+	return Vc * 2 / 3
+}
+
+// PlanWorkspace returns the bytes the CUDA backend opened with opt
+// allocates for itself running w (its fixed buffers and its ops' scratch,
+// all of it at once when ReserveWorkspace ran), in the GEMM modes the model
+// asks for (the fp32-buffer bf16 cast of MatmulBF16 is not counted: the
+// trainer's mixed precision passes bf16 buffers). It needs no GPU.
+func PlanWorkspace(w kernels.Workload, opt Options) int64 {
+	total := int64(fixedWork)
+	for _, n := range workspaceSizes(w, opt) {
+		total += int64(n)
+	}
+	return total
+}
+
+// workspaceSizes returns the bytes of each named scratch buffer w needs.
+func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
+	largest := map[string]int{}
+	need := func(name string, bytes int) {
+		if bytes > 0 {
+			largest[name] = max(largest[name], max(bytes, workMinBytes))
+		}
+	}
+	for _, a := range w.Attention {
+		if a.Backward {
+			need(workAttnD, attnDWork(a.T, a.NH))
+		}
+	}
+	for _, d := range w.Decode {
+		_, nsplit := decodeSplits(opt.DecodeSplit, d.Tmax)
+		need(workDecode, decodeWork(d.B, d.NH, d.HD, nsplit))
+	}
+	for _, b := range w.Biases {
+		need(workBias, biasWork(b.T, b.OC))
+	}
+	for _, r := range w.RowNorms {
+		if r.Backward {
+			need(workNorm, normWork(r.N, r.C))
+		}
+	}
+	for _, h := range w.Heads {
+		need(workLogits, 4*h.T*vocabChunk(opt.LogitsScratch, h.T, h.V))
+		need(workLogprobState, 16*h.T)
+	}
+	return largest
+}

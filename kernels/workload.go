@@ -1,0 +1,46 @@
+package kernels
+
+// Workload describes the ops a model runs at its largest shapes, so that a
+// backend can size the scratch its ops allocate for themselves (each
+// backend's PlanWorkspace): the memory plan counts it without running
+// anything.
+type Workload struct {
+	GEMMs      []GEMM    // Matmul shapes
+	Heads      []Head    // TokenLogprob shapes
+	RowNorms   []RowNorm // RMSNorm shapes
+	Biases     []GEMM    // BiasBackward (T, OC); C unused
+	Attention  []Attn    // Attention shapes
+	Decode     []Decode  // AttentionDecode shapes
+	SumSquares []int     // SumSquares lengths
+}
+
+// GEMM is a Matmul of (T,C)·(OC,C)ᵀ; Backward: its MatmulBackward runs too.
+type GEMM struct {
+	T, C, OC int
+	Backward bool
+}
+
+// Head is a TokenLogprob over T rows of width C and a vocabulary of V;
+// Backward: its TokenLogprobBackward runs too.
+type Head struct {
+	T, C, V  int
+	Backward bool
+}
+
+// RowNorm is an RMSNorm of N rows of C; Backward: its backward runs too.
+type RowNorm struct {
+	N, C     int
+	Backward bool
+}
+
+// Attn is an Attention of T packed tokens, sequences of at most MaxLen;
+// Backward: its AttentionBackward runs too.
+type Attn struct {
+	T, NH, NKV, HD, MaxLen int
+	Backward               bool
+}
+
+// Decode is an AttentionDecode of B sequences over a cache of Tmax rows.
+type Decode struct {
+	B, Tmax, NH, NKV, HD int
+}

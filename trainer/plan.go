@@ -1,0 +1,433 @@
+package trainer
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/meminfo"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/optim"
+)
+
+// Component is one part of a memory plan.
+type Component struct {
+	Name  string `json:"name"`
+	Bytes int64  `json:"bytes"`
+	What  string `json:"what"`
+	// Shrink names the config keys or flags that make this part smaller.
+	Shrink []string `json:"shrink_with,omitempty"`
+}
+
+// MemPlan is the memory a run allocates on its backend, part by part, from
+// the same code that sizes the allocations (model.PlanModel and friends,
+// each backend's PlanWorkspace).
+type MemPlan struct {
+	Backend       string `json:"backend"`
+	Model         string `json:"model"`
+	Params        int    `json:"params"`
+	Precision     string `json:"precision"` // what the backend computes in
+	Checkpointing bool   `json:"activation_checkpointing"`
+	Rows          int    `json:"rows"`
+	Seq           int    `json:"seq"`
+	// Activations of the configured run, with and without checkpointing.
+	ActivationsCheckpointed int64       `json:"activations_with_checkpointing_bytes"`
+	ActivationsFull         int64       `json:"activations_without_checkpointing_bytes"`
+	Components              []Component `json:"components"`
+	TotalBytes              int64       `json:"total_bytes"`
+	Notes                   []string    `json:"notes,omitempty"`
+
+	work kernels.Workload // the ops the run's shapes run, for ReserveWorkspace
+}
+
+func (p *MemPlan) add(c Component) {
+	if c.Bytes == 0 {
+		return
+	}
+	p.Components = append(p.Components, c)
+	p.TotalBytes += c.Bytes
+}
+
+// PlanRequest is what to plan: a run's configuration on a backend.
+type PlanRequest struct {
+	Config    *config.Config
+	Model     model.Config
+	ModelName string // for the plan's header
+	Backend   string // "cpu" or "cuda"
+	// Workspace sizes the scratch the backend's ops allocate for a workload
+	// (cpu.PlanWorkspace or cuda.PlanWorkspace).
+	Workspace func(kernels.Workload) int64
+	// Rows and Seq override policy.train_micro_batch_size and
+	// policy.max_total_sequence_length (0: the config's).
+	Rows, Seq int
+	// Builtin: the run generates its rollouts in-process (the built-in
+	// job), so it holds a sampler and its KV cache.
+	Builtin bool
+	// Resume: the run starts by reading a checkpoint (on the CPU the
+	// loaded tensors sit in host memory while they are copied in).
+	Resume bool
+}
+
+// runShape is the model options and sampler shape a run uses: New and
+// PlanRun both take them from here.
+type runShape struct {
+	rows, seq          int
+	opt                model.Options
+	precision          string // the config's policy.precision
+	ckptKey            string
+	sampler            bool
+	samplerB, samplerL int
+}
+
+func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (runShape, error) {
+	var s runShape
+	if rows <= 0 {
+		rows = c.Policy.TrainMicroBatchSize
+	}
+	if seq <= 0 {
+		seq = c.Policy.MaxTotalSequenceLength
+	}
+	if rows < 1 {
+		return s, fmt.Errorf("config: policy.train_micro_batch_size=%d: must be ≥ 1", rows)
+	}
+	if seq < 1 {
+		return s, fmt.Errorf("config: policy.max_total_sequence_length=%d: must be ≥ 1", seq)
+	}
+	var err error
+	if s.precision, err = c.TrainingPrecision(); err != nil {
+		return s, err
+	}
+	var ckpt bool
+	ckpt, s.ckptKey = c.ActivationCheckpointing()
+	T := rows * seq
+	s.rows, s.seq = rows, seq
+	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32}
+	if s.precision == config.PrecisionBFloat16 && backend != "cpu" {
+		s.opt.Precision = kernels.BF16
+	}
+	if builtin {
+		s.sampler = true
+		s.samplerB, s.samplerL = 2*c.Policy.TrainGlobalBatchSize, seq
+	}
+	return s, nil
+}
+
+// PlanRun returns the memory plan of a train run.
+func PlanRun(req PlanRequest) (*MemPlan, error) {
+	c := req.Config
+	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin)
+	if err != nil {
+		return nil, err
+	}
+	kl := c.LossFn.ReferencePolicyKLPenalty != 0
+	seqKeys := []string{"policy.max_total_sequence_length", "policy.train_micro_batch_size"}
+	actKeys := slices.Clone(seqKeys)
+	if !sh.opt.Recompute {
+		actKeys = append(actKeys, sh.ckptKey+"=true")
+	}
+	return buildPlan(planParts{
+		req: req, rows: sh.rows, seq: sh.seq, opt: sh.opt, precision: sh.precision, kl: kl, optimizer: true,
+		sampler: sh.sampler, samplerB: sh.samplerB, samplerL: sh.samplerL,
+		keys: map[string][]string{
+			"activations":      actKeys,
+			"reference_policy": {"loss_fn.reference_policy_kl_penalty=0"},
+			"sampler_kv_cache": {"grpo.num_prompts_per_step", "grpo.num_generations_per_prompt", "policy.max_total_sequence_length"},
+			"sampler_buffers":  {"grpo.num_prompts_per_step", "grpo.num_generations_per_prompt"},
+			"workspace":        seqKeys,
+			"weights":          {"a smaller model"},
+			"gradients":        {"a smaller model"},
+			"adam_moments":     {"a smaller model"},
+			"weights_bf16":     {"policy.precision=float32"},
+		},
+	})
+}
+
+// PlanSpec is the shape of a run of a command other than train (bench,
+// score): its model options as they are, with or without an optimizer, and
+// the flags that shrink each part.
+type PlanSpec struct {
+	Request   PlanRequest
+	Options   model.Options
+	Optimizer bool
+	Shrink    map[string][]string // component name → keys or flags
+}
+
+// PlanModelRun returns the memory plan of a model run with spec's options:
+// the same parts as a train run's without the reference and the sampler.
+func PlanModelRun(spec PlanSpec) (*MemPlan, error) {
+	rows := spec.Request.Rows
+	seq := 0
+	if rows > 0 {
+		seq = spec.Options.MaxTokens / rows
+	}
+	prec := config.PrecisionFloat32
+	if spec.Options.Precision == kernels.BF16 {
+		prec = config.PrecisionBFloat16
+	}
+	return buildPlan(planParts{req: spec.Request, rows: rows, seq: seq, opt: spec.Options, precision: prec,
+		optimizer: spec.Optimizer, keys: spec.Shrink})
+}
+
+// planParts is everything buildPlan needs, for train, bench and score.
+type planParts struct {
+	req                PlanRequest
+	rows, seq          int
+	opt                model.Options
+	precision          string // requested
+	kl, optimizer      bool
+	sampler            bool
+	samplerB, samplerL int
+	keys               map[string][]string
+}
+
+// buildPlan sums a run's parts: the policy, its optimizer, the reference,
+// the sampler and the backend's own scratch.
+func buildPlan(pp planParts) (*MemPlan, error) {
+	req, opt := pp.req, pp.opt
+	mc := req.Model
+	p := &MemPlan{Backend: req.Backend, Model: req.ModelName, Params: model.NewParamTable(mc).Total,
+		Precision: "float32", Checkpointing: opt.Recompute}
+	if opt.Precision == kernels.BF16 {
+		p.Precision = "bfloat16 (mixed: fp32 master weights, gradients and Adam)"
+	} else if pp.precision == config.PrecisionBFloat16 {
+		p.Notes = append(p.Notes, "policy.precision=bfloat16: the CPU backend computes in fp32 (mixed precision runs on CUDA)")
+	}
+	p.Rows, p.Seq = pp.rows, pp.seq
+	f, err := model.PlanModel(mc, opt)
+	if err != nil {
+		return nil, err
+	}
+	other := opt
+	other.Recompute = !opt.Recompute
+	fo, err := model.PlanModel(mc, other)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Recompute {
+		p.ActivationsCheckpointed, p.ActivationsFull = f.Activations, fo.Activations
+	} else {
+		p.ActivationsCheckpointed, p.ActivationsFull = fo.Activations, f.Activations
+	}
+	k := pp.keys
+	p.add(Component{Name: "weights", Bytes: f.Weights, What: "fp32 master weights", Shrink: k["weights"]})
+	p.add(Component{Name: "weights_bf16", Bytes: f.WeightsBF16, What: "bf16 copy of the weights, remade once per optimizer step", Shrink: k["weights_bf16"]})
+	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients", Shrink: k["gradients"]})
+	if pp.optimizer {
+		groups := len(model.NewParamTable(mc).Params)
+		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(p.Params, groups), What: "AdamW's two fp32 moments", Shrink: k["adam_moments"]})
+	}
+	what := fmt.Sprintf("%d tokens per micro-batch", opt.MaxTokens)
+	if opt.Recompute {
+		what += ", activation checkpointing on"
+	} else {
+		what += ", activation checkpointing off"
+	}
+	p.add(Component{Name: "activations", Bytes: f.Activations, What: what, Shrink: k["activations"]})
+	if pp.kl {
+		r, err := model.PlanReference(mc, opt)
+		if err != nil {
+			return nil, err
+		}
+		p.add(Component{Name: "reference_policy", Bytes: r.Total(), What: "frozen KL reference: weights only, forward in the policy's activations", Shrink: k["reference_policy"]})
+	}
+	w, err := model.PlanWorkload(mc, opt)
+	if err != nil {
+		return nil, err
+	}
+	w.SumSquares = []int{p.Params}
+	if pp.sampler {
+		s, err := model.PlanSampler(mc, opt, pp.samplerB, pp.samplerL)
+		if err != nil {
+			return nil, err
+		}
+		p.add(Component{Name: "sampler_kv_cache", Bytes: s.KVCache,
+			What: fmt.Sprintf("in-process generation: keys and values of %d sequences of %d tokens", pp.samplerB, pp.samplerL), Shrink: k["sampler_kv_cache"]})
+		p.add(Component{Name: "sampler_buffers", Bytes: s.Buffers + s.Rope, What: "decode activations and logits", Shrink: k["sampler_buffers"]})
+		sw, err := model.SamplerWorkload(mc, opt, pp.samplerB, pp.samplerL)
+		if err != nil {
+			return nil, err
+		}
+		w = mergeWorkloads(w, sw)
+	}
+	p.work = w
+	ws := f.Inputs + f.Rope
+	if req.Workspace != nil {
+		ws += req.Workspace(w)
+	}
+	p.add(Component{Name: "workspace", Bytes: ws, What: "token buffers, RoPE tables and the backend's own scratch", Shrink: k["workspace"]})
+	if req.Backend == "cpu" {
+		if rss, _, ok := meminfo.Self(); ok {
+			p.add(Component{Name: "process", Bytes: rss, What: "the process itself before the run allocates: Go runtime, program, configuration (measured in this process)"})
+		}
+	}
+	if req.Backend == "cpu" && req.Resume {
+		n := 3 * 4 * int64(p.Params)
+		p.add(Component{Name: "checkpoint_staging", Bytes: n, What: "resume: the checkpoint's weights and moments read into memory before they are copied in"})
+	}
+	return p, nil
+}
+
+func mergeWorkloads(a, b kernels.Workload) kernels.Workload {
+	a.GEMMs = append(a.GEMMs, b.GEMMs...)
+	a.Heads = append(a.Heads, b.Heads...)
+	a.RowNorms = append(a.RowNorms, b.RowNorms...)
+	a.Biases = append(a.Biases, b.Biases...)
+	a.Attention = append(a.Attention, b.Attention...)
+	a.Decode = append(a.Decode, b.Decode...)
+	a.SumSquares = append(a.SumSquares, b.SumSquares...)
+	return a
+}
+
+// WriteText prints the plan, one component per line, then the total.
+func (p *MemPlan) WriteText(w io.Writer) {
+	fmt.Fprintf(w, "memory plan: %s on %s, %s parameters, %s", p.Model, p.Backend, commas(int64(p.Params)), p.Precision)
+	if p.Rows > 0 {
+		fmt.Fprintf(w, ", %d × %d tokens", p.Rows, p.Seq)
+	}
+	fmt.Fprintln(w)
+	for _, c := range p.Components {
+		fmt.Fprintf(w, "  %-20s %12s  %s\n", c.Name, Bytes(c.Bytes), c.What)
+	}
+	fmt.Fprintf(w, "  %-20s %12s\n", "total", Bytes(p.TotalBytes))
+	fmt.Fprintf(w, "  activations: %s with checkpointing, %s without\n", Bytes(p.ActivationsCheckpointed), Bytes(p.ActivationsFull))
+	for _, n := range p.Notes {
+		fmt.Fprintf(w, "  note: %s\n", n)
+	}
+}
+
+// JSON returns the plan as one JSON object.
+func (p *MemPlan) JSON() []byte {
+	b, _ := json.Marshal(p)
+	return b
+}
+
+// Bytes formats a byte count for people: "1.50 GiB".
+func Bytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
+func commas(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// ErrWontFit marks a run refused because its memory plan exceeds the
+// memory free for it.
+var ErrWontFit = fmt.Errorf("the run does not fit in memory")
+
+// MemoryEnv overrides the free memory a plan is checked against, in bytes
+// (or with a K, M, G or T suffix): for a machine shared with other jobs.
+const MemoryEnv = "TRACEGRPO_MEMORY"
+
+// Free returns the memory a run on be may still allocate and where the
+// figure came from: cuMemGetInfo's free bytes on CUDA, the cgroup limit or
+// MemAvailable on the CPU, or $TRACEGRPO_MEMORY. ok is false when nothing
+// could be read (the run then is not refused).
+func Free(be kernels.Backend) (bytes int64, source string, ok bool, err error) {
+	if s := os.Getenv(MemoryEnv); s != "" {
+		n, err := parseBytes(s)
+		if err != nil {
+			return 0, "", false, fmt.Errorf("$%s: %w", MemoryEnv, err)
+		}
+		return n, "$" + MemoryEnv, true, nil
+	}
+	for {
+		u, ok := be.(interface{ Unwrap() kernels.Backend })
+		if !ok {
+			break
+		}
+		be = u.Unwrap()
+	}
+	if mi, isDev := be.(interface {
+		MemInfo() (free, total int64, err error)
+	}); isDev {
+		free, total, err := mi.MemInfo()
+		if err != nil {
+			return 0, "", false, err
+		}
+		return free, fmt.Sprintf("cuMemGetInfo: %s free of %s", Bytes(free), Bytes(total)), true, nil
+	}
+	a, ok := meminfo.Host()
+	return a.Bytes, a.Source, ok, nil
+}
+
+func parseBytes(s string) (int64, error) {
+	mult := int64(1)
+	t := strings.TrimSpace(s)
+	if n := len(t); n > 0 {
+		switch strings.ToUpper(t[n-1:]) {
+		case "K":
+			mult = 1 << 10
+		case "M":
+			mult = 1 << 20
+		case "G":
+			mult = 1 << 30
+		case "T":
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			t = t[:n-1]
+		}
+	}
+	v, err := strconv.ParseFloat(t, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("expected a byte count such as 8G or 8589934592, found %q", s)
+	}
+	return int64(v * float64(mult)), nil
+}
+
+// Check refuses the plan when it exceeds free bytes: the error names the
+// total, the free memory and its source, and the three largest parts with
+// the keys that shrink them.
+func (p *MemPlan) Check(free int64, source string) error {
+	if p.TotalBytes <= free {
+		return nil
+	}
+	cs := slices.Clone(p.Components)
+	slices.SortStableFunc(cs, func(a, b Component) int {
+		switch {
+		case a.Bytes > b.Bytes:
+			return -1
+		case a.Bytes < b.Bytes:
+			return 1
+		}
+		return 0
+	})
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: the plan needs %s on %s, %s is free (%s); the largest parts:",
+		ErrWontFit, Bytes(p.TotalBytes), p.Backend, Bytes(free), source)
+	for _, c := range cs[:min(3, len(cs))] {
+		fmt.Fprintf(&b, "\n  %-18s %10s  %s", c.Name, Bytes(c.Bytes), c.What)
+		if len(c.Shrink) > 0 {
+			fmt.Fprintf(&b, " (shrink with %s)", strings.Join(c.Shrink, ", "))
+		}
+	}
+	fmt.Fprintf(&b, "\n(train plan prints the whole plan; $%s overrides the free memory)", MemoryEnv)
+	return &wontFit{msg: b.String()}
+}
+
+type wontFit struct{ msg string }
+
+func (e *wontFit) Error() string { return e.msg }
+func (e *wontFit) Unwrap() error { return ErrWontFit }
