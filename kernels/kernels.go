@@ -264,6 +264,8 @@ type Ops interface {
 	TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse Buf, T, C, V int, invTemp float32)
 
 	// ScatterRows: dst[idx[i], :] = src[i, :] for src (N,W), idx (N) I32.
+	// dst and src are F32|BF16, converted as Convert does (a bf16 KV cache
+	// written from fp32 keys and values rounds them).
 	ScatterRows(dst, src, idx Buf, N, W int)
 	// Fill: x = v.
 	Fill(x Buf, v float32)

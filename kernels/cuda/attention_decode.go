@@ -13,15 +13,17 @@ import (
 )
 
 // AttentionDecode implements kernels.Ops: out (B,NH,HD) = attention of
-// q (B,NH,HD) over rows [0, lens[b]) of kc, vc (B,Tmax,NKV,HD).
+// q (B,NH,HD) over rows [0, lens[b]) of kc, vc (B,Tmax,NKV,HD). q, kc, vc
+// F32|BF16 (same: a bf16 KV cache), out F32.
 func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH, NKV, HD int) {
 	if NH <= 0 || NKV <= 0 || NH%NKV != 0 || HD <= 0 || HD > attMaxHD || B > attMaxGridY {
 		panic(fmt.Sprintf("cuda: AttentionDecode: unsupported B %d NH %d NKV %d HD %d", B, NH, NKV, HD))
 	}
+	dt := operands("AttentionDecode q, kc, vc", q, kc, vc)
 	want(out, kernels.F32, B*NH*HD, "AttentionDecode out")
-	want(q, kernels.F32, B*NH*HD, "AttentionDecode q")
-	want(kc, kernels.F32, B*Tmax*NKV*HD, "AttentionDecode kc")
-	want(vc, kernels.F32, B*Tmax*NKV*HD, "AttentionDecode vc")
+	want(q, dt, B*NH*HD, "AttentionDecode q")
+	want(kc, dt, B*Tmax*NKV*HD, "AttentionDecode kc")
+	want(vc, dt, B*Tmax*NKV*HD, "AttentionDecode vc")
 	want(lens, kernels.I32, B, "AttentionDecode lens")
 	if B == 0 {
 		return
@@ -37,7 +39,11 @@ func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH,
 	if part == 0 {
 		return
 	}
-	b.launch("attention_decode_partial", NH, B, nsplit, 32, smem,
+	name := "attention_decode_partial"
+	if dt == kernels.BF16 {
+		name = "attention_decode_partial_bf16"
+	}
+	b.launch(name, NH, B, nsplit, 32, smem,
 		pu(part), pa(q), pa(kc), pa(vc), pa(lens), ia(Tmax), ia(NH), ia(NKV), ia(HD), fa(scale), ia(split), pu(b.flags))
 	b.launch("attention_decode_combine", NH, B, 1, 32, 0, pa(out), pu(part), ia(NH), ia(HD), ia(nsplit))
 }

@@ -6,20 +6,43 @@ package cuda
 
 import "github.com/tracegrpo/tracegrpo/kernels"
 
-func normThreads(C int) int { return min(threads, max(32, (C+31)/32*32)) }
+// normThreads is the block of a one-block-per-row norm over C columns:
+// enough warps for C/8 threads (the 16-byte path's 8 elements each), at
+// most 256.
+func normThreads(C int) int { return min(threads, max(32, (C/8+31)/32*32)) }
 
-// RMSNorm implements kernels.Ops: out (N,C) =, rstd (N) =.
+// normVec is the vec argument of the norm kernels: 1 when C is a multiple of
+// 8 and every buffer starts 16-byte aligned (so does every row then).
+func normVec(C int, bufs ...kernels.Buf) uint64 {
+	if C%8 != 0 {
+		return 0
+	}
+	for _, x := range bufs {
+		if ptr(x)%16 != 0 {
+			return 0
+		}
+	}
+	return 1
+}
+
+// RMSNorm implements kernels.Ops: out (N,C) =, rstd (N) =; out F32|BF16
+// (the cast to the next GEMM's input fused into the norm).
 func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
-	want(out, kernels.F32, N*C, "RMSNorm out")
+	operands("RMSNorm out", out)
+	want(out, out.DType, N*C, "RMSNorm out")
 	want(rstd, kernels.F32, N, "RMSNorm rstd")
 	want(inp, kernels.F32, N*C, "RMSNorm inp")
 	want(weight, kernels.F32, C, "RMSNorm weight")
 	if N == 0 {
 		return
 	}
+	name := "rmsnorm_fwd"
+	if out.DType == kernels.BF16 {
+		name = "rmsnorm_fwd_bf16"
+	}
 	defer b.lock()()
-	b.launch("rmsnorm_fwd", min(N, 64*b.d.info.SMs), 1, 1, normThreads(C), 0,
-		pa(out), pa(rstd), pa(inp), pa(weight), ia(N), ia(C), fa(eps))
+	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(C), 0,
+		pa(out), pa(rstd), pa(inp), pa(weight), ia(N), ia(C), fa(eps), normVec(C, out, inp, weight))
 }
 
 // RMSNormBackward implements kernels.Ops: dinp (N,C) +=, dweight (C) +=.

@@ -10,13 +10,23 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// ScatterRows implements kernels.Ops: dst[idx[i], :] = src[i, :], src (N,W).
+// ScatterRows implements kernels.Ops: dst[idx[i], :] = src[i, :], src (N,W);
+// dst and src F32|BF16 (converted).
 func (b *Backend) ScatterRows(dst, src, idx kernels.Buf, N, W int) {
-	if W <= 0 || dst.N%W != 0 || dst.DType != kernels.F32 {
-		panic(fmt.Sprintf("cuda: ScatterRows: dst of %d × %s is not (R, %d) F32", dst.N, dst.DType, W))
+	if W <= 0 || dst.N%W != 0 {
+		panic(fmt.Sprintf("cuda: ScatterRows: dst of %d elements is not (R, %d)", dst.N, W))
 	}
-	want(src, kernels.F32, N*W, "ScatterRows src")
+	operands("ScatterRows dst", dst)
+	operands("ScatterRows src", src)
+	want(src, src.DType, N*W, "ScatterRows src")
 	want(idx, kernels.I32, N, "ScatterRows idx")
+	if N == 0 {
+		return
+	}
+	name := map[[2]kernels.DType]string{
+		{kernels.F32, kernels.F32}: "scatter_rows", {kernels.BF16, kernels.F32}: "scatter_rows_bf16_f32",
+		{kernels.BF16, kernels.BF16}: "scatter_rows_bf16_bf16", {kernels.F32, kernels.BF16}: "scatter_rows_f32_bf16",
+	}[[2]kernels.DType{dst.DType, src.DType}]
 	defer b.lock()()
-	b.elementwise("scatter_rows", N*W, pa(dst), pa(src), pa(idx), ia(N), ia(W), ia(dst.N/W), pu(b.flags))
+	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(W*8), 0, pa(dst), pa(src), pa(idx), ia(N), ia(W), ia(dst.N/W), pu(b.flags))
 }

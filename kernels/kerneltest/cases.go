@@ -101,6 +101,48 @@ var cases = []testCase{
 			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
 		}
 	}},
+	{"RMSNormBF16Fused", func(s *suite) {
+		// RMSNorm's bf16 output (the cast to the next GEMM's input) and the
+		// fused residual add (kernels.AddRMSNormer), on aligned views
+		// (16-byte paths) and unaligned ones, C a multiple of 8 or not.
+		for i, sh := range []struct{ N, C int }{{1, 8}, {37, 33}, {64, 128}, {5, 2048}, {3, 12304}, {7, 96}} {
+			for _, aligned := range []bool{true, false} {
+				s.aligned = aligned
+				inp := s.randn(sh.N*sh.C, 2)
+				w := s.randn(sh.C, 1)
+				out16, rstd := s.randnBF16(sh.N*sh.C, 1), s.out(sh.N)
+				a, b := s.randn(sh.N*sh.C, 1), s.randn(sh.N*sh.C, 1)
+				sum, fout32, fout16, frstd := s.out(sh.N*sh.C), s.out(sh.N*sh.C), s.randnBF16(sh.N*sh.C, 1), s.out(sh.N)
+				alias := s.randn(sh.N*sh.C, 1) // AddRMSNorm with sum aliasing a
+				aout, arstd := s.out(sh.N*sh.C), s.out(sh.N)
+				fused := 0
+				both(s, func(be kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					be.RMSNorm(v(out16), v(rstd), v(inp), v(w), sh.N, sh.C, 1e-6)
+					if f, ok := be.(kernels.AddRMSNormer); ok {
+						fused++
+						f.AddRMSNorm(v(sum), v(fout32), v(frstd), v(a), v(b), v(w), sh.N, sh.C, 1e-6)
+						f.AddRMSNorm(v(sum), v(fout16), v(frstd), v(a), v(b), v(w), sh.N, sh.C, 1e-6)
+						f.AddRMSNorm(v(alias), v(aout), v(arstd), v(alias), v(b), v(w), sh.N, sh.C, 1e-6)
+					}
+				})
+				tag := fmt.Sprintf("N=%d C=%d aligned=%v", sh.N, sh.C, aligned)
+				s.check("RMSNorm bf16 out "+tag, out16, TolBF16Out)
+				s.check("RMSNorm bf16 out rstd "+tag, rstd, TolElementwise)
+				if fused == 1 && i == 0 && aligned {
+					s.t.Logf("%s does not implement kernels.AddRMSNormer: not checked", s.dut.Name())
+				}
+				if fused == 2 {
+					s.check("AddRMSNorm sum "+tag, sum, TolExact)
+					s.check("AddRMSNorm out "+tag, fout32, TolElementwise)
+					s.check("AddRMSNorm bf16 out "+tag, fout16, TolBF16Out)
+					s.check("AddRMSNorm rstd "+tag, frstd, TolElementwise)
+					s.check("AddRMSNorm sum aliasing a "+tag, alias, TolExact)
+					s.check("AddRMSNorm out, sum aliasing a "+tag, aout, TolElementwise)
+				}
+			}
+		}
+		s.aligned = false
+	}},
 	{"Matmul", func(s *suite) {
 		for _, sh := range mmShapes {
 			inp, w := s.randn(sh.T*sh.C, 1), s.randn(sh.OC*sh.C, 1)
@@ -387,6 +429,25 @@ var cases = []testCase{
 			s.check(fmt.Sprintf("AttentionDecode out lens=%v Tmax=%d NH=%d NKV=%d HD=%d", sh.lens, sh.Tmax, sh.NH, sh.NKV, sh.HD), out, TolAttention)
 		}
 	}},
+	{"AttentionDecodeBF16", func(s *suite) {
+		// A bf16 KV cache (q, kc, vc bf16), widened exactly: the fp32
+		// tolerance, at real head dimensions.
+		for _, sh := range []struct {
+			lens              []int32
+			Tmax, NH, NKV, HD int
+		}{{[]int32{1}, 1, 2, 1, 8}, {[]int32{1, 17, 40}, 40, 4, 2, 64}, {[]int32{33, 5, 300}, 301, 8, 2, 128}} {
+			B := len(sh.lens)
+			q := s.randnBF16(B*sh.NH*sh.HD, 1)
+			kc := s.randnBF16(B*sh.Tmax*sh.NKV*sh.HD, 1)
+			vc := s.randnBF16(B*sh.Tmax*sh.NKV*sh.HD, 1)
+			lens := s.i32(sh.lens)
+			out := s.out(B * sh.NH * sh.HD)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.AttentionDecode(v(out), v(q), v(kc), v(vc), v(lens), B, sh.Tmax, sh.NH, sh.NKV, sh.HD)
+			})
+			s.check(fmt.Sprintf("AttentionDecode bf16 cache out lens=%v Tmax=%d NH=%d NKV=%d HD=%d", sh.lens, sh.Tmax, sh.NH, sh.NKV, sh.HD), out, TolAttention)
+		}
+	}},
 	{"SwiGLU", func(s *suite) {
 		for _, N := range []int{1, 1000} {
 			g, u := s.randn(N, 3), s.randn(N, 1)
@@ -402,8 +463,37 @@ var cases = []testCase{
 			s.check(fmt.Sprintf("SwiGLUBackward dup N=%d", N), du, TolElementwise)
 		}
 	}},
+	{"SwiGLUBF16", func(s *suite) {
+		// Every dtype pairing of the contract (gate, up F32|BF16 same; out
+		// F32|BF16), lengths with and without a tail past the 8-element
+		// vector steps, aligned views (16-byte paths) and unaligned ones.
+		for _, N := range []int{1, 1000, 4099} {
+			for _, aligned := range []bool{true, false} {
+				s.aligned = aligned
+				g16, u16 := s.randnBF16(N, 3), s.randnBF16(N, 1)
+				g32, u32 := s.randn(N, 3), s.randn(N, 1)
+				o16, o16b, o32 := s.randnBF16(N, 1), s.randnBF16(N, 1), s.out(N)
+				dout := s.randn(N, 1)
+				dg, du := s.out(N), s.out(N)
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					b.SwiGLU(v(o16), v(g16), v(u16), N)
+					b.SwiGLU(v(o32), v(g16), v(u16), N)
+					b.SwiGLU(v(o16b), v(g32), v(u32), N)
+					b.SwiGLUBackward(v(dg), v(du), v(dout), v(g16), v(u16), N)
+				})
+				tag := fmt.Sprintf("N=%d aligned=%v", N, aligned)
+				s.check("SwiGLU bf16 → bf16 "+tag, o16, TolBF16Out)
+				s.check("SwiGLU bf16 → f32 "+tag, o32, TolElementwise)
+				s.check("SwiGLU f32 → bf16 "+tag, o16b, TolBF16Out)
+				s.check("SwiGLUBackward bf16 dgate "+tag, dg, TolElementwise)
+				s.check("SwiGLUBackward bf16 dup "+tag, du, TolElementwise)
+			}
+		}
+		s.aligned = false
+	}},
 	{"AddAccumulate", func(s *suite) {
-		for _, N := range []int{1, 1001} {
+		for i, N := range []int{1, 1001, 1001, 4096} {
+			s.aligned = i >= 2 // the 16-byte path (1001: with a tail)
 			a, b2 := s.randn(N, 1), s.randn(N, 1)
 			out := s.out(N)
 			alias := s.randn(N, 1)
@@ -532,6 +622,29 @@ var cases = []testCase{
 				b.ScatterRows(v(dst), v(src), v(ix), sh.N, sh.W)
 			})
 			s.check(fmt.Sprintf("ScatterRows N=%d W=%d R=%d", sh.N, sh.W, sh.R), dst, TolExact)
+		}
+	}},
+	{"ScatterRowsBF16", func(s *suite) {
+		// Into a bf16 cache from fp32 rows (rounded) and bf16 rows (copied),
+		// and from bf16 rows into fp32 (widened): exact on both backends.
+		for _, sh := range []struct{ N, W, R int }{{1, 1, 1}, {5, 33, 9}, {40, 128, 300}} {
+			perm := s.rng.Perm(sh.R)[:sh.N]
+			idx := make([]int32, sh.N)
+			for i, p := range perm {
+				idx[i] = int32(p)
+			}
+			ix := s.i32(idx)
+			src32, src16 := s.randn(sh.N*sh.W, 1), s.randnBF16(sh.N*sh.W, 1)
+			d16a, d16b, d32 := s.randnBF16(sh.R*sh.W, 1), s.randnBF16(sh.R*sh.W, 1), s.randn(sh.R*sh.W, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.ScatterRows(v(d16a), v(src32), v(ix), sh.N, sh.W)
+				b.ScatterRows(v(d16b), v(src16), v(ix), sh.N, sh.W)
+				b.ScatterRows(v(d32), v(src16), v(ix), sh.N, sh.W)
+			})
+			tag := fmt.Sprintf("N=%d W=%d R=%d", sh.N, sh.W, sh.R)
+			s.check("ScatterRows f32 → bf16 "+tag, d16a, TolExact)
+			s.check("ScatterRows bf16 → bf16 "+tag, d16b, TolExact)
+			s.check("ScatterRows bf16 → f32 "+tag, d32, TolExact)
 		}
 	}},
 	{"FillCopyScale", func(s *suite) {

@@ -15,16 +15,19 @@
 // / Σ_z l_z·e^(m_z−M), M = max_z m_z, combining splits in order.
 //
 // HD <= 128. lens[b] outside [1, Tmax] (as kernels/cpu requires) gives zeros
-// and sets TG_ERR_DECODELEN.
+// and sets TG_ERR_DECODELEN. q, kc and vc are fp32, or bf16 (a bf16 KV
+// cache: attention_decode_partial_bf16), widened as the tiles are loaded
+// (row by row, lanes across the head dimension: no division per element).
+#include "bf16.cuh"
 #include "common.cuh"
 
 #define ATT_MAXJ 4
 #define BC 32
 
-extern "C" __global__ void __launch_bounds__(32)
-    attention_decode_partial(float* part, const float* q, const float* kc, const float* vc,
-                             const int* lens, int Tmax, int NH, int NKV, int HD, float scale,
-                             int split, int* flags) {
+template <class TI>
+__device__ __forceinline__ void decode_partial(float* part, const TI* q, const TI* kc, const TI* vc,
+                                               const int* lens, int Tmax, int NH, int NKV, int HD,
+                                               float scale, int split, int* flags) {
   TG_DYN_SMEM(float, sm);
   const int h = blockIdx.x, b = blockIdx.y, z = blockIdx.z, nsplit = gridDim.z;
   const int kvh = h / (NH / NKV), lane = threadIdx.x;
@@ -39,22 +42,19 @@ extern "C" __global__ void __launch_bounds__(32)
   }
   const int lo = z * split, hi = min(n, lo + split);
   const long long qrow = (long long)b * NH + h;
-  for (int d = lane; d < HD; d += 32) Qs[d] = q[qrow * HD + d] * scale;
+  for (int d = lane; d < HD; d += 32) Qs[d] = ld_f(q, qrow * HD + d) * scale;
   float m = -TG_INF, l = 0.f, acc[ATT_MAXJ];
 #pragma unroll
   for (int j = 0; j < ATT_MAXJ; j++) acc[j] = 0.f;
   for (int k0 = lo; k0 < hi; k0 += BC) {
     __syncwarp();  // Q stored; the previous tile is consumed
-    for (int i = lane; i < BC * HD; i += 32) {
-      int r = i / HD, d = i % HD, kj = k0 + r;
-      float kv = 0.f, vv = 0.f;
-      if (kj < hi) {
-        long long off = (((long long)b * Tmax + kj) * NKV + kvh) * HD + d;
-        kv = kc[off];
-        vv = vc[off];
+    for (int r = 0; r < BC; r++) {
+      const int kj = k0 + r;
+      const long long off = (((long long)b * Tmax + kj) * NKV + kvh) * HD;
+      for (int d = lane; d < HD; d += 32) {
+        Ks[r * HDP + d] = kj < hi ? ld_f(kc, off + d) : 0.f;
+        Vs[r * HD + d] = kj < hi ? ld_f(vc, off + d) : 0.f;
       }
-      Ks[r * HDP + d] = kv;
-      Vs[r * HD + d] = vv;
     }
     __syncwarp();
     float sc = -TG_INF;
@@ -89,6 +89,20 @@ extern "C" __global__ void __launch_bounds__(32)
     o[HD] = m;
     o[HD + 1] = l;
   }
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    attention_decode_partial(float* part, const float* q, const float* kc, const float* vc,
+                             const int* lens, int Tmax, int NH, int NKV, int HD, float scale,
+                             int split, int* flags) {
+  decode_partial(part, q, kc, vc, lens, Tmax, NH, NKV, HD, scale, split, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(32)
+    attention_decode_partial_bf16(float* part, const tg_bf16* q, const tg_bf16* kc,
+                                  const tg_bf16* vc, const int* lens, int Tmax, int NH, int NKV,
+                                  int HD, float scale, int split, int* flags) {
+  decode_partial(part, q, kc, vc, lens, Tmax, NH, NKV, HD, scale, split, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(32)

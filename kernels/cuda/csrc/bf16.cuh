@@ -49,6 +49,8 @@ __device__ __forceinline__ void st_f(tg_bf16* p, long long i, float v) { p[i] = 
 // stores (two for 8 floats, one for 8 bf16; 8 bytes for 4 bf16). p must be
 // aligned to the access (the launchers check and take a scalar kernel
 // otherwise; the emulator aborts on a misaligned one, as a GPU faults).
+__device__ __forceinline__ bool tg_aligned16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
 #ifdef TG_EMU
 #define TG_CHECK_ALIGN(p, n) tg_emu_check_align(p, n)
 #else

@@ -1,6 +1,9 @@
 // rmsnorm.cu: RMSNorm over rows (also Qwen3's per-head q/k norm, N = T·NH, C = HD).
 //
-//   rmsnorm_fwd:  out (N,C) = inp·r·weight (C),  rstd (N) = r = 1/sqrt(mean(inp²) + eps)   (=)
+//   rmsnorm_fwd{,_bf16}:  out (N,C) = inp·r·weight (C),  rstd (N) = r = 1/sqrt(mean(inp²) + eps)   (=)
+//                 out fp32, or rounded to bf16 (the next GEMM's input: the
+//                 cast fused into the norm); vec = 1 takes 16-byte accesses
+//                 (C % 8 == 0, aligned rows; the launcher decides)
 //   rmsnorm_bwd:  dinp (N,C) += r·dout·w − r³·inp/C · Σ_c dout·w·inp                      (+=)
 //                 dweight (C) += Σ_rows dout·inp·r                                        (+=)
 //
@@ -12,20 +15,26 @@
 // on the device, so a step's gradients are the same bits on every run and
 // every GPU. No atomics.
 #include "common.cuh"
+#include "rmsnorm.cuh"
 
-extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp,
-                                       const float* weight, int N, int C, float eps) {
+template <class TO>
+__device__ __forceinline__ void rmsnorm_rows(TO* out, float* rstd, const float* inp, const float* weight,
+                                             int N, int C, float eps, int vec) {
   __shared__ float scratch[32];
   for (int row = blockIdx.x; row < N; row += gridDim.x) {
-    const float* x = inp + (long long)row * C;
-    float ss = 0.f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
-    ss = block_sum(ss, scratch);
-    float r = 1.f / sqrtf(ss / (float)C + eps);
+    const float r = rms_row(out + (long long)row * C, inp + (long long)row * C, weight, C, eps, vec != 0, scratch);
     if (threadIdx.x == 0) rstd[row] = r;
-    float* o = out + (long long)row * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) o[c] = x[c] * r * weight[c];
   }
+}
+
+extern "C" __global__ void rmsnorm_fwd(float* out, float* rstd, const float* inp, const float* weight,
+                                       int N, int C, float eps, int vec) {
+  rmsnorm_rows(out, rstd, inp, weight, N, C, eps, vec);
+}
+
+extern "C" __global__ void rmsnorm_fwd_bf16(tg_bf16* out, float* rstd, const float* inp,
+                                            const float* weight, int N, int C, float eps, int vec) {
+  rmsnorm_rows(out, rstd, inp, weight, N, C, eps, vec);
 }
 
 extern "C" __global__ void rmsnorm_bwd(float* dinp, float* partial, const float* dout,
