@@ -14,3 +14,38 @@ type AddRMSNormer interface {
 	// backend. sum, a, b, weight and rstd are F32; out is F32|BF16.
 	AddRMSNorm(sum, out, rstd, a, b, weight Buf, N, C int, eps float32)
 }
+
+// SampleParams are the sampling distribution's settings (model's
+// SampleOptions without the stopping rules).
+type SampleParams struct {
+	// Temperature divides the logits; 0 means greedy (argmax, the lowest id
+	// among equal maxima, logprob 0).
+	Temperature float32
+	// TopK keeps the TopK most likely tokens; 0 (or ≥ V) keeps all.
+	TopK int
+	// TopP keeps the shortest run of most likely tokens (after TopK) whose
+	// probability reaches TopP of the kept mass; 0 or 1 keeps all.
+	TopP float32
+}
+
+// TokenSampler draws the next token of each row on the backend, so that
+// decoding moves only token ids and logprobs to the host, never the logits.
+type TokenSampler interface {
+	// SampleTokens: for each row b of logits (B,V) F32, tokens[b] (B) I32 =
+	// and logprobs[b] (B) F32 = log q(tokens[b]) under the distribution it
+	// was drawn from. u (2B) I32 holds row b's uniform in [0, 1) as the
+	// bits of a float64, low word first (drawn on the host from the row's
+	// own random stream). The draw, in float64:
+	//
+	//	p_i  = exp((z_i − max z)/Temperature)
+	//	K    = every token, or the TopK largest p (ties: lower ids first),
+	//	       then the shortest prefix of K in that order whose Σ p reaches
+	//	       TopP·Σ_K p
+	//	tok  = the first i ∈ K, in id order, with Σ_{j∈K, j≤i} p_j > u·Σ_K p
+	//	       (the last of K if none, which rounding alone can cause)
+	//	logprob = log(p_tok / Σ_K p)
+	//
+	// Backends sum in different orders, so they agree on the token except
+	// when u·Σ lands within float64 rounding of a boundary.
+	SampleTokens(tokens, logprobs, logits, u Buf, B, V int, p SampleParams)
+}

@@ -23,6 +23,11 @@ type SampleOptions struct {
 	MaxNewTokens int
 	// StopTokens end a sequence when sampled (the stop token is returned).
 	StopTokens []int32
+	// Refill accepts more prompts than the sampler's batch: the first
+	// maxBatch are decoded together and each slot a finished sequence
+	// frees takes the next waiting prompt (prefilled into it), so the batch
+	// stays full. Without it, more prompts than slots is an error.
+	Refill bool
 }
 
 // Sample is one prompt's generation.
@@ -39,38 +44,62 @@ type Sample struct {
 // Sampler decodes a batch of prompts incrementally with a KV cache. Prompts
 // are prefilled through the model's packed forward (so a Sample call
 // overwrites the activations of a pending Forward), then every step runs
-// one token per unfinished sequence. Finished sequences leave the batch: the
-// last active sequence's cache moves into the freed slot.
+// one token per unfinished sequence. A finished sequence's slot takes the
+// next waiting prompt (SampleOptions.Refill) or leaves the batch, the last
+// active sequence's cache moving into it.
+//
+// The KV cache and the decode GEMMs' inputs are in the model's precision:
+// under mixed precision a bf16 cache and the bf16 weight copy, as the
+// training forward computes (its keys and values are rounded to bf16 for
+// attention too). On a backend that implements kernels.TokenSampler the
+// tokens are drawn there: only each row's uniform (drawn here, from the
+// row's own stream) goes to the device, and only token ids and logprobs
+// come back, never the logits.
 type Sampler struct {
 	m                *Model
 	maxBatch, maxLen int
+	wdt              kernels.DType        // the cache's and the GEMM inputs' dtype: the model's precision
+	device           kernels.TokenSampler // the backend's sampler, or nil: draw on the host
 
-	cache  kernels.Buf   // every layer's K and V caches
+	cache  kernels.Buf   // every layer's K and V caches (wdt)
 	kc, vc []kernels.Buf // per layer (maxBatch, maxLen, NKV, HD)
-	acts   kernels.Buf
+	acts   kernels.Buf   // F32 decode buffers
+	actsW  kernels.Buf   // BF16 GEMM inputs (mixed precision only)
 	ints   kernels.Buf
 
-	// Decode activations, maxBatch rows.
-	x, ln, xmid    kernels.Buf // (B,C)
+	// Decode activations, maxBatch rows. Under F32, qW, attW are q, att.
+	x, xmid        kernels.Buf // (B,C)
+	ln             kernels.Buf // (B,C) wdt: the GEMMs' input
 	rstd           kernels.Buf // (B)
 	qraw, q, att   kernels.Buf // (B,NH,HD)
+	qW, attW       kernels.Buf // (B,NH,HD) wdt: attention's q, the o projection's input
 	qrstd          kernels.Buf // (B,NH)
 	kraw, k, v     kernels.Buf // (B,NKV,HD)
 	krstd          kernels.Buf // (B,NKV)
-	gate, up, h    kernels.Buf // (B,I)
+	gate, up       kernels.Buf // (B,I)
+	h              kernels.Buf // (B,I) wdt
 	logits         kernels.Buf // (B,V)
+	lp             kernels.Buf // (B) sampled tokens' logprobs
 	tok, pos, lens kernels.Buf // (B) I32
+	sampled        kernels.Buf // (B) I32 sampled tokens
+	u              kernels.Buf // (2B) I32 each row's uniform, float64 bits
 	idx            kernels.Buf // (max(MaxTokens, B)) I32 cache row of each token
 	hTok, hPos     []int32
 	hLens, hIdx    []int32
-	hLogits        []float32 // (B,V)
-	probs          []float64 // (V)
-	order          []int32   // (V)
+	hU, hSampled   []int32
+	hUniform       []float64 // (B) each slot's uniform this step
+	hLp            []float32
+	hLogits        []float32 // (B,V), the host draw only
+	probs          []float64 // (V), the host draw only
+	order          []int32   // (V), the host draw only
 	slotRow        []int     // prompt index held by each cache slot
 	fill           []int     // tokens in each slot's cache
+	pending        []bool    // a refilled slot not prefilled yet
 	stop           map[int32]bool
 	prefillTokens  []int32
 	prefillCu      []int32
+	prefillSlots   []int
+	prefillPrompts [][]int32
 }
 
 // NewSampler allocates KV caches for maxBatch sequences of at most maxLen
@@ -84,66 +113,92 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 	if err := m.ensureRope(maxLen); err != nil {
 		return nil, fmt.Errorf("model: sampler: %w", err)
 	}
-	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen}
-	cp, ap, ip := s.layout(c, m.opt)
+	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen, wdt: m.wdt}
+	s.device, _ = m.b.(kernels.TokenSampler)
+	cp, ap, wp, ip := s.layout(c, m.opt)
 	var err error
-	if s.cache, err = m.b.Alloc(kernels.F32, cp.n); err != nil {
-		return nil, fmt.Errorf("model: sampler: KV cache of %d floats: %w", cp.n, err)
+	if s.cache, err = m.b.Alloc(s.wdt, cp.n); err != nil {
+		return nil, fmt.Errorf("model: sampler: KV cache of %d %s elements: %w", cp.n, s.wdt, err)
 	}
 	cp.cut(s.cache)
 	if s.acts, err = m.b.Alloc(kernels.F32, ap.n); err != nil {
-		m.b.Free(s.cache)
+		s.Close()
 		return nil, fmt.Errorf("model: sampler: activations: %w", err)
 	}
 	ap.cut(s.acts)
+	if wp.n > 0 {
+		if s.actsW, err = m.b.Alloc(s.wdt, wp.n); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("model: sampler: %s activations: %w", s.wdt, err)
+		}
+		wp.cut(s.actsW)
+	}
+	if s.wdt == kernels.F32 {
+		s.qW, s.attW = s.q, s.att
+	}
 	if s.ints, err = m.b.Alloc(kernels.I32, ip.n); err != nil {
-		m.b.Free(s.cache)
-		m.b.Free(s.acts)
+		s.Close()
 		return nil, fmt.Errorf("model: sampler: %w", err)
 	}
 	ip.cut(s.ints)
 	nIdx := max(m.opt.MaxTokens, B)
 	s.hTok, s.hPos, s.hLens, s.hIdx = make([]int32, B), make([]int32, B), make([]int32, B), make([]int32, nIdx)
-	s.hLogits = make([]float32, B*V)
-	s.probs = make([]float64, V)
-	s.order = make([]int32, V)
-	s.slotRow, s.fill = make([]int, B), make([]int, B)
+	s.hU, s.hSampled, s.hLp, s.hUniform = make([]int32, 2*B), make([]int32, B), make([]float32, B), make([]float64, B)
+	if s.device == nil {
+		s.hLogits = make([]float32, B*V)
+		s.probs = make([]float64, V)
+		s.order = make([]int32, V)
+	}
+	s.slotRow, s.fill, s.pending = make([]int, B), make([]int, B), make([]bool, B)
 	s.stop = map[int32]bool{}
 	return s, nil
 }
 
-// layout plans the sampler's KV cache (cp), decode activations (ap) and
-// I32 inputs (ip): NewSampler allocates them and PlanSampler reports them.
-func (s *Sampler) layout(c Config, opt Options) (cp, ap, ip arenaPlan) {
+// layout plans the sampler's KV cache (cp, in the model's precision), F32
+// decode buffers (ap), BF16 GEMM inputs (wp, empty under F32, where they
+// are F32 buffers of ap) and I32 inputs (ip): NewSampler allocates them
+// and PlanSampler reports them.
+func (s *Sampler) layout(c Config, opt Options) (cp, ap, wp, ip arenaPlan) {
 	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
 	qn, kn, B, maxLen := NH*HD, NKV*HD, s.maxBatch, s.maxLen
+	w := &ap
+	if opt.Precision == kernels.BF16 {
+		w = &wp
+	}
 	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
 	s.vc = make([]kernels.Buf, c.NumHiddenLayers)
 	for l := range s.kc {
 		cp.add(&s.kc[l], B*maxLen*kn)
 		cp.add(&s.vc[l], B*maxLen*kn)
 	}
-	for _, x := range []*kernels.Buf{&s.x, &s.ln, &s.xmid} {
-		ap.add(x, B*C)
-	}
+	ap.add(&s.x, B*C)
+	ap.add(&s.xmid, B*C)
+	w.add(&s.ln, B*C)
 	ap.add(&s.rstd, B)
 	for _, x := range []*kernels.Buf{&s.qraw, &s.q, &s.att} {
 		ap.add(x, B*qn)
+	}
+	if opt.Precision == kernels.BF16 {
+		wp.add(&s.qW, B*qn)
+		wp.add(&s.attW, B*qn)
 	}
 	ap.add(&s.qrstd, B*NH)
 	for _, x := range []*kernels.Buf{&s.kraw, &s.k, &s.v} {
 		ap.add(x, B*kn)
 	}
 	ap.add(&s.krstd, B*NKV)
-	for _, x := range []*kernels.Buf{&s.gate, &s.up, &s.h} {
-		ap.add(x, B*I)
-	}
+	ap.add(&s.gate, B*I)
+	ap.add(&s.up, B*I)
+	w.add(&s.h, B*I)
 	ap.add(&s.logits, B*V)
+	ap.add(&s.lp, B)
 	ip.add(&s.tok, B)
 	ip.add(&s.pos, B)
 	ip.add(&s.lens, B)
+	ip.add(&s.sampled, B)
+	ip.add(&s.u, 2*B)
 	ip.add(&s.idx, max(opt.MaxTokens, B))
-	return cp, ap, ip
+	return cp, ap, wp, ip
 }
 
 // SamplerFootprint is the memory a Sampler allocates, in bytes.
@@ -161,8 +216,9 @@ func PlanSampler(cfg Config, opt Options, maxBatch, maxLen int) (SamplerFootprin
 		return SamplerFootprint{}, err
 	}
 	s := &Sampler{maxBatch: maxBatch, maxLen: maxLen}
-	cp, ap, ip := s.layout(cfg, m.opt)
-	f := SamplerFootprint{KVCache: int64(cp.n) * 4, Buffers: int64(ap.n)*4 + int64(ip.n)*4}
+	cp, ap, wp, ip := s.layout(cfg, m.opt)
+	es := int64(m.opt.Precision.Size())
+	f := SamplerFootprint{KVCache: int64(cp.n) * es, Buffers: int64(ap.n)*4 + int64(wp.n)*es + int64(ip.n)*4}
 	if maxLen > m.opt.MaxSeqLen {
 		f.Rope = int64(ropeElems(cfg, maxLen)-ropeElems(cfg, m.opt.MaxSeqLen)) * 4
 	}
@@ -190,21 +246,22 @@ func SamplerWorkload(cfg Config, opt Options, maxBatch, maxLen int) (kernels.Wor
 
 // Close frees the sampler's buffers.
 func (s *Sampler) Close() {
-	for _, b := range []kernels.Buf{s.cache, s.acts, s.ints} {
+	for _, b := range []kernels.Buf{s.cache, s.acts, s.actsW, s.ints} {
 		if b.N > 0 {
 			s.m.b.Free(b)
 		}
 	}
-	s.cache, s.acts, s.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
+	s.cache, s.acts, s.actsW, s.ints = kernels.Buf{}, kernels.Buf{}, kernels.Buf{}, kernels.Buf{}
 }
 
 // Sample generates a continuation of every prompt. rngs holds one random
 // stream per prompt: prompt i's tokens are drawn from rngs[i] alone, one
 // draw per generated token, so its sample does not depend on which other
 // prompts share the batch or in which order (each row's logits are
-// computed independently of the others). A single stream (len(rngs) == 1)
-// is shared by every prompt, drawn step by step, cache slot by slot: the
-// same seed, prompts and options still give the same samples.
+// computed independently of the others), nor on refills. A single stream
+// (len(rngs) == 1) is shared by every prompt, drawn step by step, cache
+// slot by slot: the same seed, prompts and options still give the same
+// samples.
 func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand) ([]Sample, error) {
 	m := s.m
 	V := m.cfg.VocabSize
@@ -217,8 +274,8 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand
 		}
 		return rngs[row]
 	}
-	if len(prompts) > s.maxBatch {
-		return nil, fmt.Errorf("model: sample: %d prompts exceed the sampler's batch of %d", len(prompts), s.maxBatch)
+	if len(prompts) > s.maxBatch && !opt.Refill {
+		return nil, fmt.Errorf("model: sample: %d prompts exceed the sampler's batch of %d (SampleOptions.Refill decodes them in turn)", len(prompts), s.maxBatch)
 	}
 	if opt.MaxNewTokens <= 0 {
 		return nil, fmt.Errorf("model: sample: MaxNewTokens: expected a positive number, found %d", opt.MaxNewTokens)
@@ -247,36 +304,39 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand
 		s.stop[t] = true
 	}
 	out := make([]Sample, len(prompts))
-	n := len(prompts)
+	n := min(len(prompts), s.maxBatch)
 	if n == 0 {
 		return out, nil
 	}
-	for i := range prompts {
-		s.slotRow[i] = i
-		s.fill[i] = len(prompts[i])
+	next := n // the next waiting prompt
+	s.prefillSlots, s.prefillPrompts = s.prefillSlots[:0], s.prefillPrompts[:0]
+	for i := range n {
+		s.slotRow[i], s.fill[i], s.pending[i] = i, len(prompts[i]), false
+		s.prefillSlots = append(s.prefillSlots, i)
+		s.prefillPrompts = append(s.prefillPrompts, prompts[i])
 	}
-	if err := s.prefill(prompts); err != nil {
+	if err := s.prefill(s.prefillSlots, s.prefillPrompts); err != nil {
 		return nil, err
+	}
+	done := func(i int) bool {
+		o := &out[s.slotRow[i]]
+		return o.Stopped || len(o.Tokens) >= opt.MaxNewTokens || s.fill[i] >= s.maxLen
 	}
 	for {
 		// Sample the next token of every active slot from its logits.
-		s.m.b.DownloadF32(s.hLogits[:n*V], s.logits.Slice(0, n*V))
-		if err := s.m.b.Sync(); err != nil {
-			return nil, fmt.Errorf("model: sample: %w", err)
+		if err := s.sampleStep(n, opt, rngOf, out); err != nil {
+			return nil, err
 		}
-		for i := 0; i < n; i++ {
-			tok, lp := s.draw(s.hLogits[i*V:(i+1)*V], opt, rngOf(s.slotRow[i]))
-			o := &out[s.slotRow[i]]
-			o.Tokens = append(o.Tokens, tok)
-			o.Logprobs = append(o.Logprobs, lp)
-			if s.stop[tok] {
-				o.Stopped = true
+		// Refill finished slots with waiting prompts, then retire the rest,
+		// moving the last active slot into each hole.
+		for i := 0; i < n && next < len(prompts); i++ {
+			if done(i) {
+				s.slotRow[i], s.fill[i], s.pending[i] = next, len(prompts[next]), true
+				next++
 			}
 		}
-		// Retire finished slots, moving the last active slot into each hole.
 		for i := n - 1; i >= 0; i-- {
-			o := &out[s.slotRow[i]]
-			if !o.Stopped && len(o.Tokens) < opt.MaxNewTokens && s.fill[i] < s.maxLen {
+			if s.pending[i] || !done(i) {
 				continue
 			}
 			n--
@@ -287,7 +347,16 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand
 		if n == 0 {
 			return out, nil
 		}
+		s.prefillSlots, s.prefillPrompts = s.prefillSlots[:0], s.prefillPrompts[:0]
 		for i := 0; i < n; i++ {
+			if s.pending[i] { // a stand-in row, overwritten by its prefill below
+				p := prompts[s.slotRow[i]]
+				s.hTok[i], s.hPos[i], s.hIdx[i], s.hLens[i] = p[0], 0, int32(i*s.maxLen), 1
+				s.prefillSlots = append(s.prefillSlots, i)
+				s.prefillPrompts = append(s.prefillPrompts, p)
+				s.pending[i] = false
+				continue
+			}
 			o := &out[s.slotRow[i]]
 			s.hTok[i] = o.Tokens[len(o.Tokens)-1]
 			s.hPos[i] = int32(s.fill[i])
@@ -296,7 +365,56 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand
 			s.hLens[i] = int32(s.fill[i])
 		}
 		s.decodeStep(n)
+		if len(s.prefillSlots) > 0 {
+			if err := s.prefill(s.prefillSlots, s.prefillPrompts); err != nil {
+				return nil, err
+			}
+		}
 	}
+}
+
+// sampleStep draws the next token of the n active slots from s.logits and
+// appends it to their samples: each slot's uniform comes from its
+// prompt's stream (none at temperature 0, where the draw is the argmax),
+// then the backend draws (kernels.TokenSampler) or the host does.
+func (s *Sampler) sampleStep(n int, opt SampleOptions, rngOf func(int) *rand.Rand, out []Sample) error {
+	b, V := s.m.b, s.m.cfg.VocabSize
+	us := s.hUniform[:n]
+	for i := range n {
+		us[i] = 0
+		if opt.Temperature > 0 {
+			us[i] = rngOf(s.slotRow[i]).Float64()
+		}
+	}
+	if s.device != nil {
+		for i, u := range us {
+			bits := math.Float64bits(u)
+			s.hU[2*i], s.hU[2*i+1] = int32(uint32(bits)), int32(uint32(bits>>32))
+		}
+		b.UploadI32(s.u.Slice(0, 2*n), s.hU[:2*n])
+		s.device.SampleTokens(s.sampled.Slice(0, n), s.lp.Slice(0, n), s.logits.Slice(0, n*V), s.u.Slice(0, 2*n), n, V,
+			kernels.SampleParams{Temperature: opt.Temperature, TopK: opt.TopK, TopP: opt.TopP})
+		b.DownloadI32(s.hSampled[:n], s.sampled.Slice(0, n))
+		b.DownloadF32(s.hLp[:n], s.lp.Slice(0, n))
+	} else {
+		b.DownloadF32(s.hLogits[:n*V], s.logits.Slice(0, n*V))
+	}
+	if err := b.Sync(); err != nil {
+		return fmt.Errorf("model: sample: %w", err)
+	}
+	for i := range n {
+		tok, lp := s.hSampled[i], s.hLp[i]
+		if s.device == nil {
+			tok, lp = s.draw(s.hLogits[i*V:(i+1)*V], opt, us[i])
+		}
+		o := &out[s.slotRow[i]]
+		o.Tokens = append(o.Tokens, tok)
+		o.Logprobs = append(o.Logprobs, lp)
+		if s.stop[tok] {
+			o.Stopped = true
+		}
+	}
+	return nil
 }
 
 // moveSlot moves cache slot from into slot to (both below the active count).
@@ -304,19 +422,20 @@ func (s *Sampler) moveSlot(from, to int) {
 	kn := s.m.cfg.NumKeyValueHeads * s.m.cfg.HeadDim
 	n := s.fill[from] * kn
 	for l := range s.kc {
-		s.m.b.Copy(s.kc[l].Slice(to*s.maxLen*kn, n), s.kc[l].Slice(from*s.maxLen*kn, n))
-		s.m.b.Copy(s.vc[l].Slice(to*s.maxLen*kn, n), s.vc[l].Slice(from*s.maxLen*kn, n))
+		s.m.b.Convert(s.kc[l].Slice(to*s.maxLen*kn, n), s.kc[l].Slice(from*s.maxLen*kn, n))
+		s.m.b.Convert(s.vc[l].Slice(to*s.maxLen*kn, n), s.vc[l].Slice(from*s.maxLen*kn, n))
 	}
-	s.slotRow[to], s.fill[to] = s.slotRow[from], s.fill[from]
+	s.slotRow[to], s.fill[to], s.pending[to] = s.slotRow[from], s.fill[from], s.pending[from]
 }
 
-// prefill runs the prompts through the model's packed forward in chunks that
-// fit its Options, writes their keys and values into the cache and leaves
-// the logits of each prompt's last token in row slot of s.logits.
-func (s *Sampler) prefill(prompts [][]int32) error {
+// prefill runs prompts through the model's packed forward in chunks that
+// fit its Options, writes their keys and values into the cache of slots
+// (prompt k into slot slots[k]) and leaves the logits of each prompt's last
+// token in its slot's row of s.logits.
+func (s *Sampler) prefill(slots []int, prompts [][]int32) error {
 	m := s.m
 	c := m.cfg
-	C, kn := c.HiddenSize, c.NumKeyValueHeads*c.HeadDim
+	C, kn, V := c.HiddenSize, c.NumKeyValueHeads*c.HeadDim, c.VocabSize
 	for start := 0; start < len(prompts); {
 		s.prefillTokens = s.prefillTokens[:0]
 		s.prefillCu = append(s.prefillCu[:0], 0)
@@ -333,7 +452,7 @@ func (s *Sampler) prefill(prompts [][]int32) error {
 		for p := start; p < end; p++ {
 			lo := int(s.prefillCu[p-start])
 			for j := range prompts[p] {
-				s.hIdx[lo+j] = int32(p*s.maxLen + j)
+				s.hIdx[lo+j] = int32(slots[p]*s.maxLen + j)
 			}
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
@@ -343,18 +462,28 @@ func (s *Sampler) prefill(prompts [][]int32) error {
 		})
 		for p := start; p < end; p++ {
 			last := int(s.prefillCu[p-start+1]) - 1
-			m.b.Convert(s.ln.Slice(p*C, C), m.lnf.Slice(last*C, C)) // lnf is bf16 under mixed precision
+			m.b.Convert(s.ln.Slice(slots[p]*C, C), m.lnf.Slice(last*C, C))
 		}
 		start = end
 	}
 	m.haveForward = false
 	n := len(prompts)
-	m.b.Matmul(s.logits.Slice(0, n*c.VocabSize), s.ln.Slice(0, n*C), m.lmHead, n, C, c.VocabSize)
+	if slots[n-1]-slots[0] == n-1 { // consecutive slots (a first prefill): one GEMM
+		m.b.Matmul(s.logits.Slice(slots[0]*V, n*V), s.ln.Slice(slots[0]*C, n*C), m.lmHeadW, n, C, V)
+		return nil
+	}
+	for _, i := range slots {
+		m.b.Matmul(s.logits.Slice(i*V, V), s.ln.Slice(i*C, C), m.lmHeadW, 1, C, V)
+	}
 	return nil
 }
 
 // decodeStep runs one token for each of the n active slots (inputs staged in
-// hTok, hPos, hIdx, hLens) and leaves their logits in s.logits.
+// hTok, hPos, hIdx, hLens) and leaves their logits in s.logits. The GEMMs
+// read the weights in the model's precision (its bf16 copy under mixed
+// precision, in slices of the fused q|k|v and gate|up weights) and inputs
+// of that dtype; the residual add and the norm after it are one op where
+// the backend fuses them (kernels.AddRMSNormer).
 func (s *Sampler) decodeStep(n int) {
 	m := s.m
 	b, c := m.b, m.cfg
@@ -367,22 +496,34 @@ func (s *Sampler) decodeStep(n int) {
 	b.UploadI32(s.lens.Slice(0, n), s.hLens[:n])
 	b.UploadI32(s.idx.Slice(0, n), s.hIdx[:n])
 	pos, idx := s.pos.Slice(0, n), s.idx.Slice(0, n)
-	x, ln, xmid := r(s.x, C), r(s.ln, C), r(s.xmid, C)
+	x, ln, xmid, rstd := r(s.x, C), r(s.ln, C), r(s.xmid, C), s.rstd.Slice(0, n)
+	fused, _ := b.(kernels.AddRMSNormer)
+	// addNorm: sum = a + b, then ln = RMSNorm(sum).
+	addNorm := func(sum, a, bb, w kernels.Buf) {
+		if fused != nil {
+			fused.AddRMSNorm(sum, ln, rstd, a, bb, w, n, C, eps)
+			return
+		}
+		b.Add(sum, a, bb, n*C)
+		b.RMSNorm(ln, rstd, sum, w, n, C, eps)
+	}
 	b.Embedding(x, m.wte, s.tok.Slice(0, n), n, C)
+	b.RMSNorm(ln, rstd, x, m.layers[0].ln1, n, C, eps)
 	for l := range m.layers {
-		w := &m.layers[l]
-		b.RMSNorm(ln, s.rstd.Slice(0, n), x, w.ln1, n, C, eps)
+		w, gw := &m.layers[l], &m.gw[l]
+		wq, wk, wv := gw.qkv.Slice(0, qn*C), gw.qkv.Slice(qn*C, kn*C), gw.qkv.Slice((qn+kn)*C, kn*C)
+		wgate, wup := gw.gu.Slice(0, I*C), gw.gu.Slice(I*C, I*C)
 		q, k, v := r(s.q, qn), r(s.k, kn), r(s.v, kn)
 		if c.Arch == Qwen3 {
-			b.Matmul(r(s.qraw, qn), ln, w.q, n, C, qn)
-			b.Matmul(r(s.kraw, kn), ln, w.k, n, C, kn)
+			b.Matmul(r(s.qraw, qn), ln, wq, n, C, qn)
+			b.Matmul(r(s.kraw, kn), ln, wk, n, C, kn)
 			b.RMSNorm(q, s.qrstd.Slice(0, n*NH), r(s.qraw, qn), w.qNorm, n*NH, HD, eps)
 			b.RMSNorm(k, s.krstd.Slice(0, n*NKV), r(s.kraw, kn), w.kNorm, n*NKV, HD, eps)
 		} else {
-			b.Matmul(q, ln, w.q, n, C, qn)
-			b.Matmul(k, ln, w.k, n, C, kn)
+			b.Matmul(q, ln, wq, n, C, qn)
+			b.Matmul(k, ln, wk, n, C, kn)
 		}
-		b.Matmul(v, ln, w.v, n, C, kn)
+		b.Matmul(v, ln, wv, n, C, kn)
 		if c.QKVBias() {
 			b.AddBias(q, w.qBias, n, qn)
 			b.AddBias(k, w.kBias, n, kn)
@@ -390,26 +531,38 @@ func (s *Sampler) decodeStep(n int) {
 		}
 		b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
 		b.Rope(k, pos, m.ropeCos, m.ropeSin, n, NKV, HD)
-		b.ScatterRows(s.kc[l], k, idx, n, kn)
+		b.ScatterRows(s.kc[l], k, idx, n, kn) // rounded into a bf16 cache
 		b.ScatterRows(s.vc[l], v, idx, n, kn)
-		b.AttentionDecode(r(s.att, qn), q, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),
+		qW, attW := r(s.qW, qn), r(s.attW, qn)
+		if s.wdt != kernels.F32 {
+			b.Convert(qW, q)
+		}
+		b.AttentionDecode(r(s.att, qn), qW, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),
 			s.lens.Slice(0, n), n, s.maxLen, NH, NKV, HD)
-		b.Matmul(xmid, r(s.att, qn), w.o, n, qn, C)
-		b.Add(xmid, xmid, x, n*C)
-		b.RMSNorm(ln, s.rstd.Slice(0, n), xmid, w.ln2, n, C, eps)
-		b.Matmul(r(s.gate, I), ln, w.gate, n, C, I)
-		b.Matmul(r(s.up, I), ln, w.up, n, C, I)
+		if s.wdt != kernels.F32 {
+			b.Convert(attW, r(s.att, qn))
+		}
+		b.Matmul(xmid, attW, gw.o, n, qn, C)
+		addNorm(xmid, xmid, x, w.ln2)
+		b.Matmul(r(s.gate, I), ln, wgate, n, C, I)
+		b.Matmul(r(s.up, I), ln, wup, n, C, I)
 		b.SwiGLU(r(s.h, I), r(s.gate, I), r(s.up, I), n*I)
-		b.Matmul(x, r(s.h, I), w.down, n, I, C)
-		b.Add(x, x, xmid, n*C)
+		b.Matmul(x, r(s.h, I), gw.down, n, I, C)
+		next := m.norm
+		if l+1 < len(m.layers) {
+			next = m.layers[l+1].ln1
+		}
+		addNorm(x, x, xmid, next)
 	}
-	b.RMSNorm(ln, s.rstd.Slice(0, n), x, m.norm, n, C, eps)
-	b.Matmul(r(s.logits, V), ln, m.lmHead, n, C, V)
+	b.Matmul(r(s.logits, V), ln, m.lmHeadW, n, C, V)
 }
 
-// draw samples one token from a row of logits and returns it with its
-// logprob under the (temperature, top-k, top-p) sampling distribution.
-func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int32, float32) {
+// draw samples one token from a row of logits with the uniform u and
+// returns it with its logprob under the (temperature, top-k, top-p)
+// sampling distribution: the host twin of kernels.TokenSampler (same
+// definition: the kept set walked in id order), used when the backend has
+// no sampler of its own.
+func (s *Sampler) draw(logits []float32, opt SampleOptions, u float64) (int32, float32) {
 	V := len(logits)
 	if opt.Temperature == 0 {
 		best := 0
@@ -435,11 +588,11 @@ func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int
 		for _, x := range p {
 			sum += x
 		}
-		u := rng.Float64() * sum
+		target := u * sum
 		tok, acc := V-1, 0.0
 		for i, x := range p {
 			acc += x
-			if u < acc {
+			if target < acc {
 				tok = i
 				break
 			}
@@ -447,16 +600,16 @@ func (s *Sampler) draw(logits []float32, opt SampleOptions, rng *rand.Rand) (int
 		return int32(tok), float32(math.Log(p[tok] / sum))
 	}
 	order := s.truncated(p, opt)
+	slices.Sort(order) // walked in id order
 	var sum float64
 	for _, i := range order {
 		sum += p[i]
 	}
-	keep := len(order)
-	u := rng.Float64() * sum
-	tok, acc := order[keep-1], 0.0
-	for _, i := range order[:keep] {
+	target := u * sum
+	tok, acc := order[len(order)-1], 0.0
+	for _, i := range order {
 		acc += p[i]
-		if u < acc {
+		if target < acc {
 			tok = i
 			break
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
@@ -392,5 +393,138 @@ func TestSamplerPerPromptStreams(t *testing.T) {
 	}
 	if _, err := s.Sample(testPrompts, opt, streams(0, 1)); err == nil {
 		t.Error("2 streams for 4 prompts accepted")
+	}
+}
+
+// TestSamplerRefill: with SampleOptions.Refill, more prompts than slots are
+// decoded in turn, each finished slot taking the next waiting prompt; with
+// one stream per prompt every prompt's sample is what sampling it alone
+// gives. Stop tokens and MaxNewTokens end sequences at different steps, so
+// refills land while other slots are mid-sequence (and, once the prompts
+// run out, slots are retired and moved). Under F32 and mixed precision (a
+// bf16 KV cache).
+func TestSamplerRefill(t *testing.T) {
+	prompts := [][]int32{{5, 17, 300, 2}, {42}, {7, 7, 7, 100, 200, 311, 12, 9}, {500, 1}, {9, 8, 7}, {3}, {11, 250, 3, 4, 5}}
+	for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(prec.String(), func(t *testing.T) {
+			b := cpu.New(2)
+			defer b.Close()
+			m := loadTestModel(t, "qwen3_tied", b, Options{MaxTokens: 64, MaxSeqs: 8, Precision: prec})
+			defer m.Close()
+			s, err := NewSampler(m, 2, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			opt := SampleOptions{Temperature: 1.2, TopK: 40, MaxNewTokens: 9, StopTokens: []int32{3, 4, 5, 6, 7}, Refill: true}
+			stream := func(i int) *rand.Rand { return rand.New(rand.NewPCG(31, uint64(i))) }
+			rngs := make([]*rand.Rand, len(prompts))
+			for i := range rngs {
+				rngs[i] = stream(i)
+			}
+			all, err := s.Sample(prompts, opt, rngs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lengths := map[int]bool{}
+			for i, p := range prompts {
+				alone, err := s.Sample([][]int32{p}, opt, []*rand.Rand{stream(i)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := cmp.Diff(alone[0], all[i]); d != "" {
+					t.Errorf("prompt %d decoded with refills differs from decoded alone (-alone +refilled):\n%s", i, d)
+				}
+				lengths[len(all[i].Tokens)] = true
+			}
+			if len(lengths) < 2 {
+				t.Errorf("every sequence generated %v tokens: refills at different steps not exercised", lengths)
+			}
+			opt.Refill = false
+			if _, err := s.Sample(prompts, opt, rngs); err == nil {
+				t.Error("7 prompts on 2 slots accepted without Refill")
+			}
+		})
+	}
+}
+
+// hideSampler hides the CPU backend's kernels.TokenSampler, so that the
+// sampler draws on the host.
+type hideSampler struct{ kernels.Backend }
+
+// TestSamplerHostDrawMatchesBackend: the host draw (for backends without
+// kernels.TokenSampler) and the CPU backend's SampleTokens are the same
+// definition: the same tokens and logprobs, step by step, with top-k,
+// top-p, both and neither.
+func TestSamplerHostDrawMatchesBackend(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	for _, opt := range []SampleOptions{
+		{Temperature: 1.5, MaxNewTokens: 8},
+		{Temperature: 1.5, TopK: 7, MaxNewTokens: 8},
+		{Temperature: 2, TopP: 0.6, MaxNewTokens: 8},
+		{Temperature: 0.9, TopK: 30, TopP: 0.9, MaxNewTokens: 8},
+	} {
+		var got [2][]Sample
+		for i, be := range []kernels.Backend{b, hideSampler{b}} {
+			m := loadTestModel(t, "llama_untied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+			m.b = be
+			s, err := NewSampler(m, 4, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (s.device == nil) != (i == 1) {
+				t.Fatalf("backend %d: device sampler %v", i, s.device)
+			}
+			got[i], err = s.Sample(testPrompts, opt, []*rand.Rand{rand.New(rand.NewPCG(8, 8))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.Close()
+			m.Close()
+		}
+		if d := cmp.Diff(got[0], got[1]); d != "" {
+			t.Errorf("%+v: backend draw and host draw differ (-backend +host):\n%s", opt, d)
+		}
+	}
+}
+
+// TestSamplerBF16MatchesForward: under mixed precision the sampler (bf16
+// cache, the bf16 weight copy) gives the logprobs the training forward
+// gives for the sampled sequence, within what bf16 rounding flips can do
+// (bf16FlipLogprobTol: the two sum in other orders).
+func TestSamplerBF16MatchesForward(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: 64, MaxSeqs: 8, Precision: kernels.BF16})
+	defer m.Close()
+	s, err := NewSampler(m, 4, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	const temp = 1.3
+	out, err := s.Sample(testPrompts, SampleOptions{Temperature: temp, MaxNewTokens: 9}, []*rand.Rand{rand.New(rand.NewPCG(1, 2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for i, o := range out {
+		p := testPrompts[i]
+		seq := append(slices.Clone(p), o.Tokens...)
+		lp, _, err := m.Forward(seq, []int32{0, int32(len(seq))}, temp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j, x := range o.Logprobs {
+			want := lp[len(p)+j]
+			if d := math.Abs(float64(x - want)); d > bf16FlipLogprobTol*(1+math.Abs(float64(want))) {
+				t.Errorf("prompt %d token %d: sampler logprob %g, forward %g", i, j, x, want)
+			}
+			n++
+		}
+	}
+	if n < 20 {
+		t.Fatalf("only %d tokens compared", n)
 	}
 }

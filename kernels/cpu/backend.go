@@ -79,6 +79,8 @@ type Backend struct {
 	tasks   tasks
 
 	bf16Scratch map[string][]float32 // fp32 copies for the BF16 op variants (convert.go)
+	sampleP     []float64            // SampleTokens' probabilities (V)
+	sampleOrder []int32              // SampleTokens' kept set (V)
 }
 
 // DefaultThreads is the thread count New(0) uses: runtime.GOMAXPROCS(0).

@@ -20,8 +20,15 @@ import (
 var tolSampleLogprob = kerneltest.Tol{Atol: 2e-5, Rtol: 1e-4}
 
 // sampleTiny samples from the tiny Qwen3 with the model's sampler (prefill,
-// KV cache, decode steps, slots retired and moved) on be.
+// KV cache, decode steps, slots retired and moved) on be, greedily.
 func sampleTiny(t *testing.T, be kernels.Backend) []model.Sample {
+	t.Helper()
+	return sampleTinyOpt(t, be, 4, model.SampleOptions{Temperature: 0, MaxNewTokens: 12, StopTokens: []int32{3}})
+}
+
+// sampleTinyOpt samples the tiny Qwen3 with options opt on a sampler of
+// maxBatch slots, one random stream per prompt.
+func sampleTinyOpt(t *testing.T, be kernels.Backend, maxBatch int, opt model.SampleOptions) []model.Sample {
 	t.Helper()
 	cfg, err := model.LoadConfig("../../model/testdata/qwen3_tied/config.json")
 	if err != nil {
@@ -33,15 +40,17 @@ func sampleTiny(t *testing.T, be kernels.Backend) []model.Sample {
 	}
 	defer m.Close()
 	m.InitRandom(5)
-	s, err := model.NewSampler(m, 4, 40)
+	s, err := model.NewSampler(m, maxBatch, 40)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	prompts := [][]int32{{5, 17, 300, 2}, {42}, {7, 7, 7, 100, 200, 311, 12, 9, 8, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24}, {500, 1}}
-	// Greedy (temperature 0) so that both backends take the same path as
-	// long as their logits agree; the random source is then unused.
-	out, err := s.Sample(prompts, model.SampleOptions{Temperature: 0, MaxNewTokens: 12, StopTokens: []int32{3}}, []*rand.Rand{rand.New(rand.NewPCG(1, 2))})
+	rngs := make([]*rand.Rand, len(prompts))
+	for i := range rngs {
+		rngs[i] = rand.New(rand.NewPCG(1, uint64(i)))
+	}
+	out, err := s.Sample(prompts, opt, rngs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +90,28 @@ func TestSamplerEmu(t *testing.T) {
 	compareSamples(t, want, got)
 }
 
+// samplingOptions are the device-sampling cases: temperature with top-k,
+// top-p and both, on a 2-slot sampler refilled with 4 prompts.
+var samplingOptions = []model.SampleOptions{
+	{Temperature: 1, TopK: 20, MaxNewTokens: 10, StopTokens: []int32{3}, Refill: true},
+	{Temperature: 1.3, TopP: 0.9, MaxNewTokens: 10, StopTokens: []int32{3}, Refill: true},
+	{Temperature: 0.8, TopK: 50, TopP: 0.8, MaxNewTokens: 10, StopTokens: []int32{3}, Refill: true},
+}
+
+// TestSamplerDeviceEmu: temperature, top-k and top-p sampling on the
+// emulated device (csrc/sample.cu through model.Sampler, refilling its
+// slots) draws the CPU's tokens with the CPU's logprobs from the same
+// per-prompt streams. The logits differ in the last bits, so a draw could
+// differ only where a uniform lands within that of a boundary.
+func TestSamplerDeviceEmu(t *testing.T) {
+	ref := cpu.New(2)
+	defer ref.Close()
+	emu := cuda.EmuBackend(t, cuda.Options{DecodeSplit: 32})
+	for _, opt := range samplingOptions {
+		compareSamples(t, sampleTinyOpt(t, ref, 2, opt), sampleTinyOpt(t, emu, 2, opt))
+	}
+}
+
 // TestSamplerGPU: the same on CUDA device 0.
 func TestSamplerGPU(t *testing.T) {
 	be, err := cuda.OpenBackend(cuda.Options{DecodeSplit: 32})
@@ -94,4 +125,7 @@ func TestSamplerGPU(t *testing.T) {
 	ref := cpu.New(2)
 	defer ref.Close()
 	compareSamples(t, sampleTiny(t, ref), sampleTiny(t, be))
+	for _, opt := range samplingOptions {
+		compareSamples(t, sampleTinyOpt(t, ref, 2, opt), sampleTinyOpt(t, be, 2, opt))
+	}
 }

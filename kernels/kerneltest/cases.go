@@ -647,6 +647,60 @@ var cases = []testCase{
 			s.check("ScatterRows bf16 → f32 "+tag, d32, TolExact)
 		}
 	}},
+	{"SampleTokens", func(s *suite) {
+		// Device sampling (kernels.TokenSampler) against the reference: the
+		// same tokens and logprobs from the same logits and uniforms, for
+		// greedy, plain temperature, top-k, top-p and both, on flat, peaked
+		// and tied rows, at temperatures low enough that most probabilities
+		// underflow to zero (ties the kept set must break by id).
+		dutS, ok := s.dut.(kernels.TokenSampler)
+		refS := s.ref.(kernels.TokenSampler)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.TokenSampler", s.dut.Name())
+		}
+		Vs, B := []int{1, 7, 1000, 3001}, 12
+		if s.reduced {
+			Vs, B = []int{1, 7, 1000}, 8
+		}
+		for _, V := range Vs {
+			z := make([]float32, B*V)
+			for r := range B {
+				scale := []float64{0.1, 1, 5, 1}[r%4]
+				for i := range V {
+					x := s.rng.NormFloat64() * scale
+					if r%4 == 3 {
+						x = math.Round(x * 2) // ties
+					}
+					z[r*V+i] = float32(x)
+				}
+			}
+			uw := make([]int32, 2*B)
+			for r := range B {
+				u := s.rng.Float64()
+				switch r {
+				case 0, 2, 3: // u = 0: the first kept token with p > 0 (tokens of p = 0 before it)
+					u = 0
+				case 1:
+					u = math.Nextafter(1, 0)
+				}
+				bits := math.Float64bits(u)
+				uw[2*r], uw[2*r+1] = int32(uint32(bits)), int32(uint32(bits>>32))
+			}
+			logits, u := s.f32(z), s.i32(uw)
+			for _, p := range []kernels.SampleParams{
+				{Temperature: 0}, {Temperature: 1}, {Temperature: 0.7, TopK: 5}, {Temperature: 1.3, TopP: 0.9},
+				{Temperature: 1, TopK: 50, TopP: 0.8}, {Temperature: 1, TopK: 1}, {Temperature: 1, TopK: V, TopP: 1},
+				{Temperature: 0.01, TopK: V / 2}, {Temperature: 0.02, TopP: 0.5},
+			} {
+				tok, lp := s.i32(make([]int32, B)), s.out(B)
+				refS.SampleTokens(tok.r, lp.r, logits.r, u.r, B, V, p)
+				dutS.SampleTokens(tok.d, lp.d, logits.d, u.d, B, V, p)
+				tag := fmt.Sprintf("V=%d %+v", V, p)
+				s.checkI32("SampleTokens tokens "+tag, tok)
+				s.check("SampleTokens logprobs "+tag, lp, TolSample)
+			}
+		}
+	}},
 	{"FillCopyScale", func(s *suite) {
 		for _, N := range []int{1, 777} {
 			x, y := s.out(N), s.randn(N, 1)

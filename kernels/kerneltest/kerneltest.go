@@ -61,6 +61,9 @@ var (
 	// non-target rows hold, 0.1 to 0.3 here: a kernel dropping it fails.
 	// Measured worst on the emulator: 1.8e-2 (dweight, V=2053).
 	TolLogprobBF16Grad = Tol{Atol: 3e-2, Rtol: 1e-2}
+	// TolSample: a sampled token's logprob, log(p/Σp) in float64 on both
+	// sides with sums in other orders, rounded to float32: one float32 ulp.
+	TolSample = Tol{Atol: 1e-6, Rtol: 1e-6}
 	// TolRope: the same cos/sin tables on both sides; two products and a sum
 	// per element, which a GPU compiler may fuse into one multiply-add.
 	TolRope = Tol{Atol: 1e-6, Rtol: 1e-6}
@@ -343,6 +346,27 @@ func (s *suite) check(name string, p *pairBuf, tol Tol) {
 // reportEnv, when set, makes every check log its largest errors and the
 // share of its tolerance they use (to state and justify tolerances).
 const reportEnv = "TRACEGRPO_KERNELTEST_REPORT"
+
+// checkI32 compares an I32 view on both backends exactly.
+func (s *suite) checkI32(name string, p *pairBuf) {
+	s.t.Helper()
+	want, got := make([]int32, p.n), make([]int32, p.n)
+	s.ref.DownloadI32(want, p.r)
+	s.dut.DownloadI32(got, p.d)
+	bad := 0
+	var first []string
+	for i := range want {
+		if want[i] != got[i] {
+			bad++
+			if len(first) < 5 {
+				first = append(first, fmt.Sprintf("[%d] got %d want %d", i, got[i], want[i]))
+			}
+		}
+	}
+	if bad > 0 {
+		s.t.Errorf("%s (%d elements): %d differ; first: %v", name, p.n, bad, first)
+	}
+}
 
 // checkMargins verifies that no op wrote outside its views on the backend
 // under test.

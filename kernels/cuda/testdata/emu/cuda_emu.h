@@ -91,6 +91,16 @@ inline float __int_as_float(int i) {
   return f;
 }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline long long __double_as_longlong(double d) {
+  long long l;
+  memcpy(&l, &d, 8);
+  return l;
+}
+inline double __longlong_as_double(long long l) {
+  double d;
+  memcpy(&d, &l, 8);
+  return d;
+}
 inline int atomicAdd(int* p, int v) {
   int o = *p;
   *p = o + v;
