@@ -25,7 +25,9 @@ type noClose struct{ *Backend }
 func (noClose) Close() error { return nil }
 
 // TestConformanceGPU runs the conformance suite on CUDA device 0 against the
-// CPU. It skips when no driver or device is present (CI), and fails when
+// CPU, every shape (with TRACEGRPO_CONFORMANCE_REDUCED=1 the emulator's
+// reduced set: compute-sanitizer's runs and gpu-check's dry run). It skips
+// when no driver or device is present (CI), and fails when
 // TRACEGRPO_REQUIRE_GPU=1 (scripts/gpu-check.sh) and none is.
 func TestConformanceGPU(t *testing.T) {
 	b, err := OpenBackend(Options{Matmul: MatmulFP32, LogitsScratch: 37 * 64, DecodeSplit: 32})
@@ -36,5 +38,6 @@ func TestConformanceGPU(t *testing.T) {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	t.Logf("device: %s", b.Info())
-	kerneltest.Run(t, func() kernels.Backend { return b })
+	opt := kerneltest.Options{Reduced: os.Getenv("TRACEGRPO_CONFORMANCE_REDUCED") == "1"}
+	kerneltest.RunOptions(t, func() kernels.Backend { return b }, opt)
 }

@@ -3,9 +3,11 @@
 package cuda_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -128,4 +130,75 @@ func TestSamplerGPU(t *testing.T) {
 	for _, opt := range samplingOptions {
 		compareSamples(t, sampleTinyOpt(t, ref, 2, opt), sampleTinyOpt(t, be, 2, opt))
 	}
+}
+
+// TestSamplerThroughputGPU measures model.Sampler's tokens/s on device 0
+// (TRACEGRPO_PERF=1; scripts/gpu-check.sh): 256 prompts of 128 random
+// tokens decoded together (top-p 0.95 at temperature 1, device sampling,
+// the bf16 KV cache and weights of mixed precision) for 128 new tokens
+// each, from the model config at $TRACEGRPO_PERF_MODEL with zero weights
+// (the work does not depend on their values; zero logits make top-p keep
+// 95% of the vocabulary, the sampler's slowest case). It prints "PERF
+// sampler_tokens_per_s ..." with the prefill's share of the time.
+// TRACEGRPO_PERF_SHAPES=tiny shrinks it for the emulator (gpu-check's dry
+// run).
+func TestSamplerThroughputGPU(t *testing.T) {
+	if os.Getenv("TRACEGRPO_PERF") != "1" {
+		t.Skip("set TRACEGRPO_PERF=1 to measure (scripts/gpu-check.sh does)")
+	}
+	path := os.Getenv("TRACEGRPO_PERF_MODEL")
+	if path == "" {
+		t.Fatal("TRACEGRPO_PERF_MODEL names no model config")
+	}
+	cfg, err := model.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	B, promptLen, newTokens := 256, 128, 128
+	if os.Getenv("TRACEGRPO_PERF_SHAPES") == "tiny" {
+		B, promptLen, newTokens = 4, 8, 4
+	}
+	be, err := cuda.OpenBackend(cuda.Options{})
+	if err != nil {
+		t.Fatalf("no CUDA device: %v", err)
+	}
+	defer be.Close()
+	m, err := model.New(be, cfg, model.Options{MaxTokens: min(B*promptLen, 8192), MaxSeqs: B, Precision: kernels.BF16, ForwardOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := model.NewSampler(m, B, promptLen+newTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r := rand.New(rand.NewPCG(7, 7))
+	prompts := make([][]int32, B)
+	for i := range prompts {
+		prompts[i] = make([]int32, promptLen)
+		for j := range prompts[i] {
+			prompts[i][j] = int32(r.IntN(cfg.VocabSize))
+		}
+	}
+	opt := model.SampleOptions{Temperature: 1, TopP: 0.95, MaxNewTokens: 1}
+	run := func(newTok int) (time.Duration, int) {
+		opt.MaxNewTokens = newTok
+		t0 := time.Now()
+		out, err := s.Sample(prompts, opt, []*rand.Rand{rand.New(rand.NewPCG(1, 1))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, o := range out {
+			n += len(o.Tokens)
+		}
+		return time.Since(t0), n
+	}
+	run(1) // warm-up
+	prefill, _ := run(1)
+	total, n := run(newTokens)
+	tps := float64(n) / total.Seconds()
+	fmt.Printf("PERF sampler_tokens_per_s %.4g tokens/s (batch %d, prompts of %d, %d new tokens each in %.2f s; the prefill %.0f%% of it) target >= 5000: %s\n",
+		tps, B, promptLen, newTokens, total.Seconds(), 100*prefill.Seconds()/total.Seconds(), map[bool]string{true: "ok", false: "SHORT"}[tps >= 5000])
 }
