@@ -76,14 +76,26 @@
 // Warps run one at a time to their next barrier in a random order and lanes
 // in a random order, so a missing __syncthreads changes results; allocations
 // sit against a guard page, so out-of-bounds accesses crash; launches
-// enforce block, grid and shared-memory limits. The backend opened on it
-// runs the conformance suite (kernels/kerneltest) and one training step of
-// the tiny model against kernels/cpu. What the emulator cannot show: GPU
-// timing, the hardware memory model beyond barriers, warp-divergence
-// behaviour of real hardware, PTX JIT, and cuBLAS's own numerics.
-// TestConformanceGPU, TestTinyStepGPU and TestMatmulModesGPU run the same
-// checks on device 0 and skip without one (fail, with
-// TRACEGRPO_REQUIRE_GPU=1); scripts/gpu-check.sh runs them there.
+// enforce block, grid and shared-memory limits (above 48 KiB only after
+// cuFuncSetAttribute, up to sm_80's 163 KiB); vector accesses must be
+// aligned. The tensor-core instructions (csrc/mma.cuh: mma.sync m16n8k16
+// bf16, ldmatrix, cp.async) are emulated from the PTX ISA's fragment
+// layouts, the warp's operands gathered at a warp barrier; cp.async leaves
+// its destination NaN until the wait, so a read too early or a buffer
+// refilled while in use shows. TestMMALayoutEmu checks the emulation against
+// a float64 product, TestMMALayoutMutantEmu that a wrong lane mapping fails
+// it, and TestMMALayoutGPU the same kernels against the hardware. The
+// backend opened on the emulator runs the conformance suite
+// (kernels/kerneltest, its reduced shapes), one fp32 and one mixed-precision
+// training step of the tiny models, and the sampler (greedy, top-k and
+// top-p with refills) against kernels/cpu. TestSASS assembles the committed
+// PTX for sm_80 and sm_90 and checks the tensor-core kernels' HMMA, spills
+// and blocks per SM against csrc/gen_sass.md (make sass). What the emulator
+// cannot show: GPU timing, the hardware memory model beyond barriers,
+// warp-divergence behaviour of real hardware, PTX JIT, and cuBLAS's own
+// numerics. The *GPU tests run the same checks on device 0 and skip without
+// one (fail, with TRACEGRPO_REQUIRE_GPU=1); scripts/gpu-check.sh runs them
+// there, with the measurements of TestPerfGPU and TestSamplerThroughputGPU.
 package cuda
 
 import (
