@@ -49,3 +49,14 @@ type TokenSampler interface {
 	// when u·Σ lands within float64 rounding of a boundary.
 	SampleTokens(tokens, logprobs, logits, u Buf, B, V int, p SampleParams)
 }
+
+// RopeConverter fuses Rope with the conversion of its result: q and k
+// rotated and rounded to attention's bf16 operands in one pass, the fp32
+// input kept.
+type RopeConverter interface {
+	// RopeConvert: out (T,H,HD) = x (T,H,HD) rotated as Rope rotates it,
+	// in out's dtype (F32|BF16, rounded as Convert does); x (F32) is
+	// unchanged. A row whose position is outside the tables is copied
+	// unrotated and reported at Sync, as Rope leaves it.
+	RopeConvert(out, x, pos, cos, sin Buf, T, H, HD int)
+}

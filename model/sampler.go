@@ -482,8 +482,9 @@ func (s *Sampler) prefill(slots []int, prompts [][]int32) error {
 // hTok, hPos, hIdx, hLens) and leaves their logits in s.logits. The GEMMs
 // read the weights in the model's precision (its bf16 copy under mixed
 // precision, in slices of the fused q|k|v and gate|up weights) and inputs
-// of that dtype; the residual add and the norm after it are one op where
-// the backend fuses them (kernels.AddRMSNormer).
+// of that dtype; the residual add and the norm after it, and under mixed
+// precision q's rotation and rounding, are one op each where the backend
+// fuses them (kernels.AddRMSNormer, kernels.RopeConverter).
 func (s *Sampler) decodeStep(n int) {
 	m := s.m
 	b, c := m.b, m.cfg
@@ -529,14 +530,18 @@ func (s *Sampler) decodeStep(n int) {
 			b.AddBias(k, w.kBias, n, kn)
 			b.AddBias(v, w.vBias, n, kn)
 		}
-		b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
+		qW, attW := r(s.qW, qn), r(s.attW, qn)
+		if rc, ok := b.(kernels.RopeConverter); ok && s.wdt != kernels.F32 {
+			rc.RopeConvert(qW, q, pos, m.ropeCos, m.ropeSin, n, NH, HD) // rotated and rounded in one pass
+		} else {
+			b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
+			if s.wdt != kernels.F32 {
+				b.Convert(qW, q)
+			}
+		}
 		b.Rope(k, pos, m.ropeCos, m.ropeSin, n, NKV, HD)
 		b.ScatterRows(s.kc[l], k, idx, n, kn) // rounded into a bf16 cache
 		b.ScatterRows(s.vc[l], v, idx, n, kn)
-		qW, attW := r(s.qW, qn), r(s.attW, qn)
-		if s.wdt != kernels.F32 {
-			b.Convert(qW, q)
-		}
 		b.AttentionDecode(r(s.att, qn), qW, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),
 			s.lens.Slice(0, n), n, s.maxLen, NH, NKV, HD)
 		if s.wdt != kernels.F32 {

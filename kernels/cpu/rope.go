@@ -8,6 +8,9 @@ package cpu
 //	forward:  x[i] = a·c − b·s,  x[i+HD/2] = b·c + a·s     (in place, =)
 //	backward: dx[i] = a·c + b·s, dx[i+HD/2] = b·c − a·s    (in place, =)
 //
+//	RopeConvert: out (T,H,HD) = the forward rotation of x, in out's dtype    =
+//	             (kernels.RopeConverter; x unchanged)
+//
 // pos (T) is I32. The tables hold cos and sin of each position's angles;
 // package model computes them once on the host (Hugging Face's float32
 // arithmetic, plain or Llama-3 scaled inverse frequencies). A position
@@ -67,6 +70,11 @@ func (t *ropeTask) run(_, lo, hi int) {
 }
 
 func (b *Backend) rope(op string, x, pos, cosB, sinB kernels.Buf, T, H, HD int, inverse bool) {
+	b.ropeOn(op, b.f32n(x, T*H*HD, "Rope x"), pos, cosB, sinB, T, H, HD, inverse)
+}
+
+// ropeOn rotates xs (T,H,HD) in place.
+func (b *Backend) ropeOn(op string, xs []float32, pos, cosB, sinB kernels.Buf, T, H, HD int, inverse bool) {
 	if HD%2 != 0 || HD <= 0 {
 		panic(fmt.Sprintf("cpu: %s: head dimension %d is not even and positive", op, HD))
 	}
@@ -74,7 +82,6 @@ func (b *Backend) rope(op string, x, pos, cosB, sinB kernels.Buf, T, H, HD int, 
 	if cosB.N != sinB.N || cosB.N%half != 0 {
 		panic(fmt.Sprintf("cpu: %s: cos (%d) and sin (%d) tables are not both (P, %d)", op, cosB.N, sinB.N, half))
 	}
-	xs := b.f32n(x, T*H*HD, "Rope x")
 	ps := b.i32n(pos, T, "Rope pos")
 	cosT := b.F32(cosB)
 	sinT := b.F32(sinB)
@@ -102,3 +109,17 @@ func (b *Backend) Rope(x, pos, cos, sin kernels.Buf, T, H, HD int) {
 func (b *Backend) RopeBackward(dx, pos, cos, sin kernels.Buf, T, H, HD int) {
 	b.rope("RopeBackward", dx, pos, cos, sin, T, H, HD, true)
 }
+
+// RopeConvert implements kernels.RopeConverter: Rope of a copy of x, then
+// Convert into out.
+// Shapes: out (T,H,HD) F32|BF16, x (T,H,HD), pos (T) I32, cos and sin (P, HD/2).
+func (b *Backend) RopeConvert(out, x, pos, cos, sin kernels.Buf, T, H, HD int) {
+	n := T * H * HD
+	xs := b.f32n(x, n, "RopeConvert x")
+	o := b.out(out, n, "RopeConvert out")
+	copy(o, xs)
+	b.ropeOn("RopeConvert", o, pos, cos, sin, T, H, HD, false)
+	b.done(out, o)
+}
+
+var _ kernels.RopeConverter = (*Backend)(nil)

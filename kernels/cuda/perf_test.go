@@ -238,6 +238,7 @@ func runPerf(t *testing.T, b *Backend, sh perfShapes) []perfLine {
 		{"swiglu_bf16", 6 * NI, func() { b.SwiGLU(h16, g16, u16, NI) }},
 		{"swiglu_bwd_bf16", 16 * NI, func() { b.SwiGLUBackward(dg, du, dI, g16, u16, NI) }},
 		{"rope_f32", 8 * T * sh.NH * sh.HD, func() { b.Rope(qf, pos, cosT, sinT, T, sh.NH, sh.HD) }},
+		{"rope_convert_bf16", 6 * T * sh.NH * sh.HD, func() { b.RopeConvert(q, qf, pos, cosT, sinT, T, sh.NH, sh.HD) }},
 	} {
 		ms := timeMedian(t, b, sh.reps, m.f)
 		gbs := float64(m.bytes) / ms / 1e6
@@ -275,8 +276,8 @@ func TestPerfGPU(t *testing.T) {
 func TestPerfEmu(t *testing.T) {
 	b := emuBackend(t, Options{})
 	lines := runPerf(t, b, tinyPerf)
-	if len(lines) != 14 {
-		t.Fatalf("%d lines, want 14", len(lines))
+	if len(lines) != 15 {
+		t.Fatalf("%d lines, want 15", len(lines))
 	}
 	for _, l := range lines {
 		if !(l.value > 0) || math.IsInf(l.value, 0) {

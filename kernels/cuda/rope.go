@@ -2,7 +2,7 @@
 
 package cuda
 
-// Rope and RopeBackward: csrc/rope.cu.
+// Rope, RopeBackward and RopeConvert: csrc/rope.cu.
 
 import (
 	"fmt"
@@ -10,7 +10,8 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-func (b *Backend) rope(op string, x, pos, cos, sin kernels.Buf, T, H, HD int, sign float32) {
+// ropeCheck checks the arguments and returns the tables' positions P.
+func ropeCheck(op string, x, pos, cos, sin kernels.Buf, T, H, HD int) int {
 	if HD%2 != 0 || HD <= 0 {
 		panic(fmt.Sprintf("cuda: %s: head dimension %d is not even and positive", op, HD))
 	}
@@ -20,8 +21,21 @@ func (b *Backend) rope(op string, x, pos, cos, sin kernels.Buf, T, H, HD int, si
 	}
 	want(x, kernels.F32, T*H*HD, op+" x")
 	want(pos, kernels.I32, T, op+" pos")
+	return cos.N / half
+}
+
+// ropeBlocks is the grid of the warp-per-row rope kernels over T·H rows.
+func (b *Backend) ropeBlocks(T, H int) int {
+	return max(1, min(ceilDiv(T*H, threads/32), 32*b.d.info.SMs))
+}
+
+func (b *Backend) rope(op string, x, pos, cos, sin kernels.Buf, T, H, HD int, sign float32) {
+	P := ropeCheck(op, x, pos, cos, sin, T, H, HD)
+	if T*H == 0 {
+		return
+	}
 	defer b.lock()()
-	b.elementwise("rope", T*H*half, pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(cos.N/half), fa(sign), pu(b.flags))
+	b.launch("rope", b.ropeBlocks(T, H), 1, 1, threads, 0, pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), fa(sign), pu(b.flags))
 }
 
 // Rope implements kernels.Ops: x (T,H,HD) rotated in place by pos (T) with
@@ -34,3 +48,22 @@ func (b *Backend) Rope(x, pos, cos, sin kernels.Buf, T, H, HD int) {
 func (b *Backend) RopeBackward(dx, pos, cos, sin kernels.Buf, T, H, HD int) {
 	b.rope("RopeBackward", dx, pos, cos, sin, T, H, HD, -1)
 }
+
+// RopeConvert implements kernels.RopeConverter: out (T,H,HD) F32|BF16 =
+// x (T,H,HD) rotated (x unchanged).
+func (b *Backend) RopeConvert(out, x, pos, cos, sin kernels.Buf, T, H, HD int) {
+	P := ropeCheck("RopeConvert", x, pos, cos, sin, T, H, HD)
+	operands("RopeConvert out", out)
+	want(out, out.DType, T*H*HD, "RopeConvert out")
+	if T*H == 0 {
+		return
+	}
+	name := "rope_f32out"
+	if out.DType == kernels.BF16 {
+		name = "rope_bf16out"
+	}
+	defer b.lock()()
+	b.launch(name, b.ropeBlocks(T, H), 1, 1, threads, 0, pa(out), pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), pu(b.flags))
+}
+
+var _ kernels.RopeConverter = (*Backend)(nil)

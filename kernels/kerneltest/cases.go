@@ -266,6 +266,43 @@ var cases = []testCase{
 			s.check("RopeBackward dx "+tag, dx, TolRope)
 		}
 	}},
+	{"RopeConvert", func(s *suite) {
+		// The rotation fused with the cast to bf16 (kernels.RopeConverter),
+		// and its fp32 form; x must stay as it was.
+		dutR, ok := s.dut.(kernels.RopeConverter)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.RopeConverter", s.dut.Name())
+		}
+		refR := s.ref.(kernels.RopeConverter)
+		for _, sh := range []struct {
+			T, H, HD int
+			theta    float64
+			maxPos   int
+		}{{1, 1, 2, 10000, 1}, {37, 3, 8, 10000, 100}, {20, 16, 128, 1e6, 4096}} {
+			pos := s.i32(s.randTokens(sh.T, sh.maxPos))
+			cos, sin := s.ropeTables(sh.maxPos, sh.HD, sh.theta)
+			n := sh.T * sh.H * sh.HD
+			x := s.randn(n, 1)
+			o16, o32 := s.randnBF16(n, 1), s.out(n)
+			refR.RopeConvert(o16.r, x.r, pos.r, cos.r, sin.r, sh.T, sh.H, sh.HD)
+			dutR.RopeConvert(o16.d, x.d, pos.d, cos.d, sin.d, sh.T, sh.H, sh.HD)
+			refR.RopeConvert(o32.r, x.r, pos.r, cos.r, sin.r, sh.T, sh.H, sh.HD)
+			dutR.RopeConvert(o32.d, x.d, pos.d, cos.d, sin.d, sh.T, sh.H, sh.HD)
+			tag := fmt.Sprintf("T=%d H=%d HD=%d", sh.T, sh.H, sh.HD)
+			s.check("RopeConvert bf16 out "+tag, o16, TolBF16Out)
+			s.check("RopeConvert f32 out "+tag, o32, TolRope)
+			s.check("RopeConvert leaves x "+tag, x, TolExact)
+		}
+		// A position outside the tables: that row copied unrotated, reported.
+		const T, H, HD = 3, 2, 8
+		pos := s.i32([]int32{0, 6, 2})
+		cos, sin := s.ropeTables(6, HD, 10000)
+		x, o := s.randn(T*H*HD, 1), s.randnBF16(T*H*HD, 1)
+		refR.RopeConvert(o.r, x.r, pos.r, cos.r, sin.r, T, H, HD)
+		dutR.RopeConvert(o.d, x.d, pos.d, cos.d, sin.d, T, H, HD)
+		s.wantSyncError("RopeConvert with position 6 of a 6-row table")
+		s.check("RopeConvert bf16 out with a bad position", o, TolBF16Out)
+	}},
 	{"RopeBadPosition", func(s *suite) {
 		// Position 6 of a 6-row table, and a negative one: those rows stay
 		// as they were, the others rotate, and Sync reports the error.
