@@ -84,7 +84,11 @@ var sassIntents = map[string]sassIntent{
 	"attention_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
 	"mma_selftest_frag":              {tensorCores: true, threads: 32},
 	"mma_selftest_ldmatrix":          {tensorCores: true, threads: 32},
-	"attention_fwd":                  {threads: attThreads, dynSmem: func() (int, string) { return 4 * (attFwdRows*128 + attKeyTile*129 + attKeyTile*128), "HD=128" }},
+	// The LM head's own kernels: memory-bound reductions over each fp32
+	// logits chunk (its GEMMs are cuBLAS's, whose SASS is not ours).
+	"logprob_chunk":          {threads: threads},
+	"logprob_bwd_chunk_bf16": {threads: threads},
+	"attention_fwd":          {threads: attThreads, dynSmem: func() (int, string) { return 4 * (attFwdRows*128 + attKeyTile*129 + attKeyTile*128), "HD=128" }},
 }
 
 // TestSASS assembles every committed PTX for sm_80 and sm_90 and checks:
@@ -173,7 +177,8 @@ func sassMarkdown(ver string, all map[string]map[string]*kernelFacts) string {
 	b.WriteString("spills, shared memory (static from ptxas plus the dynamic size the launcher asks for), tensor-core\n")
 	b.WriteString("instructions in `cuobjdump -sass`, and the blocks of the kernel one SM holds at once (registers in\n")
 	b.WriteString("units of 256 per warp, 1 KiB of shared memory reserved per block). kernels/cuda's TestSASS checks\n")
-	b.WriteString("these facts and that this file is current.\n\n")
+	b.WriteString("these facts and that this file is current. The LM head's tensor-core work is cuBLAS's GEMMs\n")
+	b.WriteString("(cublasGemmEx, bf16 operands): its own kernels below are the chunk reductions, with no HMMA.\n\n")
 	b.WriteString("ptxas: " + ver + "\n\n")
 	names := make([]string, 0, len(sassIntents))
 	for n := range sassIntents {
