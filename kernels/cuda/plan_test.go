@@ -21,6 +21,9 @@ func TestTrainPlanEqualsAllocatedEmu(t *testing.T) {
 	}{
 		{"builtin", nil},
 		{"checkpointing_kl", []string{"policy.megatron_cfg.activation_checkpointing=true", "loss_fn.reference_policy_kl_penalty=0.01"}},
+		// Mixed precision: the bf16 paths' scratch (the LM head's bf16 dz
+		// inside the logits chunk) must be in the plan too.
+		{"bf16", []string{"policy.precision=bfloat16"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := cuda.EmuBackend(t, cuda.Options{})
