@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
@@ -41,6 +42,9 @@ func trainerCommand(t *testing.T, args ...string) *exec.Cmd {
 // signal through it without signalling the test binary).
 var testSignals chan os.Signal
 
+// testWrap, when set, wraps the run's backend (to count its calls).
+var testWrap func(kernels.Backend) kernels.Backend
+
 // run is train's command line for the tests of this package: the run's
 // flags, the CPU backend, and train's exit statuses (0, 1 for a failure,
 // 2 for a usage error).
@@ -55,6 +59,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	be := cpu.New(2)
 	defer be.Close()
 	o.Backend, o.Log = be, stderr
+	if testWrap != nil {
+		o.Backend = testWrap(be)
+	}
 	if testSignals != nil {
 		o.Signals = testSignals
 	}

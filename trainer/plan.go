@@ -74,6 +74,11 @@ type PlanRequest struct {
 	Resume bool
 }
 
+// cpuMixedPrecision makes the CPU backend run bf16 mixed precision as the
+// recipe asks, through its widening reference kernels, where it otherwise
+// computes in fp32: tests use it to train the mixed-precision path quickly.
+var cpuMixedPrecision = false
+
 // runShape is the model options and sampler shape a run uses: New and
 // PlanRun both take them from here.
 type runShape struct {
@@ -108,7 +113,7 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 	T := rows * seq
 	s.rows, s.seq = rows, seq
 	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32}
-	if s.precision == config.PrecisionBFloat16 && backend != "cpu" {
+	if s.precision == config.PrecisionBFloat16 && (backend != "cpu" || cpuMixedPrecision) {
 		s.opt.Precision = kernels.BF16
 	}
 	if builtin {
