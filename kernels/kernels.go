@@ -38,6 +38,13 @@
 // statistics (lse, rstd, logprob) are always F32. kernels/cpu implements
 // every BF16 variant by widening into fp32 and rounding the outputs: the
 // reference the CUDA kernels (tensor cores) are checked against.
+//
+// # Optional fused paths
+//
+// Fast paths that fuse ops, or move work onto the backend, are small
+// interfaces a backend may also implement (fused.go: AddRMSNormer,
+// RopeConverter, TokenSampler), found by type assertion; callers fall back
+// to the core ops when a backend lacks one. kernels/cpu implements each.
 package kernels
 
 import (
