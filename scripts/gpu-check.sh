@@ -257,7 +257,7 @@ report() { # name tokens/s ms memory
 		tf = tps*fpt/1e12
 		if (peak > 0) mfu = sprintf("%.1f%% of %d TFLOP/s dense bf16 (%s)", 100*tf/peak, peak, g)
 		else mfu = "n/a (GPU not in the peak table)"
-		printf "PERF step_%s %.0f tokens/s (%dx%d tokens/step, %.1f ms/step, %.1f model TFLOP/s at %.4g FLOP/token, MFU %s, peak memory %s MiB)\n", n, tps, rows, seq, ms, tf, fpt, mfu, mem }'
+		printf "PERF step_%s %.0f tokens/s (%dx%d tokens/step, bf16 mixed precision, no activation checkpointing, %.1f ms/step, %.1f model TFLOP/s at %.4g FLOP/token, MFU %s, peak memory %s MiB)\n", n, tps, rows, seq, ms, tf, fpt, mfu, mem }'
 }
 if [ -n "$tg_tps" ]; then
 	report tracegrpo "$tg_tps" "$tg_ms" "${tg_mem:-?} in use on the device (${tg_plan:-?} allocated by the backend)" | tee -a "$summary"
