@@ -257,21 +257,21 @@ report() { # name tokens/s ms memory
 		tf = tps*fpt/1e12
 		if (peak > 0) mfu = sprintf("%.1f%% of %d TFLOP/s dense bf16 (%s)", 100*tf/peak, peak, g)
 		else mfu = "n/a (GPU not in the peak table)"
-		printf "PERF step_%s %.0f tokens/s (%dx%d tokens/step, bf16 mixed precision, no activation checkpointing, %.1f ms/step, %.1f model TFLOP/s at %.4g FLOP/token, MFU %s, peak memory %s MiB)\n", n, tps, rows, seq, ms, tf, fpt, mfu, mem }'
+		printf "PERF step_%s %.0f tokens/s (%dx%d tokens/step, bf16 mixed precision, no activation checkpointing, %.1f ms/step, %.1f model TFLOP/s at %.4g FLOP/token, MFU %s, peak memory %s)\n", n, tps, rows, seq, ms, tf, fpt, mfu, mem }'
 }
 if [ -n "$tg_tps" ]; then
-	report tracegrpo "$tg_tps" "$tg_ms" "${tg_mem:-?} in use on the device (${tg_plan:-?} allocated by the backend)" | tee -a "$summary"
-	awk -v tps="$tg_tps" -v fpt="$flops_per_token" -v peak="$peak" 'BEGIN { if (peak > 0) { m = 100*tps*fpt/1e12/peak; printf "PERF step_mfu %.1f %% target >= 35: %s\n", m, m >= 35 ? "ok" : "SHORT" } }' | tee -a "$summary"
+	report tracegrpo "$tg_tps" "$tg_ms" "${tg_mem:-?} MiB in use on the device, $(printf '%.0f' "${tg_plan:-0}") MiB of it allocated by the backend" | tee -a "$summary"
+	awk -v tps="$tg_tps" -v fpt="$flops_per_token" -v peak="$peak" 'BEGIN { if (peak > 0) { m = 100*tps*fpt/1e12/peak; printf "PERF step_mfu %.1f %% target >= 35: %s\n", m, (m >= 35 ? "ok" : "SHORT") } }' | tee -a "$summary"
 else
 	say "bench tracegrpo: no result (see bench.err)"
 fi
 if [ -n "$pt_tps" ]; then
-	report pytorch "$pt_tps" "$pt_ms" "$pt_mem (torch.cuda.max_memory_allocated)" | tee -a "$summary"
+	report pytorch "$pt_tps" "$pt_ms" "$(printf '%.0f' "${pt_mem:-0}") MiB (torch.cuda.max_memory_allocated)" | tee -a "$summary"
 else
 	say "bench pytorch: no result (see torch.err)"
 fi
 if [ -n "$tg_ms" ] && [ -n "$pt_ms" ]; then
-	awk -v a="$tg_ms" -v b="$pt_ms" 'BEGIN { r = a/b; printf "PERF step_vs_pytorch %.2f x PyTorch step time target <= 1.5: %s\n", r, r <= 1.5 ? "ok" : "SHORT" }' | tee -a "$summary"
+	awk -v a="$tg_ms" -v b="$pt_ms" 'BEGIN { r = a/b; printf "PERF step_vs_pytorch %.2f x PyTorch step time target <= 1.5: %s\n", r, (r <= 1.5 ? "ok" : "SHORT") }' | tee -a "$summary"
 fi
 if grep -q "ms/step" "$out/profile.txt" 2>/dev/null; then
 	say "profile of the step (the ops that take longest; profile.txt has all):"
