@@ -159,23 +159,60 @@ func (m *Model) forward() {
 func (m *Model) forwardBody(after func(l int)) {
 	T, C := m.lastT, m.cfg.HiddenSize
 	m.b.Embedding(m.la[0].x.Slice(0, T*C), m.wte, m.tokens.Slice(0, T), T, C)
+	m.norm1(0)
 	for l := range m.la {
 		m.layerForward(l, true)
 		if after != nil {
 			after(l)
 		}
 	}
-	m.b.RMSNorm(m.lnf.Slice(0, T*C), m.rstdf.Slice(0, T), m.xf.Slice(0, T*C), m.norm, T, C, m.cfg.RMSNormEps)
+}
+
+// norm1 queues layer l's input norm: ln1 of la[l].x.
+func (m *Model) norm1(l int) {
+	T, C := m.lastT, m.cfg.HiddenSize
+	a := &m.la[l]
+	m.b.RMSNorm(a.ln1.Slice(0, T*C), a.rstd1.Slice(0, T), a.x.Slice(0, T*C), m.layers[l].ln1, T, C, m.cfg.RMSNormEps)
+}
+
+// addThenNorm queues sum = a + b, then out, rstd = RMSNorm(sum): one fused op
+// where the backend has it, the same results either way.
+func (m *Model) addThenNorm(sum, out, rstd, a, b, weight kernels.Buf, N, C int) {
+	if m.addNorm != nil {
+		m.addNorm.AddRMSNorm(sum, out, rstd, a, b, weight, N, C, m.cfg.RMSNormEps)
+		return
+	}
+	m.b.Add(sum, a, b, N*C)
+	m.b.RMSNorm(out, rstd, sum, weight, N, C, m.cfg.RMSNormEps)
+}
+
+// ropeTo rotates x32 (T,H,HD) F32 into the attention operand dst: in place
+// under F32 (dst is x32), else rotated and rounded into dst in one pass
+// where the backend fuses it, leaving x32 unrotated.
+func (m *Model) ropeTo(dst, x32, pos, cos, sin kernels.Buf, T, H, HD int) {
+	switch {
+	case m.wdt == kernels.F32:
+		m.b.Rope(x32, pos, cos, sin, T, H, HD)
+	case m.ropeConv != nil:
+		m.ropeConv.RopeConvert(dst, x32, pos, cos, sin, T, H, HD)
+	default:
+		m.b.Rope(x32, pos, cos, sin, T, H, HD)
+		m.b.Convert(dst, x32)
+	}
 }
 
 // layerForward queues decoder layer l from its input la[l].x. With full it
-// also writes the layer's output (the next layer's input or xf); without,
-// it stops once every activation the layer's backward needs is ready.
+// also writes the layer's output: the next layer's input and, fused with
+// the residual add, its input norm (or xf and the final norm lnf); layer
+// l's own input norm is then already done (norm1), except for layer 0.
+// Without full (recomputation in the backward pass) it norms its input
+// itself and stops once every activation the layer's backward needs is
+// ready.
 //
 // q, k and v come from one GEMM (the fused q|k|v weight) into qkvOut, fp32
-// for the bias, q/k norms and RoPE, then split apart (and rounded to bf16
-// under mixed precision); gate and up come from one GEMM into fused, then
-// split.
+// for the bias, q/k norms and RoPE, then split apart (v straight into its
+// attention operand, rounded to bf16 under mixed precision); gate and up
+// come from one GEMM into fused, then split.
 func (m *Model) layerForward(l int, full bool) {
 	b, c := m.b, m.cfg
 	T := m.lastT
@@ -188,13 +225,15 @@ func (m *Model) layerForward(l int, full bool) {
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
-	b.RMSNorm(tc(a.ln1, C), a.rstd1.Slice(0, T), x, w.ln1, T, C, eps)
+	if !full {
+		m.norm1(l)
+	}
 	qkv := tc(m.qkvOut, qkvN)
 	b.Matmul(qkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	if c.QKVBias() {
 		b.AddBias(qkv, w.qkvBias, T, qkvN)
 	}
-	q32, k32, v32 := tc(a.q32, qn), tc(a.k32, kn), tc(a.v32, kn)
+	q32, k32 := tc(a.q32, qn), tc(a.k32, kn)
 	if c.Arch == Qwen3 {
 		b.CopyCols(tc(a.qraw, qn), qkv, T, qn, qn, qkvN)
 		b.CopyCols(tc(a.kraw, kn), qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
@@ -204,20 +243,14 @@ func (m *Model) layerForward(l int, full bool) {
 		b.CopyCols(q32, qkv, T, qn, qn, qkvN)
 		b.CopyCols(k32, qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
 	}
-	b.CopyCols(v32, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
-	b.Rope(q32, pos, cos, sin, T, NH, HD)
-	b.Rope(k32, pos, cos, sin, T, NKV, HD)
 	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
-	if m.wdt != kernels.F32 {
-		b.Convert(q, q32)
-		b.Convert(k, k32)
-		b.Convert(v, v32)
-	}
+	b.CopyCols(v, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
+	m.ropeTo(q, q32, pos, cos, sin, T, NH, HD)
+	m.ropeTo(k, k32, pos, cos, sin, T, NKV, HD)
 	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
-	b.Add(xmid, xmid, x, T*C)
-	b.RMSNorm(tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, w.ln2, T, C, eps)
+	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
 	gu := tc(m.fused, 2*I)
 	b.Matmul(gu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
@@ -226,12 +259,16 @@ func (m *Model) layerForward(l int, full bool) {
 	if !full {
 		return
 	}
-	next := tc(m.xf, C)
 	if l+1 < len(m.la) {
-		next = tc(m.la[l+1].x, C)
+		n := &m.la[l+1]
+		next := tc(n.x, C)
+		b.Matmul(next, tc(a.h, I), gw.down, T, I, C)
+		m.addThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), next, xmid, m.layers[l+1].ln1, T, C)
+		return
 	}
-	b.Matmul(next, tc(a.h, I), gw.down, T, I, C)
-	b.Add(next, next, xmid, T*C)
+	xf := tc(m.xf, C)
+	b.Matmul(xf, tc(a.h, I), gw.down, T, I, C)
+	m.addThenNorm(xf, tc(m.lnf, C), m.rstdf.Slice(0, T), xf, xmid, m.norm, T, C)
 }
 
 // Backward accumulates into Grads the gradient of L with respect to every

@@ -83,21 +83,21 @@ type layerActs struct {
 	qrstd kernels.Buf // (T,NH) (Qwen3 only)
 	kraw  kernels.Buf // (T,NKV,HD) (Qwen3 only)
 	krstd kernels.Buf // (T,NKV) (Qwen3 only)
-	// q32, k32 after norm and RoPE, and v32, in fp32: the attention
-	// operands under F32 (the same buffers as q, k, v), one layer's scratch
-	// under BF16.
-	q32, k32, v32 kernels.Buf
-	q             kernels.Buf // (T,NH,HD) w
-	k             kernels.Buf // (T,NKV,HD) w
-	v             kernels.Buf // (T,NKV,HD) w
-	att           kernels.Buf // (T,NH,HD) w
-	lse           kernels.Buf // (T,NH)
-	xmid          kernels.Buf // (T,C) residual after attention
-	ln2           kernels.Buf // (T,C) w
-	rstd2         kernels.Buf // (T)
-	gate          kernels.Buf // (T,I) w
-	up            kernels.Buf // (T,I) w
-	h             kernels.Buf // (T,I) w silu(gate)·up
+	// q32, k32: q and k in fp32 before RoPE (after the q/k norms): the
+	// attention operands under F32 (the same buffers as q, k, rotated in
+	// place), one layer's scratch under BF16 (RoPE then writes q, k).
+	q32, k32 kernels.Buf
+	q        kernels.Buf // (T,NH,HD) w
+	k        kernels.Buf // (T,NKV,HD) w
+	v        kernels.Buf // (T,NKV,HD) w
+	att      kernels.Buf // (T,NH,HD) w
+	lse      kernels.Buf // (T,NH)
+	xmid     kernels.Buf // (T,C) residual after attention
+	ln2      kernels.Buf // (T,C) w
+	rstd2    kernels.Buf // (T)
+	gate     kernels.Buf // (T,I) w
+	up       kernels.Buf // (T,I) w
+	h        kernels.Buf // (T,I) w silu(gate)·up
 }
 
 // workspace is the activation memory one or more models run in: a policy
@@ -121,6 +121,10 @@ type Model struct {
 	tidx  tableIdx
 	lidx  []layerIdx
 	wdt   kernels.DType // Options.Precision
+
+	// The backend's optional fused paths (nil: the core ops).
+	addNorm  kernels.AddRMSNormer
+	ropeConv kernels.RopeConverter
 
 	params, grads kernels.Buf
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only)
@@ -195,7 +199,7 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.b = b
+	m.setBackend(b)
 	sz, p := m.sizes()
 	if err := m.allocWeights(sz); err != nil {
 		return nil, err
@@ -248,7 +252,8 @@ func NewReference(policy *Model) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m.b, m.forwardOnly, m.owner = policy.b, true, policy
+	m.setBackend(policy.b)
+	m.forwardOnly, m.owner = true, policy
 	sz, p := m.sizes()
 	if sz.acts > policy.ws.acts.N || sz.actsW > policy.ws.actsW.N || sz.ints > policy.ws.ints.N {
 		return nil, fmt.Errorf("model: reference activations (%d, %d, %d elements) exceed the policy's workspace (%d, %d, %d)",
@@ -264,6 +269,13 @@ func NewReference(policy *Model) (*Model, error) {
 	p.cut(m, policy.ws)
 	m.hostStaging()
 	return m, nil
+}
+
+// setBackend sets the backend and finds its optional fused paths.
+func (m *Model) setBackend(b kernels.Backend) {
+	m.b = b
+	m.addNorm, _ = b.(kernels.AddRMSNormer)
+	m.ropeConv, _ = b.(kernels.RopeConverter)
 }
 
 // allocWeights allocates the fp32 parameter arena and, under BF16, its copy.
@@ -341,24 +353,36 @@ func (m *Model) views() {
 	}
 }
 
-// arenaPlan cuts named views out of one allocation.
+// arenaPlan cuts named views out of one allocation. Every view starts on a
+// 16-byte boundary, so the GPU kernels' 16-byte loads and tensor-core tiles
+// apply to every view whatever the lengths before it.
 type arenaPlan struct {
 	n    int
+	elem int // bytes per element; 0 means 4
 	dsts []*kernels.Buf
+	offs []int
 	lens []int
 }
 
+// viewAlign is the byte boundary every view starts on.
+const viewAlign = 16
+
 func (p *arenaPlan) add(dst *kernels.Buf, n int) {
+	elem := p.elem
+	if elem == 0 {
+		elem = 4
+	}
+	a := viewAlign / elem
+	off := (p.n + a - 1) / a * a
 	p.dsts = append(p.dsts, dst)
+	p.offs = append(p.offs, off)
 	p.lens = append(p.lens, n)
-	p.n += n
+	p.n = off + n
 }
 
 func (p *arenaPlan) cut(arena kernels.Buf) {
-	off := 0
 	for i, d := range p.dsts {
-		*d = arena.Slice(off, p.lens[i])
-		off += p.lens[i]
+		*d = arena.Slice(p.offs[i], p.lens[i])
 	}
 }
 
@@ -416,6 +440,7 @@ func (m *Model) layoutActs() *actPlan {
 	qkvN := qn + 2*kn
 	bf16 := m.wdt == kernels.BF16
 	p := &actPlan{}
+	p.w.elem = m.wdt.Size()
 	f := &p.f
 	w := &p.f
 	if bf16 {
@@ -458,11 +483,10 @@ func (m *Model) layoutActs() *actPlan {
 		w.add(&a.up, T*I)
 		w.add(&a.h, T*I)
 	}
-	var q32, k32, v32 kernels.Buf
+	var q32, k32 kernels.Buf
 	if bf16 {
 		f.add(&q32, T*qn)
 		f.add(&k32, T*kn)
-		f.add(&v32, T*kn)
 		f.add(&m.qkvOut, T*qkvN)
 	}
 	w.add(&m.fused, T*max(qkvN, 2*I))
@@ -508,9 +532,9 @@ func (m *Model) layoutActs() *actPlan {
 			}
 			a := &m.la[l]
 			if bf16 {
-				a.q32, a.k32, a.v32 = q32, k32, v32
+				a.q32, a.k32 = q32, k32
 			} else {
-				a.q32, a.k32, a.v32 = a.q, a.k, a.v
+				a.q32, a.k32 = a.q, a.k
 			}
 		}
 		if !bf16 {

@@ -164,6 +164,7 @@ func (s *Sampler) layout(c Config, opt Options) (cp, ap, wp, ip arenaPlan) {
 	w := &ap
 	if opt.Precision == kernels.BF16 {
 		w = &wp
+		cp.elem, wp.elem = 2, 2
 	}
 	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
 	s.vc = make([]kernels.Buf, c.NumHiddenLayers)
@@ -457,8 +458,8 @@ func (s *Sampler) prefill(slots []int, prompts [][]int32) error {
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
 		m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
-			m.b.ScatterRows(s.kc[l], m.la[l].k32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
-			m.b.ScatterRows(s.vc[l], m.la[l].v32.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
 		})
 		for p := start; p < end; p++ {
 			last := int(s.prefillCu[p-start+1]) - 1

@@ -74,6 +74,17 @@ type PlanRequest struct {
 	Resume bool
 }
 
+// maxSamplerSlots caps the in-process sampler's batch: its KV cache holds
+// that many sequences of policy.max_total_sequence_length tokens, and the
+// calls of a round beyond it wait for a slot (SampleOptions.Refill).
+var maxSamplerSlots = 256
+
+// samplerSlots is the in-process sampler's batch: twice a step's logical
+// rollouts, at most maxSamplerSlots.
+func samplerSlots(c *config.Config) int {
+	return min(2*c.Policy.TrainGlobalBatchSize, maxSamplerSlots)
+}
+
 // cpuMixedPrecision makes the CPU backend run bf16 mixed precision as the
 // recipe asks, through its widening reference kernels, where it otherwise
 // computes in fp32: tests use it to train the mixed-precision path quickly.
@@ -118,7 +129,7 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 	}
 	if builtin {
 		s.sampler = true
-		s.samplerB, s.samplerL = 2*c.Policy.TrainGlobalBatchSize, seq
+		s.samplerB, s.samplerL = samplerSlots(c), seq
 	}
 	return s, nil
 }

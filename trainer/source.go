@@ -122,14 +122,18 @@ func (s *builtinSource) start(t *Trainer) error {
 	}
 	g := t.cfg.Policy.Generation
 	// The longest call: every prompt and generation fits one trace.
-	maxBatch := 2 * t.cfg.Policy.TrainGlobalBatchSize
-	sampler, err := model.NewSampler(t.model, maxBatch, t.cfg.Policy.MaxTotalSequenceLength)
+	sampler, err := model.NewSampler(t.model, samplerSlots(&t.cfg), t.cfg.Policy.MaxTotalSequenceLength)
 	if err != nil {
 		return err
 	}
 	opt := model.SampleOptions{
 		Temperature: float32(g.Temperature), TopP: float32(g.TopP), MaxNewTokens: g.MaxNewTokens,
 		StopTokens: []int32{rollout.EOS},
+		// More calls in a round than slots decode in turn, each finished
+		// slot taking the next waiting prompt: the batch stays full. Every
+		// call draws from its own random stream, so the samples do not
+		// depend on the slot count.
+		Refill: true,
 	}
 	if g.TopK != nil {
 		opt.TopK = *g.TopK

@@ -784,3 +784,19 @@ func TestWeightCopyOncePerStep(t *testing.T) {
 		t.Fatalf("5 steps made %d copies of the weights, want 5", c.copies)
 	}
 }
+
+// TestSamplerSlotsDoNotChangeTheRun: with fewer sampler slots than calls in
+// a round, the calls decode in turn (each finished slot takes the next
+// waiting prompt) and the run is bit-identical: every call draws from its
+// own random stream.
+func TestSamplerSlotsDoNotChangeTheRun(t *testing.T) {
+	full, few := t.TempDir(), t.TempDir()
+	mustTrain(t, trainArgs(full, 2)...)
+	maxSamplerSlots = 5
+	defer func() { maxSamplerSlots = 256 }()
+	mustTrain(t, trainArgs(few, 2)...)
+	sameMetrics(t, metricsNoTimes(t, full), metricsNoTimes(t, few))
+	if d, name := maxAbsDiff(weights(t, full, 2), weights(t, few, 2)); d != 0 {
+		t.Fatalf("weights differ by %g (%s)", d, name)
+	}
+}
