@@ -127,7 +127,7 @@ say "cuBLAS folders: ${TRACEGRPO_CUDA_LIBS:-none found (relying on the loader pa
 (cd "$root/kernels/cuda" && TRACEGRPO_REQUIRE_GPU=1 timeout "$(tmo 75)" "$bin/cuda.test" \
 	-test.run 'GPU$|SM90$|^TestSASS$' -test.skip 'Perf|Throughput' -test.v -test.count=1) >"$out/gpu-tests.txt" 2>&1
 rc=$?
-for t in TestConformanceGPU TestMMALayoutGPU TestTinyStepGPU TestTinyStepBF16GPU TestTinyStepNCCLGPU TestSamplerGPU TestMatmulModesGPU; do
+for t in TestConformanceGPU TestMMALayoutGPU TestTinyStepGPU TestTinyStepBF16GPU TestTinyStepNCCLGPU TestSamplerGPU TestMatmulModesGPU TestTrainPlanEqualsAllocatedGPU; do
 	if grep -q -- "--- PASS: $t " "$out/gpu-tests.txt"; then
 		say "PASS: $t"
 	else

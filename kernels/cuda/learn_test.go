@@ -30,9 +30,22 @@ func TestBuiltinJobLearnsBF16Emu(t *testing.T) {
 	if os.Getenv(longEnv) != "1" {
 		t.Skipf("takes about half an hour on the emulator: set %s=1", longEnv)
 	}
+	builtinJobLearnsBF16(t, func(t *testing.T) *cuda.Backend { return cuda.EmuBackend(t, cuda.Options{}) })
+}
+
+// TestBuiltinJobLearnsBF16GPU: the same on CUDA device 0; with
+// TRACEGRPO_LONG=1 (scripts/gpu-check.sh's budget leaves it out by default).
+func TestBuiltinJobLearnsBF16GPU(t *testing.T) {
+	if os.Getenv(longEnv) != "1" {
+		t.Skipf("set %s=1 to run it", longEnv)
+	}
+	builtinJobLearnsBF16(t, gpuBackend)
+}
+
+func builtinJobLearnsBF16(t *testing.T, open func(*testing.T) *cuda.Backend) {
 	gains := map[string]float64{}
 	for _, prec := range []string{"float32", "bfloat16"} {
-		be := cuda.EmuBackend(t, cuda.Options{})
+		be := open(t)
 		out := t.TempDir()
 		tr, err := trainer.New(trainer.Options{Backend: be, Out: out, Steps: 50, Quiet: true, Sets: []string{
 			"policy.precision=" + prec, "policy.megatron_cfg.optimizer.lr=3e-3", "checkpointing.enabled=false"}})
@@ -53,7 +66,7 @@ func TestBuiltinJobLearnsBF16Emu(t *testing.T) {
 			last += float64(ms[len(ms)-1-i].RewardMean) / 10
 		}
 		gains[prec] = last - first
-		t.Logf("%s on the emulator: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f)", prec, first, last, last-first)
+		t.Logf("%s: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f)", prec, first, last, last-first)
 	}
 	if g := gains["bfloat16"]; g < learnGainMin || math.Abs(g-gains["float32"]) > bf16GainSpread {
 		t.Errorf("bf16 gain %.3f, fp32 gain %.3f: want ≥ %.2f and within %.3f of fp32's", g, gains["float32"], learnGainMin, bf16GainSpread)

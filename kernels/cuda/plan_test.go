@@ -3,6 +3,7 @@
 package cuda_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -15,6 +16,30 @@ import (
 // makes, its ops' scratch included): the built-in job with and without
 // activation checkpointing and with a KL reference policy.
 func TestTrainPlanEqualsAllocatedEmu(t *testing.T) {
+	trainPlanEqualsAllocated(t, func(t *testing.T) *cuda.Backend { return cuda.EmuBackend(t, cuda.Options{}) })
+}
+
+// TestTrainPlanEqualsAllocatedGPU: the same on CUDA device 0 (the device
+// memory cuBLAS and the driver keep for themselves is not the backend's).
+func TestTrainPlanEqualsAllocatedGPU(t *testing.T) {
+	trainPlanEqualsAllocated(t, gpuBackend)
+}
+
+// gpuBackend opens CUDA device 0, or skips (fails under
+// TRACEGRPO_REQUIRE_GPU=1).
+func gpuBackend(t *testing.T) *cuda.Backend {
+	be, err := cuda.OpenBackend(cuda.Options{})
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
+			t.Fatalf("no CUDA device: %v", err)
+		}
+		t.Skipf("no CUDA device: %v", err)
+	}
+	t.Cleanup(func() { be.Close() })
+	return be
+}
+
+func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend) {
 	for _, c := range []struct {
 		name string
 		sets []string
@@ -26,7 +51,7 @@ func TestTrainPlanEqualsAllocatedEmu(t *testing.T) {
 		{"bf16", []string{"policy.precision=bfloat16"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			be := cuda.EmuBackend(t, cuda.Options{})
+			be := open(t)
 			// A small step (4 rollouts) keeps the emulator quick.
 			sets := append([]string{"grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2"}, c.sets...)
 			tr, err := trainer.New(trainer.Options{Backend: be, Out: t.TempDir(), Steps: 1, Quiet: true, Sets: sets})
