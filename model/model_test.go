@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -439,6 +440,154 @@ func TestInitRandom(t *testing.T) {
 		if std < 0.018*0.018 || std > 0.022*0.022 {
 			t.Errorf("%s: variance %g, want about %g", p.Name, std, InitStd*InitStd)
 		}
+	}
+}
+
+// TestInitRandomStagesInChunks: a tensor of several staging chunks gets the
+// generator's values in order across the chunk boundaries (biases 0, norm
+// weights 1), and initializing allocates one chunk of host memory, not the
+// largest tensor (which held 1 GiB outside the memory plan for Llama-3.2-1B).
+func TestInitRandomStagesInChunks(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	cfg, err := LoadConfig(filepath.Join("testdata", "qwen2_tied", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.VocabSize = 4*initChunk/cfg.HiddenSize + 17 // four chunks and a partial one
+	m, err := New(b, cfg, Options{MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	m.InitRandom(5)
+	runtime.ReadMemStats(&after)
+	largest := 0
+	for _, p := range m.Table().Params {
+		largest = max(largest, p.N)
+	}
+	if largest <= 4*initChunk {
+		t.Fatalf("largest tensor %d values: the test needs more than four chunks", largest)
+	}
+	if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(initChunk*4+1<<20); got > limit {
+		t.Errorf("InitRandom allocated %d bytes of host memory, want at most %d (largest tensor: %d bytes)", got, limit, 4*largest)
+	}
+	r := rand.New(rand.NewPCG(5, 0x7472616365677270))
+	got := m.ParamsHost()
+	sawBias := false
+	for _, p := range m.Table().Params {
+		for i, x := range got[p.Offset : p.Offset+p.N] {
+			want := float32(1)
+			switch {
+			case p.Bias:
+				want, sawBias = 0, true
+			case len(p.Shape) > 1:
+				want = float32(r.NormFloat64() * InitStd)
+			}
+			if x != want {
+				t.Fatalf("%s[%d] = %g, want %g", p.Name, i, x, want)
+			}
+		}
+	}
+	if !sawBias {
+		t.Fatal("the model has no bias: the test covers none")
+	}
+}
+
+// TestLoadHFStreams: LoadHF reads a tied model whose embedding spans several
+// staging chunks with its stored lm_head copy, allocating about two chunks of
+// host memory instead of two copies of the embedding, and names the element a
+// bad value or a differing head sits at beyond the first chunk.
+func TestLoadHFStreams(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	cfg, err := LoadConfig(filepath.Join("testdata", "qwen2_tied", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.VocabSize = 4*initChunk/cfg.HiddenSize + 17
+	src, err := New(b, cfg, Options{MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	src.InitRandom(8)
+	want := src.ParamsHost()
+	var ts []safetensors.Tensor
+	var wte []float32
+	for _, p := range src.Table().Params {
+		vals := want[p.Offset : p.Offset+p.N]
+		if p.Name == "model.embed_tokens.weight" {
+			wte = vals
+		}
+		ts = append(ts, safetensors.Tensor{Spec: safetensors.Spec{Name: p.Name, DType: safetensors.F32, Shape: p.Shape}, F32: vals})
+	}
+	if len(wte) <= 4*initChunk {
+		t.Fatalf("embedding of %d values: the test needs more than four chunks", len(wte))
+	}
+	spec := ts[0].Spec
+	for _, x := range ts {
+		if x.Name == "model.embed_tokens.weight" {
+			spec = x.Spec
+		}
+	}
+	spec.Name = "lm_head.weight"
+	write := func(t *testing.T, head []float32, edit func([]float32)) string {
+		emb := slices.Clone(wte)
+		if edit != nil {
+			edit(emb)
+		}
+		all := slices.Clone(ts)
+		for i := range all {
+			if all[i].Name == "model.embed_tokens.weight" {
+				all[i].F32 = emb
+			}
+		}
+		all = append(all, safetensors.Tensor{Spec: spec, F32: head})
+		dir := t.TempDir()
+		if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), all, nil); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	load := func(t *testing.T, dir string) (*Model, uint64, error) {
+		m, err := New(b, cfg, Options{MaxTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		err = m.LoadHF(dir)
+		runtime.ReadMemStats(&after)
+		return m, after.TotalAlloc - before.TotalAlloc, err
+	}
+
+	m, alloc, err := load(t, write(t, wte, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if d := cmp.Diff(want, m.ParamsHost()); d != "" {
+		t.Fatalf("loaded weights differ from the saved ones:\n%s", d)
+	}
+	if limit := uint64(2*initChunk*4 + 2<<20); alloc > limit {
+		t.Errorf("LoadHF allocated %d bytes of host memory, want at most %d (embedding: %d bytes)", alloc, limit, 4*len(wte))
+	}
+
+	far := 3*initChunk + 5
+	head := slices.Clone(wte)
+	head[far]++
+	m2, _, err := load(t, write(t, head, nil))
+	m2.Close()
+	if w := fmt.Sprintf("lm_head.weight differs from model.embed_tokens.weight at element %d ", far); err == nil || !strings.Contains(err.Error(), w) {
+		t.Errorf("differing head: error %v, want one containing %q", err, w)
+	}
+	m3, _, err := load(t, write(t, wte, func(e []float32) { e[far] = float32(math.Inf(1)) }))
+	m3.Close()
+	if w := fmt.Sprintf("model.embed_tokens.weight element %d is +Inf", far); err == nil || !strings.Contains(err.Error(), w) {
+		t.Errorf("infinite weight: error %v, want one containing %q", err, w)
 	}
 }
 

@@ -24,33 +24,40 @@ const (
 
 // InitRandom sets every weight matrix to N(0, InitStd²), every norm weight
 // to 1 and every bias to 0, from a PCG seeded with seed (HF's _init_weights
-// for these models). It stages one parameter at a time, so a large model
-// needs host memory for its largest tensor only.
+// for these models). It stages initChunk values at a time, in the order the
+// generator draws them, so a model of any size needs 4 MiB of host memory
+// beyond what its memory plan counts (staging a whole embedding of a
+// Llama-3.2-1B held 1 GiB that the plan did not).
 func (m *Model) InitRandom(seed uint64) {
 	r := rand.New(rand.NewPCG(seed, 0x7472616365677270)) // "tracegrp"
 	largest := 0
 	for _, p := range m.table.Params {
 		largest = max(largest, p.N)
 	}
-	host := make([]float32, largest)
+	host := make([]float32, min(largest, initChunk))
 	for _, p := range m.table.Params {
-		dst := host[:p.N]
-		switch {
-		case p.Bias:
-			clear(dst)
-		case len(p.Shape) == 1:
-			for i := range dst {
-				dst[i] = 1
+		for off := 0; off < p.N; off += len(host) {
+			dst := host[:min(len(host), p.N-off)]
+			switch {
+			case p.Bias:
+				clear(dst)
+			case len(p.Shape) == 1:
+				for i := range dst {
+					dst[i] = 1
+				}
+			default:
+				for i := range dst {
+					dst[i] = float32(r.NormFloat64() * InitStd)
+				}
 			}
-		default:
-			for i := range dst {
-				dst[i] = float32(r.NormFloat64() * InitStd)
-			}
+			m.b.UploadF32(m.params.Slice(p.Offset+off, len(dst)), dst)
 		}
-		m.b.UploadF32(m.params.Slice(p.Offset, p.N), dst)
 	}
 	m.stale = true
 }
+
+// initChunk is how many values InitRandom stages at a time (4 MiB).
+const initChunk = 1 << 20
 
 // ParamsHost downloads the parameter arena.
 func (m *Model) ParamsHost() []float32 {
@@ -117,30 +124,39 @@ func (m *Model) LoadHF(dir string) error {
 		}
 		return fmt.Errorf("model: load %s: unexpected tensor %s (shape %v): this %s config.json has no such parameter", set.Source(), ti.Name, ti.Shape, m.cfg.Arch)
 	}
-	host := make([]float32, largest)
+	// Tensors stream through initChunk-sized buffers: a model needs 8 MiB of
+	// host memory beyond its plan, not its largest tensor (twice over for a
+	// tied head checked against the embedding).
+	host := make([]float32, min(largest, initChunk))
+	var head []float32
+	if tiedHead {
+		head = make([]float32, len(host))
+	}
 	for _, p := range m.table.Params {
-		buf := host[:p.N]
-		if err := set.ReadF32(p.Name, buf); err != nil {
-			return fmt.Errorf("model: load: %w", err)
-		}
-		for i, x := range buf {
-			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-				return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), p.Name, i, x)
-			}
-		}
-		if tiedHead && p.Name == "model.embed_tokens.weight" {
-			head := make([]float32, p.N)
-			if err := set.ReadF32("lm_head.weight", head); err != nil {
+		for off := 0; off < p.N; off += len(host) {
+			buf := host[:min(len(host), p.N-off)]
+			if err := set.ReadF32At(p.Name, off, buf); err != nil {
 				return fmt.Errorf("model: load: %w", err)
 			}
-			for i, x := range head {
-				if x != buf[i] {
-					return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), i, x, buf[i])
+			for i, x := range buf {
+				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+					return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), p.Name, off+i, x)
 				}
 			}
+			if tiedHead && p.Name == "model.embed_tokens.weight" {
+				h := head[:len(buf)]
+				if err := set.ReadF32At("lm_head.weight", off, h); err != nil {
+					return fmt.Errorf("model: load: %w", err)
+				}
+				for i, x := range h {
+					if x != buf[i] {
+						return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), off+i, x, buf[i])
+					}
+				}
+			}
+			m.b.UploadF32(m.params.Slice(p.Offset+off, len(buf)), buf)
+			m.stale = true
 		}
-		m.b.UploadF32(m.params.Slice(p.Offset, p.N), buf)
-		m.stale = true
 	}
 	if err := m.b.Sync(); err != nil {
 		return fmt.Errorf("model: load: %w", err)

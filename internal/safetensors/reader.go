@@ -417,15 +417,29 @@ func (f *File) ReadF32(name string, dst []float32) error {
 	if !ok {
 		return fmt.Errorf("safetensors: %s: no tensor %q", f.name, name)
 	}
-	if !t.DType.Float() {
-		return fmt.Errorf("safetensors: %s: tensor %q: dtype %s does not convert to float32 (expected F32, BF16 or F16)", f.name, name, t.DType)
-	}
 	if len(dst) != t.NumElements() {
 		return fmt.Errorf("safetensors: %s: tensor %q: destination holds %d elements, tensor shape %v has %d", f.name, name, len(dst), t.Shape, t.NumElements())
 	}
+	return f.ReadF32At(name, 0, dst)
+}
+
+// ReadF32At converts elements [start, start+len(dst)) of the named F32, BF16
+// or F16 tensor (in its row-major order) into dst, so that a caller can
+// stream a large tensor through a small buffer.
+func (f *File) ReadF32At(name string, start int, dst []float32) error {
+	t, ok := f.Tensor(name)
+	if !ok {
+		return fmt.Errorf("safetensors: %s: no tensor %q", f.name, name)
+	}
+	if !t.DType.Float() {
+		return fmt.Errorf("safetensors: %s: tensor %q: dtype %s does not convert to float32 (expected F32, BF16 or F16)", f.name, name, t.DType)
+	}
+	if start < 0 || len(dst) > t.NumElements()-start {
+		return fmt.Errorf("safetensors: %s: tensor %q: elements [%d, %d) are outside its %d (shape %v)", f.name, name, start, start+len(dst), t.NumElements(), t.Shape)
+	}
 	es := t.DType.Size()
 	buf := make([]byte, min(len(dst), readChunk)*es)
-	off := f.dataStart + t.Begin
+	off := f.dataStart + t.Begin + int64(start)*int64(es)
 	for i := 0; i < len(dst); i += readChunk {
 		n := min(readChunk, len(dst)-i)
 		b := buf[:n*es]

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -389,6 +390,7 @@ func FuzzNewFile(f *testing.F) {
 				if err := file.ReadF32(ti.Name, dst); err != nil {
 					t.Fatal(err)
 				}
+				checkReadF32At(t, file, ti.Name, dst, len(data))
 			}
 		}
 		var buf bytes.Buffer
@@ -461,5 +463,65 @@ func TestWriteFileStreamAtomic(t *testing.T) {
 	got := make([]float32, 2)
 	if err := f.ReadF32("a", got); err != nil || got[0] != 1 || got[1] != 2 {
 		t.Fatalf("read back %v, %v", got, err)
+	}
+}
+
+// checkReadF32At: every part of a tensor read on its own equals that part of
+// the whole (each start and length from seed), and a part reaching outside
+// the tensor is refused.
+func checkReadF32At(t *testing.T, f *File, name string, whole []float32, seed int) {
+	t.Helper()
+	r := rand.New(rand.NewPCG(uint64(seed), uint64(len(whole))))
+	n := len(whole)
+	for range 4 {
+		start := r.IntN(n + 1)
+		part := make([]float32, r.IntN(n-start+1))
+		if err := f.ReadF32At(name, start, part); err != nil {
+			t.Fatalf("%q [%d, %d) of %d: %v", name, start, start+len(part), n, err)
+		}
+		for i, x := range part {
+			if math.Float32bits(x) != math.Float32bits(whole[start+i]) {
+				t.Fatalf("%q element %d read from %d: %g, the whole tensor has %g", name, start+i, start, x, whole[start+i])
+			}
+		}
+	}
+	if err := f.ReadF32At(name, n, make([]float32, 1)); err == nil {
+		t.Fatalf("%q: element %d of %d read without an error", name, n, n)
+	}
+	if err := f.ReadF32At(name, -1, nil); err == nil {
+		t.Fatalf("%q: start -1 read without an error", name)
+	}
+}
+
+// TestReadF32AtRandom streams random F32, BF16 and F16 tensors in random
+// parts and compares them with the whole.
+func TestReadF32AtRandom(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for trial := range 30 {
+		var ts []Tensor
+		for i, dt := range []DType{F32, BF16, F16} {
+			n := 1 + r.IntN(3*readChunk)
+			vals := make([]float32, n)
+			for j := range vals {
+				vals[j] = float32(r.NormFloat64())
+			}
+			ts = append(ts, Tensor{Spec: Spec{Name: fmt.Sprintf("t%d", i), DType: dt, Shape: []int{n}}, F32: vals})
+		}
+		path := filepath.Join(t.TempDir(), "x.safetensors")
+		if err := WriteFile(path, ts, nil); err != nil {
+			t.Fatal(err)
+		}
+		f, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ti := range f.Tensors() {
+			whole := make([]float32, ti.NumElements())
+			if err := f.ReadF32(ti.Name, whole); err != nil {
+				t.Fatal(err)
+			}
+			checkReadF32At(t, f, ti.Name, whole, trial)
+		}
+		f.Close()
 	}
 }

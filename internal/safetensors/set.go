@@ -174,6 +174,15 @@ func (s *Set) ReadF32(name string, dst []float32) error {
 	return f.ReadF32(name, dst)
 }
 
+// ReadF32At converts part of the named tensor into dst (see File.ReadF32At).
+func (s *Set) ReadF32At(name string, start int, dst []float32) error {
+	f, ok := s.where[name]
+	if !ok {
+		return fmt.Errorf("safetensors: %s: no tensor %q", s.source, name)
+	}
+	return f.ReadF32At(name, start, dst)
+}
+
 // ReadRaw copies the named tensor's bytes into dst (see File.ReadRaw).
 func (s *Set) ReadRaw(name string, dst []byte) error {
 	f, ok := s.where[name]
