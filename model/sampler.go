@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
@@ -563,128 +562,10 @@ func (s *Sampler) decodeStep(n int) {
 	b.Matmul(r(s.logits, V), ln, m.lmHeadW, n, C, V)
 }
 
-// draw samples one token from a row of logits with the uniform u and
-// returns it with its logprob under the (temperature, top-k, top-p)
-// sampling distribution: the host twin of kernels.TokenSampler (same
-// definition: the kept set walked in id order), used when the backend has
-// no sampler of its own.
+// draw samples one token from a row of logits with the uniform u, as
+// kernels.TokenSampler defines the draw (kernels.SampleRow, which the CPU
+// backend's sampler also runs), for backends without a sampler of their own.
 func (s *Sampler) draw(logits []float32, opt SampleOptions, u float64) (int32, float32) {
-	V := len(logits)
-	if opt.Temperature == 0 {
-		best := 0
-		for i, z := range logits {
-			if z > logits[best] {
-				best = i
-			}
-		}
-		return int32(best), 0
-	}
-	inv := 1 / float64(opt.Temperature)
-	zmax := math.Inf(-1)
-	for _, z := range logits {
-		zmax = math.Max(zmax, float64(z))
-	}
-	p := s.probs[:V]
-	for i, z := range logits {
-		p[i] = math.Exp((float64(z) - zmax) * inv)
-	}
-	truncate := (opt.TopK > 0 && opt.TopK < V) || (opt.TopP > 0 && opt.TopP < 1)
-	if !truncate {
-		var sum float64
-		for _, x := range p {
-			sum += x
-		}
-		target := u * sum
-		tok, acc := V-1, 0.0
-		for i, x := range p {
-			acc += x
-			if target < acc {
-				tok = i
-				break
-			}
-		}
-		return int32(tok), float32(math.Log(p[tok] / sum))
-	}
-	order := s.truncated(p, opt)
-	slices.Sort(order) // walked in id order
-	var sum float64
-	for _, i := range order {
-		sum += p[i]
-	}
-	target := u * sum
-	tok, acc := order[len(order)-1], 0.0
-	for _, i := range order {
-		acc += p[i]
-		if target < acc {
-			tok = i
-			break
-		}
-	}
-	return tok, float32(math.Log(p[tok] / sum))
-}
-
-// truncated returns the tokens kept by top-k then top-p, most likely first
-// (ties by token id), given unnormalised probabilities p. It sorts only the
-// tokens with p ≥ τ for a threshold τ lowered until that set provably
-// contains the kept set: at least TopK tokens, or (without TopK) at least
-// TopP of the mass, since every token below τ sorts after every token above.
-func (s *Sampler) truncated(p []float64, opt SampleOptions) []int32 {
-	V := len(p)
-	var total, pmax float64
-	for _, x := range p {
-		total += x
-		pmax = math.Max(pmax, x)
-	}
-	topK := opt.TopK
-	if topK <= 0 || topK > V {
-		topK = V
-	}
-	topP := float64(opt.TopP)
-	if topP <= 0 || topP > 1 {
-		topP = 1
-	}
-	order := s.order[:0]
-	for tau := pmax * 1e-3; ; tau *= 1e-3 {
-		order = order[:0]
-		var mass float64
-		for i, x := range p {
-			if x >= tau {
-				order = append(order, int32(i))
-				mass += x
-			}
-		}
-		if len(order) == V || (topK < V && len(order) >= topK) || (topK == V && topP < 1 && mass >= topP*total) || tau == 0 {
-			break
-		}
-	}
-	slices.SortFunc(order, func(a, b int32) int {
-		if p[a] != p[b] {
-			if p[a] > p[b] {
-				return -1
-			}
-			return 1
-		}
-		return int(a - b)
-	})
-	if len(order) > topK {
-		order = order[:topK]
-	}
-	if topP < 1 {
-		sum := total // the mass top-p is a fraction of: all tokens, or the top k
-		if topK < V {
-			sum = 0
-			for _, i := range order {
-				sum += p[i]
-			}
-		}
-		acc := 0.0
-		for j, i := range order {
-			acc += p[i]
-			if acc >= topP*sum {
-				order = order[:j+1]
-				break
-			}
-		}
-	}
-	return order
+	sp := kernels.SampleParams{Temperature: opt.Temperature, TopK: opt.TopK, TopP: opt.TopP}
+	return kernels.SampleRow(logits, u, sp, s.probs[:len(logits)], s.order[:0])
 }
