@@ -310,16 +310,7 @@ func gymFixture(t *testing.T, dir string) (records, captures string) {
 		for i := range lp {
 			lp[i] = -1.5 - 0.25*float64(i)
 		}
-		e := &gym.TokenEntry{SchemaVersion: 3, RolloutID: rid, ModelCallID: call, Model: "m",
-			PromptTokenIDs: prompt, GenerationTokenIDs: gen, GenerationLogProbs: lp}
-		res := gym.ParentRoot
-		if parent != "" {
-			p := parent
-			e.ParentCallID, res = &p, gym.ParentResolved
-		}
-		e.ParentResolution = &res
-		e.Stamp()
-		if err := w.Put(e); err != nil {
+		if err := w.Put(gym.NewCallEntry(rid, call, "m", prompt, gen, lp, parent, "")); err != nil {
 			t.Fatal(err)
 		}
 	}
