@@ -45,11 +45,27 @@ func (t *Trainer) progressDone() {
 	if p.quiet || p.steps == 0 {
 		return
 	}
-	n := min(10, len(p.rewards))
-	first, _ := meanStd(p.rewards[:n])
-	last, _ := meanStd(p.rewards[len(p.rewards)-n:])
+	n, first, last := rewardEnds(p.rewards)
 	fmt.Fprintf(p.w, "train: %d steps in %v; mean reward of the first %d steps %.3f, of the last %d %.3f; metrics in %s/metrics.jsonl\n",
 		p.steps, time.Since(p.start).Round(time.Second), n, first, n, last, t.out)
+}
+
+// RewardEnds returns the mean reward of a run's first n and last n steps,
+// n = min(10, len(ms)): what the run's summary line prints and the learning
+// guards compare.
+func RewardEnds(ms []Metrics) (n int, first, last float64) {
+	r := make([]float64, len(ms))
+	for i, m := range ms {
+		r[i] = float64(m.RewardMean)
+	}
+	return rewardEnds(r)
+}
+
+func rewardEnds(rewards []float64) (n int, first, last float64) {
+	n = min(10, len(rewards))
+	first, _ = meanStd(rewards[:n])
+	last, _ = meanStd(rewards[len(rewards)-n:])
+	return n, first, last
 }
 
 // etaString renders a remaining time of ns nanoseconds, rounded to the

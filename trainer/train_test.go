@@ -635,11 +635,7 @@ func TestBuiltinJobLearns(t *testing.T) {
 	mustTrain(t, "--out", out, "--quiet", "--steps", "40",
 		"--set", "policy.megatron_cfg.optimizer.lr=3e-3", "--set", "checkpointing.enabled=false")
 	ms := metricsNoTimes(t, out)
-	var first, last float64
-	for i := 0; i < 10; i++ {
-		first += float64(ms[i].RewardMean) / 10
-		last += float64(ms[len(ms)-1-i].RewardMean) / 10
-	}
+	_, first, last := RewardEnds(ms)
 	if last-first < learnGainMin {
 		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: gain %.3f < %.2f, the built-in job did not learn",
 			first, last, last-first, learnGainMin)
@@ -729,11 +725,7 @@ func TestBuiltinJobLearnsInBF16(t *testing.T) {
 			t.Fatalf("%s: the run does not say %q:\n%s", prec, want, log)
 		}
 		ms := metricsNoTimes(t, out)
-		var first, last float64
-		for i := 0; i < 10; i++ {
-			first += float64(ms[i].RewardMean) / 10
-			last += float64(ms[len(ms)-1-i].RewardMean) / 10
-		}
+		_, first, last := RewardEnds(ms)
 		gains[prec] = last - first
 		t.Logf("%s: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f)", prec, first, last, last-first)
 	}

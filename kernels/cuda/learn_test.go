@@ -60,11 +60,7 @@ func builtinJobLearnsBF16(t *testing.T, open func(*testing.T) *cuda.Backend) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var first, last float64
-		for i := 0; i < 10; i++ {
-			first += float64(ms[i].RewardMean) / 10
-			last += float64(ms[len(ms)-1-i].RewardMean) / 10
-		}
+		_, first, last := trainer.RewardEnds(ms)
 		gains[prec] = last - first
 		t.Logf("%s: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f)", prec, first, last, last-first)
 	}
