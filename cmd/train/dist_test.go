@@ -76,17 +76,10 @@ func readMetricsNoTimes(t *testing.T, out string) []trainer.Metrics {
 	return ms
 }
 
+// ckptWeights reads the weights of run directory out's checkpoint of step.
 func ckptWeights(t *testing.T, out string, step int) map[string][]float32 {
 	t.Helper()
-	st, err := checkpoint.Load(filepath.Join(out, "checkpoints", checkpoint.StepDir(int64(step))), checkpoint.LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := map[string][]float32{}
-	for _, x := range st.Model {
-		w[x.Name] = x.F32
-	}
-	return w
+	return checkpointWeights(t, filepath.Join(out, "checkpoints", checkpoint.StepDir(int64(step))))
 }
 
 func maxDiff(a, b map[string][]float32) (float64, string) {
