@@ -498,16 +498,7 @@ func (s *Sampler) decodeStep(n int) {
 	b.UploadI32(s.idx.Slice(0, n), s.hIdx[:n])
 	pos, idx := s.pos.Slice(0, n), s.idx.Slice(0, n)
 	x, ln, xmid, rstd := r(s.x, C), r(s.ln, C), r(s.xmid, C), s.rstd.Slice(0, n)
-	fused, _ := b.(kernels.AddRMSNormer)
-	// addNorm: sum = a + b, then ln = RMSNorm(sum).
-	addNorm := func(sum, a, bb, w kernels.Buf) {
-		if fused != nil {
-			fused.AddRMSNorm(sum, ln, rstd, a, bb, w, n, C, eps)
-			return
-		}
-		b.Add(sum, a, bb, n*C)
-		b.RMSNorm(ln, rstd, sum, w, n, C, eps)
-	}
+	cos, sin, _ := m.ropeTables() // the policy's, for a reference model
 	b.Embedding(x, m.wte, s.tok.Slice(0, n), n, C)
 	b.RMSNorm(ln, rstd, x, m.layers[0].ln1, n, C, eps)
 	for l := range m.layers {
@@ -531,15 +522,8 @@ func (s *Sampler) decodeStep(n int) {
 			b.AddBias(v, w.vBias, n, kn)
 		}
 		qW, attW := r(s.qW, qn), r(s.attW, qn)
-		if rc, ok := b.(kernels.RopeConverter); ok && s.wdt != kernels.F32 {
-			rc.RopeConvert(qW, q, pos, m.ropeCos, m.ropeSin, n, NH, HD) // rotated and rounded in one pass
-		} else {
-			b.Rope(q, pos, m.ropeCos, m.ropeSin, n, NH, HD)
-			if s.wdt != kernels.F32 {
-				b.Convert(qW, q)
-			}
-		}
-		b.Rope(k, pos, m.ropeCos, m.ropeSin, n, NKV, HD)
+		m.ropeTo(qW, q, pos, cos, sin, n, NH, HD) // qW is q under F32
+		b.Rope(k, pos, cos, sin, n, NKV, HD)
 		b.ScatterRows(s.kc[l], k, idx, n, kn) // rounded into a bf16 cache
 		b.ScatterRows(s.vc[l], v, idx, n, kn)
 		b.AttentionDecode(r(s.att, qn), qW, s.kc[l].Slice(0, n*s.maxLen*kn), s.vc[l].Slice(0, n*s.maxLen*kn),
@@ -548,7 +532,7 @@ func (s *Sampler) decodeStep(n int) {
 			b.Convert(attW, r(s.att, qn))
 		}
 		b.Matmul(xmid, attW, gw.o, n, qn, C)
-		addNorm(xmid, xmid, x, w.ln2)
+		m.addThenNorm(xmid, ln, rstd, xmid, x, w.ln2, n, C)
 		b.Matmul(r(s.gate, I), ln, wgate, n, C, I)
 		b.Matmul(r(s.up, I), ln, wup, n, C, I)
 		b.SwiGLU(r(s.h, I), r(s.gate, I), r(s.up, I), n*I)
@@ -557,7 +541,7 @@ func (s *Sampler) decodeStep(n int) {
 		if l+1 < len(m.layers) {
 			next = m.layers[l+1].ln1
 		}
-		addNorm(x, x, xmid, next)
+		m.addThenNorm(x, ln, rstd, x, xmid, next, n, C)
 	}
 	b.Matmul(r(s.logits, V), ln, m.lmHeadW, n, C, V)
 }

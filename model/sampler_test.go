@@ -472,3 +472,36 @@ func TestSamplerBF16MatchesForward(t *testing.T) {
 		t.Fatalf("only %d tokens compared", n)
 	}
 }
+
+// TestSamplerOnReference: a sampler over a KL reference model (which keeps
+// no RoPE tables of its own: it reads its policy's) samples what a sampler
+// over the policy samples, in fp32 and under mixed precision. Decoding read
+// the model's own tables and panicked on a reference.
+func TestSamplerOnReference(t *testing.T) {
+	b := cpu.New(2)
+	defer b.Close()
+	for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
+		m := loadTestModel(t, "qwen2_tied", b, Options{MaxTokens: 64, MaxSeqs: 8, Precision: prec})
+		ref, err := NewReference(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [2][]Sample
+		for i, mm := range []*Model{m, ref} {
+			s, err := NewSampler(mm, 4, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i], err = s.Sample(testPrompts, SampleOptions{Temperature: 1.2, TopP: 0.9, MaxNewTokens: 8}, []*rand.Rand{rand.New(rand.NewPCG(3, 3))})
+			s.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if d := cmp.Diff(got[0], got[1]); d != "" {
+			t.Errorf("%s: the reference's sampler differs from the policy's (-policy +reference):\n%s", prec, d)
+		}
+		ref.Close()
+		m.Close()
+	}
+}
