@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 )
 
 // Arch is a supported architecture.
@@ -444,7 +445,7 @@ func (c *Config) parseRope(r configReader) error {
 			return err
 		}
 		if len(b.ignored) > 0 {
-			c.Notes = append(c.Notes, fmt.Sprintf("%s: %s not used by %q RoPE (kept in saved configs)", r.name, joinQuoted(b.ignored), ropeTypeName(b.scaling.Type)))
+			c.Notes = append(c.Notes, fmt.Sprintf("%s: %s not used by %q RoPE (kept in saved configs)", r.name, strings.Join(b.ignored, ", "), ropeTypeName(b.scaling.Type)))
 		}
 		blocks = append(blocks, b)
 		if where == "rope_scaling" {
@@ -531,17 +532,6 @@ func ropeTypeName(t string) string {
 	return t
 }
 
-func joinQuoted(ks []string) string {
-	var b bytes.Buffer
-	for i, k := range ks {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(k)
-	}
-	return b.String()
-}
-
 // checkUnsupported refuses, by name, features the math does not implement,
 // and notes keys that are read but have no effect.
 func (c *Config) checkUnsupported(r configReader) error {
@@ -581,7 +571,7 @@ func (c *Config) checkUnsupported(r configReader) error {
 		}
 	}
 	if len(ignored) > 0 {
-		c.Notes = append(c.Notes, fmt.Sprintf("%s: %s ignored: use_sliding_window is false (kept in saved configs)", r.name, joinQuoted(ignored)))
+		c.Notes = append(c.Notes, fmt.Sprintf("%s: %s ignored: use_sliding_window is false (kept in saved configs)", r.name, strings.Join(ignored, ", ")))
 	}
 	return nil
 }

@@ -62,8 +62,8 @@ func (o Options) normalized() (Options, error) {
 // (and their biases) are adjacent in the arena, and so are gate and up
 // (NewParamTable's layout), so one GEMM computes each group.
 type layerView struct {
-	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down kernels.Buf
-	qkv, qkvBias, gu                                                        kernels.Buf
+	ln1, qBias, kBias, vBias, o, qNorm, kNorm, ln2, down kernels.Buf
+	qkv, qkvBias, gu                                     kernels.Buf
 }
 
 // gemmWeights are one layer's GEMM weights in the precision of the GEMMs:
@@ -335,10 +335,10 @@ func (m *Model) views() {
 	for _, li := range m.lidx {
 		for _, arena := range []kernels.Buf{m.params, m.grads} {
 			lv := layerView{
-				ln1: view(arena, li.ln1), q: view(arena, li.q), k: view(arena, li.k), v: view(arena, li.v),
+				ln1:   view(arena, li.ln1),
 				qBias: view(arena, li.qBias), kBias: view(arena, li.kBias), vBias: view(arena, li.vBias),
 				o: view(arena, li.o), qNorm: view(arena, li.qNorm), kNorm: view(arena, li.kNorm),
-				ln2: view(arena, li.ln2), gate: view(arena, li.gate), up: view(arena, li.up), down: view(arena, li.down),
+				ln2: view(arena, li.ln2), down: view(arena, li.down),
 				qkv: run(arena, li.q, li.v), qkvBias: run(arena, li.qBias, li.vBias), gu: run(arena, li.gate, li.up),
 			}
 			if arena == m.params {
