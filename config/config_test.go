@@ -149,7 +149,7 @@ func TestSetOverrides(t *testing.T) {
 		"loss_fn.ratio_clip_c=3",
 		"policy.optimizer={name: torch.optim.AdamW, kwargs: {lr: 1e-5, betas: [0.8, 0.9], eps: 1e-6}}",
 		"policy.scheduler.0.kwargs.total_iters=7",
-		"policy.dtensor_cfg.enabled=true", // read (activation checkpointing of the DTensor path)
+		"policy.dtensor_cfg.enabled=true", // ignored: DTensor is the path whenever Megatron is off
 		"grpo.normalize_rewards=false",    // estimator follows the legacy key when the recipe has no adv_estimator
 	)
 	c := l.Config

@@ -23,9 +23,9 @@
 //
 // Every key is then one of three kinds. A key of the typed schema (Config) is
 // decoded with its type checked. A key that configures an engine tracegrpo does
-// not use (policy.dtensor_cfg, vllm_cfg, Megatron parallel sizes, data, logger
-// back ends, environment blocks other than nemo_gym, ...) is accepted and listed
-// once in Loaded.Ignored. Any other key is an error that names the file, the line,
+// not use (policy.dtensor_cfg other than its activation_checkpointing, vllm_cfg,
+// Megatron parallel sizes, data, logger back ends, environment blocks other than
+// nemo_gym, ...) is accepted and listed once in Loaded.Ignored. Any other key is an error that names the file, the line,
 // the key path and the nearest known key.
 //
 // Keys that would change the trained objective in a way tracegrpo does not

@@ -96,10 +96,10 @@ type Policy struct {
 	Generation Generation       `yaml:"generation"`
 }
 
-// DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only these keys (the
-// parallelism and offload knobs are ignored).
+// DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only this key (the
+// DTensor path is NeMo RL's default whenever megatron_cfg is not enabled, so
+// its enabled flag and the parallelism and offload knobs are ignored).
 type DtensorCfg struct {
-	Enabled                 bool `yaml:"enabled"`
 	ActivationCheckpointing bool `yaml:"activation_checkpointing"`
 }
 
