@@ -78,15 +78,19 @@ type microBatch struct {
 
 // pack packs the rows that train (valid rows) into micro-batches of at most
 // max_total_sequence_length × train_micro_batch_size tokens, in row order.
-// Inert and padding rows cost no compute: their loss and gradient are exactly
-// zero (sample mask 0), so they are not run.
+// Inert rows (masked, invalid or overlong) cost no compute: their loss and
+// gradient are exactly zero (sample mask 0), so they are not run. (Padding
+// rows are only counted, never built: see the trainer's batch options.)
 func (t *Trainer) pack(b *grpo.Batch) []microBatch {
 	var out []microBatch
 	cur := microBatch{cu: []int32{0}}
 	for r := range b.Rows {
 		row := &b.Rows[r]
-		if !row.Valid && !computeInertRows {
-			continue
+		if !row.Valid {
+			if !computeInertRows {
+				continue
+			}
+			inertRowsRun++
 		}
 		n := len(row.TokenIDs)
 		if len(cur.tokens)+n > t.maxTokens && len(cur.rows) > 0 {
@@ -106,9 +110,12 @@ func (t *Trainer) pack(b *grpo.Batch) []microBatch {
 	return out
 }
 
-// computeInertRows makes pack run inert and padding rows too (tests use it to
-// show they contribute exactly nothing).
-var computeInertRows = false
+// computeInertRows makes pack run inert rows too, counting them in
+// inertRowsRun (tests use it to show they contribute exactly nothing).
+var (
+	computeInertRows = false
+	inertRowsRun     int
+)
 
 // rowSlices returns per-row float64 buffers of the batch's row lengths,
 // reusing buf's storage.
