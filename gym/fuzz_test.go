@@ -319,7 +319,7 @@ func FuzzReadStoreLine(f *testing.F) {
 // indexOfPrefix acknowledges the lines of data's first half (up to a line
 // end) as Gym's writer would have: their payload digests and byte count.
 func indexOfPrefix(data []byte) *storeIndex {
-	idx := &storeIndex{present: true, digests: map[string]string{}}
+	idx := &storeIndex{digests: map[string]string{}}
 	end := bytes.LastIndexByte(data[:len(data)/2], '\n') + 1
 	for _, raw := range bytes.Split(data[:end], []byte{'\n'}) {
 		p := asciiStrip(raw)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -230,11 +231,18 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 	b, err := w.fs.readFile(base + SuffixState)
 	switch {
 	case err == nil:
-		if err := json.Unmarshal(b, st); err != nil {
-			return nil, fmt.Errorf("gym: %s: invalid state document: %w", base+SuffixState, err)
+		// The Reader's rules (parseStoreIndex): a state without typed
+		// entry_digests and indexed_size is legacy, and Gym re-indexes the
+		// whole entries file, so indexing starts at offset 0 with no digests.
+		idx, err := parseStoreIndex(b, base+SuffixState)
+		if err != nil {
+			return nil, fmt.Errorf("gym: %w", err)
 		}
-		if st.EntryDigests == nil {
-			st.EntryDigests = map[string]string{}
+		st.Frozen, st.Retired, st.Incomplete = idx.frozen, idx.retired, idx.incomplete
+		st.SnapshotID, st.Version = idx.snapshotID, idx.version
+		if !idx.legacy {
+			st.IndexedSize = idx.indexedSize
+			maps.Copy(st.EntryDigests, idx.digests)
 		}
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("gym: %w", err)
@@ -260,7 +268,7 @@ func (w *Writer) loadState(rid string) (*storeState, error) {
 			}
 			break
 		}
-		line := bytes.TrimSpace(tail[:nl])
+		line := asciiStrip(tail[:nl]) // as the Reader strips and hashes it
 		lineNo++
 		if len(line) > 0 {
 			e, err := DecodeTokenEntry(line)

@@ -83,7 +83,6 @@ const (
 // the flags, entry_digests and indexed_size only when they have the types
 // Gym requires (otherwise Gym re-indexes the whole file: legacy).
 type storeIndex struct {
-	present                     bool
 	legacy                      bool
 	frozen, retired, incomplete bool
 	snapshotID                  string
@@ -104,7 +103,7 @@ func parseStoreIndex(b []byte, path string) (*storeIndex, error) {
 	if v.kind != pyDict {
 		return nil, damage(ReasonInvalidState, path, -1, "expected a JSON object, found %s", v.typeName())
 	}
-	idx := &storeIndex{present: true, frozen: v.get("frozen").truthy(), retired: v.get("retired").truthy(),
+	idx := &storeIndex{frozen: v.get("frozen").truthy(), retired: v.get("retired").truthy(),
 		incomplete: v.get("incomplete").truthy()}
 	if s := v.get("snapshot_id"); s != nil {
 		idx.snapshotID = pyStr(s)
@@ -137,7 +136,7 @@ func parseStoreIndex(b []byte, path string) (*storeIndex, error) {
 }
 
 func indexFromState(st *storeState) *storeIndex {
-	idx := &storeIndex{present: true, frozen: st.Frozen, retired: st.Retired, incomplete: st.Incomplete,
+	idx := &storeIndex{frozen: st.Frozen, retired: st.Retired, incomplete: st.Incomplete,
 		snapshotID: st.SnapshotID, version: st.Version, indexedSize: st.IndexedSize, digests: st.EntryDigests}
 	if idx.digests == nil {
 		idx.legacy = true

@@ -447,3 +447,47 @@ func TestNewCallEntryThroughStore(t *testing.T) {
 		t.Fatalf("%+v %+v", env.Traces, m.TerminalAttribution)
 	}
 }
+
+// TestWriterAppendsToLegacyState: a state document without typed
+// entry_digests or indexed_size is legacy (the Reader then re-indexes the
+// whole entries file, as Gym does); a Writer reopening the store must index
+// it the same way. It trusted indexed_size alone, wrote a state that knew only
+// the entries it appended, and the Reader then refused the store it had
+// accepted. Covered for a state with only indexed_size, and with digests of
+// the wrong type.
+func TestWriterAppendsToLegacyState(t *testing.T) {
+	for _, legacy := range []func(size int) string{
+		func(size int) string { return fmt.Sprintf(`{"indexed_size": %d}`, size) },
+		func(size int) string {
+			return fmt.Sprintf(`{"entry_digests": [], "indexed_size": %d, "version": 3}`, size)
+		},
+	} {
+		w, dir := newTestWriter(t)
+		r := rand.New(rand.NewPCG(7, 8))
+		mustPut(t, w, randomEntry(r, "r", "t1"))
+		data, err := os.ReadFile(filepath.Join(dir, "r"+SuffixEntries))
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := legacy(len(data))
+		if err := os.WriteFile(filepath.Join(dir, "r"+SuffixState), []byte(state), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rd, _ := NewReader(dir)
+		if _, err := rd.Snapshot("r"); err != nil {
+			t.Fatalf("%s: the Reader refuses the legacy store: %v", state, err)
+		}
+		w2, err := NewWriter(dir) // with fsync: the state is rewritten after the append
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustPut(t, w2, randomEntry(r, "r", "t2"))
+		snap, err := rd.Snapshot("r")
+		if err != nil {
+			t.Fatalf("%s: after the Writer appended, the Reader refuses the store: %v", state, err)
+		}
+		if len(snap.Entries) != 2 || snap.Incomplete {
+			t.Errorf("%s: after the append: %d entries, incomplete %v; want 2, complete", state, len(snap.Entries), snap.Incomplete)
+		}
+	}
+}
