@@ -14,7 +14,6 @@
 package dist
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -99,19 +98,51 @@ func (s single) copy(dst, src kernels.Buf) error {
 	return s.mem.Sync()
 }
 
-// GatherBytes gives every rank every rank's local bytes, in rank order,
-// through AllGather over I32 buffers of mem (two collectives: the lengths,
-// then the payloads padded to the longest). With one rank it returns local
-// without any operation.
+// GatherBytes gives every rank every rank's local bytes, in rank order
+// (Gatherer.Bytes with buffers of its own, freed before it returns).
 func GatherBytes(c Comm, mem kernels.Backend, local []byte) ([][]byte, error) {
-	n := c.Size()
+	g := NewGatherer(c, mem)
+	defer g.Close()
+	return g.Bytes(local)
+}
+
+// Gatherer gathers bytes from every rank through AllGather over I32 buffers
+// of a backend that it keeps and grows (to a power of two, at least 256
+// words), so that a run gathering every step allocates on the backend only
+// when a payload outgrows every earlier one.
+type Gatherer struct {
+	c        Comm
+	mem      kernels.Backend
+	src, dst kernels.Buf
+	words    int // capacity of src, in I32 (dst holds Size() times it)
+	hostOut  []int32
+}
+
+// NewGatherer returns a gatherer over c's ranks with buffers on mem.
+func NewGatherer(c Comm, mem kernels.Backend) *Gatherer { return &Gatherer{c: c, mem: mem} }
+
+// Close frees the gatherer's buffers.
+func (g *Gatherer) Close() {
+	if g.words > 0 {
+		g.mem.Free(g.src)
+		g.mem.Free(g.dst)
+		g.words = 0
+	}
+}
+
+// Bytes gives every rank every rank's local bytes, in rank order (two
+// collectives: the lengths, then the payloads padded to the longest). With
+// one rank it returns local without any operation.
+func (g *Gatherer) Bytes(local []byte) ([][]byte, error) {
+	n := g.c.Size()
 	if n == 1 {
 		return [][]byte{local}, nil
 	}
-	lens, err := gatherI32(c, mem, []int32{int32(len(local))})
+	lens, err := g.i32([]int32{int32(len(local))})
 	if err != nil {
 		return nil, err
 	}
+	lens = append([]int32(nil), lens...)
 	longest := 0
 	for _, l := range lens {
 		if l < 0 {
@@ -119,52 +150,72 @@ func GatherBytes(c Comm, mem kernels.Backend, local []byte) ([][]byte, error) {
 		}
 		longest = max(longest, int(l))
 	}
-	words := (longest + 3) / 4
-	mine := make([]int32, max(words, 1))
-	for i := 0; i < len(local); i += 4 {
-		var w [4]byte
-		copy(w[:], local[i:])
-		mine[i/4] = int32(binary.LittleEndian.Uint32(w[:]))
-	}
-	all, err := gatherI32(c, mem, mine)
+	padded := make([]byte, 4*max((longest+3)/4, 1))
+	copy(padded, local)
+	all, err := g.i32(bytesI32(padded))
 	if err != nil {
 		return nil, err
 	}
 	out := make([][]byte, n)
-	stride := len(mine)
-	for r := 0; r < n; r++ {
-		b := make([]byte, 4*stride)
-		for i, w := range all[r*stride : (r+1)*stride] {
-			binary.LittleEndian.PutUint32(b[4*i:], uint32(w))
-		}
-		out[r] = b[:lens[r]]
+	stride := len(padded) / 4
+	for r := range n {
+		out[r] = i32Bytes(all[r*stride : (r+1)*stride])[:lens[r]]
 	}
 	return out, nil
 }
 
-// gatherI32 all-gathers host values through backend buffers.
-func gatherI32(c Comm, mem kernels.Backend, local []int32) ([]int32, error) {
-	n := c.Size()
-	src, err := mem.Alloc(kernels.I32, len(local))
+// Reserve grows the buffers to hold payloads of up to n bytes now (with
+// more than one rank), so that gathering them later allocates nothing.
+func (g *Gatherer) Reserve(n int) error {
+	if g.c.Size() == 1 {
+		return nil
+	}
+	return g.grow(max((n+3)/4, 1))
+}
+
+func (g *Gatherer) grow(k int) error {
+	if k <= g.words {
+		return nil
+	}
+	words := 256
+	for words < k {
+		words *= 2
+	}
+	g.Close()
+	src, err := g.mem.Alloc(kernels.I32, words)
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("dist: gather buffers: %w", err)
 	}
-	defer mem.Free(src)
-	dst, err := mem.Alloc(kernels.I32, n*len(local))
+	dst, err := g.mem.Alloc(kernels.I32, g.c.Size()*words)
 	if err != nil {
+		g.mem.Free(src)
+		return fmt.Errorf("dist: gather buffers: %w", err)
+	}
+	g.src, g.dst, g.words = src, dst, words
+	return nil
+}
+
+// i32 all-gathers local (the same length on every rank); the result is
+// valid until the next call.
+func (g *Gatherer) i32(local []int32) ([]int32, error) {
+	n, k := g.c.Size(), len(local)
+	if err := g.grow(k); err != nil {
 		return nil, err
 	}
-	defer mem.Free(dst)
-	mem.UploadI32(src, local)
-	if err := mem.Sync(); err != nil {
+	src, dst := g.src.Slice(0, k), g.dst.Slice(0, n*k)
+	g.mem.UploadI32(src, local)
+	if err := g.mem.Sync(); err != nil {
 		return nil, err
 	}
-	if err := c.AllGather(dst, src); err != nil {
+	if err := g.c.AllGather(dst, src); err != nil {
 		return nil, err
 	}
-	out := make([]int32, n*len(local))
-	mem.DownloadI32(out, dst)
-	return out, mem.Sync()
+	if cap(g.hostOut) < n*k {
+		g.hostOut = make([]int32, n*k)
+	}
+	out := g.hostOut[:n*k]
+	g.mem.DownloadI32(out, dst)
+	return out, g.mem.Sync()
 }
 
 // Block is the contiguous block [lo, hi) of n items that rank takes of

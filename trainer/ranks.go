@@ -10,7 +10,6 @@ import (
 	"math"
 	"strings"
 
-	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/gym"
 )
@@ -85,7 +84,7 @@ func gather[T any](t *Trainer, v T) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	all, err := dist.GatherBytes(t.comm, t.be, b)
+	all, err := t.gatherer.Bytes(b)
 	if err != nil {
 		return nil, err
 	}

@@ -3,11 +3,13 @@ package trainer
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -149,5 +151,72 @@ func sameFiles(t *testing.T, ref, out string) {
 	}
 	if a, b := list(ref), list(out); a != b {
 		t.Errorf("the run directory holds other files than one process's:\none process:\n%s\nranks:\n%s", a, b)
+	}
+}
+
+// allocCounter counts a backend's allocations.
+type allocCounter struct {
+	kernels.Backend
+	n atomic.Int64
+}
+
+func (a *allocCounter) Alloc(dt kernels.DType, n int) (kernels.Buf, error) {
+	a.n.Add(1)
+	return a.Backend.Alloc(dt, n)
+}
+
+// TestRanksAllocateNothingDuringSteps: with two ranks, the steps (their
+// gathers of metrics, errors and weight hashes included) allocate nothing on
+// the backend after New: the ranks' exchanges allocated and freed device
+// buffers in every gather, 8 allocations a step.
+func TestRanksAllocateNothingDuringSteps(t *testing.T) {
+	const n = 2
+	out := t.TempDir()
+	mems := make([]kernels.Backend, n)
+	counters := make([]*allocCounter, n)
+	for i := range mems {
+		b := cpu.New(1)
+		t.Cleanup(b.Close)
+		mems[i] = b
+		counters[i] = &allocCounter{Backend: b}
+	}
+	comms := dist.Local(mems)
+	errs := make([]error, n)
+	during := make([]int64, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o Options
+			fs := newTestFlags()
+			o.AddFlags(fs)
+			if err := fs.Parse(trainArgs(out, 3, "--set", "checkpointing.save_period=1")); err != nil {
+				errs[r] = err
+				comms[r].Abort(1)
+				return
+			}
+			o.Backend, o.Comm, o.Log = counters[r], comms[r], io.Discard
+			tr, err := New(o)
+			if err == nil {
+				before := counters[r].n.Load()
+				err = tr.Run()
+				during[r] = counters[r].n.Load() - before
+				tr.Close()
+			}
+			if err != nil && !Agreed(err) {
+				comms[r].Abort(1)
+			}
+			errs[r] = err
+		}()
+	}
+	wg.Wait()
+	for r := range n {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		if during[r] != 0 {
+			t.Errorf("rank %d allocated %d buffers on its backend during 3 steps, want 0", r, during[r])
+		}
 	}
 }

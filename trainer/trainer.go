@@ -56,7 +56,8 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
-	comm        dist.Comm // the ranks of the run (dist.Single for one)
+	comm        dist.Comm      // the ranks of the run (dist.Single for one)
+	gatherer    *dist.Gatherer // the ranks' exchanges of metrics, errors and hashes (buffers reserved in New)
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
@@ -110,6 +111,7 @@ func New(o Options) (_ *Trainer, err error) {
 	if t.comm == nil {
 		t.comm = dist.Single(o.Backend)
 	}
+	t.gatherer = dist.NewGatherer(t.comm, t.be) // allocates when first used, and at setupPolicy
 	t.rank = t.comm.Rank()
 	if t.rank != 0 {
 		t.o.Quiet = true // rank 0 speaks for the run
@@ -207,12 +209,19 @@ func (t *Trainer) setupRunDir() error {
 	return nil
 }
 
+// gatherReserve is the payload, in bytes, the ranks' gather buffers hold
+// from setup on: a step's exchanges (its metrics, an error, a weights hash)
+// take a few hundred bytes.
+const gatherReserve = 16 << 10
+
 // setupPolicy builds the policy, the optimizer and the rollout source, and
 // restores a resumed run's state.
 func (t *Trainer) setupPolicy() error {
 	c := &t.cfg
-	t.be = t.o.Backend
 	if err := t.newModels(); err != nil {
+		return err
+	}
+	if err := t.gatherer.Reserve(gatherReserve); err != nil {
 		return err
 	}
 	// Each rank builds rows for its own share: no padding (a count in the
@@ -300,6 +309,9 @@ func (t *Trainer) Close() {
 	}
 	if t.model != nil {
 		t.model.Close()
+	}
+	if t.gatherer != nil {
+		t.gatherer.Close()
 	}
 	if t.unlock != nil {
 		t.unlock()
