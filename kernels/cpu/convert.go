@@ -13,24 +13,18 @@ package cpu
 
 import (
 	"fmt"
-	"math"
 
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// BF16ToF32 widens bfloat16 bits exactly.
-func BF16ToF32(u uint16) float32 { return math.Float32frombits(uint32(u) << 16) }
+// BF16ToF32 widens bfloat16 bits exactly (safetensors' conversion, which
+// the weights are read with).
+func BF16ToF32(u uint16) float32 { return safetensors.BF16ToF32(u) }
 
-// F32ToBF16 rounds to the nearest bfloat16, ties to even; NaN stays a
-// quiet NaN (as csrc/cast.cu).
-func F32ToBF16(f float32) uint16 {
-	u := math.Float32bits(f)
-	if u&0x7fffffff > 0x7f800000 {
-		return uint16(u>>16) | 0x40
-	}
-	u += 0x7fff + (u>>16)&1
-	return uint16(u >> 16)
-}
+// F32ToBF16 rounds to the nearest bfloat16, ties to even; NaN stays a quiet
+// NaN (as csrc/cast.cu, and as safetensors writes bf16 weights).
+func F32ToBF16(f float32) uint16 { return safetensors.F32ToBF16(f) }
 
 // Convert implements kernels.Ops.
 // Shapes: dst, src (N), any of F32 and BF16.

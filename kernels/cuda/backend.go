@@ -310,7 +310,8 @@ func (b *Backend) work(name string, bytes int) uintptr {
 		b.fail("cuStreamSynchronize", b.d.sync())
 		b.d.free(s.p)
 	}
-	p, err := b.d.alloc(max(bytes, 256))
+	bytes = max(bytes, workMinBytes) // as PlanWorkspace sizes it
+	p, err := b.d.alloc(bytes)
 	if err != nil {
 		if b.err == nil {
 			b.err = fmt.Errorf("cuda: scratch %s: %w", name, err)
@@ -318,7 +319,7 @@ func (b *Backend) work(name string, bytes int) uintptr {
 		delete(b.scratch, name)
 		return 0
 	}
-	b.scratch[name] = scratchBuf{p: p, bytes: max(bytes, 256)}
+	b.scratch[name] = scratchBuf{p: p, bytes: bytes}
 	return p
 }
 
