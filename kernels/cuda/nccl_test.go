@@ -3,10 +3,13 @@
 package cuda
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/kerneltest"
 )
@@ -53,6 +56,8 @@ func TestNCCLWorldOfOneEmu(t *testing.T) {
 		{Lib: emu.nccl, Size: 1, CommID: "127.0.0.1:29501"},
 		{Lib: emu.nccl, Size: 1, ShareID: func(id []byte) ([]byte, error) { shared++; return id, nil }},
 	} {
+		calls := filepath.Join(t.TempDir(), "calls")
+		t.Setenv("FAKENCCL_LOG", calls)
 		c, err := OpenNCCL(b, opt)
 		if err != nil {
 			t.Fatal(err)
@@ -98,6 +103,28 @@ func TestNCCLWorldOfOneEmu(t *testing.T) {
 		z, _ := b.Alloc(kernels.BF16, 3)
 		if err := c.AllReduceSum(z); err != nil {
 			t.Errorf("bf16 all-reduce: %v", err)
+		}
+		// Each collective covered the buffers asked for: the fake's copies
+		// are identities in place, so only its log shows a wrong pointer,
+		// count or type (NCCL's ncclFloat32 7, ncclInt32 2, ncclBfloat16 9).
+		line := func(name string, s, d kernels.Buf, n, typ int) string {
+			return fmt.Sprintf("%s %x %x %d %d", name, ptr(s), ptr(d), n, typ)
+		}
+		one := c.(*ncclComm).one
+		want := []string{
+			line("AllReduce", x, x, 5, 7),
+			line("ReduceScatter", x, y, 5, 7),
+			line("AllGather", x, y, 5, 7),
+			line("Broadcast", x, x, 5, 7),
+			line("AllReduce", one, one, 1, 2), // Barrier
+			line("AllReduce", z, z, 3, 9),
+		}
+		log, err := os.ReadFile(calls)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(want, strings.Split(strings.TrimSpace(string(log)), "\n")); d != "" {
+			t.Errorf("the collectives NCCL was asked for (-want +got):\n%s", d)
 		}
 		b.Free(x)
 		b.Free(y)

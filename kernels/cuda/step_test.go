@@ -3,9 +3,11 @@
 package cuda_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -328,17 +330,34 @@ func stepsEqual(t *testing.T, want, got stepResult) {
 }
 
 // TestTinyStepNCCLEmu: a world-size-1 NCCL all-reduce of the step's
-// gradients leaves the step unchanged, bit for bit (on the emulator's
-// one-rank NCCL: this checks the binding's buffers and counts).
+// gradients leaves the step unchanged, bit for bit, and covers every
+// gradient (the emulator's one-rank NCCL is the identity, so its call log
+// shows the count: one fp32 all-reduce of the whole gradient arena).
 func TestTinyStepNCCLEmu(t *testing.T) {
 	be := cuda.EmuBackend(t, cuda.Options{})
 	plain := tinyStep(t, be, "qwen3_tied", true)
+	calls := filepath.Join(t.TempDir(), "calls")
+	t.Setenv("FAKENCCL_LOG", calls)
 	c, err := cuda.OpenNCCL(be, cuda.NCCLOptions{Lib: cuda.EmuNCCL(), Size: 1, CommID: "127.0.0.1:29511"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	stepsEqual(t, plain, tinyStep(t, be, "qwen3_tied", true, c))
+	log, err := os.ReadFile(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(" %d 7", len(plain.grads)) // count, ncclFloat32
+	n := 0
+	for _, l := range strings.Split(strings.TrimSpace(string(log)), "\n") {
+		if f := strings.Fields(l); len(f) == 5 && f[0] == "AllReduce" && f[1] == f[2] && strings.HasSuffix(l, want) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d in-place fp32 all-reduces of %d gradients, want 1; NCCL was asked for:\n%s", n, len(plain.grads), log)
+	}
 }
 
 // TestTinyStepNCCLGPU: the same with the real NCCL on device 0 (skips

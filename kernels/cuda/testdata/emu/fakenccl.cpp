@@ -2,7 +2,10 @@
 // kernels/cuda binds, for a world of ONE rank only (device memory is host
 // memory under the emulator): every collective is the identity or a copy.
 // It exercises the binding (argument order, counts, dtypes, pointers,
-// errors) without a GPU; it cannot test communication between ranks.
+// errors) without a GPU; it cannot test communication between ranks. With
+// FAKENCCL_LOG set it appends each collective's name, source and
+// destination pointers, count and type to that file, so that tests check
+// what an in-place collective (the identity here) was asked to cover.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -56,21 +59,27 @@ API const char* ncclGetErrorString(int r) {
   }
   return "unknown result";
 }
-static int copy(const void* s, void* d, size_t n, int t, void* comm) {
+static int copy(const char* name, const void* s, void* d, size_t n, int t, void* comm) {
   if (comm != &live || typeSize(t) == 0) return ncclInvalidArgument;
+  if (const char* log = getenv("FAKENCCL_LOG")) {
+    if (FILE* f = fopen(log, "a")) {
+      fprintf(f, "%s %llx %llx %zu %d\n", name, (unsigned long long)(uintptr_t)s, (unsigned long long)(uintptr_t)d, n, t);
+      fclose(f);
+    }
+  }
   if (s != d) memmove(d, s, n * typeSize(t));
   return ncclSuccess;
 }
 API int ncclAllReduce(const void* s, void* d, size_t n, int t, int op, void* comm, void*) {
   if (op != 0) return ncclInvalidArgument;
-  return copy(s, d, n, t, comm);
+  return copy("AllReduce", s, d, n, t, comm);
 }
 API int ncclReduceScatter(const void* s, void* d, size_t n, int t, int op, void* comm, void*) {
   if (op != 0) return ncclInvalidArgument;
-  return copy(s, d, n, t, comm);
+  return copy("ReduceScatter", s, d, n, t, comm);
 }
-API int ncclAllGather(const void* s, void* d, size_t n, int t, void* comm, void*) { return copy(s, d, n, t, comm); }
+API int ncclAllGather(const void* s, void* d, size_t n, int t, void* comm, void*) { return copy("AllGather", s, d, n, t, comm); }
 API int ncclBroadcast(const void* s, void* d, size_t n, int t, int root, void* comm, void*) {
   if (root != 0) return ncclInvalidArgument;
-  return copy(s, d, n, t, comm);
+  return copy("Broadcast", s, d, n, t, comm);
 }
