@@ -515,10 +515,21 @@ func TestReadF32AtRandom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, ti := range f.Tensors() {
+		for i, ti := range f.Tensors() {
 			whole := make([]float32, ti.NumElements())
 			if err := f.ReadF32(ti.Name, whole); err != nil {
 				t.Fatal(err)
+			}
+			// The whole tensor is what was written, to its dtype's precision
+			// (half an ulp: 2⁻⁸ relative for BF16's 8-bit significand, 2⁻¹¹
+			// for F16's 11 bits, plus half F16's subnormal spacing 2⁻²⁴),
+			// exactly for F32.
+			rel := map[DType]float64{F32: 0, BF16: 0x1p-8, F16: 0x1p-11}[ti.DType]
+			abs := map[DType]float64{F16: 0x1p-25}[ti.DType]
+			for j, x := range whole {
+				if v := ts[i].F32[j]; math.Abs(float64(x)-float64(v)) > rel*math.Abs(float64(v))+abs {
+					t.Fatalf("%s %s element %d: read %g, wrote %g", ti.Name, ti.DType, j, x, v)
+				}
 			}
 			checkReadF32At(t, f, ti.Name, whole, trial)
 		}
