@@ -352,6 +352,43 @@ func commas(n int64) string {
 // memory free for it.
 var ErrWontFit = fmt.Errorf("the run does not fit in memory")
 
+// backendAs returns the first backend in be's chain of wrappers (a test's
+// or a profiler's, through Unwrap() kernels.Backend) that implements T.
+func backendAs[T any](be kernels.Backend) (T, bool) {
+	for {
+		if x, ok := be.(T); ok {
+			return x, true
+		}
+		u, ok := be.(interface{ Unwrap() kernels.Backend })
+		if !ok {
+			var zero T
+			return zero, false
+		}
+		be = u.Unwrap()
+	}
+}
+
+// WorkspacePlanner returns how be (or the backend it wraps) sizes its ops'
+// scratch, or nil when it does not say.
+func WorkspacePlanner(be kernels.Backend) func(kernels.Workload) int64 {
+	if p, ok := backendAs[interface {
+		PlanWorkspace(kernels.Workload) int64
+	}](be); ok {
+		return p.PlanWorkspace
+	}
+	return nil
+}
+
+// CheckFree refuses a plan that exceeds the memory free on be (Free); with
+// nothing to read it refuses nothing.
+func CheckFree(p *MemPlan, be kernels.Backend) error {
+	free, source, ok, err := Free(be)
+	if err != nil || !ok {
+		return err
+	}
+	return p.Check(free, source)
+}
+
 // MemoryEnv overrides the free memory a plan is checked against, in bytes
 // (or with a K, M, G or T suffix): for a machine shared with other jobs.
 const MemoryEnv = "TRACEGRPO_MEMORY"
@@ -368,16 +405,9 @@ func Free(be kernels.Backend) (bytes int64, source string, ok bool, err error) {
 		}
 		return n, "$" + MemoryEnv, true, nil
 	}
-	for {
-		u, ok := be.(interface{ Unwrap() kernels.Backend })
-		if !ok {
-			break
-		}
-		be = u.Unwrap()
-	}
-	if mi, isDev := be.(interface {
+	if mi, isDev := backendAs[interface {
 		MemInfo() (free, total int64, err error)
-	}); isDev {
+	}](be); isDev {
 		free, total, err := mi.MemInfo()
 		if err != nil {
 			return 0, "", false, err

@@ -57,6 +57,7 @@ type Trainer struct {
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
 	comm        dist.Comm      // the ranks of the run (dist.Single for one)
+	plan        *MemPlan       // the plan checkPlan checked
 	gatherer    *dist.Gatherer // the ranks' exchanges of metrics, errors and hashes (buffers reserved in New)
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
@@ -433,6 +434,7 @@ func (t *Trainer) checkPlan() error {
 	if err != nil {
 		return err
 	}
+	t.plan = p // reserveWorkspace's sizes
 	free, source, ok, err := Free(t.be)
 	if err != nil {
 		return err
@@ -452,15 +454,18 @@ func (t *Trainer) checkPlan() error {
 // front (CUDA) do so now, at the plan's sizes: the run then holds its whole
 // plan before the first step, and never allocates during one.
 func (t *Trainer) reserveWorkspace() error {
-	r, ok := t.be.(interface {
+	r, ok := backendAs[interface {
 		ReserveWorkspace(kernels.Workload) error
-	})
+	}](t.be)
 	if !ok {
 		return nil
 	}
-	p, err := t.Plan()
-	if err != nil {
-		return err
+	p := t.plan
+	if p == nil {
+		var err error
+		if p, err = t.Plan(); err != nil {
+			return err
+		}
 	}
 	if err := r.ReserveWorkspace(p.work); err != nil {
 		return fmt.Errorf("workspace: %w", err)
@@ -472,18 +477,8 @@ func (t *Trainer) reserveWorkspace() error {
 func (t *Trainer) Plan() (*MemPlan, error) {
 	return PlanRun(PlanRequest{
 		Config: &t.cfg, Model: t.modelCfg, ModelName: t.cfg.Policy.ModelName, Backend: t.be.Name(),
-		Workspace: workspacePlanner(t.be), Builtin: t.o.Rollouts == "", Resume: t.o.Resume,
+		Workspace: WorkspacePlanner(t.be), Builtin: t.o.Rollouts == "", Resume: t.o.Resume,
 	})
-}
-
-// workspacePlanner returns how be sizes its ops' scratch, or nil.
-func workspacePlanner(be kernels.Backend) func(kernels.Workload) int64 {
-	if p, ok := be.(interface {
-		PlanWorkspace(kernels.Workload) int64
-	}); ok {
-		return p.PlanWorkspace
-	}
-	return nil
 }
 
 // resolveModel returns the policy's model configuration and where its

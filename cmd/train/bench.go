@@ -129,7 +129,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	plan, err := trainer.PlanModelRun(trainer.PlanSpec{
 		Request: trainer.PlanRequest{Model: cfg, ModelName: *cfgPath, Backend: be.Name(), Rows: myRows,
-			Workspace: func(w kernels.Workload) int64 { return planWorkspaceOf(be, w) }},
+			Workspace: trainer.WorkspacePlanner(be)},
 		Options: opt, Optimizer: true,
 		Shrink: map[string][]string{"activations": {"--rows", "--seq", "--recompute"}, "workspace": {"--rows", "--seq"},
 			"weights": {"a smaller --model"}, "gradients": {"a smaller --model"}, "adam_moments": {"a smaller --model"}},
@@ -137,7 +137,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	if err := checkFree(plan, be); err != nil {
+	if err := trainer.CheckFree(plan, be); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	res.PlanMiB = float64(plan.TotalBytes) / (1 << 20)

@@ -110,29 +110,3 @@ func planWorkspace(backend string, threads int) (func(kernels.Workload) int64, e
 	}
 	return nil, fmt.Errorf("%w: --backend %q: want cpu or cuda", errUsage, backend)
 }
-
-// planWorkspaceOf sizes an opened backend's scratch for w (0 when the
-// backend does not say: a test's wrapper).
-func planWorkspaceOf(be kernels.Backend, w kernels.Workload) int64 {
-	for {
-		if p, ok := be.(interface {
-			PlanWorkspace(kernels.Workload) int64
-		}); ok {
-			return p.PlanWorkspace(w)
-		}
-		u, ok := be.(interface{ Unwrap() kernels.Backend })
-		if !ok {
-			return 0
-		}
-		be = u.Unwrap()
-	}
-}
-
-// checkFree refuses a plan that exceeds the memory free on be.
-func checkFree(p *trainer.MemPlan, be kernels.Backend) error {
-	free, source, ok, err := trainer.Free(be)
-	if err != nil || !ok {
-		return err
-	}
-	return p.Check(free, source)
-}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
@@ -43,18 +44,26 @@ func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend)
 	for _, c := range []struct {
 		name string
 		sets []string
+		wrap bool // behind a wrapper (a profiler's) that only Unwraps
 	}{
-		{"builtin", nil},
-		{"checkpointing_kl", []string{"policy.megatron_cfg.activation_checkpointing=true", "loss_fn.reference_policy_kl_penalty=0.01"}},
+		{"builtin", nil, false},
+		// The plan and the up-front reservation reach through a wrapper
+		// (they planned no scratch for a wrapped backend and reserved none).
+		{"wrapped", nil, true},
+		{"checkpointing_kl", []string{"policy.megatron_cfg.activation_checkpointing=true", "loss_fn.reference_policy_kl_penalty=0.01"}, false},
 		// Mixed precision: the bf16 paths' scratch (the LM head's bf16 dz
 		// inside the logits chunk) must be in the plan too.
-		{"bf16", []string{"policy.precision=bfloat16"}},
+		{"bf16", []string{"policy.precision=bfloat16"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := open(t)
 			// A small step (4 rollouts) keeps the emulator quick.
 			sets := append([]string{"grpo.num_prompts_per_step=2", "grpo.num_generations_per_prompt=2"}, c.sets...)
-			tr, err := trainer.New(trainer.Options{Backend: be, Out: t.TempDir(), Steps: 1, Quiet: true, Sets: sets})
+			var run kernels.Backend = be
+			if c.wrap {
+				run = unwrapOnly{be}
+			}
+			tr, err := trainer.New(trainer.Options{Backend: run, Out: t.TempDir(), Steps: 1, Quiet: true, Sets: sets})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -76,3 +85,9 @@ func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend)
 		})
 	}
 }
+
+// unwrapOnly hides every optional interface of the backend it wraps but
+// Unwrap, as a profiling wrapper does.
+type unwrapOnly struct{ kernels.Backend }
+
+func (u unwrapOnly) Unwrap() kernels.Backend { return u.Backend }
