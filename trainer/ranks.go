@@ -32,8 +32,8 @@ import (
 
 // shard is one rank's share of a step, as the other ranks need it.
 type shard struct {
-	Err  string // this rank could not build its share: every rank fails
-	Stop bool   // a stop request reached this rank
+	Err  rankError // this rank could not build its share: every rank fails
+	Stop bool      // a stop request reached this rank
 
 	// Per logical rollout, in the rank's order.
 	Groups    []int64
@@ -99,10 +99,30 @@ func gather[T any](t *Trainer, v T) ([]T, error) {
 
 // agreedError is an error every rank returns (they learned of it at the
 // same exchange), so none waits for another: no abort is needed.
-type agreedError struct{ err error }
+// It is a usage error (ErrUsage) when any rank's was, so that every rank
+// exits as one process would.
+type agreedError struct {
+	err   error
+	usage bool
+}
 
-func (e *agreedError) Error() string { return e.err.Error() }
-func (e *agreedError) Unwrap() error { return e.err }
+func (e *agreedError) Error() string        { return e.err.Error() }
+func (e *agreedError) Unwrap() error        { return e.err }
+func (e *agreedError) Is(target error) bool { return e.usage && target == ErrUsage }
+
+// rankError is one rank's error as the ranks exchange it: its text, and
+// whether it is a usage error.
+type rankError struct {
+	Msg   string
+	Usage bool
+}
+
+func rankErrorOf(err error) rankError {
+	if err == nil {
+		return rankError{}
+	}
+	return rankError{Msg: err.Error(), Usage: errors.Is(err, ErrUsage)}
+}
 
 // Agreed reports whether every rank of the run returned err together, so
 // that nothing needs to abort the others.
@@ -117,24 +137,28 @@ func (t *Trainer) agree(err error) error {
 	if t.comm.Size() == 1 {
 		return err
 	}
-	msg := ""
-	if err != nil {
-		msg = err.Error()
-	}
-	all, gerr := gather(t, msg)
+	all, gerr := gather(t, rankErrorOf(err))
 	if gerr != nil {
 		return gerr
 	}
+	return agreedOf(all)
+}
+
+// agreedOf is the error every rank returns for the ranks' errors (nil when
+// none failed): each failing rank's text, named by rank.
+func agreedOf(all []rankError) error {
 	var failed []string
-	for r, m := range all {
-		if m != "" {
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, m))
+	usage := false
+	for r, e := range all {
+		if e.Msg != "" {
+			failed = append(failed, fmt.Sprintf("rank %d: %s", r, e.Msg))
+			usage = usage || e.Usage
 		}
 	}
 	if len(failed) == 0 {
 		return nil
 	}
-	return &agreedError{errors.New(strings.Join(failed, "\n"))}
+	return &agreedError{err: errors.New(strings.Join(failed, "\n")), usage: usage}
 }
 
 // myShard summarizes this rank's share of the step.
@@ -198,7 +222,7 @@ func (t *Trainer) checkSameWeights(when string) error {
 	}
 	for r := range all {
 		if !bytes.Equal(all[r], all[0]) {
-			return &agreedError{fmt.Errorf("%s: rank %d's weights differ from rank 0's (every rank must start from the same weights and checkpoint: is the run directory on a file system all ranks share?)", when, r)}
+			return &agreedError{err: fmt.Errorf("%s: rank %d's weights differ from rank 0's (every rank must start from the same weights and checkpoint: is the run directory on a file system all ranks share?)", when, r)}
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -217,6 +218,18 @@ func TestRanksAllocateNothingDuringSteps(t *testing.T) {
 		}
 		if during[r] != 0 {
 			t.Errorf("rank %d allocated %d buffers on its backend during 3 steps, want 0", r, during[r])
+		}
+	}
+}
+
+// TestRanksKeepUsageErrors: a usage error stays one (exit status 2 in
+// cmd/train) on every rank, as in one process; the ranks' agreement passed
+// errors on as text and every rank exited 1.
+func TestRanksKeepUsageErrors(t *testing.T) {
+	errs, _ := runLocalRanks(t, 2, trainArgs(t.TempDir(), 1, "--on-nonfinite", "bogus")...)
+	for r, err := range errs {
+		if !errors.Is(err, ErrUsage) || !Agreed(err) {
+			t.Errorf("rank %d: %v (usage %v, agreed %v), want an agreed usage error", r, err, errors.Is(err, ErrUsage), Agreed(err))
 		}
 	}
 }

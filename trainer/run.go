@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -54,13 +53,11 @@ func (t *Trainer) Run() error {
 				my = myShard(logical, fins, batch)
 			}
 		}
-		if err != nil {
-			my.Err = err.Error()
-		}
+		my.Err = rankErrorOf(err)
 
 		// 4. The ranks meet: every rank learns of any failure or stop
 		// request, and the step's G_tok is the sum of every rank's.
-		st, err := t.exchange(step, my)
+		st, err := t.exchange(step, my, err)
 		if err != nil {
 			return err
 		}
@@ -130,35 +127,35 @@ func (t *Trainer) Run() error {
 	return nil
 }
 
-// exchange gathers every rank's share of the step: a failure on any rank
+// exchange gathers every rank's share of the step (myErr: this rank's
+// failure, also in my.Err): a failure on any rank
 // fails every rank (naming it), a stop request on any rank stops every
 // rank, and the step's G_tok and logical rollout count are the sums.
-func (t *Trainer) exchange(stepN int, my shard) (*step, error) {
+func (t *Trainer) exchange(stepN int, my shard, myErr error) (*step, error) {
+	if myErr != nil && t.comm.Size() == 1 {
+		return nil, myErr // as it is: one process needs no agreement
+	}
 	shards, err := gather(t, my)
 	if err != nil {
 		return nil, fmt.Errorf("step %d: %w", stepN, err)
 	}
 	st := &step{shards: shards}
-	var failed []string
+	errs := make([]rankError, len(shards))
 	eligible := 0
 	for r, s := range shards {
-		switch {
-		case s.Err != "" && len(shards) == 1:
-			return nil, errors.New(s.Err)
-		case s.Err != "":
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, s.Err))
-		case s.Stop:
+		errs[r] = s.Err
+		if s.Err.Msg == "" && s.Stop {
 			st.stop = true
 		}
 		st.gTok += s.GTok
 		st.logical += len(s.Rewards)
 		eligible += s.Eligible
 	}
-	if len(failed) > 0 {
-		return nil, &agreedError{errors.New(strings.Join(failed, "\n"))}
+	if err := agreedOf(errs); err != nil {
+		return nil, err
 	}
 	if !st.stop && eligible == 0 {
-		return nil, &agreedError{fmt.Errorf("step %d: %w", stepN, grpo.ErrNoEligibleTokens)}
+		return nil, &agreedError{err: fmt.Errorf("step %d: %w", stepN, grpo.ErrNoEligibleTokens)}
 	}
 	return st, nil
 }
