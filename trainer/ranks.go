@@ -197,18 +197,22 @@ func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch
 // paramsHash is a hash of the parameter arena's bits: ranks whose weights
 // diverged (a bug, or a checkpoint that was not the same file on every
 // node) are caught at the next checkpoint instead of training apart.
-func (t *Trainer) paramsHash() []byte {
-	h := fnv.New64a()
-	var w [4]byte
+func (t *Trainer) paramsHash() ([]byte, error) {
 	host := t.hostCopy(t.model.Params())
 	if err := t.be.Sync(); err != nil {
-		return nil
+		return nil, fmt.Errorf("weights hash: %w", err)
 	}
+	h := fnv.New64a()
+	buf := make([]byte, 0, 64<<10)
 	for _, x := range host {
-		binary.LittleEndian.PutUint32(w[:], math.Float32bits(x))
-		h.Write(w[:])
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
+		if len(buf) == cap(buf) {
+			h.Write(buf)
+			buf = buf[:0]
+		}
 	}
-	return h.Sum(nil)
+	h.Write(buf)
+	return h.Sum(nil), nil
 }
 
 // checkSameWeights fails when the ranks' weights differ.
@@ -216,7 +220,11 @@ func (t *Trainer) checkSameWeights(when string) error {
 	if t.comm.Size() == 1 {
 		return nil
 	}
-	all, err := gather(t, t.paramsHash())
+	mine, err := t.paramsHash()
+	if err := t.agree(err); err != nil { // every rank, so that none waits below
+		return err
+	}
+	all, err := gather(t, mine)
 	if err != nil {
 		return err
 	}
