@@ -233,3 +233,60 @@ func TestRanksKeepUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestRanksCatchDivergedWeights: when one rank's weights differ from rank
+// 0's, every rank fails the weights check together, naming the rank.
+func TestRanksCatchDivergedWeights(t *testing.T) {
+	const n = 2
+	mems := make([]kernels.Backend, n)
+	for i := range mems {
+		b := cpu.New(1)
+		t.Cleanup(b.Close)
+		mems[i] = b
+	}
+	comms := dist.Local(mems)
+	out := t.TempDir()
+	trs := make([]*Trainer, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o Options
+			fs := newTestFlags()
+			o.AddFlags(fs)
+			if err := fs.Parse(trainArgs(out, 1)); err != nil {
+				errs[r] = err
+				return
+			}
+			o.Backend, o.Comm, o.Log = mems[r], comms[r], io.Discard
+			trs[r], errs[r] = New(o)
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		defer trs[r].Close()
+	}
+	for _, diverge := range []bool{false, true} {
+		if diverge {
+			trs[1].model.InitRandom(99)
+		}
+		for r := range n {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[r] = trs[r].checkSameWeights("test") }()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			switch {
+			case !diverge && err != nil:
+				t.Errorf("same weights, rank %d: %v", r, err)
+			case diverge && (err == nil || !Agreed(err) || !strings.Contains(err.Error(), "rank 1's weights differ")):
+				t.Errorf("rank 1 diverged, rank %d: %v; want an agreed error naming rank 1", r, err)
+			}
+		}
+	}
+}
