@@ -59,17 +59,6 @@ func (t *Trainer) savesAt(step int) bool {
 	return c.Enabled && ((c.SavePeriod > 0 && step%c.SavePeriod == 0) || step == t.maxSteps)
 }
 
-// prepareCheckpoint writes this step's checkpoint under a temporary name
-// when the step is checkpointed (nil otherwise); Run publishes it after the
-// step's metrics line is on disk, so that a checkpoint never exists without
-// its line.
-func (t *Trainer) prepareCheckpoint() (*checkpoint.Pending, error) {
-	if !t.savesAt(t.step) {
-		return nil, nil
-	}
-	return t.prepare()
-}
-
 // save writes and publishes step_<N>/ at once (a signal's stop).
 func (t *Trainer) save() error {
 	p, err := t.prepare()
@@ -81,7 +70,8 @@ func (t *Trainer) save() error {
 }
 
 // prepare writes step_<N>/ (HF weights, Adam moments, trainer state) under a
-// temporary name.
+// temporary name; Run publishes it after the step's metrics line is on
+// disk, so that a checkpoint never exists without its line.
 func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	table := t.model.Table()
 	mBuf, vBuf := t.opt.Moments()

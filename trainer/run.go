@@ -173,7 +173,7 @@ func (t *Trainer) finish(stepN int, st *step, upd optim.Result, ph PhaseTimes, s
 	var pending *checkpoint.Pending
 	var err error
 	if t.rank == 0 && saves {
-		if pending, err = t.prepareCheckpoint(); err != nil {
+		if pending, err = t.prepare(); err != nil { // published after the metrics line, below
 			err = fmt.Errorf("step %d: checkpoint: %w", stepN, err)
 		}
 	}

@@ -104,9 +104,7 @@ func (s *builtinSource) start(t *Trainer) error {
 	if s.save && s.captureDir == "" {
 		s.captureDir = filepath.Join(t.out, "captures")
 	}
-	if s.captureDir == "" {
-		s.newMemoryStore()
-	} else {
+	if s.captureDir != "" { // else next makes each step's in-memory store
 		var err error
 		if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
 			return err
