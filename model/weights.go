@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
@@ -220,5 +221,8 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, "config.json"), cfgJSON)
+	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), cfgJSON); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	return nil
 }

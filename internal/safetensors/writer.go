@@ -7,10 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
+
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 )
 
 // Spec declares one tensor of a file to be written.
@@ -259,39 +259,24 @@ func WriteFile(path string, tensors []Tensor, metadata map[string]string) error 
 // write to stream their data in file order (Writer.Tensors) so that no
 // tensor needs to be in memory all at once. The file appears at path only
 // if write and every check succeed.
-func WriteFileStream(path string, specs []Spec, metadata map[string]string, write func(w *Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
+func WriteFileStream(path string, specs []Spec, metadata map[string]string, write func(w *Writer) error) error {
+	f, err := atomicfile.Create(path)
 	if err != nil {
 		return fmt.Errorf("safetensors: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	w, err := NewWriter(tmp, specs, metadata)
+	defer f.Abort()
+	w, err := NewWriter(f, specs, metadata)
 	if err != nil {
 		return err
 	}
-	if err = write(w); err != nil {
+	if err := write(w); err != nil {
 		return err
 	}
-	if err = w.Close(); err != nil {
+	if err := w.Close(); err != nil {
 		return err
 	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("safetensors: write %s: %w", path, err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("safetensors: write %s: %w", path, err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("safetensors: write %s: %w", path, err)
-	}
-	if d, derr := os.Open(filepath.Dir(path)); derr == nil {
-		d.Sync()
-		d.Close()
+	if err := f.Commit(); err != nil {
+		return fmt.Errorf("safetensors: %w", err)
 	}
 	return nil
 }
