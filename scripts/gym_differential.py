@@ -651,7 +651,9 @@ def main():
 
     # Gym's own fingerprint on the independent goldens.
     from nemo_gym.token_id_capture.fingerprint import assistant_fingerprint
-    golden = json.load(open(os.path.join(REPO, "gym", "testdata", "golden_fingerprint.json")))
+    golden_path = os.path.join(REPO, "gym", "testdata", "golden_fingerprint.json")
+    golden_bytes = open(golden_path, "rb").read()
+    golden = json.loads(golden_bytes)
     agree = 0
     for c in golden["cases"]:
         try:
@@ -671,6 +673,7 @@ def main():
             "upstream": provenance,
             "stubs": "nemo_gym.config_types and nemo_gym.global_config hold only the constants rollout_correlation.py imports",
             "fingerprint_golden_agreement": f"{agree}/{len(golden['cases'])}",
+            "fingerprint_golden_sha256": hashlib.sha256(golden_bytes).hexdigest(),
         },
         "cases": [{"name": s.name, "rollout_id": s.rid, "what": s.what, "departure": s.departure,
                    "runtime": s.runtime, "gym": results[s.name]} for s in scenarios],
