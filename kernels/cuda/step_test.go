@@ -191,14 +191,7 @@ func TestTinyStepEmu(t *testing.T) {
 // TestTinyStepGPU: the same on CUDA device 0 (skips without one, unless
 // TRACEGRPO_REQUIRE_GPU=1).
 func TestTinyStepGPU(t *testing.T) {
-	be, err := cuda.OpenBackend(cuda.Options{})
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
-			t.Fatalf("no CUDA device: %v", err)
-		}
-		t.Skipf("no CUDA device: %v", err)
-	}
-	defer be.Close()
+	be := gpuBackend(t)
 	t.Logf("device: %s", be.Info())
 	ref := cpu.New(2)
 	defer ref.Close()
@@ -273,34 +266,15 @@ func compareBF16Steps(t *testing.T, table model.ParamTable, want, got stepResult
 // attention operands) through the emulated CUDA backend's bf16 paths
 // against the CPU backend's bf16 reference, and against the fp32 step.
 func TestTinyStepBF16Emu(t *testing.T) {
-	ref := cpu.New(2)
-	defer ref.Close()
-	emu := cuda.EmuBackend(t, cuda.Options{})
-	for _, sm := range stepModels[:2] {
-		t.Run(sm.variant, func(t *testing.T) {
-			cfg, err := model.LoadConfig("../../model/testdata/" + sm.variant + "/config.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			table := model.NewParamTable(cfg)
-			compareBF16Steps(t, table, tinyStepPrec(t, ref, sm.variant, sm.random, kernels.BF16), tinyStepPrec(t, emu, sm.variant, sm.random, kernels.BF16), tolBF16Step)
-			// Against the fp32 step of the same weights on the same backend:
-			// the error of mixed precision itself.
-			compareBF16Steps(t, table, tinyStepPrec(t, emu, sm.variant, sm.random, kernels.F32), tinyStepPrec(t, emu, sm.variant, sm.random, kernels.BF16), tolBF16VsFP32)
-		})
-	}
+	tinyStepBF16(t, cuda.EmuBackend(t, cuda.Options{}))
 }
 
 // TestTinyStepBF16GPU: the same on CUDA device 0.
 func TestTinyStepBF16GPU(t *testing.T) {
-	be, err := cuda.OpenBackend(cuda.Options{})
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
-			t.Fatalf("no CUDA device: %v", err)
-		}
-		t.Skipf("no CUDA device: %v", err)
-	}
-	defer be.Close()
+	tinyStepBF16(t, gpuBackend(t))
+}
+
+func tinyStepBF16(t *testing.T, be *cuda.Backend) {
 	ref := cpu.New(2)
 	defer ref.Close()
 	for _, sm := range stepModels[:2] {
@@ -311,6 +285,8 @@ func TestTinyStepBF16GPU(t *testing.T) {
 			}
 			table := model.NewParamTable(cfg)
 			compareBF16Steps(t, table, tinyStepPrec(t, ref, sm.variant, sm.random, kernels.BF16), tinyStepPrec(t, be, sm.variant, sm.random, kernels.BF16), tolBF16Step)
+			// Against the fp32 step of the same weights on the same backend:
+			// the error of mixed precision itself.
 			compareBF16Steps(t, table, tinyStepPrec(t, be, sm.variant, sm.random, kernels.F32), tinyStepPrec(t, be, sm.variant, sm.random, kernels.BF16), tolBF16VsFP32)
 		})
 	}
@@ -363,14 +339,7 @@ func TestTinyStepNCCLEmu(t *testing.T) {
 // TestTinyStepNCCLGPU: the same with the real NCCL on device 0 (skips
 // without a GPU or NCCL, unless TRACEGRPO_REQUIRE_GPU=1).
 func TestTinyStepNCCLGPU(t *testing.T) {
-	be, err := cuda.OpenBackend(cuda.Options{})
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
-			t.Fatalf("no CUDA device: %v", err)
-		}
-		t.Skipf("no CUDA device: %v", err)
-	}
-	defer be.Close()
+	be := gpuBackend(t)
 	c, err := cuda.OpenNCCL(be, cuda.NCCLOptions{Size: 1, CommID: "127.0.0.1:29512"})
 	if err != nil {
 		if os.Getenv("TRACEGRPO_REQUIRE_GPU") == "1" {
