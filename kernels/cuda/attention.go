@@ -152,8 +152,13 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	}
 	rows := T * NH
 	dotBlocks := max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs))
+	suffix := "" // fp32, or bf16 of another head dimension or an unaligned view
+	if dt == kernels.BF16 {
+		suffix = "_bf16"
+	}
+	// D = rowsum(dout ∘ out), which both paths read.
+	b.launch("attention_bwd_dot"+suffix, dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
-		b.launch("attention_bwd_dot_bf16", dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
 		_, smemDq, smemDkdv := tcSmem(HD)
 		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
 			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
@@ -162,12 +167,6 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		b.launch(fmt.Sprintf("attention_bwd_dkdv_tc_hd%d", HD), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
 		return
 	}
-	suffix := "" // fp32, or bf16 of another head dimension or an unaligned view
-	if dt == kernels.BF16 {
-		suffix = "_bf16"
-	}
-	b.launch("attention_bwd_dot"+suffix, dotBlocks, 1, 1, threads, 0,
-		pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
 	b.launch("attention_bwd_dq"+suffix, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
 		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
