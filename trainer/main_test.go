@@ -1,13 +1,18 @@
 package trainer
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -18,6 +23,13 @@ import (
 // for it (TRACEGRPO_TRAINER_ARGS, a JSON list of arguments), so that tests
 // can kill a real trainer process.
 func TestMain(m *testing.M) {
+	if os.Getenv(watchSignalsEnv) == "1" {
+		// WatchSignals alone, its stop requests never taken: only a second
+		// signal ends this process.
+		WatchSignals(os.Stderr)
+		fmt.Println("watching")
+		select {}
+	}
 	if a := os.Getenv("TRACEGRPO_TRAINER_ARGS"); a != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(a), &args); err != nil {
@@ -86,4 +98,55 @@ func newTestFlags() *pflag.FlagSet {
 	fs := pflag.NewFlagSet("train", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	return fs
+}
+
+// watchSignalsEnv runs this test binary as WatchSignals alone.
+const watchSignalsEnv = "TRACEGRPO_TEST_WATCH_SIGNALS"
+
+// TestSecondSignalKillsBySignal: with the first stop request still pending
+// (a step that does not end), a second SIGINT or SIGTERM ends the process
+// at once, by that signal, saying so. cmd/train's test of two signals on a
+// real run may see the run stop cleanly on the first; this one cannot.
+func TestSecondSignalKillsBySignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), watchSignalsEnv+"=1")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, _ := bufio.NewReader(stdout).ReadString('\n')
+		if line != "watching\n" {
+			cmd.Process.Kill()
+			t.Fatalf("helper said %q", line)
+		}
+		cmd.Process.Signal(sig)
+		time.Sleep(50 * time.Millisecond) // the first is taken before the second arrives
+		cmd.Process.Signal(sig)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err = <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("%v: the process did not end after a second signal:\n%s", sig, stderr.String())
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("%v: %v", sig, err)
+		}
+		if ws, _ := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != sig {
+			t.Errorf("%v: ended with %v, want death by the signal", sig, ws)
+		}
+		for _, w := range []string{"stopping after the step in progress", "second " + signalName(sig) + ": stopping at once"} {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%v: stderr lacks %q:\n%s", sig, w, stderr.String())
+			}
+		}
+	}
 }
