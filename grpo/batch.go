@@ -224,7 +224,7 @@ func BuildBatch(rollouts []LogicalRollout, opt BatchOptions) (*Batch, error) {
 	}
 	b.Advantages = adv
 	m.Physical = len(b.Rows)
-	m.Padding = (opt.RowMultiple - m.Physical%opt.RowMultiple) % opt.RowMultiple
+	m.Padding = PaddingRows(m.Physical, opt.RowMultiple)
 	for range m.Padding {
 		b.Rows = append(b.Rows, inert(0, rollouts[0].TaskGroup, "", ""))
 	}
@@ -268,4 +268,10 @@ func checkTrace(tr *gym.TrainingTrace) error {
 func (r *Row) LossRow(lp, lpOld, lpRef, dlp []float64) LossRow {
 	return LossRow{LP: lp, LPOld: lpOld, LPGen: r.GenLogprobs, LPRef: lpRef, Mask: r.TokenMask,
 		SampleMask: r.SampleMask, Advantage: r.Advantage, DLP: dlp}
+}
+
+// PaddingRows is how many inert rows bring physical rows to a multiple of
+// multiple (≥ 1).
+func PaddingRows(physical, multiple int) int {
+	return (multiple - physical%multiple) % multiple
 }

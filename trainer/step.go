@@ -270,8 +270,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 	m.GradNorm = Num(upd.GradNorm)
 	m.LR = Num(upd.LR)
 	m.SkippedUpdate = upd.Skipped
-	mult := t.rowMultiple
-	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = logical, physical, (mult-physical%mult)%mult
+	m.LogicalRollouts, m.PhysicalRows, m.PaddingRows = logical, physical, grpo.PaddingRows(physical, t.rowMultiple)
 	m.EligibleTokens = eligible
 	m.NonzeroAdvantageTokens = lm.NonzeroAdvantageTokens
 	m.ClipFractionLow, m.ClipFractionHigh = Num(lm.ClipFracLow), Num(lm.ClipFracHigh)
