@@ -7,7 +7,6 @@ import (
 	"math"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 )
 
@@ -283,7 +282,7 @@ func finalize(rec *Record, src Source, builder string, rebuild bool) (*Finalized
 		if !errors.As(err, &dmg) {
 			return nil, fmt.Errorf("gym: rollout %s (%s): %w", rid, rec.Where(), err)
 		}
-		mask = &MaskError{Reason: dmg.Reason, Msg: strings.TrimPrefix(dmg.Error(), dmg.Reason+": ")}
+		mask = &MaskError{Reason: dmg.Reason, Msg: dmg.Detail()}
 	}
 	if mask != nil {
 		res.Masked, res.Reason = true, mask.Reason

@@ -60,11 +60,15 @@ type CaptureDamage struct {
 	Err    error
 }
 
-func (e *CaptureDamage) Error() string {
+func (e *CaptureDamage) Error() string { return e.Reason + ": " + e.Detail() }
+
+// Detail is the error without its reason code: the file, the offset when
+// known, and what is wrong there.
+func (e *CaptureDamage) Detail() string {
 	if e.Offset >= 0 {
-		return fmt.Sprintf("%s: %s (offset %d): %v", e.Reason, e.Path, e.Offset, e.Err)
+		return fmt.Sprintf("%s (offset %d): %v", e.Path, e.Offset, e.Err)
 	}
-	return fmt.Sprintf("%s: %s: %v", e.Reason, e.Path, e.Err)
+	return fmt.Sprintf("%s: %v", e.Path, e.Err)
 }
 
 func (e *CaptureDamage) Unwrap() error { return e.Err }
