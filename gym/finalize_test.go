@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -358,5 +360,22 @@ func TestCaptureMetricsKeepGymFloatTypes(t *testing.T) {
 	}
 	if got := back.AppendJSON(nil); string(got) != string(raw) {
 		t.Fatalf("round trip:\n got %s\nwant %s", got, raw)
+	}
+	// The hand-written AppendJSON writes every field the struct declares,
+	// but an empty omitempty one (a field it forgot would round-trip
+	// unnoticed above).
+	var tags, keys []string
+	cv := reflect.ValueOf(back)
+	for i := range cv.NumField() {
+		tag, opts, _ := strings.Cut(cv.Type().Field(i).Tag.Get("json"), ",")
+		if tag != "" && tag != "-" && !(opts == "omitempty" && cv.Field(i).IsZero()) {
+			tags = append(tags, tag)
+		}
+	}
+	keys = append(keys, v.keys...)
+	slices.Sort(tags)
+	slices.Sort(keys)
+	if d := cmp.Diff(tags, keys); d != "" {
+		t.Errorf("AppendJSON's keys differ from CaptureMetrics' json fields (-fields +written):\n%s", d)
 	}
 }
