@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -359,6 +360,26 @@ func FuzzStateIndex(f *testing.F) {
 		}
 		if !idx.legacy && idx.digests == nil {
 			t.Fatal("a non-legacy index without digests")
+		}
+		// The other direction, on strict JSON that encoding/json decodes
+		// (Python's json reads it the same): typed digests (an object) and
+		// indexed_size (an integer or a bool) make a non-legacy index.
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.UseNumber()
+		var doc map[string]any
+		if dec.Decode(&doc) != nil || dec.More() {
+			return
+		}
+		_, dictOK := doc["entry_digests"].(map[string]any)
+		sizeOK := false
+		switch v := doc["indexed_size"].(type) {
+		case bool:
+			sizeOK = true
+		case json.Number:
+			sizeOK = !strings.ContainsAny(string(v), ".eE")
+		}
+		if idx.legacy == (dictOK && sizeOK) {
+			t.Fatalf("legacy %v, but entry_digests typed %v and indexed_size typed %v in %q", idx.legacy, dictOK, sizeOK, data)
 		}
 	})
 }
