@@ -56,8 +56,12 @@ typedef struct {
 	int (*cuGetErrorName)(int, const char**);
 } tg_driver;
 
+// tg_sym names one function of a library and where its pointer goes in a
+// table (a struct whose first field is the library handle).
+typedef struct { const char* name; size_t off; } tg_sym;
+
 // Exported symbol names; cuda.h maps several API names to _v2 symbols.
-static const struct { const char* name; size_t off; } tg_driver_syms[] = {
+static const tg_sym tg_driver_syms[] = {
 	{"cuInit", offsetof(tg_driver, cuInit)},
 	{"cuDriverGetVersion", offsetof(tg_driver, cuDriverGetVersion)},
 	{"cuDeviceGetCount", offsetof(tg_driver, cuDeviceGetCount)},
@@ -103,7 +107,7 @@ typedef struct {
 	              const void*, int, int, const void*, void*, int, int, int, int);
 } tg_blas;
 
-static const struct { const char* name; size_t off; } tg_blas_syms[] = {
+static const tg_sym tg_blas_syms[] = {
 	{"cublasCreate_v2", offsetof(tg_blas, create)},
 	{"cublasDestroy_v2", offsetof(tg_blas, destroy)},
 	{"cublasSetStream_v2", offsetof(tg_blas, setStream)},
@@ -112,30 +116,35 @@ static const struct { const char* name; size_t off; } tg_blas_syms[] = {
 };
 
 // tg_open loads path and fills the function table at tab (whose first field
-// is the library handle). 0: ok; 1: dlopen failed; 2: a symbol is missing.
-// err gets the reason.
-static int tg_open(const char* path, void* tab, int which, char* err, size_t errlen) {
+// is the library handle) from syms. 0: ok; 1: dlopen failed; 2: a symbol is
+// missing. err gets the reason. Not static: nccl.go loads NCCL with it.
+int tg_open(const char* path, void* tab, const tg_sym* syms, size_t nsyms, char* err, size_t errlen) {
 	void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 	if (!lib) {
 		const char* e = dlerror();
 		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
 		return 1;
 	}
-	size_t n = which == 0 ? sizeof tg_driver_syms / sizeof tg_driver_syms[0]
-	                      : sizeof tg_blas_syms / sizeof tg_blas_syms[0];
-	for (size_t i = 0; i < n; i++) {
-		const char* name = which == 0 ? tg_driver_syms[i].name : tg_blas_syms[i].name;
-		size_t off = which == 0 ? tg_driver_syms[i].off : tg_blas_syms[i].off;
-		void* sym = dlsym(lib, name);
+	for (size_t i = 0; i < nsyms; i++) {
+		void* sym = dlsym(lib, syms[i].name);
 		if (!sym) {
-			snprintf(err, errlen, "%s", name);
+			snprintf(err, errlen, "%s", syms[i].name);
 			dlclose(lib);
 			return 2;
 		}
-		*(void**)((char*)tab + off) = sym;
+		*(void**)((char*)tab + syms[i].off) = sym;
 	}
 	*(void**)tab = lib;
 	return 0;
+}
+
+static const tg_sym* tg_driver_table(size_t* n) {
+	*n = sizeof tg_driver_syms / sizeof tg_driver_syms[0];
+	return tg_driver_syms;
+}
+static const tg_sym* tg_blas_table(size_t* n) {
+	*n = sizeof tg_blas_syms / sizeof tg_blas_syms[0];
+	return tg_blas_syms;
 }
 
 static int tg_err_text(tg_driver* d, int code, const char** name, const char** str) {
@@ -364,13 +373,13 @@ type blasLib struct {
 	b    *C.tg_blas // C memory
 }
 
-// loadTable dlopens path and resolves the symbols of table which (0 driver,
-// 1 cuBLAS) into the C struct at tab.
-func loadTable(path string, tab unsafe.Pointer, which C.int, what string) error {
+// loadTable dlopens path and resolves the n symbols at syms (a C tg_sym
+// array) into the C struct at tab; what names the library in errors.
+func loadTable(path string, tab, syms unsafe.Pointer, n C.size_t, what string) error {
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	var buf [512]C.char
-	switch C.tg_open(cpath, tab, which, &buf[0], C.size_t(len(buf))) {
+	switch C.tg_open(cpath, tab, (*C.tg_sym)(syms), n, &buf[0], C.size_t(len(buf))) {
 	case 0:
 		return nil
 	case 1:
@@ -381,6 +390,20 @@ func loadTable(path string, tab unsafe.Pointer, which C.int, what string) error 
 	}
 }
 
+// libDirs are the directories named by $TRACEGRPO_CUDA_LIBS, then
+// $LD_LIBRARY_PATH, searched first for every CUDA library.
+func libDirs() []string {
+	var dirs []string
+	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
+		for _, d := range filepath.SplitList(os.Getenv(env)) {
+			if d != "" {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
+}
+
 func openDriver(path string) (*driver, error) {
 	if path == "" {
 		path = os.Getenv("TRACEGRPO_CUDA_DRIVER")
@@ -389,7 +412,9 @@ func openDriver(path string) (*driver, error) {
 		path = "libcuda.so.1"
 	}
 	d := (*C.tg_driver)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_driver{}))))
-	if err := loadTable(path, unsafe.Pointer(d), 0, "CUDA driver"); err != nil {
+	var nsyms C.size_t
+	syms := C.tg_driver_table(&nsyms)
+	if err := loadTable(path, unsafe.Pointer(d), unsafe.Pointer(syms), nsyms, "CUDA driver"); err != nil {
 		C.free(unsafe.Pointer(d))
 		if !strings.Contains(path, "/") && !strings.Contains(err.Error(), "no symbol") {
 			err = fmt.Errorf("%w (no NVIDIA driver on this machine? use --backend cpu)", err)
@@ -401,14 +426,7 @@ func openDriver(path string) (*driver, error) {
 
 // blasCandidates lists the cuBLAS paths to try, in order.
 func blasCandidates() []string {
-	var dirs []string
-	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
-		for _, d := range filepath.SplitList(os.Getenv(env)) {
-			if d != "" {
-				dirs = append(dirs, d)
-			}
-		}
-	}
+	dirs := libDirs()
 	var out []string
 	for _, v := range []string{"13", "12", "11"} {
 		name := "libcublas.so." + v
@@ -429,9 +447,11 @@ func openBlas(path string) (*blasLib, error) {
 		paths = blasCandidates()
 	}
 	b := (*C.tg_blas)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_blas{}))))
+	var nsyms C.size_t
+	syms := C.tg_blas_table(&nsyms)
 	var errs []string
 	for _, p := range paths {
-		err := loadTable(p, unsafe.Pointer(b), 1, "cuBLAS")
+		err := loadTable(p, unsafe.Pointer(b), unsafe.Pointer(syms), nsyms, "cuBLAS")
 		if err == nil {
 			return &blasLib{path: p, b: b}, nil
 		}

@@ -32,7 +32,10 @@ typedef struct {
 	int (*broadcast)(const void*, void*, size_t, int, int, void*, void*);
 } tg_nccl;
 
-static const struct { const char* name; size_t off; } tg_nccl_syms[] = {
+typedef struct { const char* name; size_t off; } tg_sym; // as in driver.go
+int tg_open(const char* path, void* tab, const tg_sym* syms, size_t nsyms, char* err, size_t errlen); // driver.go
+
+static const tg_sym tg_nccl_syms[] = {
 	{"ncclGetVersion", offsetof(tg_nccl, getVersion)},
 	{"ncclGetUniqueId", offsetof(tg_nccl, getUniqueId)},
 	{"ncclCommInitRank", offsetof(tg_nccl, commInitRank)},
@@ -45,25 +48,9 @@ static const struct { const char* name; size_t off; } tg_nccl_syms[] = {
 	{"ncclBroadcast", offsetof(tg_nccl, broadcast)},
 };
 
-// 0: ok; 1: dlopen failed; 2: a symbol is missing (err names it).
-static int tg_nccl_open(const char* path, tg_nccl* n, char* err, size_t errlen) {
-	void* lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		const char* e = dlerror();
-		snprintf(err, errlen, "%s", e ? e : "dlopen failed");
-		return 1;
-	}
-	for (size_t i = 0; i < sizeof tg_nccl_syms / sizeof tg_nccl_syms[0]; i++) {
-		void* sym = dlsym(lib, tg_nccl_syms[i].name);
-		if (!sym) {
-			snprintf(err, errlen, "%s", tg_nccl_syms[i].name);
-			dlclose(lib);
-			return 2;
-		}
-		*(void**)((char*)n + tg_nccl_syms[i].off) = sym;
-	}
-	n->lib = lib;
-	return 0;
+static const tg_sym* tg_nccl_table(size_t* n) {
+	*n = sizeof tg_nccl_syms / sizeof tg_nccl_syms[0];
+	return tg_nccl_syms;
 }
 
 static const char* tg_nccl_err(tg_nccl* n, int code) { return n->getErrorString(code); }
@@ -131,14 +118,7 @@ type ncclLib struct {
 
 // ncclCandidates lists the NCCL paths to try, in order.
 func ncclCandidates() []string {
-	var dirs []string
-	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
-		for _, d := range filepath.SplitList(os.Getenv(env)) {
-			if d != "" {
-				dirs = append(dirs, d)
-			}
-		}
-	}
+	dirs := libDirs()
 	// pip's nvidia-nccl-cu12/13 wheels install nvidia/nccl/lib/libnccl.so.2
 	// under site-packages; torch finds NCCL there, and so does tracegrpo.
 	var roots []string
@@ -171,22 +151,21 @@ func openNCCLLib(path string) (*ncclLib, error) {
 		paths = ncclCandidates()
 	}
 	n := (*C.tg_nccl)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_nccl{}))))
+	var nsyms C.size_t
+	syms := C.tg_nccl_table(&nsyms)
 	var errs []string
 	for _, p := range paths {
-		cp := C.CString(p)
-		var buf [512]C.char
-		rc := C.tg_nccl_open(cp, n, &buf[0], C.size_t(len(buf)))
-		C.free(unsafe.Pointer(cp))
-		switch rc {
-		case 0:
+		err := loadTable(p, unsafe.Pointer(n), unsafe.Pointer(syms), nsyms, "NCCL")
+		if err == nil {
 			var v C.int
 			C.tg_nccl_version(n, &v)
 			return &ncclLib{path: p, n: n, version: int(v)}, nil
-		case 2:
-			C.free(unsafe.Pointer(n))
-			return nil, fmt.Errorf("cuda: load NCCL %q: the library has no symbol %s (is it really NCCL 2?)", p, C.GoString(&buf[0]))
 		}
-		errs = append(errs, fmt.Sprintf("%s: %s", p, C.GoString(&buf[0])))
+		if strings.Contains(err.Error(), "no symbol") {
+			C.free(unsafe.Pointer(n))
+			return nil, err
+		}
+		errs = append(errs, err.Error())
 	}
 	C.free(unsafe.Pointer(n))
 	return nil, fmt.Errorf("cuda: no NCCL found (pip install nvidia-nccl-cu12, or set TRACEGRPO_NCCL_LIB to libnccl.so.2); tried:\n  %s",
