@@ -102,9 +102,9 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	scale := float32(1 / math.Sqrt(float64(HD)))
 	defer b.lock()()
 	if dt == kernels.BF16 && useTC(HD, q, k, v) {
-		name := fmt.Sprintf("attention_fwd_tc_hd%d_f32out", HD)
+		name := tcKernel(HD, "attention_fwd_tc_hd64_f32out", "attention_fwd_tc_hd128_f32out")
 		if out.DType == kernels.BF16 {
-			name = fmt.Sprintf("attention_fwd_tc_hd%d_bf16out", HD)
+			name = tcKernel(HD, "attention_fwd_tc_hd64_bf16out", "attention_fwd_tc_hd128_bf16out")
 		}
 		smem, _, _ := tcSmem(HD)
 		b.launch(name, ceilDiv(seqs.MaxLen, tcRows), seqs.S, NH, attThreads, smem,
@@ -163,8 +163,8 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
 			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
 		grid := ceilDiv(seqs.MaxLen, tcRows)
-		b.launch(fmt.Sprintf("attention_bwd_dq_tc_hd%d", HD), grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
-		b.launch(fmt.Sprintf("attention_bwd_dkdv_tc_hd%d", HD), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		b.launch(tcKernel(HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"), grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+		b.launch(tcKernel(HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128"), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
 		return
 	}
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
@@ -173,4 +173,13 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
 	b.launch("attention_bwd_dkdv"+suffix, ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
 		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
+}
+
+// tcKernel picks a tensor-core kernel's name by head dimension (64 or 128,
+// the dimensions useTC admits) without formatting one per launch.
+func tcKernel(HD int, hd64, hd128 string) string {
+	if HD == 64 {
+		return hd64
+	}
+	return hd128
 }

@@ -23,10 +23,14 @@ func (b *Backend) ScatterRows(dst, src, idx kernels.Buf, N, W int) {
 	if N == 0 {
 		return
 	}
-	name := map[[2]kernels.DType]string{
-		{kernels.F32, kernels.F32}: "scatter_rows", {kernels.BF16, kernels.F32}: "scatter_rows_bf16_f32",
-		{kernels.BF16, kernels.BF16}: "scatter_rows_bf16_bf16", {kernels.F32, kernels.BF16}: "scatter_rows_f32_bf16",
-	}[[2]kernels.DType{dst.DType, src.DType}]
+	name := scatterKernels[[2]kernels.DType{dst.DType, src.DType}]
 	defer b.lock()()
 	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(W*8), 0, pa(dst), pa(src), pa(idx), ia(N), ia(W), ia(dst.N/W), pu(b.flags))
+}
+
+// scatterKernels names ScatterRows' kernel by (dst, src) dtype (built once:
+// the sampler scatters twice per layer per decoded token).
+var scatterKernels = map[[2]kernels.DType]string{
+	{kernels.F32, kernels.F32}: "scatter_rows", {kernels.BF16, kernels.F32}: "scatter_rows_bf16_f32",
+	{kernels.BF16, kernels.BF16}: "scatter_rows_bf16_bf16", {kernels.F32, kernels.BF16}: "scatter_rows_f32_bf16",
 }

@@ -14,10 +14,7 @@ func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	want(out, out.DType, N, "SwiGLU out")
 	want(gate, dt, N, "SwiGLU gate")
 	want(up, dt, N, "SwiGLU up")
-	name := map[[2]kernels.DType]string{
-		{kernels.F32, kernels.F32}: "swiglu_fwd", {kernels.BF16, kernels.BF16}: "swiglu_fwd_bf16",
-		{kernels.BF16, kernels.F32}: "swiglu_fwd_bf16_f32out", {kernels.F32, kernels.BF16}: "swiglu_fwd_f32_bf16out",
-	}[[2]kernels.DType{dt, out.DType}]
+	name := swigluKernels[[2]kernels.DType{dt, out.DType}]
 	defer b.lock()()
 	b.elementwise(name, N, pa(out), pa(gate), pa(up), la(N))
 }
@@ -37,4 +34,10 @@ func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) 
 	}
 	defer b.lock()()
 	b.elementwise(name, N, pa(dgate), pa(dup), pa(dout), pa(gate), pa(up), la(N))
+}
+
+// swigluKernels names SwiGLU's kernel by (operand, output) dtype.
+var swigluKernels = map[[2]kernels.DType]string{
+	{kernels.F32, kernels.F32}: "swiglu_fwd", {kernels.BF16, kernels.BF16}: "swiglu_fwd_bf16",
+	{kernels.BF16, kernels.F32}: "swiglu_fwd_bf16_f32out", {kernels.F32, kernels.BF16}: "swiglu_fwd_f32_bf16out",
 }
