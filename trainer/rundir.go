@@ -18,15 +18,11 @@ const (
 	metricsFileName = "metrics.jsonl"
 )
 
-// openRunDir names, checks and locks the run directory. Nothing of the run
+// openRunDir checks and locks the run directory t.out. Nothing of the run
 // is written yet: a fresh run refuses a directory that holds another run
 // (naming --resume), every output is checked against the inputs, and the
 // lock makes a second trainer on the same directory fail naming the first.
 func (t *Trainer) openRunDir() error {
-	t.out = t.o.Out
-	if t.out == "" {
-		t.out = filepath.Join("runs", t.name)
-	}
 	inputs := append([]string{t.o.Rollouts}, t.o.ConfigFiles...)
 	for _, f := range []string{configFileName, metricsFileName} {
 		if err := atomicfile.CheckNotInput(filepath.Join(t.out, f), inputs...); err != nil {

@@ -64,9 +64,7 @@ func WatchSignals(log io.Writer) (stop <-chan os.Signal, release func()) {
 
 // stopWatch holds the first stop request of Options.Signals.
 type stopWatch struct {
-	once    sync.Once
-	mu      sync.Mutex
-	sig     os.Signal
+	sig     os.Signal     // written once, before stopped is closed
 	stopped chan struct{} // closed by the first request
 }
 
@@ -83,10 +81,8 @@ func (t *Trainer) watchSignals() {
 		if !ok {
 			return
 		}
-		w.mu.Lock()
-		w.sig = sig
-		w.mu.Unlock()
-		w.once.Do(func() { close(w.stopped) })
+		w.sig = sig // the close below publishes it to every reader of stopped
+		close(w.stopped)
 	}()
 }
 
@@ -94,8 +90,6 @@ func (t *Trainer) watchSignals() {
 func (t *Trainer) interrupted() os.Signal {
 	select {
 	case <-t.stop.stopped:
-		t.stop.mu.Lock()
-		defer t.stop.mu.Unlock()
 		return t.stop.sig
 	default:
 		return nil

@@ -194,14 +194,13 @@ func (t *Trainer) setupConfig() error {
 // inputs) and decides where a resumed run starts before anything in it is
 // written; every rank decides from the same checkpoints.
 func (t *Trainer) setupRunDir() error {
+	t.out = t.o.Out
+	if t.out == "" {
+		t.out = filepath.Join("runs", t.name)
+	}
 	if t.rank == 0 {
 		if err := t.openRunDir(); err != nil {
 			return err
-		}
-	} else {
-		t.out = t.o.Out
-		if t.out == "" {
-			t.out = filepath.Join("runs", t.name)
 		}
 	}
 	if t.o.Resume {
