@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -23,6 +22,14 @@ import (
 // with its own CPU backend, over dist.Local) and returns each rank's error
 // and log.
 func runLocalRanks(t *testing.T, n int, args ...string) ([]error, []string) {
+	t.Helper()
+	return eachLocalRank(t, n, args, nil, func(_ int, tr *Trainer) error { return tr.Run() })
+}
+
+// eachLocalRank sets up train with args on n in-process ranks (wrap, when
+// not nil, wraps each rank's CPU backend), runs body on each rank's trainer
+// concurrently, and returns each rank's error (New's or body's) and log.
+func eachLocalRank(t *testing.T, n int, args []string, wrap func(r int, b kernels.Backend) kernels.Backend, body func(r int, tr *Trainer) error) ([]error, []string) {
 	t.Helper()
 	mems := make([]kernels.Backend, n)
 	for i := range mems {
@@ -47,9 +54,12 @@ func runLocalRanks(t *testing.T, n int, args ...string) ([]error, []string) {
 				return
 			}
 			o.Backend, o.Comm, o.Log = mems[r], comms[r], &logs[r]
+			if wrap != nil {
+				o.Backend = wrap(r, mems[r])
+			}
 			tr, err := New(o)
 			if err == nil {
-				err = tr.Run()
+				err = body(r, tr)
 				tr.Close()
 			}
 			if err != nil && !Agreed(err) {
@@ -172,49 +182,22 @@ func (a *allocCounter) Alloc(dt kernels.DType, n int) (kernels.Buf, error) {
 // buffers in every gather, 8 allocations a step.
 func TestRanksAllocateNothingDuringSteps(t *testing.T) {
 	const n = 2
-	out := t.TempDir()
-	mems := make([]kernels.Backend, n)
 	counters := make([]*allocCounter, n)
-	for i := range mems {
-		b := cpu.New(1)
-		t.Cleanup(b.Close)
-		mems[i] = b
-		counters[i] = &allocCounter{Backend: b}
-	}
-	comms := dist.Local(mems)
-	errs := make([]error, n)
 	during := make([]int64, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var o Options
-			fs := newTestFlags()
-			o.AddFlags(fs)
-			if err := fs.Parse(trainArgs(out, 3, "--set", "checkpointing.save_period=1")); err != nil {
-				errs[r] = err
-				comms[r].Abort(1)
-				return
-			}
-			o.Backend, o.Comm, o.Log = counters[r], comms[r], io.Discard
-			tr, err := New(o)
-			if err == nil {
-				before := counters[r].n.Load()
-				err = tr.Run()
-				during[r] = counters[r].n.Load() - before
-				tr.Close()
-			}
-			if err != nil && !Agreed(err) {
-				comms[r].Abort(1)
-			}
-			errs[r] = err
-		}()
-	}
-	wg.Wait()
+	errs, logs := eachLocalRank(t, n, trainArgs(t.TempDir(), 3, "--set", "checkpointing.save_period=1"),
+		func(r int, b kernels.Backend) kernels.Backend {
+			counters[r] = &allocCounter{Backend: b}
+			return counters[r]
+		},
+		func(r int, tr *Trainer) error {
+			before := counters[r].n.Load()
+			err := tr.Run()
+			during[r] = counters[r].n.Load() - before
+			return err
+		})
 	for r := range n {
 		if errs[r] != nil {
-			t.Fatalf("rank %d: %v", r, errs[r])
+			t.Fatalf("rank %d: %v\n%s", r, errs[r], logs[r])
 		}
 		if during[r] != 0 {
 			t.Errorf("rank %d allocated %d buffers on its backend during 3 steps, want 0", r, during[r])
@@ -238,55 +221,23 @@ func TestRanksKeepUsageErrors(t *testing.T) {
 // 0's, every rank fails the weights check together, naming the rank.
 func TestRanksCatchDivergedWeights(t *testing.T) {
 	const n = 2
-	mems := make([]kernels.Backend, n)
-	for i := range mems {
-		b := cpu.New(1)
-		t.Cleanup(b.Close)
-		mems[i] = b
-	}
-	comms := dist.Local(mems)
-	out := t.TempDir()
-	trs := make([]*Trainer, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
+	same, diverged := make([]error, n), make([]error, n)
+	errs, _ := eachLocalRank(t, n, trainArgs(t.TempDir(), 1), nil, func(r int, tr *Trainer) error {
+		same[r] = tr.checkSameWeights("test")
+		if r == 1 {
+			tr.model.InitRandom(99)
+		}
+		diverged[r] = tr.checkSameWeights("test")
+		return nil
+	})
 	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var o Options
-			fs := newTestFlags()
-			o.AddFlags(fs)
-			if err := fs.Parse(trainArgs(out, 1)); err != nil {
-				errs[r] = err
-				return
-			}
-			o.Backend, o.Comm, o.Log = mems[r], comms[r], io.Discard
-			trs[r], errs[r] = New(o)
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-		defer trs[r].Close()
-	}
-	for _, diverge := range []bool{false, true} {
-		if diverge {
-			trs[1].model.InitRandom(99)
-		}
-		for r := range n {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[r] = trs[r].checkSameWeights("test") }()
-		}
-		wg.Wait()
-		for r, err := range errs {
-			switch {
-			case !diverge && err != nil:
-				t.Errorf("same weights, rank %d: %v", r, err)
-			case diverge && (err == nil || !Agreed(err) || !strings.Contains(err.Error(), "rank 1's weights differ")):
-				t.Errorf("rank 1 diverged, rank %d: %v; want an agreed error naming rank 1", r, err)
-			}
+		switch {
+		case errs[r] != nil:
+			t.Fatalf("rank %d: %v", r, errs[r])
+		case same[r] != nil:
+			t.Errorf("same weights, rank %d: %v", r, same[r])
+		case diverged[r] == nil || !Agreed(diverged[r]) || !strings.Contains(diverged[r].Error(), "rank 1's weights differ"):
+			t.Errorf("rank 1 diverged, rank %d: %v; want an agreed error naming rank 1", r, diverged[r])
 		}
 	}
 }
