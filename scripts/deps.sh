@@ -8,19 +8,32 @@
 #                       kernel would go untested
 #   Open MPI            mpirun and libmpi.so.40, for the data-parallel tests
 #                       (Debian package openmpi-bin)
-#   ptxas, cuobjdump    assemble the committed PTX for sm_80/sm_90 and read its
-#                       SASS (tensor-core instructions, spills). Debian ships
-#                       them only inside nvidia-cuda-toolkit (contrib/non-free,
-#                       ~3 GB with its dependencies), so this script downloads
-#                       that one .deb (84 MB) and extracts the two static
-#                       binaries into $TOOLS (default .cache/tools/bin), which
-#                       make test puts on PATH. An installed toolkit is used as is.
+#   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
+#   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
+#                       runs nvdisasm. Debian ships them only inside
+#                       nvidia-cuda-toolkit (contrib/non-free, ~3 GB with its
+#                       dependencies), so this script downloads that one .deb
+#                       (84 MB) and extracts the three static binaries into
+#                       $TOOLS (default .cache/tools/bin), which make test puts
+#                       on PATH. An installed toolkit is used as is.
+#
+# Two more sets, for developers, never for make test:
+#   scripts/deps.sh nvcc     nvcc for `make ptx`: the toolkit's nvcc, cicc,
+#                            libdevice and nvidia-cuda-dev's headers extracted
+#                            into $CUDA_HOME (default .cache/cuda); nothing is
+#                            installed with dpkg
+#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy and
+#                            python3-omegaconf, the independent references
+#                            `make golden` runs
 #
 # It needs root (or sudo) only when something is missing. It prints what it
 # does and fails, naming the package, when an install fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS=${TOOLS:-$PWD/.cache/tools/bin}
+CUDA_HOME=${CUDA_HOME:-$PWD/.cache/cuda}
+mode=${1:-test}
+case $mode in test|nvcc|golden) ;; *) echo "usage: scripts/deps.sh [test|nvcc|golden]" >&2; exit 2;; esac
 
 sudo=""
 if [ "$(id -u)" != 0 ]; then
@@ -36,20 +49,8 @@ apt_update() {
 	fi
 }
 
-need=()
-command -v g++ >/dev/null 2>&1 || need+=(g++)
-command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
-if [ ${#need[@]} -gt 0 ]; then
-	apt_update
-	echo "deps: apt-get install ${need[*]}"
-	if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null; then
-		echo "deps: could not install ${need[*]} (run as root, or install them: apt-get install ${need[*]})" >&2
-		exit 1
-	fi
-fi
-
-have_tool() { command -v "$1" >/dev/null 2>&1 || [ -x "$TOOLS/$1" ]; }
-if ! have_tool ptxas || ! have_tool cuobjdump; then
+# download PKG DIR: fetch one .deb from Debian's contrib/non-free into DIR.
+download() {
 	src=/etc/apt/sources.list.d/debian.sources
 	if [ -f "$src" ] && ! grep -q '^Components:.*non-free' "$src"; then
 		echo "deps: enabling contrib and non-free in $src (nvidia-cuda-toolkit lives there)"
@@ -57,16 +58,71 @@ if ! have_tool ptxas || ! have_tool cuobjdump; then
 		apt_updated=0
 	fi
 	apt_update
-	tmp=$(mktemp -d)
-	chmod 755 "$tmp" # apt downloads as the _apt user
-	trap 'rm -rf "$tmp"' EXIT
-	echo "deps: downloading nvidia-cuda-toolkit's .deb for ptxas and cuobjdump"
-	if ! (cd "$tmp" && apt-get download -qq nvidia-cuda-toolkit >/dev/null); then
-		echo "deps: could not download nvidia-cuda-toolkit (is contrib/non-free enabled in $src?)" >&2
+	chmod 755 "$2" # apt downloads as the _apt user
+	echo "deps: downloading $1's .deb"
+	if ! (cd "$2" && apt-get download -qq "$1" >/dev/null 2>&1); then
+		echo "deps: could not download $1 (is contrib/non-free enabled in $src?)" >&2
 		exit 1
 	fi
+}
+
+apt_install() {
+	apt_update
+	echo "deps: apt-get install $*"
+	if ! DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null; then
+		echo "deps: could not install $* (run as root, or install them: apt-get install $*)" >&2
+		exit 1
+	fi
+}
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+case $mode in
+golden)
+	need=()
+	for p in python3-torch python3-numpy python3-omegaconf; do
+		dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+	done
+	[ ${#need[@]} = 0 ] || apt_install "${need[@]}"
+	exit 0
+	;;
+nvcc)
+	if [ -x "$CUDA_HOME/bin/nvcc" ] && [ -f "$CUDA_HOME/include/cuda_runtime.h" ]; then exit 0; fi
+	download nvidia-cuda-toolkit "$tmp"
+	download nvidia-cuda-dev "$tmp"
+	mkdir -p "$tmp/x"
+	dpkg-deb -x "$tmp"/nvidia-cuda-toolkit_*.deb "$tmp/x"
+	dpkg-deb --fsys-tarfile "$tmp"/nvidia-cuda-dev_*.deb | tar -x -C "$tmp/x" ./usr/include
+	rm -rf "$CUDA_HOME"
+	mkdir -p "$CUDA_HOME/bin"
+	k="$tmp/x/usr/lib/nvidia-cuda-toolkit"
+	install -m 0755 "$k/bin/nvcc" "$k/bin/cicc" "$tmp/x/usr/bin/ptxas" "$tmp/x/usr/bin/fatbinary" "$tmp/x/usr/bin/cudafe++" "$CUDA_HOME/bin/"
+	cp -r "$k/libdevice" "$CUDA_HOME/libdevice"
+	cp -r "$tmp/x/usr/include" "$CUDA_HOME/include"
+	# nvcc reads nvcc.profile beside itself; _HERE_ is that directory.
+	cat >"$CUDA_HOME/bin/nvcc.profile" <<'PROFILE'
+NVVMIR_LIBRARY_DIR = $(_HERE_)/../libdevice
+PATH += $(_HERE_):
+INCLUDES += "-I$(_HERE_)/../include" $(_SPACE_)
+PROFILE
+	echo "deps: nvcc in $CUDA_HOME/bin ($("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/cuda \1/p'))"
+	exit 0
+	;;
+esac
+
+need=()
+command -v g++ >/dev/null 2>&1 || need+=(g++)
+command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+if [ ${#need[@]} -gt 0 ]; then
+	apt_install "${need[@]}"
+fi
+
+have_tool() { command -v "$1" >/dev/null 2>&1 || [ -x "$TOOLS/$1" ]; }
+if ! have_tool ptxas || ! have_tool cuobjdump || ! have_tool nvdisasm; then
+	download nvidia-cuda-toolkit "$tmp"
 	dpkg-deb -x "$tmp"/nvidia-cuda-toolkit_*.deb "$tmp/x"
 	mkdir -p "$TOOLS"
-	install -m 0755 "$tmp/x/usr/bin/ptxas" "$tmp/x/usr/bin/cuobjdump" "$TOOLS/"
-	echo "deps: ptxas and cuobjdump in $TOOLS"
+	install -m 0755 "$tmp/x/usr/bin/ptxas" "$tmp/x/usr/bin/cuobjdump" "$tmp/x/usr/bin/nvdisasm" "$TOOLS/"
+	echo "deps: ptxas, cuobjdump and nvdisasm in $TOOLS"
 fi
