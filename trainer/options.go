@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/rollout"
 )
@@ -49,7 +49,7 @@ type Options struct {
 	// Comm is the data-parallel communicator over Backend's buffers (nil:
 	// one process). Every rank runs New and Run with the same options; rank
 	// 0 alone writes files. The caller closes it.
-	Comm dist.Comm
+	Comm collective.Comm
 	// Signals delivers stop requests (a scheduler's SIGTERM, Ctrl-C): the
 	// first ends the run after the step in progress, or at once while it
 	// waits for rollouts, with a checkpoint. nil: the run never stops early.

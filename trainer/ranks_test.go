@@ -13,13 +13,13 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
 // runLocalRanks runs train with args on n in-process ranks (goroutines, each
-// with its own CPU backend, over dist.Local) and returns each rank's error
+// with its own CPU backend, over collective.Local) and returns each rank's error
 // and log.
 func runLocalRanks(t *testing.T, n int, args ...string) ([]error, []string) {
 	t.Helper()
@@ -37,7 +37,7 @@ func eachLocalRank(t *testing.T, n int, args []string, wrap func(r int, b kernel
 		t.Cleanup(b.Close)
 		mems[i] = b
 	}
-	comms := dist.Local(mems)
+	comms := collective.Local(mems)
 	errs := make([]error, n)
 	logs := make([]bytes.Buffer, n)
 	var wg sync.WaitGroup

@@ -13,7 +13,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/rollout"
@@ -156,7 +156,7 @@ func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
 	// Every rank plans the whole step (the same specs, from keyed streams)
 	// and plays its own block of task groups.
 	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.streams)
-	lo, hi := dist.Block(c.NumPromptsPerStep, s.t.rank, s.t.comm.Size())
+	lo, hi := collective.Block(c.NumPromptsPerStep, s.t.rank, s.t.comm.Size())
 	var mine []rollout.Spec
 	for _, sp := range specs {
 		if sp.TaskIndex >= lo && sp.TaskIndex < hi {
@@ -332,7 +332,7 @@ func (t *Trainer) myRecords(recs []*gym.Record) []*gym.Record {
 		}
 	}
 	slices.Sort(groups)
-	lo, hi := dist.Block(len(groups), t.rank, n)
+	lo, hi := collective.Block(len(groups), t.rank, n)
 	mine := map[int64]bool{}
 	for _, g := range groups[lo:hi] {
 		mine[g] = true

@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/config"
-	"github.com/tracegrpo/tracegrpo/dist"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -56,9 +56,9 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
-	comm        dist.Comm      // the ranks of the run (dist.Single for one)
-	plan        *MemPlan       // the plan checkPlan checked
-	gatherer    *dist.Gatherer // the ranks' exchanges of metrics, errors and hashes (buffers reserved in New)
+	comm        collective.Comm      // the ranks of the run (collective.Single for one)
+	plan        *MemPlan             // the plan checkPlan checked
+	gatherer    *collective.Gatherer // the ranks' exchanges of metrics, errors and hashes (buffers reserved in New)
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
@@ -110,9 +110,9 @@ func New(o Options) (_ *Trainer, err error) {
 	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
-		t.comm = dist.Single(o.Backend)
+		t.comm = collective.Single(o.Backend)
 	}
-	t.gatherer = dist.NewGatherer(t.comm, t.be) // allocates when first used, and at setupPolicy
+	t.gatherer = collective.NewGatherer(t.comm, t.be) // allocates when first used, and at setupPolicy
 	t.rank = t.comm.Rank()
 	if t.rank != 0 {
 		t.o.Quiet = true // rank 0 speaks for the run

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"time"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
@@ -115,7 +115,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		be = prof
 	}
 	// This rank's share of the rows (all of them for one process).
-	lo, hi := dist.Block(*rows, l.Rank, l.Size)
+	lo, hi := collective.Block(*rows, l.Rank, l.Size)
 	myRows := hi - lo
 	T := myRows * *seq
 	opt := model.Options{MaxTokens: T, MaxSeqs: myRows, Recompute: *recompute, Precision: kernels.F32}

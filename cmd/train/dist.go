@@ -6,8 +6,8 @@ import (
 	"os"
 	"runtime"
 
-	"github.com/tracegrpo/tracegrpo/dist"
-	"github.com/tracegrpo/tracegrpo/dist/mpi"
+	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/collective/mpi"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -16,14 +16,14 @@ import (
 // launch is how this process was started: its place among the ranks and
 // the collectives it uses.
 type launch struct {
-	dist.Launch
-	mode string    // dist.ModeNone, ModeMPI or ModeNCCL
-	comm dist.Comm // nil for one process
+	collective.Launch
+	mode string          // collective.ModeNone, ModeMPI or ModeNCCL
+	comm collective.Comm // nil for one process
 }
 
 // detectLaunch reads the launcher's environment (torchrun, Slurm, mpirun).
 func detectLaunch() (launch, error) {
-	l, err := dist.DetectLaunch(os.Getenv)
+	l, err := collective.DetectLaunch(os.Getenv)
 	if err != nil {
 		return launch{}, err
 	}
@@ -47,13 +47,13 @@ func (l launch) threadsPerRank(threads int) int {
 // process) and checks that they agree with the launcher.
 func (l *launch) openComm(mode string, be kernels.Backend) error {
 	var err error
-	if l.mode, err = dist.Choose(mode, l.Launch, be.Name()); err != nil {
+	if l.mode, err = collective.Choose(mode, l.Launch, be.Name()); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	switch l.mode {
-	case dist.ModeNone:
+	case collective.ModeNone:
 		return nil
-	case dist.ModeMPI:
+	case collective.ModeMPI:
 		cb, ok := be.(*cpu.Backend)
 		if !ok {
 			return fmt.Errorf("%w: --dist mpi runs on the cpu backend; on cuda use --dist nccl", errUsage)
@@ -61,8 +61,8 @@ func (l *launch) openComm(mode string, be kernels.Backend) error {
 		if l.comm, err = mpi.Open(cb, ""); err != nil {
 			return err
 		}
-	case dist.ModeNCCL:
-		id, err := dist.NCCLCommID(l.Launch, os.Getenv)
+	case collective.ModeNCCL:
+		id, err := collective.NCCLCommID(l.Launch, os.Getenv)
 		if err != nil {
 			return err
 		}

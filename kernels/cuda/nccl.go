@@ -98,7 +98,7 @@ import (
 	"strings"
 	"unsafe"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
@@ -192,7 +192,7 @@ type ncclComm struct {
 // OpenNCCL creates the NCCL communicator of opt.Rank of opt.Size on be's
 // device (the caller opened be, a CUDA backend, on the local rank's
 // device). Every rank must call it; it returns once all have.
-func OpenNCCL(be kernels.Backend, opt NCCLOptions) (dist.Comm, error) {
+func OpenNCCL(be kernels.Backend, opt NCCLOptions) (collective.Comm, error) {
 	b, ok := be.(*Backend)
 	if !ok {
 		return nil, fmt.Errorf("cuda: NCCL runs on the cuda backend, not %s", be.Name())

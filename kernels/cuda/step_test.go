@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -62,13 +62,13 @@ var stepModels = []struct {
 // tinyStep runs one GRPO-shaped training step of model/testdata/<variant>
 // on be: forward of a packed micro-batch, loss = −mean logprob, backward,
 // (with comm, an all-reduce of the gradients), AdamW on the whole arena.
-func tinyStep(t *testing.T, be kernels.Backend, variant string, random bool, comm ...dist.Comm) stepResult {
+func tinyStep(t *testing.T, be kernels.Backend, variant string, random bool, comm ...collective.Comm) stepResult {
 	t.Helper()
 	return tinyStepPrec(t, be, variant, random, kernels.F32, comm...)
 }
 
 // tinyStepPrec is tinyStep with the model's Options.Precision.
-func tinyStepPrec(t *testing.T, be kernels.Backend, variant string, random bool, prec kernels.DType, comm ...dist.Comm) stepResult {
+func tinyStepPrec(t *testing.T, be kernels.Backend, variant string, random bool, prec kernels.DType, comm ...collective.Comm) stepResult {
 	t.Helper()
 	dir := "../../model/testdata/" + variant
 	cfg, err := model.LoadConfig(dir + "/config.json")

@@ -3,7 +3,7 @@
 package cuda
 
 import (
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
@@ -14,4 +14,4 @@ func Open(Options) (kernels.Backend, error) { return nil, ErrNotBuilt }
 func Probe(Options) (string, error) { return "", ErrNotBuilt }
 
 // OpenNCCL reports that CUDA is not built in.
-func OpenNCCL(kernels.Backend, NCCLOptions) (dist.Comm, error) { return nil, ErrNotBuilt }
+func OpenNCCL(kernels.Backend, NCCLOptions) (collective.Comm, error) { return nil, ErrNotBuilt }

@@ -7,7 +7,7 @@ package mpi
 import (
 	"fmt"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
@@ -15,6 +15,6 @@ import (
 const DefaultLib = "libmpi.so.40"
 
 // Open reports that MPI is not built in.
-func Open(*cpu.Backend, string) (dist.Comm, error) {
-	return nil, fmt.Errorf("mpi: %w; rebuild with cgo for --dist mpi", dist.ErrNotBuilt)
+func Open(*cpu.Backend, string) (collective.Comm, error) {
+	return nil, fmt.Errorf("mpi: %w; rebuild with cgo for --dist mpi", collective.ErrNotBuilt)
 }

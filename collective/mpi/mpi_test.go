@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
@@ -129,7 +129,7 @@ func TestRankCollectives(t *testing.T) {
 	// Every rank holds the same bits: all-gather a hash of the result.
 	h := fnv.New64a()
 	binary.Write(h, binary.LittleEndian, sum)
-	hashes, err := dist.GatherBytes(c, b, h.Sum(nil))
+	hashes, err := collective.GatherBytes(c, b, h.Sum(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -125,7 +125,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/tracegrpo/tracegrpo/dist"
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
@@ -146,7 +146,7 @@ var lib struct {
 // Open initializes MPI (once per process) and returns the world
 // communicator over b's buffers. libPath "" means $TRACEGRPO_MPI_LIB, else
 // DefaultLib on the loader's path.
-func Open(b *cpu.Backend, libPath string) (dist.Comm, error) {
+func Open(b *cpu.Backend, libPath string) (collective.Comm, error) {
 	lib.Lock()
 	defer lib.Unlock()
 	if lib.m == nil && lib.err == nil {

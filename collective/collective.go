@@ -1,8 +1,8 @@
-// Package dist is data-parallel training's communication: the collective
+// Package collective is data-parallel training's communication: the collective
 // operations ranks use (Comm), the single-process implementation that costs
 // nothing, helpers over host bytes, and what a launcher (torchrun, Slurm's
 // srun, Open MPI's mpirun) tells a process about its place (Launch). It
-// holds no cgo: Open MPI is bound in dist/mpi and NCCL in kernels/cuda,
+// holds no cgo: Open MPI is bound in collective/mpi and NCCL in kernels/cuda,
 // both loaded at run time, so a binary that never runs with several ranks
 // needs neither library.
 //
@@ -11,7 +11,7 @@
 // the result shared, never recomputed per rank in another order); buffers
 // are the backend's (host memory on the CPU, device memory on CUDA); every
 // rank calls the same operations in the same order.
-package dist
+package collective
 
 import (
 	"errors"
