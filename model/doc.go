@@ -23,6 +23,14 @@
 // one buffer. 1-D parameters (norm weights and biases) are exempt from
 // weight decay (Param.Decay) under both optimizer styles.
 //
+// The table is partitioned into ParamGroups, the units of fully sharded
+// data parallelism: "embed", one "layers.<N>" per decoder layer (every
+// parameter declared inside the layer, whatever its kind), and "head" (the
+// final norm and an untied lm_head). Each group lays its parameters out
+// again in two flats: the matrices (two or more dimensions: gathered in the
+// compute precision) and the vectors (norm weights and biases: fp32), each
+// in table order, so fused runs stay adjacent in them.
+//
 // # RoPE
 //
 // RopeInvFreq computes the rotary inverse frequencies with transformers'

@@ -10,6 +10,59 @@ type Param struct {
 	N      int    // element count
 	Decay  bool   // weight decay applies (false for 1-D parameters: norm weights and biases)
 	Bias   bool   // a Linear's bias (Qwen2's q/k/v): zero at InitRandom
+
+	// Group is the index in ParamTable.Groups of the unit the parameter is
+	// sharded, gathered and reduce-scattered with (fully sharded data
+	// parallel): its decoder layer, the embedding or the head.
+	Group int
+	// Flat says which of its group's two flats holds it, and FlatOffset
+	// where: FlatMatrix for parameters of two or more dimensions (GEMM
+	// weights, gathered in the compute precision), FlatVector for 1-D ones
+	// (norm weights and biases, always fp32). Within a flat the group's
+	// parameters keep their table order, contiguous, so the fused q|k|v
+	// and gate|up runs stay adjacent there too.
+	Flat       FlatKind
+	FlatOffset int
+}
+
+// FlatKind names one of a ParamGroup's two flats.
+type FlatKind uint8
+
+const (
+	// FlatMatrix holds a group's parameters of two or more dimensions.
+	FlatMatrix FlatKind = iota
+	// FlatVector holds a group's 1-D parameters.
+	FlatVector
+	// NumFlats is the number of flats per group.
+	NumFlats
+)
+
+func (k FlatKind) String() string {
+	switch k {
+	case FlatMatrix:
+		return "matrix"
+	case FlatVector:
+		return "vector"
+	}
+	return fmt.Sprintf("FlatKind(%d)", uint8(k))
+}
+
+// ParamGroup is the unit of fully sharded data parallelism: every parameter
+// one decoder layer declares (whatever the architecture adds to a layer, an
+// MoE layer's router and experts included), or the embedding, or the head
+// (the final norm and, unless tied to the embedding, lm_head). Its
+// parameters are a contiguous run of the table, and they are laid out again
+// in two flats (Param.Flat): the unit a rank owns 1/W of, gathers before
+// use and reduce-scatters gradients of.
+type ParamGroup struct {
+	Name  string // "embed", "layers.<N>" or "head"
+	Layer int    // the decoder layer, or -1
+	// First and End delimit the group's parameters: Params[First:End].
+	First, End int
+	// Offset and N are the group's run of the arena: [Offset, Offset+N).
+	Offset, N int
+	// FlatN is the element count of each flat (indexed by FlatKind).
+	FlatN [NumFlats]int
 }
 
 // ParamTable lays out every parameter in one flat arena; the gradient arena
@@ -19,8 +72,15 @@ type Param struct {
 // are each one contiguous run, and so are gate and up: the model's fused
 // projections read each run as one weight (q|k|v of shape (NH+2·NKV)·HD × C,
 // gate|up of shape 2I × C). The HF tensors themselves are unchanged.
+//
+// Groups partition the table into the units of sharding (ParamGroup), in
+// table order: "embed", then "layers.0" ... "layers.<L-1>", then "head". A
+// parameter declared between beginGroup calls belongs to the group begun
+// last, so a new kind of layer parameter is grouped, sharded and gathered
+// with its layer without any code of its own.
 type ParamTable struct {
 	Params []Param
+	Groups []ParamGroup
 	Total  int
 	byName map[string]int
 }
@@ -42,10 +102,36 @@ func (t *ParamTable) add(name string, decay bool, shape ...int) int {
 	if _, dup := t.byName[name]; dup {
 		panic("model: parameter declared twice: " + name)
 	}
+	if len(t.Groups) == 0 {
+		panic("model: parameter declared before any group: " + name)
+	}
+	g := &t.Groups[len(t.Groups)-1]
+	flat := FlatMatrix
+	if len(shape) < 2 {
+		flat = FlatVector
+	}
 	t.byName[name] = len(t.Params)
-	t.Params = append(t.Params, Param{Name: name, Shape: shape, Offset: t.Total, N: n, Decay: decay})
+	t.Params = append(t.Params, Param{Name: name, Shape: shape, Offset: t.Total, N: n, Decay: decay,
+		Group: len(t.Groups) - 1, Flat: flat, FlatOffset: g.FlatN[flat]})
 	t.Total += n
+	g.End, g.N = len(t.Params), g.N+n
+	g.FlatN[flat] += n
 	return len(t.Params) - 1
+}
+
+// beginGroup starts the next ParamGroup: parameters added from now on
+// belong to it.
+func (t *ParamTable) beginGroup(name string, layer int) {
+	t.Groups = append(t.Groups, ParamGroup{Name: name, Layer: layer, First: len(t.Params), End: len(t.Params), Offset: t.Total})
+}
+
+// GroupOf returns the group of the named parameter.
+func (t *ParamTable) GroupOf(name string) (ParamGroup, bool) {
+	p, ok := t.Lookup(name)
+	if !ok {
+		return ParamGroup{}, false
+	}
+	return t.Groups[p.Group], true
 }
 
 // addBias declares a Linear's bias: 1-D, so exempt from weight decay like
@@ -78,10 +164,12 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 	NH, NKV, V := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize
 	t := ParamTable{byName: map[string]int{}}
 	var ti tableIdx
+	t.beginGroup("embed", -1)
 	ti.wte = t.add("model.embed_tokens.weight", true, V, C)
 	layers := make([]layerIdx, cfg.NumHiddenLayers)
 	for l := range layers {
 		p := fmt.Sprintf("model.layers.%d.", l)
+		t.beginGroup(fmt.Sprintf("layers.%d", l), l)
 		li := &layers[l]
 		li.ln1 = t.add(p+"input_layernorm.weight", false, C)
 		li.q = t.add(p+"self_attn.q_proj.weight", true, NH*HD, C)
@@ -111,6 +199,7 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 			panic(fmt.Sprintf("model: layer %d: q, k, v (and their biases), gate and up must be adjacent in the parameter table", l))
 		}
 	}
+	t.beginGroup("head", -1)
 	ti.norm = t.add("model.norm.weight", false, C)
 	ti.lmHead = -1
 	if !cfg.TieWordEmbeddings {
