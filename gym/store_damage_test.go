@@ -262,3 +262,96 @@ func TestCaptureDamageNamesOffset(t *testing.T) {
 		t.Fatal("not a CaptureDamage")
 	}
 }
+
+// indexedStore writes the two-call chain's lines for rid (the second with
+// second's payload instead when it is not nil), and a state file whose
+// entry_digests hold the given lines' digests and whose indexed_size is
+// indexed(data). It returns the capture directory.
+func indexedStore(t *testing.T, rid string, digests map[string]string, indexed func(data []byte) int) string {
+	t.Helper()
+	dir := t.TempDir()
+	var data []byte
+	for _, e := range twoTurnCalls() {
+		e.RolloutID = rid
+		data = append(e.AppendJSON(data), '\n')
+	}
+	if err := os.WriteFile(filepath.Join(dir, rid+SuffixEntries), data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var d []string
+	for _, id := range []string{"t1", "t2"} {
+		if v, ok := digests[id]; ok {
+			d = append(d, `"`+id+`":"`+v+`"`)
+		}
+	}
+	st := `{"indexed_size":` + itoa(indexed(data)) + `,"entry_digests":{` + strings.Join(d, ",") + `}}`
+	if err := os.WriteFile(filepath.Join(dir, rid+SuffixState), []byte(st), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// chainDigests are the sha256 digests of the two-call chain's lines as
+// indexedStore writes them for rid.
+func chainDigests(rid string) (lines [][]byte, digests map[string]string) {
+	digests = map[string]string{}
+	for _, e := range twoTurnCalls() {
+		e.RolloutID = rid
+		line := e.AppendJSON(nil)
+		lines = append(lines, line)
+		digests[e.ModelCallID] = lineDigest(line)
+	}
+	return lines, digests
+}
+
+// TestStateIndexSizeMustEndALine: an indexed_size that falls inside a line
+// masks the rollout (index_mismatch), even when every acknowledged line
+// hashes to its digest. TestStateIndexDigestMismatch's "midline" case fails
+// through its empty entry_digests too; here only the line end is wrong,
+// and without the check the rollout was delivered.
+func TestStateIndexSizeMustEndALine(t *testing.T) {
+	lines, digests := chainDigests("mid")
+	first := len(lines[0]) + 1
+	for _, c := range []struct {
+		name    string
+		digests map[string]string
+		indexed int
+	}{
+		{"inside line 1", map[string]string{"t1": digests["t1"]}, 7},
+		{"inside line 2", digests, first + 9},
+		{"line 2 without its newline", digests, first + len(lines[1])},
+		{"line 1 without its newline", map[string]string{"t1": digests["t1"]}, len(lines[0])},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := indexedStore(t, "mid", c.digests, func([]byte) int { return c.indexed })
+			wantMask(t, finalizeRID(t, dir, "mid"), ReasonIndexMismatch, "indexed_size "+itoa(c.indexed)+" does not end a line")
+		})
+	}
+	// The same store indexed at a line end is delivered: the cases above
+	// fail on the line end alone.
+	for _, indexed := range []int{first, first + len(lines[1]) + 1} {
+		d := map[string]string{"t1": digests["t1"]}
+		if indexed > first {
+			d = digests
+		}
+		dir := indexedStore(t, "mid", d, func([]byte) int { return indexed })
+		if fin := finalizeRID(t, dir, "mid"); fin.Masked {
+			t.Errorf("indexed_size %d (a line end): masked: %s", indexed, fin.Metrics.Error)
+		}
+	}
+}
+
+// TestStateIndexTailConflictsWithDigest: a line in the unacknowledged
+// tail whose model call id has an acknowledged digest that its bytes do
+// not match is a conflicting durable payload (the state recorded another
+// payload for that call), not a lost line: conflicting_payloads, naming
+// the line.
+func TestStateIndexTailConflictsWithDigest(t *testing.T) {
+	lines, digests := chainDigests("tailconflict")
+	other := twoTurnCalls()[1]
+	other.RolloutID = "tailconflict"
+	other.GenerationTokenIDs = toks(12, 14)
+	d := map[string]string{"t1": digests["t1"], "t2": lineDigest(other.AppendJSON(nil))}
+	dir := indexedStore(t, "tailconflict", d, func([]byte) int { return len(lines[0]) + 1 })
+	wantMask(t, finalizeRID(t, dir, "tailconflict"), ReasonConflictingPayloads, `"t2"`, "line 2", "acknowledged in the state index")
+}
