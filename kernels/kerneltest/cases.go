@@ -209,6 +209,19 @@ var cases = []testCase{
 				s.check(fmt.Sprintf("CopyCols %s ← %s R=%d W=%d strides %d,%d", dt[0], dt[1], sh.R, sh.W, sh.ds, sh.ss), dst, TolExact)
 			}
 		}
+		// Rounding into bf16 (a kernel's own store, not Convert): ties to
+		// even, which random values almost never meet, a carry into the
+		// exponent, overflow to infinity, a subnormal tie.
+		var ties []float32
+		for _, u := range []uint32{0x3f808000, 0x3f818000, 0xbf808000, 0xbf818000, 0x3fff8000, 0x7f7f8000,
+			0x3f808001, 0x3f807fff, 0x00008000, 0x00018000} {
+			ties = append(ties, math.Float32frombits(u))
+		}
+		src, dst := s.f32(ties), s.randnBF16(len(ties), 1)
+		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+			b.CopyCols(v(dst), v(src), 1, len(ties), len(ties), len(ties))
+		})
+		s.check("CopyCols bf16 ← f32 ties", dst, TolExact)
 	}},
 	{"MatmulBF16", func(s *suite) {
 		for _, sh := range mmShapes {
