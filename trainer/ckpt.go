@@ -303,6 +303,15 @@ func flattenYAML(doc string) (map[string]string, error) {
 	return out, nil
 }
 
+// metricsFile is what the trainer does with metrics.jsonl: append lines,
+// sync them (before a checkpoint of their step is published) and close it.
+// An *os.File; tests wrap it to see the order of its writes and syncs.
+type metricsFile interface {
+	Write(b []byte) (int, error)
+	Sync() error
+	Close() error
+}
+
 // openMetrics opens metrics.jsonl for appending. On resume it first drops
 // the lines of steps after the checkpoint (a crashed attempt logged them;
 // they are about to be re-run).

@@ -62,7 +62,7 @@ type Trainer struct {
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
-	metricsFile *os.File
+	metricsFile metricsFile // metrics.jsonl, open for appending (rank 0)
 	progress    *progressLine
 	unlock      func() // releases the run directory's lock
 
