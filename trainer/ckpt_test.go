@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -133,5 +135,50 @@ func TestFailedMetricsLineLeavesNoCheckpoint(t *testing.T) {
 				t.Errorf("after step 2's line failed, the checkpoints directory holds %v, want nothing", names)
 			}
 		})
+	}
+}
+
+// TestSignalStopCheckpointsOnRankZeroOnly: a stop request on one rank of
+// two ends both after the step in progress, with one checkpoint of that
+// step, written by rank 0 alone (every rank saving raced on the shared
+// run directory). Rank 1 is given a run directory of its own here, so that
+// anything it writes is seen. The stop is an error every rank agrees on:
+// it was not, so cmd/train had every rank of a clean stop abort the run,
+// and an abort could cut another rank's last exchange short.
+func TestSignalStopCheckpointsOnRankZeroOnly(t *testing.T) {
+	out, rank1Out := t.TempDir(), t.TempDir()
+	// No periodic checkpoint before step 4: the stop's is the only one.
+	args := trainArgs(out, 4, "--set", "checkpointing.save_period=100")
+	errs, logs := eachLocalRank(t, 2, args, nil, func(r int, tr *Trainer) error {
+		if r == 1 {
+			tr.out = rank1Out
+			sigs := make(chan os.Signal, 1)
+			sigs <- syscall.SIGTERM
+			tr.o.Signals = sigs
+			tr.watchSignals()
+			for tr.interrupted() == nil { // the request is in before step 1 ends
+				runtime.Gosched()
+			}
+		}
+		return tr.Run()
+	})
+	for r, err := range errs {
+		if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), "after step 1") || !Agreed(err) {
+			t.Fatalf("rank %d: %v (agreed %v), want a stop after step 1 that every rank agrees on\n%s", r, err, Agreed(err), logs[r])
+		}
+	}
+	if !strings.Contains(errs[0].Error(), "checkpoint of step 1 written") {
+		t.Errorf("rank 0: %v, want it to name the checkpoint", errs[0])
+	}
+	dir := filepath.Join(out, "checkpoints", checkpoint.StepDir(1))
+	if _, err := checkpoint.Load(dir, checkpoint.LoadOptions{}); err != nil {
+		t.Errorf("the stop's checkpoint: %v", err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(out, "checkpoints"))
+	if len(ents) != 1 {
+		t.Errorf("%d entries in the checkpoints directory, want step_1 alone", len(ents))
+	}
+	if ents, _ := os.ReadDir(rank1Out); len(ents) != 0 {
+		t.Errorf("rank 1 wrote into the run directory: %v", ents)
 	}
 }

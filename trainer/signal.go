@@ -123,7 +123,13 @@ func (t *Trainer) stopOnSignal(sig os.Signal) error {
 	} else {
 		saved = "; checkpointing is disabled, so the run cannot be resumed"
 	}
-	return fmt.Errorf("%w by %s after step %d%s", errInterrupted, signalName(sig), t.step, saved)
+	err := fmt.Errorf("%w by %s after step %d%s", errInterrupted, signalName(sig), t.step, saved)
+	if t.comm.Size() > 1 {
+		// Every rank learned of the stop at the same exchange and returns
+		// here: none waits for another, so none must abort the others.
+		return &agreedError{err: err}
+	}
+	return err
 }
 
 func signalName(sig os.Signal) string {
