@@ -188,6 +188,10 @@ func (s *builtinSource) restore(json.RawMessage) error { return nil }
 func (s *builtinSource) captures() string              { return s.captureDir }
 
 func (s *builtinSource) close() {
+	if s.policy != nil {
+		s.policy.s.Close() // its KV cache and buffers, on the backend
+		s.policy = nil
+	}
 	s.writer, s.reader, s.rec = nil, nil, nil
 }
 

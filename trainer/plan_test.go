@@ -1,0 +1,170 @@
+package trainer
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// meter is a backend (the CPU's underneath) that counts the bytes it holds
+// through Alloc and Free, as the CUDA backend counts device memory, and
+// whose ops need scratch of their own, as a device's do: Matmul 4·T·OC
+// bytes, TokenLogprob 4·T·V. It sizes that scratch for a workload
+// (PlanWorkspace) and allocates it up front when asked (ReserveWorkspace);
+// otherwise an op grows it when it runs. A run on it holds exactly its
+// plan only when the plan counts every buffer and reaches the backend's
+// planner and reservation.
+type meter struct {
+	kernels.Backend
+	live, peak int64
+	scratch    kernels.Buf
+	grew       int // scratch allocations made by ops, not by ReserveWorkspace
+	reserved   int // ReserveWorkspace calls
+}
+
+func (m *meter) Alloc(dt kernels.DType, n int) (kernels.Buf, error) {
+	b, err := m.Backend.Alloc(dt, n)
+	if err == nil {
+		m.live += int64(n * dt.Size())
+		m.peak = max(m.peak, m.live)
+	}
+	return b, err
+}
+
+func (m *meter) Free(b kernels.Buf) {
+	m.live -= int64(b.N * b.DType.Size())
+	m.Backend.Free(b)
+}
+
+// scratchElems is the float32 scratch w's ops need on a meter.
+func scratchElems(w kernels.Workload) int {
+	n := 0
+	for _, g := range w.GEMMs {
+		n = max(n, g.T*g.OC)
+	}
+	for _, h := range w.Heads {
+		n = max(n, h.T*h.V)
+	}
+	return n
+}
+
+func (m *meter) PlanWorkspace(w kernels.Workload) int64 { return 4 * int64(scratchElems(w)) }
+
+func (m *meter) ReserveWorkspace(w kernels.Workload) error {
+	m.reserved++
+	return m.grow(scratchElems(w))
+}
+
+// grow makes the scratch hold n elements.
+func (m *meter) grow(n int) error {
+	if n <= m.scratch.N {
+		return nil
+	}
+	if m.scratch.N > 0 {
+		m.Free(m.scratch)
+	}
+	var err error
+	m.scratch, err = m.Alloc(kernels.F32, n)
+	return err
+}
+
+func (m *meter) opNeeds(n int) {
+	if n > m.scratch.N {
+		m.grew++
+		if err := m.grow(n); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (m *meter) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
+	m.opNeeds(T * OC)
+	m.Backend.Matmul(out, inp, weight, T, C, OC)
+}
+
+func (m *meter) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
+	m.opNeeds(T * V)
+	m.Backend.TokenLogprob(logprob, entropy, lse, hidden, weight, targets, T, C, V, invTemp)
+}
+
+// unwrapOnly hides every optional interface of the backend it wraps but
+// Unwrap, as a profiling wrapper does.
+type unwrapOnly struct{ kernels.Backend }
+
+func (u unwrapOnly) Unwrap() kernels.Backend { return u.Backend }
+
+// TestPlanEqualsAllocated: the memory plan of a run equals, byte for byte,
+// the most memory its backend held through the run, on a metering backend
+// whose ops need scratch: every part the run allocates is in the plan (the
+// RoPE tables among the token buffers, the sampler's shapes in the
+// workload), and the plan and the up-front reservation reach through a
+// wrapper to the backend's planner (they planned no scratch for a wrapped
+// backend and reserved none, and the ops then allocated it during the
+// step). kernels/cuda checks the same of the CUDA backend on its emulator.
+func TestPlanEqualsAllocated(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	for _, c := range []struct {
+		name  string
+		args  []string
+		wrap  int // wrappers around the meter
+		mixed bool
+		steps int
+	}{
+		{"builtin", nil, 0, false, 2},
+		{"wrapped once", nil, 1, false, 2},
+		{"wrapped twice", nil, 2, false, 2},
+		{"checkpointing and a KL reference", []string{"--set", "policy.megatron_cfg.activation_checkpointing=true",
+			"--set", "loss_fn.reference_policy_kl_penalty=0.01"}, 0, false, 2},
+		{"bf16 mixed precision", []string{"--set", "policy.precision=bfloat16"}, 1, true, 2},
+		{"external rollouts (no sampler)", []string{"--rollouts", recs, "--captures", caps,
+			"--set", "grpo.num_prompts_per_step=2", "--set", "policy.train_micro_batch_size=2"}, 0, false, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cpuMixedPrecision = c.mixed
+			defer func() { cpuMixedPrecision = false }()
+			var m *meter
+			var plan *MemPlan
+			var live int64 // after the run, before Close
+			args := append(trainArgs(filepath.Join(t.TempDir(), "run"), c.steps), c.args...)
+			errs, logs := eachLocalRank(t, 1, args, func(_ int, b kernels.Backend) kernels.Backend {
+				m = &meter{Backend: b}
+				var w kernels.Backend = m
+				for range c.wrap {
+					w = unwrapOnly{w}
+				}
+				return w
+			}, func(_ int, tr *Trainer) error {
+				err := tr.Run()
+				live = m.live
+				if err == nil {
+					plan, err = tr.Plan()
+				}
+				return err
+			})
+			if errs[0] != nil {
+				t.Fatalf("%v\n%s", errs[0], logs[0])
+			}
+			want, parts := plan.TotalBytes, ""
+			for _, p := range plan.Components {
+				if p.Name == "process" { // the Go process itself, not the backend's
+					want -= p.Bytes
+					continue
+				}
+				parts += fmt.Sprintf("\n  %-18s %d", p.Name, p.Bytes)
+			}
+			if m.peak != want || live != want {
+				t.Errorf("plan %d bytes, the backend held %d at most and %d after the run (scratch grown by ops %d times, reservations %d); the plan:%s",
+					want, m.peak, live, m.grew, m.reserved, parts)
+			}
+			if left := m.live - int64(m.scratch.N*m.scratch.DType.Size()); left != 0 {
+				t.Errorf("after Close the run still holds %d bytes of the backend's memory", left)
+			}
+			if m.reserved != 1 || m.grew != 0 {
+				t.Errorf("the scratch was reserved %d times and grown by ops %d times, want once and never", m.reserved, m.grew)
+			}
+		})
+	}
+}
