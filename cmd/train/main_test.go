@@ -3,15 +3,26 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
 // TestMain runs this test binary as the train command when the environment
 // asks for it (TRACEGRPO_CLI_ARGS, a JSON list of arguments), so that tests
 // can signal a real train process.
 func TestMain(m *testing.M) {
+	if os.Getenv(holdStopEnv) == "1" {
+		// Signals are watched as train watches them, but the first stop
+		// request never reaches the run: only a second signal ends it.
+		watchSignals = func(log io.Writer) (<-chan os.Signal, func()) {
+			_, release := trainer.WatchSignals(log)
+			return make(chan os.Signal), release
+		}
+	}
 	if a := os.Getenv("TRACEGRPO_CLI_ARGS"); a != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(a), &args); err != nil {
@@ -22,6 +33,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// holdStopEnv makes this test binary, started as train, hold back the
+// first stop request of its signals.
+const holdStopEnv = "TRACEGRPO_TEST_HOLD_STOP"
 
 // trainCommand is this test binary started as train with args.
 func trainCommand(args ...string) *exec.Cmd {

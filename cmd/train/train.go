@@ -35,6 +35,10 @@ directory (NeMo Gym's capture store format, readable by train traces).
 
 Flags:`
 
+// watchSignals is trainer.WatchSignals; this package's tests replace it to
+// hold back the first stop request, as a step that never ends would.
+var watchSignals = trainer.WatchSignals
+
 // runTrain is the default command: flags, the launch (ranks), the backend
 // and the collectives, then the trainer.
 func runTrain(args []string, stdout, stderr io.Writer) error {
@@ -71,7 +75,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	if l.Size > 1 {
 		fmt.Fprintf(blog, "train: %d ranks over %s (%s)\n", l.Size, l.mode, strings.Join(l.Launchers, "+"))
 	}
-	stop, release := trainer.WatchSignals(blog)
+	stop, release := watchSignals(blog)
 	defer release()
 	o.Backend, o.Log, o.Signals, o.Comm = be, stderr, stop, l.comm
 	t, err := trainer.New(o)
