@@ -18,6 +18,7 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
@@ -146,8 +147,18 @@ func truncate(b []byte) string {
 	return string(b)
 }
 
+// openFile opens a checkpoint's file: a regular file (anything else, such
+// as a named pipe, is damage, and never blocks the read).
+func openFile(path string) (*os.File, error) {
+	f, err := inputfile.Open(path, inputfile.Checkpoint)
+	if errors.Is(err, inputfile.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return f, err
+}
+
 func readSmall(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := openFile(path)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +174,7 @@ func readSmall(path string) ([]byte, error) {
 }
 
 func checkHash(path string, want FileEntry) error {
-	f, err := os.Open(path)
+	f, err := openFile(path)
 	if err != nil {
 		return fmt.Errorf("checkpoint: %w", err)
 	}
@@ -359,7 +370,7 @@ const loadChunk = 4 << 20
 // pass that both hashes every byte and decodes the tensors, then checks the
 // hash against want before returning them.
 func loadTensorFile(path string, want FileEntry, kind string, step int64) ([]Tensor, error) {
-	fh, err := os.Open(path)
+	fh, err := openFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -460,7 +471,7 @@ func readTensors(path string, uncompressed int64, kind string, step int64) ([]Te
 	var f *safetensors.File
 	var err error
 	if uncompressed > 0 {
-		fh, err := os.Open(path)
+		fh, err := openFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("checkpoint: %w", err)
 		}

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // Loaded is a loaded configuration: the typed values and what was skipped.
@@ -130,7 +131,7 @@ func (ld *loader) loadFile(path string, stack []string) (*yaml.Node, error) {
 	if len(stack) >= maxDefaultsDepth {
 		return nil, fmt.Errorf("config: %s: defaults nested deeper than %d files", path, maxDefaultsDepth)
 	}
-	data, err := os.ReadFile(path)
+	data, err := inputfile.ReadFile(path, inputfile.Recipe)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}

@@ -25,6 +25,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // Mask reasons for damage to one rollout's capture files (CaptureDamage).
@@ -204,7 +206,7 @@ func openCaptureFile(dir, path string) (*os.File, fs.FileInfo, error) {
 	if fi == nil || err != nil {
 		return nil, nil, err
 	}
-	f, err := openNoBlock(path)
+	f, err := inputfile.OpenNoBlock(path)
 	if err != nil {
 		return nil, nil, damage(ReasonCaptureUnreadable, path, -1, "%v", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // storeFS is the file operations of one capture store directory. Paths are
@@ -95,7 +97,9 @@ func (o osFS) names() ([]string, error) {
 	return out, nil
 }
 
-func (o osFS) readFile(path string) ([]byte, error) { return os.ReadFile(path) }
+func (o osFS) readFile(path string) ([]byte, error) {
+	return inputfile.ReadFile(path, inputfile.Kind{Name: "capture file", Max: maxEntriesFile})
+}
 
 func (o osFS) truncate(path string, size int64) error { return os.Truncate(path, size) }
 

@@ -5,9 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"sort"
 	"strings"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // Arch is a supported architecture.
@@ -115,7 +116,7 @@ const supportedRopeTypes = `"default", "llama3"`
 
 // LoadConfig reads an HF config.json.
 func LoadConfig(path string) (Config, error) {
-	data, err := os.ReadFile(path)
+	data, err := inputfile.ReadFile(path, inputfile.ModelConfig)
 	if err != nil {
 		return Config{}, fmt.Errorf("model: %w", err)
 	}

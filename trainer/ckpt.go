@@ -16,6 +16,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/optim"
@@ -331,7 +332,7 @@ func (t *Trainer) openMetrics() error {
 }
 
 func truncateMetrics(path string, keep int) error {
-	data, err := os.ReadFile(path)
+	data, err := inputfile.ReadFile(path, inputfile.Metrics)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

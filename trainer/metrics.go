@@ -5,7 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // Metrics is one line of metrics.jsonl: everything a user needs to see
@@ -114,7 +115,7 @@ func (n *Num) UnmarshalJSON(b []byte) error {
 // crash mid-write leaves: it is skipped, and torn says which line it was
 // and why ("" when there is none).
 func ReadMetrics(path string) (ms []Metrics, torn string, err error) {
-	data, err := os.ReadFile(path)
+	data, err := inputfile.ReadFile(path, inputfile.Metrics)
 	if err != nil {
 		return nil, "", err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/rollout"
 )
@@ -259,7 +260,7 @@ type fileCursor struct {
 // check reads the whole rollouts file once before training, so that a
 // malformed record fails before any work.
 func (s *externalSource) check() error {
-	f, err := os.Open(s.path)
+	f, err := inputfile.Open(s.path, inputfile.Records)
 	if err != nil {
 		return fmt.Errorf("rollouts: %w", err)
 	}
@@ -296,7 +297,7 @@ func (s *externalSource) start(t *Trainer) error {
 	if s.dir {
 		return nil
 	}
-	f, err := os.Open(s.path)
+	f, err := inputfile.Open(s.path, inputfile.Records)
 	if err != nil {
 		return fmt.Errorf("rollouts: %w", err)
 	}
@@ -396,7 +397,7 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	f, err := os.Open(path)
+	f, err := inputfile.Open(path, inputfile.Records)
 	if err != nil {
 		return nil, fmt.Errorf("rollouts: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
@@ -60,7 +61,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	var in io.Reader = os.Stdin
 	name := "stdin"
 	if *input != "-" {
-		f, err := os.Open(*input)
+		f, err := inputfile.Open(*input, inputfile.Records)
 		if err != nil {
 			return fmt.Errorf("score: %w", err)
 		}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 func init() {
@@ -52,7 +53,7 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	if name == "-" {
 		in, name = os.Stdin, "<stdin>"
 	} else {
-		f, err := os.Open(name)
+		f, err := inputfile.Open(name, inputfile.Records)
 		if err != nil {
 			return fmt.Errorf("traces: %w", err)
 		}

@@ -7,10 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // ErrFormat marks a file that is not valid safetensors. Errors that wrap it
@@ -57,7 +58,7 @@ type File struct {
 
 // Open opens and validates the safetensors file at path.
 func Open(path string) (*File, error) {
-	fh, err := os.Open(path)
+	fh, err := inputfile.Open(path, inputfile.Safetensors)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}

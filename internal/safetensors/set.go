@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 )
 
 // The file names Hugging Face uses for a model's weights.
@@ -85,7 +87,7 @@ func OpenDir(dir string) (*Set, error) {
 // OpenIndex opens every shard named by the index file at path and checks that
 // each tensor is where the index says, and in only one shard.
 func OpenIndex(path string) (*Set, error) {
-	fh, err := os.Open(path)
+	fh, err := inputfile.Open(path, inputfile.SafetensorsIndex)
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %w", err)
 	}

@@ -1,0 +1,136 @@
+package main
+
+// Hostile inputs (issue 26): each case is run as a real train process
+// with a deadline, so that a hang or an out-of-memory crash fails the
+// test instead of stopping it.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// hostileDeadline bounds every hostile case: a refusal is immediate, so
+// anything near it is a hang.
+const hostileDeadline = 30 * time.Second
+
+// refused runs train with args (and extra environment) as a process and
+// checks that it ends within hostileDeadline with exit status code, an
+// error naming each of want, and no Go crash.
+func refused(t *testing.T, code int, env []string, want []string, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), hostileDeadline)
+	defer cancel()
+	// Under a 4 GiB address-space limit, a read without a bound ends in
+	// the Go runtime's out-of-memory crash at once, not after the machine
+	// (shared by others) has given it all its memory.
+	cmd := exec.CommandContext(ctx, "sh", "-c", `ulimit -v 4194304 && exec "$0" -test.run='^$'`, os.Args[0])
+	cmd.Env = append(trainCommand(args...).Env, env...)
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stderr, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("train %s: still running after %v (killed)\n%s", strings.Join(args, " "), time.Since(start).Round(time.Second), stderr.String())
+	}
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != code {
+		t.Fatalf("train %s: %v, want exit status %d\n%s", strings.Join(args, " "), err, code, stderr.String())
+	}
+	out := stderr.String()
+	for _, bad := range []string{"fatal error", "goroutine ", "panic:", "out of memory"} {
+		if strings.Contains(out, bad) {
+			t.Fatalf("train %s: a crash (%q):\n%s", strings.Join(args, " "), bad, out)
+		}
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("train %s: the output does not say %q:\n%s", strings.Join(args, " "), w, out)
+		}
+	}
+	return out
+}
+
+// modelDirWith copies model/testdata/qwen3_untied into a temporary
+// directory and replaces the file named fifo (if any) by a named pipe with
+// no writer.
+func modelDirWith(t *testing.T, fifo string) string {
+	t.Helper()
+	src := filepath.Join("..", "..", "model", "testdata", "qwen3_untied")
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"config.json", "model.safetensors"} {
+		p := filepath.Join(dir, f)
+		if f == fifo {
+			if err := syscall.Mkfifo(p, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestInputThatIsAFIFO (issue 26, item 5): config.json or
+// model.safetensors as a named pipe with no writer hung score, plan, bench
+// and --init-from. Each is now refused at once, naming the file.
+func TestInputThatIsAFIFO(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(in, []byte(`{"token_ids": [1, 2, 3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, fifo := range []string{"config.json", "model.safetensors"} {
+		t.Run(fifo, func(t *testing.T) {
+			dir := modelDirWith(t, fifo)
+			want := []string{filepath.Join(dir, fifo), "not a regular file", "named pipe"}
+			refused(t, 1, nil, want, "score", "--model", dir, "--input", in)
+			refused(t, 1, nil, want, "--backend", "cpu", "--quiet", "--out", filepath.Join(t.TempDir(), "run"), "--init-from", dir, "--steps", "1",
+				"--set", "grpo.num_prompts_per_step=1", "--set", "grpo.num_generations_per_prompt=2")
+			if fifo == "config.json" {
+				refused(t, 1, nil, want, "plan", "--init-from", dir)
+				refused(t, 1, nil, want, "plan", "--model", filepath.Join(dir, fifo))
+				refused(t, 1, nil, want, "bench", "--model", filepath.Join(dir, fifo), "--rows", "1", "--seq", "4", "--steps", "1")
+			} else {
+				refused(t, 1, nil, want, "bench", "--model", filepath.Join(dir, "config.json"), "--weights", dir, "--rows", "1", "--seq", "4", "--steps", "1")
+			}
+		})
+	}
+}
+
+// TestEndlessInput (issue 26, item 10): plan --model /dev/zero and config
+// --config /dev/zero read without limit until the Go runtime died out of
+// memory with a goroutine dump. Both are refused at once, and so is a
+// recipe or config.json beyond its kind's size cap.
+func TestEndlessInput(t *testing.T) {
+	want := []string{"/dev/zero", "not a regular file", "character device"}
+	refused(t, 1, nil, want, "plan", "--model", "/dev/zero")
+	refused(t, 1, nil, want, "config", "--config", "/dev/zero")
+	refused(t, 1, nil, want, "--backend", "cpu", "--config", "/dev/zero", "--out", filepath.Join(t.TempDir(), "run"))
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(1 << 30); err != nil { // sparse: 1 GiB of zeros on no disk
+		t.Fatal(err)
+	}
+	f.Close()
+	refused(t, 1, nil, []string{big, "at most"}, "config", "--config", big)
+	refused(t, 1, nil, []string{big, "at most"}, "plan", "--model", big)
+}
