@@ -3,6 +3,7 @@ package grpo
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/tracegrpo/tracegrpo/config"
 )
@@ -122,10 +123,14 @@ func CheckConfig(c *config.Config) error {
 	for _, p := range positive {
 		if p.v < 1 {
 			add(p.key, p.v, "want >= 1")
+		} else if p.v > MaxCount {
+			add(p.key, p.v, fmt.Sprintf("want at most %d", MaxCount))
 		}
 	}
 	if c.Policy.MaxTotalSequenceLength < 2 {
 		add("policy.max_total_sequence_length", c.Policy.MaxTotalSequenceLength, "want >= 2 (a trace needs a conditioning token and a sampled token)")
+	} else if c.Policy.MaxTotalSequenceLength > math.MaxInt32 {
+		add("policy.max_total_sequence_length", c.Policy.MaxTotalSequenceLength, fmt.Sprintf("want at most %d (token positions are int32)", math.MaxInt32))
 	}
 
 	// Loss options (spec §6.3) and the seq-mask-tis rule (spec §8.1).
@@ -134,6 +139,12 @@ func CheckConfig(c *config.Config) error {
 	}
 	return errors.Join(errs...)
 }
+
+// MaxCount caps the counts of a step (prompts, generations, batch sizes,
+// GPUs): their products size every step's arrays and are checked for
+// overflow (3 × 6148914691236517206 generations wrapped around to a batch
+// of 2).
+const MaxCount = 1 << 24
 
 // RowMultiple is the divisibility of a step's rows: data-parallel size (all
 // GPUs) × train_micro_batch_size.

@@ -576,9 +576,21 @@ func (c *Config) checkUnsupported(r configReader) error {
 	return nil
 }
 
-// maxDim bounds every size in a config so that products of two sizes (a
-// weight matrix) cannot overflow.
-const maxDim = 1 << 24
+// The largest sizes a config may state: what a model can be, with room to
+// spare (the largest published dense models have about 130 layers, hidden
+// size 16384, intermediate size 53248, 128 heads of 128 or 256 dimensions and
+// vocabularies of 256k). With these caps the product of any two sizes, or
+// of one with the tokens of a micro-batch (at most 2^31), fits an int64,
+// and a parameter table is built in milliseconds: a million layers took
+// minutes to plan, and sizes of 2^24 ran out of memory in the table.
+const (
+	MaxLayers           = 1024
+	MaxHiddenSize       = 1 << 16
+	MaxIntermediateSize = 1 << 19
+	MaxHeads            = 1024
+	MaxHeadDim          = 1024
+	MaxVocabSize        = 1 << 22
+)
 
 // Validate checks the sizes for consistency.
 func (c Config) Validate() error {
@@ -586,15 +598,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("model_type %q is not supported; supported: %s", c.Arch, supportedArchs)
 	}
 	for _, f := range []struct {
-		k string
-		v int
+		k      string
+		v, max int
 	}{
-		{"hidden_size", c.HiddenSize}, {"intermediate_size", c.IntermediateSize},
-		{"num_hidden_layers", c.NumHiddenLayers}, {"num_attention_heads", c.NumAttentionHeads},
-		{"num_key_value_heads", c.NumKeyValueHeads}, {"head_dim", c.HeadDim}, {"vocab_size", c.VocabSize},
+		{"hidden_size", c.HiddenSize, MaxHiddenSize}, {"intermediate_size", c.IntermediateSize, MaxIntermediateSize},
+		{"num_hidden_layers", c.NumHiddenLayers, MaxLayers}, {"num_attention_heads", c.NumAttentionHeads, MaxHeads},
+		{"num_key_value_heads", c.NumKeyValueHeads, MaxHeads}, {"head_dim", c.HeadDim, MaxHeadDim}, {"vocab_size", c.VocabSize, MaxVocabSize},
 	} {
-		if f.v <= 0 || f.v > maxDim {
-			return fmt.Errorf("field %s: expected an integer in [1, %d], found %d", f.k, maxDim, f.v)
+		if f.v <= 0 || f.v > f.max {
+			return fmt.Errorf("field %s: expected an integer in [1, %d], found %d", f.k, f.max, f.v)
 		}
 	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {

@@ -3,7 +3,9 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
 
+	"github.com/tracegrpo/tracegrpo/internal/checked"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
@@ -36,16 +38,24 @@ type Options struct {
 	ForwardOnly bool
 }
 
+// MaxTokens is the most tokens a micro-batch (Options.MaxTokens), a
+// sequence (MaxSeqLen) or a sampler's context may hold: token positions
+// and sequence offsets are int32 on every backend.
+const MaxTokens = math.MaxInt32
+
 // normalized fills Options' defaults and checks them.
 func (o Options) normalized() (Options, error) {
-	if o.MaxTokens <= 0 {
-		return o, fmt.Errorf("model: Options.MaxTokens: expected a positive number, found %d", o.MaxTokens)
+	if o.MaxTokens <= 0 || o.MaxTokens > MaxTokens {
+		return o, fmt.Errorf("model: Options.MaxTokens: expected a number in [1, %d] (token offsets are int32), found %d", MaxTokens, o.MaxTokens)
 	}
 	if o.MaxSeqs <= 0 {
 		o.MaxSeqs = o.MaxTokens
 	}
 	if o.MaxSeqLen <= 0 {
 		o.MaxSeqLen = o.MaxTokens
+	}
+	if o.MaxSeqs > MaxTokens || o.MaxSeqLen > MaxTokens {
+		return o, fmt.Errorf("model: Options.MaxSeqs %d, MaxSeqLen %d: expected at most %d (positions and offsets are int32)", o.MaxSeqs, o.MaxSeqLen, MaxTokens)
 	}
 	switch o.Precision {
 	case 0:
@@ -200,7 +210,10 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		return nil, err
 	}
 	m.setBackend(b)
-	sz, p := m.sizes()
+	sz, p, err := m.sizes()
+	if err != nil {
+		return nil, err
+	}
 	if err := m.allocWeights(sz); err != nil {
 		return nil, err
 	}
@@ -254,7 +267,10 @@ func NewReference(policy *Model) (*Model, error) {
 	}
 	m.setBackend(policy.b)
 	m.forwardOnly, m.owner = true, policy
-	sz, p := m.sizes()
+	sz, p, err := m.sizes()
+	if err != nil {
+		return nil, err
+	}
 	if sz.acts > policy.ws.acts.N || sz.actsW > policy.ws.actsW.N || sz.ints > policy.ws.ints.N {
 		return nil, fmt.Errorf("model: reference activations (%d, %d, %d elements) exceed the policy's workspace (%d, %d, %d)",
 			sz.acts, sz.actsW, sz.ints, policy.ws.acts.N, policy.ws.actsW.N, policy.ws.ints.N)
@@ -358,11 +374,18 @@ func (m *Model) views() {
 // apply to every view whatever the lengths before it.
 type arenaPlan struct {
 	n    int
-	elem int // bytes per element; 0 means 4
+	elem int  // bytes per element; 0 means 4
+	over bool // a view or the arena exceeded maxArena elements
 	dsts []*kernels.Buf
 	offs []int
 	lens []int
 }
+
+// maxArena bounds the elements of one arena (2^56: 256 PiB of fp32,
+// beyond any machine), so that an arena's size in bytes, and a sum of a
+// few of them, is exact in an int64. A layout past it is refused as an
+// overflow, not wrapped.
+const maxArena = 1 << 56
 
 // viewAlign is the byte boundary every view starts on.
 const viewAlign = 16
@@ -373,11 +396,29 @@ func (p *arenaPlan) add(dst *kernels.Buf, n int) {
 		elem = 4
 	}
 	a := viewAlign / elem
+	if p.over || n < 0 || n > maxArena || p.n > maxArena-n-a {
+		p.over = true
+		return
+	}
 	off := (p.n + a - 1) / a * a
 	p.dsts = append(p.dsts, dst)
 	p.offs = append(p.offs, off)
 	p.lens = append(p.lens, n)
 	p.n = off + n
+}
+
+// addProduct adds a view of the product of dims elements, checked: a
+// product past maxArena marks the plan overflowed.
+func (p *arenaPlan) addProduct(dst *kernels.Buf, dims ...int) {
+	n := int64(1)
+	for _, d := range dims {
+		var ok bool
+		if n, ok = checked.Mul(n, int64(d)); !ok || n > maxArena {
+			p.over = true
+			return
+		}
+	}
+	p.add(dst, int(n))
 }
 
 func (p *arenaPlan) cut(arena kernels.Buf) {
@@ -400,11 +441,20 @@ type arenaSizes struct {
 	rope                   int
 }
 
+// errArenaOverflow is the error of a layout past maxArena elements.
+func errArenaOverflow(cfg Config, opt Options) error {
+	return checked.Overflow("model: the activations of %d layers of hidden size %d for %d tokens per micro-batch exceed %d elements per arena",
+		cfg.NumHiddenLayers, cfg.HiddenSize, opt.MaxTokens, int64(maxArena))
+}
+
 // sizes lays out the model's activations and returns every allocation's
 // size: New and NewReference allocate exactly these, and PlanModel and
 // PlanReference report them.
-func (m *Model) sizes() (arenaSizes, *actPlan) {
+func (m *Model) sizes() (arenaSizes, *actPlan, error) {
 	p := m.layoutActs()
+	if p.f.over || p.w.over || p.i.over {
+		return arenaSizes{}, nil, errArenaOverflow(m.cfg, m.opt)
+	}
 	sz := arenaSizes{params: m.table.Total, acts: p.f.n, actsW: p.w.n, ints: p.i.n}
 	if m.wdt == kernels.BF16 {
 		sz.paramsW = m.table.Total
@@ -415,7 +465,7 @@ func (m *Model) sizes() (arenaSizes, *actPlan) {
 	if m.owner == nil {
 		sz.rope = ropeElems(m.cfg, m.opt.MaxSeqLen)
 	}
-	return sz, p
+	return sz, p, nil
 }
 
 func (p *actPlan) cut(m *Model, ws *workspace) {
@@ -577,7 +627,10 @@ func PlanModel(cfg Config, opt Options) (Footprint, error) {
 	if err != nil {
 		return Footprint{}, err
 	}
-	sz, _ := m.sizes()
+	sz, _, err := m.sizes()
+	if err != nil {
+		return Footprint{}, err
+	}
 	return sz.footprint(m.wdt), nil
 }
 
@@ -590,7 +643,10 @@ func PlanReference(cfg Config, opt Options) (Footprint, error) {
 		return Footprint{}, err
 	}
 	m.forwardOnly, m.owner = true, &Model{}
-	sz, _ := m.sizes()
+	sz, _, err := m.sizes()
+	if err != nil {
+		return Footprint{}, err
+	}
 	return Footprint{Weights: int64(sz.params) * 4, WeightsBF16: int64(sz.paramsW) * 2}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 
+	"github.com/tracegrpo/tracegrpo/internal/checked"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
@@ -104,8 +105,8 @@ type Sampler struct {
 // NewSampler allocates KV caches for maxBatch sequences of at most maxLen
 // tokens (prompt plus generation).
 func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
-	if maxBatch <= 0 || maxLen <= 0 {
-		return nil, fmt.Errorf("model: sampler: maxBatch and maxLen must be positive, found %d and %d", maxBatch, maxLen)
+	if err := checkSamplerShape(maxBatch, maxLen); err != nil {
+		return nil, err
 	}
 	c := m.cfg
 	V, B := c.VocabSize, maxBatch
@@ -115,6 +116,9 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen, wdt: m.wdt}
 	s.device, _ = m.b.(kernels.TokenSampler)
 	cp, ap, wp, ip := s.layout(c, m.opt)
+	if cp.over || ap.over || wp.over || ip.over {
+		return nil, errSamplerOverflow(c, maxBatch, maxLen)
+	}
 	var err error
 	if s.cache, err = m.b.Alloc(s.wdt, cp.n); err != nil {
 		return nil, fmt.Errorf("model: sampler: KV cache of %d %s elements: %w", cp.n, s.wdt, err)
@@ -168,8 +172,8 @@ func (s *Sampler) layout(c Config, opt Options) (cp, ap, wp, ip arenaPlan) {
 	s.kc = make([]kernels.Buf, c.NumHiddenLayers)
 	s.vc = make([]kernels.Buf, c.NumHiddenLayers)
 	for l := range s.kc {
-		cp.add(&s.kc[l], B*maxLen*kn)
-		cp.add(&s.vc[l], B*maxLen*kn)
+		cp.addProduct(&s.kc[l], B, maxLen, kn)
+		cp.addProduct(&s.vc[l], B, maxLen, kn)
 	}
 	ap.add(&s.x, B*C)
 	ap.add(&s.xmid, B*C)
@@ -208,6 +212,23 @@ type SamplerFootprint struct {
 	Rope    int64 // RoPE tables grown to cover maxLen (beyond the model's)
 }
 
+// MaxSamplerBatch bounds a Sampler's batch (its KV cache's sequences).
+const MaxSamplerBatch = 1 << 16
+
+// checkSamplerShape refuses a sampler batch or context that is not
+// positive or beyond what the model's int32 positions and the batch cap
+// allow.
+func checkSamplerShape(maxBatch, maxLen int) error {
+	if maxBatch <= 0 || maxBatch > MaxSamplerBatch || maxLen <= 0 || maxLen > MaxTokens {
+		return fmt.Errorf("model: sampler: maxBatch %d and maxLen %d: expected [1, %d] and [1, %d]", maxBatch, maxLen, MaxSamplerBatch, MaxTokens)
+	}
+	return nil
+}
+
+func errSamplerOverflow(c Config, maxBatch, maxLen int) error {
+	return checked.Overflow("model: sampler: the KV cache of %d layers for %d sequences of %d tokens exceeds %d elements", c.NumHiddenLayers, maxBatch, maxLen, int64(maxArena))
+}
+
 // PlanSampler returns what NewSampler(m, maxBatch, maxLen) allocates for a
 // model built with cfg and opt, from the same layout.
 func PlanSampler(cfg Config, opt Options, maxBatch, maxLen int) (SamplerFootprint, error) {
@@ -215,8 +236,14 @@ func PlanSampler(cfg Config, opt Options, maxBatch, maxLen int) (SamplerFootprin
 	if err != nil {
 		return SamplerFootprint{}, err
 	}
+	if err := checkSamplerShape(maxBatch, maxLen); err != nil {
+		return SamplerFootprint{}, err
+	}
 	s := &Sampler{maxBatch: maxBatch, maxLen: maxLen}
 	cp, ap, wp, ip := s.layout(cfg, m.opt)
+	if cp.over || ap.over || wp.over || ip.over {
+		return SamplerFootprint{}, errSamplerOverflow(cfg, maxBatch, maxLen)
+	}
 	es := int64(m.opt.Precision.Size())
 	f := SamplerFootprint{KVCache: int64(cp.n) * es, Buffers: int64(ap.n)*4 + int64(wp.n)*es + int64(ip.n)*4}
 	if maxLen > m.opt.MaxSeqLen {

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/checked"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -43,7 +45,8 @@ type MemPlan struct {
 	TotalBytes              int64       `json:"total_bytes"`
 	Notes                   []string    `json:"notes,omitempty"`
 
-	work kernels.Workload // the ops the run's shapes run, for ReserveWorkspace
+	work  kernels.Workload // the ops the run's shapes run, for ReserveWorkspace
+	total checked.Sum      // TotalBytes, summed by add
 }
 
 func (p *MemPlan) add(c Component) {
@@ -51,7 +54,18 @@ func (p *MemPlan) add(c Component) {
 		return
 	}
 	p.Components = append(p.Components, c)
-	p.TotalBytes += c.Bytes
+	p.total.Add(c.Bytes)
+}
+
+// finish sets TotalBytes, or refuses a plan whose parts do not sum in an
+// int64 (or one of which is negative: a size that wrapped).
+func (p *MemPlan) finish() error {
+	total, ok := p.total.Value()
+	if !ok {
+		return checked.Overflow("memory plan: the parts of %s's plan do not sum in an int64", p.Model)
+	}
+	p.TotalBytes = total
+	return nil
 }
 
 // PlanRequest is what to plan: a run's configuration on a backend.
@@ -82,7 +96,7 @@ var maxSamplerSlots = 256
 // samplerSlots is the in-process sampler's batch: twice a step's logical
 // rollouts, at most maxSamplerSlots.
 func samplerSlots(c *config.Config) int {
-	return min(2*c.Policy.TrainGlobalBatchSize, maxSamplerSlots)
+	return min(c.Policy.TrainGlobalBatchSize, maxSamplerSlots/2) * 2
 }
 
 // cpuMixedPrecision makes the CPU backend run bf16 mixed precision as the
@@ -103,17 +117,27 @@ type runShape struct {
 
 func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (runShape, error) {
 	var s runShape
+	fromFlags := rows > 0 || seq > 0 // plan's --rows and --seq: usage errors
+	rowsKey, seqKey := "--rows", "--seq"
 	if rows <= 0 {
-		rows = c.Policy.TrainMicroBatchSize
+		rows, rowsKey = c.Policy.TrainMicroBatchSize, "policy.train_micro_batch_size"
 	}
 	if seq <= 0 {
-		seq = c.Policy.MaxTotalSequenceLength
+		seq, seqKey = c.Policy.MaxTotalSequenceLength, "policy.max_total_sequence_length"
 	}
 	if rows < 1 {
 		return s, fmt.Errorf("config: policy.train_micro_batch_size=%d: must be ≥ 1", rows)
 	}
 	if seq < 1 {
 		return s, fmt.Errorf("config: policy.max_total_sequence_length=%d: must be ≥ 1", seq)
+	}
+	if T, ok := checked.Mul(int64(rows), int64(seq)); !ok || T > model.MaxTokens {
+		msg := fmt.Sprintf("%s=%d × %s=%d tokens per micro-batch: more than %d (token positions and offsets are int32)",
+			rowsKey, rows, seqKey, seq, model.MaxTokens)
+		if fromFlags {
+			return s, fmt.Errorf("%w: plan: %s", ErrUsage, msg)
+		}
+		return s, fmt.Errorf("config: %s", msg)
 	}
 	var err error
 	if s.precision, err = c.TrainingPrecision(); err != nil {
@@ -207,7 +231,14 @@ type planParts struct {
 func buildPlan(pp planParts) (*MemPlan, error) {
 	req, opt := pp.req, pp.opt
 	mc := req.Model
-	p := &MemPlan{Backend: req.Backend, Model: req.ModelName, Params: model.NewParamTable(mc).Total,
+	// PlanModel first: it validates the config (sizes capped) before the
+	// parameter table is built.
+	f, err := model.PlanModel(mc, opt)
+	if err != nil {
+		return nil, err
+	}
+	table := model.NewParamTable(mc)
+	p := &MemPlan{Backend: req.Backend, Model: req.ModelName, Params: table.Total,
 		Precision: "float32", Checkpointing: opt.Recompute}
 	if opt.Precision == kernels.BF16 {
 		p.Precision = "bfloat16 (mixed: fp32 master weights, gradients and Adam)"
@@ -215,10 +246,6 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 		p.Notes = append(p.Notes, "policy.precision=bfloat16: the CPU backend computes in fp32 (mixed precision runs on CUDA)")
 	}
 	p.Rows, p.Seq = pp.rows, pp.seq
-	f, err := model.PlanModel(mc, opt)
-	if err != nil {
-		return nil, err
-	}
 	other := opt
 	other.Recompute = !opt.Recompute
 	fo, err := model.PlanModel(mc, other)
@@ -235,7 +262,7 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	p.add(Component{Name: "weights_bf16", Bytes: f.WeightsBF16, What: "bf16 copy of the weights, remade once per optimizer step", Shrink: k["weights_bf16"]})
 	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients", Shrink: k["gradients"]})
 	if pp.optimizer {
-		groups := len(model.NewParamTable(mc).Params)
+		groups := len(table.Params)
 		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(p.Params, groups), What: "AdamW's two fp32 moments", Shrink: k["adam_moments"]})
 	}
 	what := fmt.Sprintf("%d tokens per micro-batch", opt.MaxTokens)
@@ -285,6 +312,9 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	if req.Backend == "cpu" && req.Resume {
 		n := 3 * 4 * int64(p.Params)
 		p.add(Component{Name: "checkpoint_staging", Bytes: n, What: "resume: the checkpoint's weights and moments read into memory before they are copied in"})
+	}
+	if err := p.finish(); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -437,8 +467,12 @@ func parseBytes(s string) (int64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v < 0 {
+	if err != nil || !(v >= 0) {
 		return 0, fmt.Errorf("expected a byte count such as 8G or 8589934592, found %q", s)
+	}
+	// float64(math.MaxInt64) rounds up to 2^63, which int64 cannot hold.
+	if b := v * float64(mult); !(b < math.MaxInt64) {
+		return 0, fmt.Errorf("%q is more than %d bytes (8 EiB): expected a byte count such as 8G", s, int64(math.MaxInt64))
 	}
 	return int64(v * float64(mult)), nil
 }

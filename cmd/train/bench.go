@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/internal/checked"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
@@ -66,6 +67,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 {
 		return fmt.Errorf("%w: bench needs --model and positive --rows, --seq, --steps", errUsage)
+	}
+	if T, ok := checked.Mul(int64(*rows), int64(*seq)); !ok || T > model.MaxTokens {
+		return fmt.Errorf("%w: bench: --rows %d × --seq %d tokens: more than %d in one step (token positions and offsets are int32)", errUsage, *rows, *seq, model.MaxTokens)
 	}
 	if *precision != "float32" && *precision != "bfloat16" {
 		return fmt.Errorf("%w: bench: --precision %q: want float32 or bfloat16", errUsage, *precision)

@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -133,4 +134,87 @@ func TestEndlessInput(t *testing.T) {
 	f.Close()
 	refused(t, 1, nil, []string{big, "at most"}, "config", "--config", big)
 	refused(t, 1, nil, []string{big, "at most"}, "plan", "--model", big)
+}
+
+// modelConfigWith writes model/testdata/qwen3_tied's config.json with the
+// given fields replaced and returns its path.
+func modelConfigWith(t *testing.T, fields map[string]any) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "model", "testdata", "qwen3_tied", "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c map[string]any
+	if err := json.Unmarshal(b, &c); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range fields {
+		c[k] = v
+	}
+	if b, err = json.Marshal(c); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestModelSizesCapped (issue 26, items 8 and 11): a config.json with a
+// million layers was accepted and planned for over a minute; one with
+// every size at 2^24 ran out of memory building the parameter table. Each
+// size is capped at what a model can be and refused by name at once.
+func TestModelSizesCapped(t *testing.T) {
+	const p24 = 1 << 24
+	layers := modelConfigWith(t, map[string]any{"num_hidden_layers": 1000000})
+	refused(t, 1, nil, []string{"num_hidden_layers", "1000000", "expected an integer in [1, 1024]"}, "plan", "--model", layers)
+	refused(t, 1, nil, []string{"num_hidden_layers"}, "bench", "--model", layers, "--rows", "1", "--seq", "4", "--steps", "1")
+	all := modelConfigWith(t, map[string]any{"hidden_size": p24, "intermediate_size": p24, "num_hidden_layers": p24,
+		"num_attention_heads": p24, "num_key_value_heads": p24, "head_dim": p24, "vocab_size": p24})
+	refused(t, 1, nil, []string{"expected an integer in [1, "}, "plan", "--model", all)
+}
+
+// TestSizeArithmeticRefusesOverflow (issue 26, items 9 and 13): sizes whose
+// products wrapped around int64 gave a 20.9 MiB plan that passed and then
+// a makeslice panic, negative byte counts with exit 0, and negative
+// numbers in messages. Each is now refused, naming the key or flag (exit 2
+// for a flag, 1 for a config value or the environment).
+func TestSizeArithmeticRefusesOverflow(t *testing.T) {
+	const big = "9223372036854775807"
+	seqSet := "policy.max_total_sequence_length=1152921504606846978"
+	refused(t, 1, nil, []string{"policy.max_total_sequence_length", "1152921504606846978"}, "plan", "--set", seqSet)
+	refused(t, 1, nil, []string{"policy.max_total_sequence_length", "1152921504606846978"},
+		"--backend", "cpu", "--quiet", "--set", seqSet, "--out", filepath.Join(t.TempDir(), "run"))
+	out := refused(t, 2, nil, []string{"--rows", "--seq", big}, "plan", "--rows", big, "--seq", big)
+	if strings.Contains(out, "-") && strings.Contains(out, " B ") {
+		t.Errorf("plan printed a negative byte count:\n%s", out)
+	}
+	refused(t, 2, nil, []string{"--rows", "--seq"}, "plan", "--rows", "65536", "--seq", "65536")
+	cfg := filepath.Join("..", "..", "model", "testdata", "qwen3_tied", "config.json")
+	refused(t, 2, nil, []string{"--rows", "--seq"}, "bench", "--model", cfg, "--rows", "3", "--seq", "3074457345618258603", "--steps", "1")
+	refused(t, 2, nil, []string{"--rows", "--seq"}, "bench", "--model", cfg, "--rows", "4611686018427387904", "--seq", "4", "--steps", "1")
+	in := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(in, []byte(`{"token_ids": [1, 2, 3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, 2, nil, []string{"--max-tokens", big}, "score", "--model", filepath.Dir(cfg), "--input", in, "--max-tokens", big)
+	refused(t, 1, []string{"TRACEGRPO_MEMORY=99999999999999999999G"}, []string{"$TRACEGRPO_MEMORY", "99999999999999999999G"},
+		"--backend", "cpu", "--quiet", "--out", filepath.Join(t.TempDir(), "run"), "--steps", "1")
+	// 3 × 6148914691236517206 generations wrapped around to a batch of 2.
+	wrap := []string{"--set", "grpo.num_prompts_per_step=3", "--set", "grpo.num_generations_per_prompt=6148914691236517206", "--set", "policy.train_global_batch_size=2"}
+	refused(t, 1, nil, []string{"grpo.num_generations_per_prompt", "want at most"}, append([]string{"config", "--check"}, wrap...)...)
+	refused(t, 1, nil, []string{"grpo.num_generations_per_prompt", "want at most"},
+		append([]string{"--backend", "cpu", "--quiet", "--out", filepath.Join(t.TempDir(), "run")}, wrap...)...)
+}
+
+// TestTracesJobsCapped (issue 26, item 12): traces --jobs 100000000 ran out
+// of memory sizing its batch; --jobs is capped and refused by name.
+func TestTracesJobsCapped(t *testing.T) {
+	dir := t.TempDir()
+	recs := filepath.Join(dir, "r.jsonl")
+	if err := os.WriteFile(recs, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, 2, nil, []string{"--jobs", "100000000"}, "traces", "--captures", dir, "--rollouts", recs, "--jobs", "100000000")
 }

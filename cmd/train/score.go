@@ -52,8 +52,8 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	if *dir == "" || *input == "" {
 		return fmt.Errorf("%w: score needs --model and --input", errUsage)
 	}
-	if *budget <= 0 {
-		return fmt.Errorf("%w: --max-tokens must be positive, found %d", errUsage, *budget)
+	if *budget <= 0 || *budget > model.MaxTokens {
+		return fmt.Errorf("%w: --max-tokens must be in [1, %d] (token offsets are int32), found %d", errUsage, model.MaxTokens, *budget)
 	}
 	if !(*temp > 0) {
 		return fmt.Errorf("%w: --temperature must be positive, found %g", errUsage, *temp)

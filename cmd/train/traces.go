@@ -21,6 +21,11 @@ func init() {
 	})
 }
 
+// maxJobs caps traces --jobs: the batch in flight holds 4 records per job,
+// and more workers than this gain nothing on any machine (100000000 jobs
+// ran out of memory sizing the batch).
+const maxJobs = 4096
+
 // tracesSummary counts what one traces run produced.
 type tracesSummary struct {
 	rollouts, delivered, prebuilt, traces, masked int
@@ -37,6 +42,9 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 	jobs := fs.Int("jobs", runtime.GOMAXPROCS(0), "rollouts finalized concurrently (output order is input order)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
+	}
+	if *jobs < 1 || *jobs > maxJobs {
+		return fmt.Errorf("%w: traces: --jobs %d: expected 1 to %d rollouts finalized concurrently", errUsage, *jobs, maxJobs)
 	}
 	if *captures == "" || *rollouts == "" {
 		return fmt.Errorf("%w: traces: --captures and --rollouts are required", errUsage)
