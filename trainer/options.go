@@ -21,8 +21,8 @@ var ErrUsage = errors.New("usage")
 
 // Options are the settings of one run: the command line's flags, and what
 // the caller chose for it (the backend). A program that builds Options
-// itself gets the flags' defaults for the zero values of Tasks,
-// OnNonFinite and Wait.
+// itself gets the flags' defaults for the zero values of Tasks and
+// OnNonFinite; a zero Wait does not wait (the flag's default is 10m).
 type Options struct {
 	ConfigFiles []string      // NeMo RL recipes, later ones merged over earlier ones; none: the built-in job
 	Sets        []string      // key.path=value overrides after the files
@@ -33,7 +33,7 @@ type Options struct {
 	Steps       int           // GRPO steps in all (0: grpo.max_num_steps)
 	Rollouts    string        // Gym rollout records: a JSONL file or a directory of step_<N>.jsonl
 	Captures    string        // Gym capture directory of Rollouts
-	Wait        time.Duration // how long to wait for each step_<N>.jsonl
+	Wait        time.Duration // how long to wait for each step_<N>.jsonl (0: not at all)
 	Tasks       []string      // built-in tasks to cycle through
 	OnNonFinite string        // "skip" or "abort"
 	Quiet       bool          // no setup or progress lines
@@ -72,7 +72,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
 	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
 	fs.BoolVar(&o.SaveCaptures, "save-captures", false, "built-in job: write its captures in NeMo Gym's format to --out/captures (or env.nemo_gym.token_id_capture.dir); by default they are kept in memory, one step at a time, and never written")
-	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl")
+	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl to appear (0: do not wait)")
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")

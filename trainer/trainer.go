@@ -105,9 +105,6 @@ func New(o Options) (_ *Trainer, err error) {
 	if o.OnNonFinite == "" {
 		o.OnNonFinite = "skip"
 	}
-	if o.Wait == 0 {
-		o.Wait = defaultWait
-	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
 		t.comm = collective.Single(o.Backend)
@@ -182,6 +179,9 @@ func (t *Trainer) setupConfig() error {
 	case "skip", "abort":
 	default:
 		return fmt.Errorf("%w: --on-nonfinite %q: want skip or abort", ErrUsage, o.OnNonFinite)
+	}
+	if o.Wait < 0 {
+		return fmt.Errorf("%w: --wait %v: want 0 (do not wait) or a positive duration", ErrUsage, o.Wait)
 	}
 	if n := t.comm.Size(); n > c.GRPO.NumPromptsPerStep {
 		t.logf("warning: %d ranks share %d task groups per step: %d ranks train nothing", n, c.GRPO.NumPromptsPerStep, n-c.GRPO.NumPromptsPerStep)

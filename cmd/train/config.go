@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
@@ -39,6 +40,8 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	_, err = stdout.Write(b)
-	return err
+	if _, err := stdout.Write(b); err != nil {
+		return fmt.Errorf("config: write the output: %w", err)
+	}
+	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
 // hostileDeadline bounds every hostile case: a refusal is immediate, so
@@ -217,4 +219,104 @@ func TestTracesJobsCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused(t, 2, nil, []string{"--jobs", "100000000"}, "traces", "--captures", dir, "--rollouts", recs, "--jobs", "100000000")
+}
+
+// failingWriter fails every write, as a full disk or a closed pipe does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestFailedOutputIsAFailure (issue 26, item 14): plan, bench and verify
+// exited 0 when writing their output failed (>/dev/full). Every command's
+// output is checked: a failed write is exit status 1, saying so.
+func TestFailedOutputIsAFailure(t *testing.T) {
+	run1 := filepath.Join(t.TempDir(), "run")
+	mustTrain(t, trainArgs(run1, 2)...)
+	cfg := filepath.Join("..", "..", "model", "testdata", "qwen3_tied", "config.json")
+	for _, args := range [][]string{
+		{"plan"},
+		{"plan", "--json"},
+		{"bench", "--model", cfg, "--rows", "1", "--seq", "8", "--steps", "1"},
+		{"verify", run1},
+		{"config"},
+		{"--help"},
+		{"plan", "--help"},
+	} {
+		var stderr bytes.Buffer
+		code := run(args, failingWriter{}, &stderr)
+		if code != 1 || !strings.Contains(stderr.String(), "write") || !strings.Contains(stderr.String(), "no space left") {
+			t.Errorf("train %s with a failing stdout: exit %d, stderr %q; want exit 1 saying the write failed", strings.Join(args, " "), code, stderr.String())
+		}
+	}
+	// And as a process, with /dev/full as its standard output.
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("NOT RUN as a process: %v", err)
+	}
+	defer full.Close()
+	cmd := trainCommand("plan")
+	var stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = full, &stderr
+	if err := cmd.Run(); cmd.ProcessState.ExitCode() != 1 {
+		t.Errorf("train plan >/dev/full: %v, want exit status 1\n%s", err, stderr.String())
+	}
+}
+
+// overflowingModel writes model/testdata/qwen3_untied with tensor's weights
+// multiplied by scale and returns its directory.
+func overflowingModel(t *testing.T, tensor string, scale float32) string {
+	t.Helper()
+	src := filepath.Join("..", "..", "model", "testdata", "qwen3_untied")
+	dir := filepath.Join(t.TempDir(), "model")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(src, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ts []safetensors.Tensor
+	for _, info := range f.Tensors() {
+		v := make([]float32, info.NumElements())
+		if err := f.ReadF32(info.Name, v); err != nil {
+			t.Fatal(err)
+		}
+		if info.Name == tensor {
+			for i := range v {
+				v[i] *= scale
+			}
+		}
+		ts = append(ts, safetensors.Tensor{Spec: safetensors.Spec{Name: info.Name, DType: safetensors.F32, Shape: info.Shape}, F32: v})
+	}
+	if err := safetensors.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// TestScoreNonFiniteNamesTheLine (issue 26, item 15): score on weights that
+// overflow printed "json: unsupported value: NaN", with no line number and
+// an empty output. The lines scored before are written, and the error names
+// the input line and token whose log-probability is not finite.
+func TestScoreNonFiniteNamesTheLine(t *testing.T) {
+	// Finite weights whose logits overflow float32.
+	dir := overflowingModel(t, "lm_head.weight", 1e38)
+	in := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(in, []byte("\n"+`{"token_ids": [1, 2, 3, 4]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"score", "--model", dir, "--input", in}, &stdout, &stderr)
+	msg := stderr.String()
+	if code != 1 || !strings.Contains(msg, "in.jsonl line 2") || !strings.Contains(msg, "token_ids[1]") || strings.Contains(msg, "json: unsupported value") {
+		t.Errorf("score on overflowing weights: exit %d, stderr:\n%s\nwant exit 1 naming in.jsonl line 2 and the token", code, msg)
+	}
 }

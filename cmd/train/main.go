@@ -43,7 +43,39 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run runs the command args names. Every write to stdout is checked: a
+// command whose output could not be written (a full disk, a closed pipe)
+// fails with exit status 1, whatever it returned.
 func run(args []string, stdout, stderr io.Writer) int {
+	out := &checkedWriter{w: stdout}
+	code := dispatch(args, out, stderr)
+	if out.err != nil && code == 0 {
+		fmt.Fprintf(stderr, "train: write the output: %v\n", out.err)
+		return 1
+	}
+	return code
+}
+
+// checkedWriter remembers the first failed write; every later write fails
+// with it.
+type checkedWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (c *checkedWriter) Write(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
+	n, err := c.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	c.err = err
+	return n, err
+}
+
+func dispatch(args []string, stdout, stderr io.Writer) int {
 	name := ""
 	if len(args) > 0 {
 		if c, ok := commands[args[0]]; ok {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -77,6 +78,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	}
 	// Read every record first so the model is sized once.
 	var recs [][]int32
+	var lines []int // each record's input line
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 1<<30)
 	longest, longestLine := 0, 0
@@ -103,6 +105,7 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 				name, line, len(rec.TokenIDs), mpe)
 		}
 		recs = append(recs, rec.TokenIDs)
+		lines = append(lines, line)
 		if len(rec.TokenIDs) > longest {
 			longest, longestLine = len(rec.TokenIDs), line
 		}
@@ -167,6 +170,12 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 		}
 		for s := 0; s < end-start; s++ {
 			lo, hi := cu[s]+1, cu[s+1]
+			if i := firstNonFinite(lp[lo:hi], ent[lo:hi]); i >= 0 {
+				// The lines before are written; this one has no JSON form.
+				w.Flush()
+				return fmt.Errorf("score: %s line %d: token_ids[%d]=%d: log-probability %v, entropy %v: the model's logits overflow float32 or its weights are not finite; nothing after this line is scored",
+					name, lines[start+s], i+1, recs[start+s][i+1], lp[lo+int32(i)], ent[lo+int32(i)])
+			}
 			if err := enc.Encode(scoreOut{Logprobs: nonNil(lp[lo:hi]), Entropy: nonNil(ent[lo:hi])}); err != nil {
 				return fmt.Errorf("score: %w", err)
 			}
@@ -177,6 +186,17 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("score: %w", err)
 	}
 	return nil
+}
+
+// firstNonFinite returns the first index where a or b is NaN or ±Inf, or
+// -1.
+func firstNonFinite(a, b []float32) int {
+	for i := range a {
+		if x, y := float64(a[i]), float64(b[i]); math.IsNaN(x) || math.IsInf(x, 0) || math.IsNaN(y) || math.IsInf(y, 0) {
+			return i
+		}
+	}
+	return -1
 }
 
 // nonNil makes an empty slice encode as [] rather than null.
