@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
 )
 
 // runWithin runs this test binary as a trainer with args and fails the
@@ -57,5 +59,54 @@ func TestWaitZeroDoesNotWait(t *testing.T) {
 	code, out = runWithin(t, 30*time.Second, append(args, "--wait", "-1s", "--out", filepath.Join(dir, "run2"))...)
 	if code != 2 || !strings.Contains(out, "--wait") {
 		t.Errorf("--wait -1s: exit %d:\n%s\nwant a usage error naming --wait", code, out)
+	}
+}
+
+// TestOutputsNeverOverlapInputs (issue 26, item 2): train --init-from
+// R/checkpoints/step_2 --out R/checkpoints/step_2 wrote its run into that
+// checkpoint, which then failed verify on .lock and was refused by
+// --resume. A run directory or capture output that is, or lies inside, an
+// input directory is refused before anything is written, and so is an input
+// inside the directories a run writes and prunes (its checkpoints, its
+// captures). The checkpoint still verifies after each refusal.
+func TestOutputsNeverOverlapInputs(t *testing.T) {
+	dir := t.TempDir()
+	r := filepath.Join(dir, "R")
+	mustTrain(t, trainArgs(r, 2)...)
+	step := filepath.Join(r, "checkpoints", checkpoint.StepDir(2))
+	recs, caps := gymFixture(t, dir)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"out is the init checkpoint", trainArgs(step, 1, "--init-from", step), []string{"--out", "--init-from", step}},
+		{"out inside the init checkpoint", trainArgs(filepath.Join(step, "run"), 1, "--init-from", step), []string{"--out", "inside", "--init-from"}},
+		{"init checkpoint inside the run's checkpoints", trainArgs(r, 3, "--init-from", step, "--resume"), []string{"--init-from", "inside", "checkpoints"}},
+		{"out inside the capture store", append([]string{"--out", filepath.Join(caps, "run"), "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...),
+			[]string{"--out", "inside", "--captures"}},
+		{"captures written into the init checkpoint", trainArgs(filepath.Join(dir, "r2"), 1, "--init-from", step, "--set", "env.nemo_gym.token_id_capture.dir="+step),
+			[]string{"env.nemo_gym.token_id_capture.dir", "--init-from"}},
+		{"init checkpoint inside the saved captures", trainArgs(filepath.Join(dir, "r3"), 1, "--init-from", step, "--save-captures",
+			"--set", "env.nemo_gym.token_id_capture.dir="+r), []string{"--init-from", "env.nemo_gym.token_id_capture.dir"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tc.args, &stdout, &stderr)
+			if code != 2 {
+				t.Errorf("exit %d, want 2 (a usage error)\n%s", code, stderr.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("the refusal does not say %q:\n%s", w, stderr.String())
+				}
+			}
+			if _, err := checkpoint.Verify(step); err != nil {
+				t.Fatalf("the input checkpoint no longer verifies: %v", err)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(caps, "run")); err == nil {
+		t.Errorf("a refused run created its directory inside the capture store")
 	}
 }

@@ -29,6 +29,9 @@ func (t *Trainer) openRunDir() error {
 			return fmt.Errorf("%w: --out %s: the run writes its %s there, over an input (%v): choose another --out", ErrUsage, t.out, f, err)
 		}
 	}
+	if err := t.checkOutputsOutsideInputs(); err != nil {
+		return err
+	}
 	if !t.o.Resume {
 		for _, f := range []string{metricsFileName, "checkpoints"} {
 			if _, err := os.Stat(filepath.Join(t.out, f)); err == nil {
@@ -44,6 +47,80 @@ func (t *Trainer) openRunDir() error {
 		return err
 	}
 	t.unlock = unlock
+	return nil
+}
+
+// runInput is one input of a run, named by the flag or key that gave it.
+type runInput struct {
+	name, path string
+	dir        bool // a directory (a model, a checkpoint, a capture store)
+}
+
+// runInputs lists what the run reads: recipes, the initial weights'
+// directory, the rollouts and the capture store they correlate with.
+func (t *Trainer) runInputs() []runInput {
+	var in []runInput
+	for _, f := range t.o.ConfigFiles {
+		in = append(in, runInput{name: "--config", path: f})
+	}
+	switch {
+	case t.o.InitFrom != "":
+		in = append(in, runInput{name: "--init-from", path: t.o.InitFrom, dir: true})
+	case t.cfg.Policy.ModelName != builtinModelName:
+		in = append(in, runInput{name: "policy.model_name", path: t.cfg.Policy.ModelName, dir: true})
+	}
+	if src, ok := t.source.(*externalSource); ok {
+		in = append(in, runInput{name: "--rollouts", path: src.path, dir: src.dir})
+		name := "--captures"
+		if t.o.Captures == "" {
+			name = "env.nemo_gym.token_id_capture.dir"
+		}
+		in = append(in, runInput{name: name, path: src.capDir, dir: true})
+	}
+	return in
+}
+
+// captureOutput is the directory the built-in job writes its captures to,
+// and what asked for it ("" when they stay in memory).
+func (t *Trainer) captureOutput() (dir, name string) {
+	s, ok := t.source.(*builtinSource)
+	switch {
+	case !ok:
+		return "", ""
+	case s.captureDir != "":
+		return s.captureDir, "env.nemo_gym.token_id_capture.dir"
+	case s.save:
+		return filepath.Join(t.out, "captures"), "--save-captures"
+	}
+	return "", ""
+}
+
+// checkOutputsOutsideInputs refuses a run whose outputs overlap its
+// inputs: the run directory or the built-in job's capture directory is an
+// input directory or lies inside one (a run written into the checkpoint it
+// starts from), or an input lies inside a directory the run writes and
+// prunes (its checkpoints, its captures).
+func (t *Trainer) checkOutputsOutsideInputs() error {
+	capDir, capName := t.captureOutput()
+	for _, in := range t.runInputs() {
+		if in.path == "" {
+			continue
+		}
+		if in.dir {
+			if err := atomicfile.CheckNotInside(t.out, in.path); err != nil {
+				return fmt.Errorf("%w: --out: %v, the run's input (%s): the run would write into it; choose a --out outside it", ErrUsage, err, in.name)
+			}
+			if err := atomicfile.CheckNotInside(capDir, in.path); err != nil {
+				return fmt.Errorf("%w: %s: %v, the run's input (%s): the built-in job would write its captures into it", ErrUsage, capName, err, in.name)
+			}
+		}
+		if err := atomicfile.CheckNotInside(in.path, t.checkpointDir()); err != nil {
+			return fmt.Errorf("%w: %s: %v, the run's checkpoints directory, which the run writes and prunes: copy the input elsewhere first", ErrUsage, in.name, err)
+		}
+		if err := atomicfile.CheckNotInside(in.path, capDir); err != nil {
+			return fmt.Errorf("%w: %s: %v, where the built-in job writes its captures (%s)", ErrUsage, in.name, err, capName)
+		}
+	}
 	return nil
 }
 

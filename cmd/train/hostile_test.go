@@ -320,3 +320,36 @@ func TestScoreNonFiniteNamesTheLine(t *testing.T) {
 		t.Errorf("score on overflowing weights: exit %d, stderr:\n%s\nwant exit 1 naming in.jsonl line 2 and the token", code, msg)
 	}
 }
+
+// TestTracesOutNeverInsideTheCaptures (issue 26, item 2): traces --out
+// CAP/<a capture file> replaced a file inside the capture store being
+// read. Any output inside the store (an existing file or a new name) is
+// refused, and every file of the store keeps its bytes.
+func TestTracesOutNeverInsideTheCaptures(t *testing.T) {
+	caps, recs := tracesFixture(t, "")
+	ents, err := os.ReadDir(caps)
+	if err != nil || len(ents) == 0 {
+		t.Fatalf("capture store: %v, %d files", err, len(ents))
+	}
+	before := map[string][]byte{}
+	for _, e := range ents {
+		b, _ := os.ReadFile(filepath.Join(caps, e.Name()))
+		before[e.Name()] = b
+	}
+	for _, out := range []string{filepath.Join(caps, ents[0].Name()), filepath.Join(caps, "new.jsonl"), filepath.Join(caps, "sub", "x.jsonl")} {
+		var stderr bytes.Buffer
+		code := run([]string{"traces", "--captures", caps, "--rollouts", recs, "--out", out}, &bytes.Buffer{}, &stderr)
+		if code != 2 || !strings.Contains(stderr.String(), "--captures") || !strings.Contains(stderr.String(), "inside") {
+			t.Errorf("--out %s: exit %d, %q; want a usage error naming --captures", out, code, stderr.String())
+		}
+	}
+	after, _ := os.ReadDir(caps)
+	if len(after) != len(ents) {
+		t.Errorf("the capture store holds %d files after the refusals, %d before", len(after), len(ents))
+	}
+	for name, b := range before {
+		if got, _ := os.ReadFile(filepath.Join(caps, name)); !bytes.Equal(got, b) {
+			t.Errorf("%s changed", name)
+		}
+	}
+}

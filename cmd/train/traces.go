@@ -78,6 +78,9 @@ func runTraces(args []string, stdout, stderr io.Writer) error {
 		if err := atomicfile.CheckNotInput(*out, *rollouts); err != nil {
 			return fmt.Errorf("%w: traces: --out %s: %v: write the finalized records elsewhere", errUsage, *out, err)
 		}
+		if err := atomicfile.CheckNotInside(*out, *captures); err != nil {
+			return fmt.Errorf("%w: traces: --out: %v, the capture store read (--captures): write the finalized records elsewhere", errUsage, err)
+		}
 		outFile, err = atomicfile.Create(*out)
 		if err != nil {
 			return fmt.Errorf("traces: %w", err)

@@ -2,7 +2,8 @@
 // partial one: the content goes to a temporary file in the same directory,
 // which is synced and renamed over the destination only when the writer
 // commits. A failed or interrupted write leaves the previous file (or none)
-// in place. It also refuses an output that is one of a command's inputs.
+// in place. It also refuses an output that is one of a command's inputs
+// (CheckNotInput), or that lies inside an input directory (CheckNotInside).
 package atomicfile
 
 import (
@@ -10,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // File is an output being written. Write to it, then Commit; Abort (safe
@@ -135,4 +137,84 @@ func resolve(p string) (string, error) {
 		return abs, nil
 	}
 	return filepath.Join(dir, filepath.Base(abs)), nil
+}
+
+// CheckNotInside refuses an output path (a file or a directory, existing
+// or not) that is one of the directories dirs or lies anywhere inside one,
+// by any path: another spelling, a symbolic link on either side (existing
+// parts of a path are resolved), or, for the parts that exist, the same
+// directory reached another way. Writing there would overwrite or add to
+// an input store (a checkpoint read with --init-from, a capture store).
+// An empty output, and empty names in dirs, are skipped.
+func CheckNotInside(output string, dirs ...string) error {
+	if output == "" {
+		return nil
+	}
+	ro, err := resolveExisting(output)
+	if err != nil {
+		return err
+	}
+	var ancestors []os.FileInfo // output and its parents, those that exist
+	for p := ro; ; p = filepath.Dir(p) {
+		if st, err := os.Stat(p); err == nil {
+			ancestors = append(ancestors, st)
+		}
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	for _, d := range dirs {
+		if d == "" {
+			continue
+		}
+		rd, err := resolveExisting(d)
+		if err != nil {
+			return err
+		}
+		inside := ro == rd || strings.HasPrefix(ro, strings.TrimSuffix(rd, string(filepath.Separator))+string(filepath.Separator))
+		if st, err := os.Stat(d); err == nil && st.IsDir() && !inside {
+			for _, a := range ancestors {
+				if os.SameFile(a, st) {
+					inside = true
+					break
+				}
+			}
+		}
+		if inside {
+			if ro == rd {
+				return &insideError{fmt.Sprintf("%s is %s", output, d)}
+			}
+			return &insideError{fmt.Sprintf("%s is inside %s", output, d)}
+		}
+	}
+	return nil
+}
+
+// insideError is CheckNotInside's error: it says where the output is, and
+// is ErrIsInput.
+type insideError struct{ where string }
+
+func (e *insideError) Error() string        { return e.where }
+func (e *insideError) Is(target error) bool { return target == ErrIsInput }
+
+// resolveExisting returns p's absolute path with symbolic links resolved in
+// its longest existing prefix (the rest does not exist yet, so holds no
+// links).
+func resolveExisting(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	rest := ""
+	for cur := abs; ; {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			return filepath.Join(r, rest), nil
+		}
+		parent := filepath.Dir(cur)
+		if parent == cur {
+			return abs, nil
+		}
+		rest = filepath.Join(filepath.Base(cur), rest)
+		cur = parent
+	}
 }

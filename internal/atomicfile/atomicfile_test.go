@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -82,5 +83,50 @@ func TestCheckNotInput(t *testing.T) {
 		if got := errors.Is(err, ErrIsInput); got != c.same {
 			t.Errorf("CheckNotInput(%s, %s) = %v, want same=%v", c.out, c.in, err, c.same)
 		}
+	}
+}
+
+// TestCheckNotInside: an output (a file or a directory, existing or not)
+// that is one of the input directories, or lies anywhere inside one, by
+// any spelling or symbolic link, is refused; a sibling whose name merely
+// starts with the input's is not.
+func TestCheckNotInside(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "ckpt", "step_6")
+	if err := os.MkdirAll(in, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(in, "model.safetensors"), []byte("x"), 0o644)
+	link := filepath.Join(dir, "link")
+	os.Symlink(in, link)
+	parentLink := filepath.Join(dir, "plink")
+	os.Symlink(filepath.Join(dir, "ckpt"), parentLink)
+	for _, c := range []struct {
+		out    string
+		inside bool
+	}{
+		{in, true},
+		{in + "/", true},
+		{filepath.Join(in, "model.safetensors"), true},
+		{filepath.Join(in, "new", "deeper", "run"), true},
+		{filepath.Join(dir, "ckpt", "..", "ckpt", "step_6", "x"), true},
+		{link, true},
+		{filepath.Join(link, "sub"), true},
+		{filepath.Join(parentLink, "step_6", "sub", "deeper"), true},
+		{filepath.Join(dir, "ckpt", "step_60"), false},
+		{filepath.Join(dir, "ckpt"), false}, // the parent holds the input: CheckNotInside(in, out) refuses that
+		{filepath.Join(dir, "elsewhere", "run"), false},
+	} {
+		err := CheckNotInside(c.out, "", in)
+		if got := errors.Is(err, ErrIsInput); got != c.inside {
+			t.Errorf("CheckNotInside(%s, %s) = %v, want inside=%v", c.out, in, err, c.inside)
+		}
+		if c.inside && (err == nil || !strings.Contains(err.Error(), in)) {
+			t.Errorf("CheckNotInside(%s): %v does not name the input %s", c.out, err, in)
+		}
+	}
+	// Through the input's own link too.
+	if err := CheckNotInside(filepath.Join(in, "x"), link); !errors.Is(err, ErrIsInput) {
+		t.Errorf("an output inside the target of the input's link: %v", err)
 	}
 }
