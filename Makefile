@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -72,6 +72,15 @@ GYM_UPSTREAM ?= /tmp/gym-upstream-src
 GYM_MIRROR   ?= /work/.mirror/NVIDIA-NeMo+Gym/repo
 gym-diff:
 	$(GYM_PYTHON) scripts/gym_differential.py --upstream $(GYM_UPSTREAM) --mirror $(GYM_MIRROR)
+
+# NeMo RL's GRPO config keys (config/gen_nemorl_keys.tsv) and its GRPO recipes
+# (config/testdata/nemo-rl, with the two base recipes copied beside it), read
+# from a NeMo RL clone's git directory at NEMORL_REV; the commit is recorded.
+NEMORL_REPO ?= /work/.mirror/NVIDIA-NeMo+RL/repo
+NEMORL_REV  ?= HEAD
+schema:
+	$(PYTHON) scripts/nemorl_schema.py --repo $(NEMORL_REPO) --rev $(NEMORL_REV) --recipes-out config/testdata/nemo-rl
+	cp config/testdata/nemo-rl/examples/configs/grpo_math_1B.yaml config/testdata/nemo-rl/examples/configs/grpo_math_1B_megatron.yaml config/testdata/
 
 # The main job: the built-in agentic task on the CPU, into runs/builtin (a
 # previous run of it there is replaced), then its curves.

@@ -14,9 +14,13 @@ import (
 )
 
 const (
-	recipeBase     = "testdata/grpo_math_1B.yaml"
-	recipeMegatron = "testdata/grpo_math_1B_megatron.yaml"
-	overrideMT     = "testdata/multitrace_override.yaml"
+	// NeMo RL main's recipes (copies of testdata/nemo-rl's, at the commit
+	// its MANIFEST.tsv records) and October 2025's, which must keep loading.
+	recipeBase        = "testdata/grpo_math_1B.yaml"
+	recipeMegatron    = "testdata/grpo_math_1B_megatron.yaml"
+	recipeOctBase     = "testdata/nemo-rl-2025-10/grpo_math_1B.yaml"
+	recipeOctMegatron = "testdata/nemo-rl-2025-10/grpo_math_1B_megatron.yaml"
+	overrideMT        = "testdata/multitrace_override.yaml"
 )
 
 func mustLoad(t *testing.T, files []string, sets ...string) *Loaded {
@@ -76,6 +80,14 @@ func TestRecipesLoad(t *testing.T) {
 			gbs: 8, mbs: 1, maxLen: 4096, maxNewTokens: 4096,
 			optSource: "megatron", lr: 5e-6, minLR: 5e-7, clip: 1, beta2: 0.999, eps: 1e-8, scheduleStyle: "megatron"}},
 		{"megatron+multitrace", []string{recipeMegatron, overrideMT}, want{
+			megatron: true, optimizerNil: true, ckptDir: "results/grpo_megatron", multiTrace: true, delivery: "all_traces", builder: "per_request",
+			gbs: 8, mbs: 1, maxLen: 4096, maxNewTokens: 4096,
+			optSource: "megatron", lr: 5e-6, minLR: 5e-7, clip: 1, beta2: 0.999, eps: 1e-8, scheduleStyle: "megatron"}},
+		{"October 2025 base", []string{recipeOctBase}, want{
+			ckptDir: "results/grpo", delivery: "main_chain", builder: "prefix_merging",
+			gbs: 512, mbs: 4, maxLen: 512, maxNewTokens: 512,
+			optSource: "torch", lr: 5e-6, clip: 1, beta2: 0.999, eps: 1e-8, scheduleStyle: "phases"}},
+		{"October 2025 megatron+multitrace", []string{recipeOctMegatron, overrideMT}, want{
 			megatron: true, optimizerNil: true, ckptDir: "results/grpo_megatron", multiTrace: true, delivery: "all_traces", builder: "per_request",
 			gbs: 8, mbs: 1, maxLen: 4096, maxNewTokens: 4096,
 			optSource: "megatron", lr: 5e-6, minLR: 5e-7, clip: 1, beta2: 0.999, eps: 1e-8, scheduleStyle: "megatron"}},
@@ -160,7 +172,7 @@ func TestSetOverrides(t *testing.T) {
 		{"num_prompts", c.GRPO.NumPromptsPerStep, 4},
 		{"max_len", c.Policy.MaxTotalSequenceLength, 1024},
 		{"max_new_tokens follows", c.Policy.Generation.MaxNewTokens, 1024},
-		{"model_name", c.Policy.ModelName, "123"},
+		{"model_name", c.Policy.ModelName, OptionalString("123")},
 		{"tis type", c.LossFn.TruncatedImportanceSamplingType == nil, true},
 		{"ratio_clip_c", *c.LossFn.RatioClipC, 3.0},
 		{"adamw betas", c.Policy.Optimizer.Kwargs.Betas, []float64{0.8, 0.9}},
@@ -185,7 +197,7 @@ func TestErrors(t *testing.T) {
 	writeFile(t, dir, "b.yaml", "defaults: a.yaml\n")
 	missingRef := writeFile(t, dir, "ref.yaml", "policy:\n  model_name: ${policy.no_such_key}\n")
 	cycRef := writeFile(t, dir, "cyc.yaml", "policy:\n  model_name: ${policy.precision}\n  precision: ${policy.model_name}\n")
-	resolverBad := writeFile(t, dir, "res.yaml", "policy:\n  train_micro_batch_size: ${div:4,2}\n")
+	resolverBad := writeFile(t, dir, "res.yaml", "policy:\n  train_micro_batch_size: ${nosuch:4,2}\n")
 	mulBad := writeFile(t, dir, "mul.yaml", "policy:\n  train_micro_batch_size: ${mul:4,${policy.model_name}}\n")
 	scalarEnv := writeFile(t, dir, "env.yaml", "env:\n  should_mask_flaged_samples: false\n")
 	twoDocs := writeFile(t, dir, "two.yaml", "grpo: {}\n---\ngrpo: {}\n")
@@ -208,8 +220,8 @@ func TestErrors(t *testing.T) {
 		{"missing defaults file", []string{writeFile(t, dir, "m.yaml", "defaults: nope.yaml\n")}, nil, []string{"nope.yaml"}},
 		{"missing reference", []string{missingRef}, nil, []string{"ref.yaml:2", "policy.model_name", "${policy.no_such_key}", "no such key"}},
 		{"reference cycle", []string{cycRef}, nil, []string{"interpolation cycle"}},
-		{"unknown resolver", []string{resolverBad}, nil, []string{`unknown resolver "div"`}},
-		{"mul of a string", []string{mulBad}, nil, []string{"want a number"}},
+		{"unknown resolver", []string{resolverBad}, nil, []string{"res.yaml:2", `unknown resolver "nosuch"`, "tracegrpo has: add, mul, div, max"}},
+		{"mul of a string repeats it (Python's *), then the type is wrong", []string{mulBad}, nil, []string{"mul.yaml:2", "want an integer"}},
 		{"scalar under env is not an environment block", []string{scalarEnv}, nil, []string{"unknown key env.should_mask_flaged_samples", "nearest known key: env.should_mask_flagged_samples"}},
 		{"two documents", []string{twoDocs}, nil, []string{"second"}},
 		{"list at top level", []string{listTop}, nil, []string{"want a mapping at the top level"}},
@@ -355,7 +367,7 @@ func TestSchedules(t *testing.T) {
 		want string
 	}{
 		{[]string{"policy.megatron_cfg.scheduler.lr_decay_style=WSD"}, "lr_decay_style"},
-		{[]string{"policy.megatron_cfg.optimizer.optimizer=sgd"}, `found "sgd"`},
+		{[]string{"policy.megatron_cfg.optimizer.optimizer=sgd"}, "policy.megatron_cfg.optimizer.optimizer = sgd: tracegrpo implements adam"},
 		{[]string{"policy.megatron_cfg.scheduler.end_weight_decay=0.1"}, "start_weight_decay == end_weight_decay"},
 		{[]string{"policy.megatron_cfg.optimizer.adam_beta2=1.5"}, "beta2"},
 	}

@@ -5,65 +5,20 @@ import (
 	"fmt"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// ignoredKeys are the keys accepted and not used. "a.b" covers that key and its
-// subtree; "a.*" covers every key under a that the schema does not know.
-// Keys that change the trained objective never belong here (see package doc).
-var ignoredKeys = []string{
-	// grpo: the validation loop, multi-turn and epoch limits of NeMo RL's driver.
-	"grpo.max_rollout_turns", "grpo.max_num_epochs", "grpo.val_period", "grpo.val_at_start",
-	"grpo.val_at_end", "grpo.max_val_samples", "grpo.val_batch_size",
-	"grpo.async_grpo.*", "grpo.reward_shaping.*", "grpo.reward_scaling.*",
-	// dynamic sampling's knobs (refused by the guards when it is enabled).
-	"grpo.batch_multiplier", "grpo.dynamic_sampling_max_gen_batches",
-	// loss_fn: none; every loss key changes the objective.
-	// policy: engines, batching for other engines, tokenizer source.
-	"policy.tokenizer", "policy.generation_batch_size", "policy.logprob_batch_size",
-	"policy.logprob_chunk_size", "policy.dtensor_cfg.*", "policy.dynamic_batching",
-	"policy.sequence_packing", "policy.make_sequence_length_divisible_by",
-	"policy.megatron_cfg.*",
-	"policy.megatron_cfg.optimizer.bf16", "policy.megatron_cfg.optimizer.fp16",
-	"policy.megatron_cfg.optimizer.params_dtype", "policy.megatron_cfg.optimizer.sgd_momentum",
-	"policy.megatron_cfg.optimizer.use_distributed_optimizer",
-	"policy.megatron_cfg.optimizer.use_precision_aware_optimizer",
-	"policy.megatron_cfg.optimizer.optimizer_cpu_offload", "policy.megatron_cfg.optimizer.optimizer_offload_fraction",
-	"policy.megatron_cfg.optimizer.loss_scale", "policy.megatron_cfg.optimizer.initial_loss_scale",
-	"policy.megatron_cfg.optimizer.min_loss_scale", "policy.megatron_cfg.optimizer.loss_scale_window",
-	"policy.megatron_cfg.optimizer.hysteresis",
-	"policy.megatron_cfg.scheduler.override_opt_param_scheduler",
-	"policy.megatron_cfg.scheduler.use_checkpoint_opt_param_scheduler",
-	"policy.optimizer.kwargs.foreach", "policy.optimizer.kwargs.fused",
-	"policy.router_replay.*",
-	"policy.generation.backend", "policy.generation.stop_token_ids", "policy.generation.stop_strings",
-	"policy.generation.vllm_cfg", "policy.generation.vllm_kwargs", "policy.generation.colocated",
-	// checkpointing: best-checkpoint metrics and formats of other engines.
-	"checkpointing.metric_name", "checkpointing.higher_is_better", "checkpointing.checkpoint_must_save_by",
-	"checkpointing.model_save_format", "checkpointing.save_consolidated", "checkpointing.save_optimizer",
-	// data sets are the Gym side's business; environments other than nemo_gym.
-	"data", "env.nemo_gym.*",
-	// Gym capture settings that do not change what is trained (spec §2.6).
-	"env.nemo_gym.token_id_capture.sink_kwargs", "env.nemo_gym.token_id_capture.lineage_store",
-	"env.nemo_gym.token_id_capture.lineage_store_kwargs", "env.nemo_gym.token_id_capture.rebuild_response",
-	"env.nemo_gym.token_id_capture.allow_unresolved_continuations",
-	"env.nemo_gym.token_id_capture.delta_records", "env.nemo_gym.token_id_capture.max_mask_fraction",
-	"env.nemo_gym.token_id_capture.mask_fraction_min_samples",
-	"env.nemo_gym.token_id_capture.external_staging_backend",
-	"env.nemo_gym.token_id_capture.control_auth_token_env",
-	"env.nemo_gym.token_id_capture.mask_incomplete_when_attributed",
-	"data_plane.*",
-	// logger back ends.
-	"logger",
-}
-
 // walker decodes a resolved tree into the typed schema, classifying keys.
 type walker struct {
 	ld      *loader
+	r       *resolver // resolves what the walker reads (nil: resolved already)
 	ignored map[string]bool
-	errs    []error
+	// keys records every key met outside the typed schema, with its class.
+	keys []KeyInfo
+	errs []error
 	// more counts the errors past maxErrors, reported as a count only: a
 	// recipe with 64k unknown keys must fail in milliseconds with a
 	// readable message, not compute 64k suggestions into a 7 MB one.
@@ -95,8 +50,38 @@ func (w *walker) fail(n *yaml.Node, format string, args ...any) {
 	w.errs = append(w.errs, fmt.Errorf("config: %s: %s", w.ld.where(n), fmt.Sprintf(format, args...)))
 }
 
+// resolve resolves n (deep: and all under it) before it is read; false
+// when that failed (the error is recorded).
+func (w *walker) resolve(n *yaml.Node, path string, deep bool) bool {
+	if w.r == nil {
+		return true
+	}
+	var err error
+	if deep {
+		err = w.r.deep(n, path)
+	} else {
+		err = w.r.shallow(n, path)
+	}
+	if err != nil {
+		if len(w.errs) >= maxErrors {
+			w.more++
+		} else {
+			w.errs = append(w.errs, err)
+		}
+		return false
+	}
+	if isMissing(n) {
+		w.fail(n, "%s: mandatory value (???) that no file or override set", orRoot(path))
+		return false
+	}
+	return true
+}
+
 // decodeStruct decodes mapping n into struct v at path.
 func (w *walker) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
+	if !w.resolve(n, path, false) {
+		return
+	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		v.Set(reflect.Zero(v.Type()))
 		return
@@ -111,19 +96,79 @@ func (w *walker) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 		p := join(path, k.Value)
 		fi, ok := fields[k.Value]
 		if !ok {
-			if ig, ok := isIgnored(p, c); ok {
-				w.ignored[ig] = true
-				continue
-			}
-			if len(w.errs) >= maxErrors {
-				w.more++ // no suggestion computed for an error not shown
-				continue
-			}
-			w.fail(k, "unknown key %s%s", p, suggest(p))
+			w.untyped(k, c, p)
 			continue
 		}
 		w.decode(c, v.Field(fi), p)
 	}
+}
+
+// untyped classifies key k (value c, path p), which Config does not type, by
+// the key class table: a section with more specific rules is walked key by
+// key; an Ignored key is recorded, a Refused one kept for the check; a key in
+// no class follows ForwardCompatible.
+func (w *walker) untyped(k, c *yaml.Node, p string) {
+	where := w.ld.where(k)
+	if k.Value == "_override_" {
+		w.ignored[p] = true
+		w.keys = append(w.keys, KeyInfo{Path: p, Class: Ignored, Where: where,
+			Why: "NeMo RL honours _override_ only on the top-level sections of a file it merges; here it is a plain key, and this section was merged as NeMo RL merges it"})
+		return
+	}
+	if rulesBeneath(p) {
+		switch c.Kind {
+		case yaml.MappingNode:
+			for i := 0; i < len(c.Content); i += 2 {
+				w.untyped(c.Content[i], c.Content[i+1], join(p, c.Content[i].Value))
+			}
+			return
+		case yaml.SequenceNode:
+			for i, e := range c.Content {
+				if e.Kind == yaml.MappingNode {
+					w.untyped(&yaml.Node{Kind: yaml.ScalarNode, Value: strconv.Itoa(i), Line: e.Line}, e, join(p, strconv.Itoa(i)))
+				}
+			}
+			return
+		}
+	}
+	r := ruleFor(p, c)
+	switch {
+	case r == nil:
+		if len(w.errs) >= maxErrors {
+			w.more++ // no suggestion computed for an error not shown
+			return
+		}
+		if ForwardCompatible(p) {
+			w.fail(k, "unknown key %s%s", p, suggest(p))
+			return
+		}
+		w.keys = append(w.keys, KeyInfo{Path: p, Class: Unclassified, Where: where,
+			Why: "unknown to tracegrpo (in a section that carries no training math: accepted, not used)" + suggest(p)})
+	case r.Class == Ignored:
+		w.ignored[p] = true
+		w.keys = append(w.keys, KeyInfo{Path: p, Class: Ignored, Why: r.Why, Rule: r, Where: where})
+	case r.Class == Refused && !r.Guard:
+		if !w.resolve(c, p, true) {
+			return
+		}
+		w.keys = append(w.keys, KeyInfo{Path: p, Class: Refused, Why: r.Why, Rule: r, Where: where, Value: c})
+	default:
+		// A Used or guarded rule names a Config field: this key is not one.
+		w.fail(k, "key %s: the key table calls it %s, but Config has no such field (a tracegrpo bug)", p, r.Class)
+	}
+}
+
+// typedLeaf records a value Config types, with its class (Used, or Refused
+// by a guard).
+func (w *walker) typedLeaf(n *yaml.Node, path string) {
+	if w.r == nil { // a --set value checked alone
+		return
+	}
+	k := KeyInfo{Path: path, Class: Used, Where: w.ld.where(n)}
+	if r := ruleFor(path, nil); r != nil && r.Key == normPath(path) && r.Class == Refused {
+		k.Class, k.Rule, k.Why = Refused, r, r.Why+" (refused by the capability guards when not neutral)"
+	}
+	w.keys = append(w.keys, k)
 }
 
 func orRoot(p string) string {
@@ -136,6 +181,9 @@ func orRoot(p string) string {
 // decode decodes n into v (any kind) at path.
 func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 	t := v.Type()
+	if !w.resolve(n, path, t.Kind() == reflect.Map || t.Kind() == reflect.Interface) {
+		return
+	}
 	switch {
 	case t.Kind() == reflect.Pointer:
 		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
@@ -147,6 +195,28 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 		v.Set(nv)
 	case t.Kind() == reflect.Struct:
 		w.decodeStruct(n, v, path)
+	case t.Kind() == reflect.Map:
+		w.typedLeaf(n, path)
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+			v.Set(reflect.Zero(t))
+			return
+		}
+		if n.Kind != yaml.MappingNode {
+			w.fail(n, "%s: want a mapping, found %s", path, describe(n))
+			return
+		}
+		if len(n.Content) == 0 {
+			// {} and null are the same (no entries): both decode to nil,
+			// which prints as {}.
+			v.Set(reflect.Zero(t))
+			return
+		}
+		m := reflect.New(t)
+		if err := n.Decode(m.Interface()); err != nil {
+			w.fail(n, "%s: %v", path, err)
+			return
+		}
+		v.Set(m.Elem())
 	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct:
 		if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 			v.Set(reflect.Zero(t))
@@ -156,18 +226,18 @@ func (w *walker) decode(n *yaml.Node, v reflect.Value, path string) {
 			w.fail(n, "%s: want a list, found %s", path, describe(n))
 			return
 		}
-		if len(n.Content) == 0 {
-			// [] and null are the same list: decode both to nil, so that a
-			// config marshals and loads back to the same value.
-			v.Set(reflect.Zero(t))
-			return
-		}
+		// null stays nil and [] stays empty: each prints back as written.
 		s := reflect.MakeSlice(t, len(n.Content), len(n.Content))
 		for i, e := range n.Content {
 			w.decodeStruct(e, s.Index(i), fmt.Sprintf("%s.%d", path, i))
 		}
 		v.Set(s)
 	default:
+		w.typedLeaf(n, path)
+		if t == reflect.TypeOf(OptionalString("")) && n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+			v.SetString("")
+			return
+		}
 		if t.Kind() != reflect.Interface && t.Kind() != reflect.Slice && n.Kind != yaml.ScalarNode {
 			w.fail(n, "%s: want %s, found %s", path, typeName(t), describe(n))
 			return
@@ -255,28 +325,7 @@ func normPath(p string) string {
 	return strings.Join(out, ".")
 }
 
-// isIgnored reports whether key path p (value c) is accepted unused, and the
-// path to report it under.
-func isIgnored(p string, c *yaml.Node) (string, bool) {
-	np := normPath(p)
-	for _, pat := range ignoredKeys {
-		if pat == np || strings.HasPrefix(np, pat+".") {
-			return p, true
-		}
-		if parent, ok := strings.CutSuffix(pat, ".*"); ok {
-			if rest, ok := strings.CutPrefix(np, parent+"."); ok && !strings.Contains(rest, ".") {
-				return p, true
-			}
-		}
-	}
-	// env.<name>: a mapping is another environment's block (env.math, ...).
-	if rest, ok := strings.CutPrefix(np, "env."); ok && !strings.Contains(rest, ".") && c != nil && c.Kind == yaml.MappingNode {
-		return p, true
-	}
-	return "", false
-}
-
-// knownPaths are every key path of the schema and of ignoredKeys (for
+// knownPaths are every key path of the schema and of the key table (for
 // suggestions).
 var knownPaths = func() []string {
 	var out []string
@@ -296,9 +345,9 @@ var knownPaths = func() []string {
 		}
 	}
 	walk(reflect.TypeOf(Config{}), "")
-	for _, k := range ignoredKeys {
-		if !strings.HasSuffix(k, ".*") {
-			out = append(out, k)
+	for _, r := range keyRules {
+		if !strings.Contains(r.Key, "*") {
+			out = append(out, r.Key)
 		}
 	}
 	sort.Strings(out)

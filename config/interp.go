@@ -2,7 +2,7 @@ package config
 
 import (
 	"fmt"
-	"math"
+	"os"
 	"strconv"
 	"strings"
 
@@ -12,36 +12,75 @@ import (
 // maxInterpDepth bounds nested references (a cycle is reported before this).
 const maxInterpDepth = 256
 
-// resolver evaluates ${...} interpolations over one tree.
+// missingValue is OmegaConf's mandatory value: a key that a later file or an
+// override must set.
+const missingValue = "???"
+
+// isMissing reports whether n is the mandatory-value marker "???".
+func isMissing(n *yaml.Node) bool {
+	return n != nil && n.Kind == yaml.ScalarNode && n.Tag == "!!str" && n.Value == missingValue
+}
+
+// Resolvers names the resolvers tracegrpo evaluates, as OmegaConf does: the
+// four NeMo RL registers (nemo_rl/utils/config.py: add, mul, div and max are
+// Python's a + b, a * b, a / b and max(a, b)) and OmegaConf's oc.env,
+// oc.select and oc.decode.
+const Resolvers = "add, mul, div, max, oc.env, oc.select, oc.decode"
+
+// resolver evaluates ${...} interpolations over one tree, on demand: a node
+// is resolved when the walker reads it (or an interpolation refers to it), as
+// OmegaConf resolves on access. Keys tracegrpo does not read are never
+// resolved, so an oc.env variable that only an engine block names need not
+// be set.
 type resolver struct {
-	ld    *loader
-	root  *yaml.Node
-	state map[*yaml.Node]int // 1: resolving, 2: done
-	depth int
+	ld     *loader
+	root   *yaml.Node
+	parent map[*yaml.Node]*yaml.Node
+	state  map[*yaml.Node]int // 1: resolving, 2: done
+	depth  int
+	getenv func(string) (string, bool)
 }
 
-// resolveAll replaces every interpolated string in root by its value.
-func (ld *loader) resolveAll(root *yaml.Node) error {
-	r := &resolver{ld: ld, root: root, state: map[*yaml.Node]int{}}
-	return r.node(root, "")
+func newResolver(ld *loader, root *yaml.Node) *resolver {
+	r := &resolver{ld: ld, root: root, parent: map[*yaml.Node]*yaml.Node{}, state: map[*yaml.Node]int{}, getenv: os.LookupEnv}
+	r.index(root)
+	return r
 }
 
-func (r *resolver) node(n *yaml.Node, path string) error {
+// index records the parent of every node under n.
+func (r *resolver) index(n *yaml.Node) {
+	step := 1
+	if n.Kind == yaml.MappingNode {
+		step = 2
+	}
+	for i := 0; i < len(n.Content); i += step {
+		c := n.Content[i]
+		if n.Kind == yaml.MappingNode {
+			c = n.Content[i+1]
+		}
+		r.parent[c] = n
+		r.index(c)
+	}
+}
+
+// deep resolves n and everything under it.
+func (r *resolver) deep(n *yaml.Node, path string) error {
+	if err := r.shallow(n, path); err != nil {
+		return err
+	}
 	switch n.Kind {
 	case yaml.MappingNode:
 		for i := 0; i < len(n.Content); i += 2 {
-			if err := r.node(n.Content[i+1], join(path, n.Content[i].Value)); err != nil {
+			if err := r.deep(n.Content[i+1], join(path, n.Content[i].Value)); err != nil {
 				return err
 			}
 		}
 	case yaml.SequenceNode:
 		for i, c := range n.Content {
-			if err := r.node(c, join(path, strconv.Itoa(i))); err != nil {
+			if err := r.deep(c, join(path, strconv.Itoa(i))); err != nil {
 				return err
 			}
 		}
-	case yaml.ScalarNode:
-		return r.scalar(n, path)
 	}
 	return nil
 }
@@ -53,9 +92,9 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
-// scalar resolves n in place when it is a string holding "${".
-func (r *resolver) scalar(n *yaml.Node, path string) error {
-	if n.Tag != "!!str" || !strings.Contains(n.Value, "${") || r.state[n] == 2 {
+// shallow resolves n itself in place when it is a string holding "${".
+func (r *resolver) shallow(n *yaml.Node, path string) error {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" || !strings.Contains(n.Value, "${") || r.state[n] == 2 {
 		return nil
 	}
 	if r.state[n] == 1 {
@@ -67,187 +106,351 @@ func (r *resolver) scalar(n *yaml.Node, path string) error {
 		return fmt.Errorf("config: %s: %s: interpolation nested deeper than %d", r.ld.where(n), path, maxInterpDepth)
 	}
 	r.state[n] = 1
-	v, err := r.eval(n.Value, n, path)
+	t, err := parseText(n.Value)
+	if err != nil {
+		return fmt.Errorf("config: %s: %s: %w", r.ld.where(n), path, err)
+	}
+	ctx := &ictx{at: n, path: path}
+	v, err := r.text(t, ctx)
 	if err != nil {
 		return err
 	}
 	line, col := n.Line, n.Column
 	origin, had := r.ld.origin[n]
-	*n = *v
+	*n = *v.toNode()
 	n.Line, n.Column = line, col
 	if had {
 		r.ld.mark(n, origin)
 	}
+	r.index(n)
 	r.state[n] = 2
 	return nil
 }
 
-// eval evaluates a string with interpolations. A string that is exactly one
-// ${...} yields the referenced node (copied, type kept); otherwise the parts are
-// concatenated into a string.
-func (r *resolver) eval(s string, at *yaml.Node, path string) (*yaml.Node, error) {
-	var parts []*yaml.Node
-	var lits []string
-	i := 0
-	for i < len(s) {
-		j := strings.Index(s[i:], "${")
-		if j < 0 {
-			lits = append(lits, s[i:])
-			parts = append(parts, nil)
-			break
-		}
-		if j > 0 {
-			lits = append(lits, s[i:i+j])
-			parts = append(parts, nil)
-		}
-		end, err := matchBrace(s, i+j)
-		if err != nil {
-			return nil, fmt.Errorf("config: %s: %s: %q: %w", r.ld.where(at), path, s, err)
-		}
-		v, err := r.expr(s[i+j+2:end], at, path)
-		if err != nil {
-			return nil, err
-		}
-		lits = append(lits, "")
-		parts = append(parts, v)
-		i = end + 1
-	}
-	if len(parts) == 1 && parts[0] != nil {
-		return parts[0], nil
+// ictx is where an interpolation is evaluated: the node holding it.
+type ictx struct {
+	at   *yaml.Node
+	path string
+}
+
+func (r *resolver) errf(ctx *ictx, format string, args ...any) error {
+	return fmt.Errorf("config: %s: %s: %s", r.ld.where(ctx.at), ctx.path, fmt.Sprintf(format, args...))
+}
+
+// text evaluates text with interpolations: exactly one interpolation keeps
+// its value and type; anything else is the concatenation of Python's str()
+// of each part.
+func (r *resolver) text(t *itext, ctx *ictx) (pyval, error) {
+	if len(t.parts) == 1 && t.parts[0].interp != nil {
+		return r.interp(t.parts[0].interp, ctx)
 	}
 	var b strings.Builder
-	for k, p := range parts {
-		if p == nil {
-			b.WriteString(lits[k])
+	for _, p := range t.parts {
+		if p.interp == nil {
+			b.WriteString(p.lit)
 			continue
 		}
-		if p.Kind != yaml.ScalarNode {
-			return nil, fmt.Errorf("config: %s: %s: %q: cannot put %s inside a string", r.ld.where(at), path, s, describe(p))
+		v, err := r.interp(p.interp, ctx)
+		if err != nil {
+			return pyval{}, err
 		}
-		b.WriteString(p.Value)
+		b.WriteString(v.str())
 	}
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: b.String()}, nil
+	return pyStrVal(b.String()), nil
 }
 
-// matchBrace returns the index of the "}" closing the "${" at s[open].
-func matchBrace(s string, open int) (int, error) {
-	depth := 0
-	for k := open; k < len(s); k++ {
-		switch {
-		case strings.HasPrefix(s[k:], "${"):
-			depth++
-			k++
-		case s[k] == '}':
-			depth--
-			if depth == 0 {
-				return k, nil
-			}
-		}
+func (r *resolver) interp(n *inode, ctx *ictx) (pyval, error) {
+	if n.resolver {
+		return r.call(n, ctx)
 	}
-	return 0, fmt.Errorf("unterminated ${")
-}
-
-// expr evaluates the inside of one ${...}: a key path or resolver:args.
-func (r *resolver) expr(e string, at *yaml.Node, path string) (*yaml.Node, error) {
-	e = strings.TrimSpace(e)
-	if name, args, ok := splitResolver(e); ok {
-		return r.call(name, args, at, path)
+	key, err := r.keyString(n.key, ctx)
+	if err != nil {
+		return pyval{}, err
 	}
-	if e == "" || strings.HasPrefix(e, ".") {
-		return nil, fmt.Errorf("config: %s: %s: interpolation ${%s}: want an absolute key path", r.ld.where(at), path, e)
+	target, err := r.selectNode(strings.Repeat(".", n.dots)+key, ctx)
+	if err != nil {
+		return pyval{}, r.errf(ctx, "interpolation %s: %v", n.src, err)
 	}
-	target := lookup(r.root, splitPath(e))
 	if target == nil {
-		return nil, fmt.Errorf("config: %s: %s: interpolation ${%s}: no such key", r.ld.where(at), path, e)
+		return pyval{}, r.errf(ctx, "interpolation %s: no such key", n.src)
 	}
-	if err := r.node(target, e); err != nil {
+	if err := r.deep(target, strings.TrimLeft(key, ".")); err != nil {
+		return pyval{}, err
+	}
+	if isMissing(target) {
+		return pyval{}, r.errf(ctx, "interpolation %s: the key is a mandatory value (???) that no file or override set", n.src)
+	}
+	v, err := toPy(target)
+	if err != nil {
+		return pyval{}, r.errf(ctx, "interpolation %s: %v", n.src, err)
+	}
+	if v.kind == pyMap || v.kind == pyList {
+		v.node = deepCopy(target)
+	}
+	return v, nil
+}
+
+// keyString joins key segments into OmegaConf's key text ("a.b[0]").
+func (r *resolver) keyString(segs []kseg, ctx *ictx) (string, error) {
+	var b strings.Builder
+	for i, s := range segs {
+		v := s.lit
+		if s.sub != nil {
+			pv, err := r.interp(s.sub, ctx)
+			if err != nil {
+				return "", err
+			}
+			if pv.kind != pyStr {
+				return "", r.errf(ctx, "interpolation %s names a key, so it must be a string, found %s", s.sub.src, pv.repr())
+			}
+			v = pv.s
+		}
+		switch {
+		case s.bracket:
+			b.WriteString("[" + v + "]")
+		case i > 0:
+			b.WriteString("." + v)
+		default:
+			b.WriteString(v)
+		}
+	}
+	return b.String(), nil
+}
+
+// splitKey splits OmegaConf key text ("a.b[c].d") into segments.
+func splitKey(k string) ([]string, error) {
+	var out []string
+	for k != "" {
+		switch {
+		case k[0] == '[':
+			j := strings.IndexByte(k, ']')
+			if j < 0 {
+				return nil, fmt.Errorf("unclosed [ in key")
+			}
+			out = append(out, k[1:j])
+			k = k[j+1:]
+		case k[0] == '.':
+			k = k[1:]
+		default:
+			j := strings.IndexAny(k, ".[")
+			if j < 0 {
+				j = len(k)
+			}
+			out = append(out, k[:j])
+			k = k[j:]
+		}
+	}
+	return out, nil
+}
+
+// selectNode finds key (absolute, or relative with leading dots: one dot is
+// the mapping or list holding the node being resolved, each more dot its
+// parent) from ctx; nil when there is no such key.
+func (r *resolver) selectNode(key string, ctx *ictx) (*yaml.Node, error) {
+	base := r.root
+	if strings.HasPrefix(key, ".") {
+		base = r.parent[ctx.at]
+		key = key[1:]
+		for strings.HasPrefix(key, ".") {
+			key = key[1:]
+			if base == nil {
+				break
+			}
+			base = r.parent[base]
+		}
+		if base == nil {
+			return nil, nil
+		}
+	}
+	segs, err := splitKey(key)
+	if err != nil {
 		return nil, err
 	}
-	return deepCopy(target), nil
+	n := base
+	for _, seg := range segs {
+		if err := r.shallow(n, ""); err != nil {
+			return nil, err
+		}
+		switch n.Kind {
+		case yaml.MappingNode:
+			j := mapIndex(n, seg)
+			if j < 0 {
+				return nil, nil
+			}
+			n = n.Content[j+1]
+		case yaml.SequenceNode:
+			i, ok := index(seg)
+			if !ok || i >= len(n.Content) {
+				return nil, nil
+			}
+			n = n.Content[i]
+		default:
+			return nil, nil
+		}
+	}
+	return n, nil
 }
 
-// splitResolver splits "name:a,b" at its first top-level colon.
-func splitResolver(e string) (name string, args []string, ok bool) {
-	depth := 0
-	for k := 0; k < len(e); k++ {
-		switch {
-		case strings.HasPrefix(e[k:], "${"):
-			depth++
-			k++
-		case e[k] == '}':
-			depth--
-		case e[k] == ':' && depth == 0:
-			name = strings.TrimSpace(e[:k])
-			rest := e[k+1:]
-			start, d := 0, 0
-			for q := 0; q < len(rest); q++ {
-				switch {
-				case strings.HasPrefix(rest[q:], "${"):
-					d++
-					q++
-				case rest[q] == '}':
-					d--
-				case rest[q] == ',' && d == 0:
-					args = append(args, strings.TrimSpace(rest[start:q]))
-					start = q + 1
-				}
-			}
-			args = append(args, strings.TrimSpace(rest[start:]))
-			return name, args, true
+// call evaluates a resolver.
+func (r *resolver) call(n *inode, ctx *ictx) (pyval, error) {
+	name, err := r.keyString(n.name, ctx)
+	if err != nil {
+		return pyval{}, err
+	}
+	args := make([]pyval, len(n.args))
+	for i, a := range n.args {
+		if args[i], err = r.element(a, ctx); err != nil {
+			return pyval{}, err
 		}
 	}
-	return "", nil, false
-}
-
-// call evaluates a resolver. Only mul exists (NeMo RL registers it).
-func (r *resolver) call(name string, args []string, at *yaml.Node, path string) (*yaml.Node, error) {
-	if name != "mul" {
-		return nil, fmt.Errorf("config: %s: %s: unknown resolver %q (tracegrpo has: mul)", r.ld.where(at), path, name)
+	bad := func(format string, a ...any) (pyval, error) {
+		return pyval{}, r.errf(ctx, "%s: %s", n.src, fmt.Sprintf(format, a...))
 	}
-	if len(args) != 2 {
-		return nil, fmt.Errorf("config: %s: %s: ${mul:...} takes 2 arguments, found %d", r.ld.where(at), path, len(args))
-	}
-	var ints [2]int64
-	var flts [2]float64
-	allInt := true
-	for k, a := range args {
-		var v *yaml.Node
-		if strings.Contains(a, "${") {
-			var err error
-			if v, err = r.eval(a, at, path); err != nil {
-				return nil, err
-			}
-		} else {
-			v = &yaml.Node{}
-			if err := yaml.Unmarshal([]byte(a), v); err != nil || len(v.Content) != 1 {
-				return nil, fmt.Errorf("config: %s: %s: ${mul:...} argument %q is not a number", r.ld.where(at), path, a)
-			}
-			v = v.Content[0]
+	binary := map[string]func(a, b pyval) (pyval, error){"add": pyAdd, "mul": pyMul, "div": pyDiv, "max": pyMax}
+	if op, ok := binary[name]; ok {
+		if len(args) != 2 {
+			return bad("%s takes 2 arguments, found %d", name, len(args))
 		}
-		if v.Kind != yaml.ScalarNode {
-			return nil, fmt.Errorf("config: %s: %s: ${mul:...} argument %q is %s, want a number", r.ld.where(at), path, a, describe(v))
-		}
-		if n, err := strconv.ParseInt(v.Value, 10, 64); err == nil {
-			ints[k], flts[k] = n, float64(n)
-			continue
-		}
-		f, err := strconv.ParseFloat(v.Value, 64)
+		v, err := op(args[0], args[1])
 		if err != nil {
-			return nil, fmt.Errorf("config: %s: %s: ${mul:...} argument %q is %q, want a number", r.ld.where(at), path, a, v.Value)
+			return bad("%v", err)
 		}
-		allInt = false
-		flts[k] = f
+		return v, nil
 	}
-	if allInt {
-		p := ints[0] * ints[1]
-		if ints[0] != 0 && p/ints[0] != ints[1] {
-			return nil, fmt.Errorf("config: %s: %s: ${mul:%d,%d} overflows int64", r.ld.where(at), path, ints[0], ints[1])
+	switch name {
+	case "oc.env":
+		if len(args) < 1 || len(args) > 2 || args[0].kind != pyStr {
+			return bad("oc.env takes a variable name and an optional default")
 		}
-		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatInt(p, 10)}, nil
+		if v, ok := r.getenv(args[0].s); ok {
+			return pyStrVal(v), nil
+		}
+		if len(args) == 2 {
+			if args[1].kind == pyNone {
+				return args[1], nil
+			}
+			return pyStrVal(args[1].str()), nil
+		}
+		return bad("environment variable %s is not set (give a default: ${oc.env:%s,default})", args[0].s, args[0].s)
+	case "oc.select":
+		if len(args) < 1 || len(args) > 2 || args[0].kind != pyStr {
+			return bad("oc.select takes a key and an optional default")
+		}
+		target, err := r.selectNode(args[0].s, ctx)
+		if err != nil {
+			return bad("%v", err)
+		}
+		if target != nil {
+			if err := r.deep(target, args[0].s); err != nil {
+				return pyval{}, err
+			}
+		}
+		if target == nil || isMissing(target) {
+			if len(args) == 2 {
+				return args[1], nil
+			}
+			return pyval{kind: pyNone}, nil
+		}
+		v, err := toPy(target)
+		if err != nil {
+			return bad("%v", err)
+		}
+		if v.kind == pyMap || v.kind == pyList {
+			v.node = deepCopy(target)
+		}
+		return v, nil
+	case "oc.decode":
+		if len(args) != 1 {
+			return bad("oc.decode takes 1 argument, found %d", len(args))
+		}
+		switch args[0].kind {
+		case pyNone:
+			return args[0], nil
+		case pyStr:
+		default:
+			return bad("oc.decode takes a string or null, found %s", args[0].kind)
+		}
+		e, err := parseElement(args[0].s)
+		if err != nil {
+			return bad("%v", err)
+		}
+		return r.element(e, ctx)
 	}
-	p := flts[0] * flts[1]
-	if math.IsInf(p, 0) || math.IsNaN(p) {
-		return nil, fmt.Errorf("config: %s: %s: ${mul:...} is not finite", r.ld.where(at), path)
+	return bad("unknown resolver %q (tracegrpo has: %s)", name, Resolvers)
+}
+
+// element evaluates a resolver argument.
+func (r *resolver) element(e *elem, ctx *ictx) (pyval, error) {
+	switch e.kind {
+	case elemEmpty:
+		return pyStrVal(""), nil
+	case elemQuoted:
+		v, err := r.text(e.quoted, ctx)
+		if err != nil {
+			return pyval{}, err
+		}
+		return pyStrVal(v.str()), nil
+	case elemList:
+		n := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		for _, it := range e.list {
+			v, err := r.element(it, ctx)
+			if err != nil {
+				return pyval{}, err
+			}
+			n.Content = append(n.Content, v.toNode())
+		}
+		return pyval{kind: pyList, node: n}, nil
+	case elemDict:
+		n := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+		for _, kv := range e.dict {
+			v, err := r.element(kv.val, ctx)
+			if err != nil {
+				return pyval{}, err
+			}
+			n.Content = append(n.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: kv.key}, v.toNode())
+		}
+		return pyval{kind: pyMap, node: n}, nil
 	}
-	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(p, 'g', -1, 64)}, nil
+	if len(e.toks) == 1 {
+		t := e.toks[0]
+		switch t.typ {
+		case tokInterp:
+			return r.interp(t.sub, ctx)
+		case tokNull:
+			return pyval{kind: pyNone}, nil
+		case tokBool:
+			return pyval{kind: pyBool, b: strings.EqualFold(t.text, "true")}, nil
+		case tokInt:
+			i, err := strconv.ParseInt(strings.ReplaceAll(t.text, "_", ""), 10, 64)
+			if err != nil {
+				return pyval{}, r.errf(ctx, "integer %s does not fit 64 bits", t.text)
+			}
+			return pyval{kind: pyInt, i: i}, nil
+		case tokFloat:
+			f, err := strconv.ParseFloat(strings.ReplaceAll(t.text, "_", ""), 64)
+			if err != nil {
+				return pyval{}, r.errf(ctx, "bad number %s", t.text)
+			}
+			return pyval{kind: pyFloat, f: f}, nil
+		case tokEsc:
+			return pyStrVal(everyOther(t.text)), nil
+		}
+		return pyStrVal(t.text), nil
+	}
+	var b strings.Builder
+	for _, t := range e.toks {
+		switch t.typ {
+		case tokEsc:
+			b.WriteString(everyOther(t.text))
+		case tokInterp:
+			v, err := r.interp(t.sub, ctx)
+			if err != nil {
+				return pyval{}, err
+			}
+			b.WriteString(v.str())
+		default:
+			b.WriteString(t.text)
+		}
+	}
+	return pyStrVal(b.String()), nil
 }

@@ -21,16 +21,42 @@ type Loaded struct {
 	// Ignored lists, sorted, the key paths accepted but not used by tracegrpo
 	// (each subtree once, by its root).
 	Ignored []string
+	// Keys are the configuration's keys with their classes, in the order
+	// met: the values Config types, Ignored subtrees, Refused keys (see
+	// Refusals) and the Unclassified ones accepted with a warning (see
+	// Warnings).
+	Keys []KeyInfo
+
+	root *yaml.Node // the resolved tree, for the Neutral checks
 }
 
 // maxDefaultsDepth bounds `defaults:` chains (a cycle is reported before this).
 const maxDefaultsDepth = 64
 
+// Sources are what one configuration is made of, in the order they apply.
+type Sources struct {
+	// Base is an in-memory recipe under the files (the built-in job); it may
+	// not use defaults:.
+	Base *Recipe
+	// Files are NeMo RL recipes; each is composed with its defaults: chain,
+	// and later files merge over earlier ones, as a child over its parents
+	// (NeMo RL's merge_with_override: a top-level section with _override_:
+	// true replaces the one below).
+	Files []string
+	// Overrides are Hydra overrides (key=v, +key=v, ++key=v, ~key), applied
+	// to the composed recipe as NeMo RL's run_grpo.py applies its command
+	// line's.
+	Overrides []string
+	// Sets are tracegrpo's --set key=value, applied last, over Default():
+	// any schema key, typed by the schema.
+	Sets []string
+}
+
 // Load reads files (merged in order, later over earlier, all over Default()),
 // applies sets ("a.b=v", in order), resolves interpolations and decodes the
 // result. With no files it loads Default() plus the sets.
 func Load(files []string, sets []string) (*Loaded, error) {
-	return load(nil, files, sets)
+	return LoadSources(Sources{Files: files, Sets: sets})
 }
 
 // Recipe is an in-memory recipe, such as the one embedded for the built-in
@@ -43,49 +69,69 @@ type Recipe struct {
 // LoadOver is Load with base merged over Default() before files: files and
 // sets override the base recipe as they override the defaults.
 func LoadOver(base Recipe, files []string, sets []string) (*Loaded, error) {
-	return load(&base, files, sets)
+	return LoadSources(Sources{Base: &base, Files: files, Sets: sets})
 }
 
-func load(base *Recipe, files []string, sets []string) (*Loaded, error) {
+// LoadSources composes the recipe (Base, then Files), applies the Hydra
+// Overrides to it, merges it over Default(), applies Sets, and decodes the
+// result, resolving interpolations as the decoder reads them.
+func LoadSources(src Sources) (*Loaded, error) {
 	ld := &loader{origin: map[*yaml.Node]string{}}
-	root, err := ld.defaultsTree()
-	if err != nil {
-		return nil, err
-	}
-	if base != nil {
-		t, err := parseTree(base.Name, base.Data)
+	var recipe *yaml.Node
+	if src.Base != nil {
+		t, err := parseTree(src.Base.Name, src.Base.Data)
 		if err != nil {
 			return nil, err
 		}
-		ld.mark(t, base.Name)
+		ld.mark(t, src.Base.Name)
 		if lookup(t, []string{"defaults"}) != nil {
-			return nil, fmt.Errorf("config: %s: an in-memory recipe cannot use a defaults key", base.Name)
+			return nil, fmt.Errorf("config: %s: an in-memory recipe cannot use a defaults key", src.Base.Name)
 		}
-		ld.files = append(ld.files, base.Name)
-		root = merge(root, t)
+		ld.files = append(ld.files, src.Base.Name)
+		recipe = t
 	}
-	for _, f := range files {
+	for _, f := range src.Files {
 		t, err := ld.loadFile(f, nil)
 		if err != nil {
 			return nil, err
 		}
-		root = merge(root, t)
+		if recipe == nil {
+			recipe = t
+		} else {
+			recipe = mergeOverride(recipe, t)
+		}
 	}
-	for _, s := range sets {
+	if recipe == nil {
+		recipe = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	}
+	for _, s := range src.Overrides {
+		o, err := parseOverride(s)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if err := ld.applyOverride(recipe, o); err != nil {
+			return nil, err
+		}
+	}
+	root, err := ld.defaultsTree()
+	if err != nil {
+		return nil, err
+	}
+	root = merge(root, recipe)
+	for _, s := range src.Sets {
 		if err := ld.applySet(root, s); err != nil {
 			return nil, err
 		}
 	}
-	if err := ld.resolveAll(root); err != nil {
-		return nil, err
-	}
 	out := &Loaded{Files: ld.files}
-	w := &walker{ld: ld, ignored: map[string]bool{}}
+	w := &walker{ld: ld, ignored: map[string]bool{}, r: newResolver(ld, root)}
 	w.decodeStruct(root, valueOf(&out.Config), "")
 	if err := w.result(); err != nil {
 		return nil, err
 	}
 	out.Ignored = sortedKeys(w.ignored)
+	out.Keys = w.keys
+	out.root = root
 	return out, nil
 }
 
@@ -102,9 +148,9 @@ func (ld *loader) where(n *yaml.Node) string {
 	}
 	f, ok := ld.origin[n]
 	if !ok {
-		return "defaults"
+		return "default"
 	}
-	if f == "--set" {
+	if f == "--set" || strings.HasPrefix(f, "override ") {
 		return f
 	}
 	return fmt.Sprintf("%s:%d", f, n.Line)
@@ -174,16 +220,15 @@ func (ld *loader) loadFile(path string, stack []string) (*yaml.Node, error) {
 			return nil, err
 		}
 		if base == nil {
-			base = pt
-		} else {
-			base = merge(base, pt)
+			base = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
 		}
+		base = mergeOverride(base, pt)
 	}
 	ld.files = append(ld.files, path)
 	if base == nil {
 		return t, nil
 	}
-	return merge(base, t), nil
+	return mergeOverride(base, t), nil
 }
 
 // parseTree parses one YAML document whose top level must be a mapping (an
@@ -214,6 +259,7 @@ func parseTree(name string, data []byte) (*yaml.Node, error) {
 	if err := checkTree(name, t); err != nil {
 		return nil, err
 	}
+	retag(t)
 	return t, nil
 }
 
@@ -283,8 +329,18 @@ func describe(n *yaml.Node) string {
 }
 
 // merge deep-merges src over dst and returns dst: mappings merge key by key;
-// anything else replaces.
-func merge(dst, src *yaml.Node) *yaml.Node {
+// anything else replaces. This is how a recipe goes over Default(): a "???"
+// in the recipe stays missing (it is still mandatory).
+func merge(dst, src *yaml.Node) *yaml.Node { return mergeNodes(dst, src, false) }
+
+// omegaMerge is OmegaConf.merge(dst, src), how NeMo RL composes files and
+// overrides: as merge, except that a mandatory "???" in src keeps dst's value.
+func omegaMerge(dst, src *yaml.Node) *yaml.Node { return mergeNodes(dst, src, true) }
+
+func mergeNodes(dst, src *yaml.Node, keepOnMissing bool) *yaml.Node {
+	if keepOnMissing && dst != nil && isMissing(src) {
+		return dst
+	}
 	if dst == nil || dst.Kind != yaml.MappingNode || src.Kind != yaml.MappingNode {
 		return src
 	}
@@ -304,9 +360,61 @@ func merge(dst, src *yaml.Node) *yaml.Node {
 			dst.Content = append(dst.Content, k, v)
 			continue
 		}
-		dst.Content[j+1] = merge(dst.Content[j+1], v)
+		dst.Content[j+1] = mergeNodes(dst.Content[j+1], v, keepOnMissing)
 	}
 	return dst
+}
+
+// overrideMarker is NeMo RL's marker for a section that replaces the one it
+// would merge into.
+const overrideMarker = "_override_"
+
+// mergeOverride is NeMo RL's merge_with_override (nemo_rl/utils/config.py),
+// how it merges a file over its parents and a child over the parents'
+// merge: a top-level section of over holding a true _override_ loses the
+// marker and replaces base's section instead of merging into it; then
+// OmegaConf.merge. Markers below the top level are left in place (NeMo RL
+// does not read them there; the walker lists them as ignored).
+func mergeOverride(base, over *yaml.Node) *yaml.Node {
+	if base != nil && base.Kind == yaml.MappingNode && over.Kind == yaml.MappingNode {
+		for i := 0; i < len(over.Content); i += 2 {
+			sec := over.Content[i+1]
+			if sec.Kind != yaml.MappingNode {
+				continue
+			}
+			j := mapIndex(sec, overrideMarker)
+			if j < 0 || !pyTruthy(sec.Content[j+1]) {
+				continue
+			}
+			sec.Content = append(sec.Content[:j:j], sec.Content[j+2:]...)
+			if b := mapIndex(base, over.Content[i].Value); b >= 0 {
+				base.Content = append(base.Content[:b:b], base.Content[b+2:]...)
+			}
+		}
+	}
+	return omegaMerge(base, over)
+}
+
+// pyTruthy is Python's truth of a node's value.
+func pyTruthy(n *yaml.Node) bool {
+	if n.Kind != yaml.ScalarNode {
+		return len(n.Content) > 0
+	}
+	v, err := toPy(n)
+	if err != nil {
+		return n.Value != ""
+	}
+	switch v.kind {
+	case pyBool:
+		return v.b
+	case pyInt:
+		return v.i != 0
+	case pyFloat:
+		return v.f != 0
+	case pyStr:
+		return v.s != ""
+	}
+	return false
 }
 
 // mapIndex is the index of key's key node in mapping m, or -1.

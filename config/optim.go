@@ -141,10 +141,10 @@ func (c *Config) Optim() (Optimizer, Schedule, error) {
 	}
 	o := c.Policy.Optimizer
 	if o == nil {
-		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer is null and policy.megatron_cfg.enabled is false: no optimizer configured")
+		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.optimizer", Value: "null", Why: "no optimizer configured: policy.megatron_cfg.enabled is false too"}
 	}
 	if o.Name != TorchAdamW {
-		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer.name: tracegrpo implements %s, found %q", TorchAdamW, o.Name)
+		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.optimizer.name", Value: o.Name, Why: "tracegrpo implements " + TorchAdamW}
 	}
 	k := o.Kwargs
 	if len(k.Betas) != 2 {
@@ -165,7 +165,7 @@ func (c *Config) Optim() (Optimizer, Schedule, error) {
 func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
 	m, s := c.Policy.MegatronCfg.Optimizer, c.Policy.MegatronCfg.Scheduler
 	if m.Optimizer != "adam" {
-		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.megatron_cfg.optimizer.optimizer: tracegrpo implements \"adam\", found %q", m.Optimizer)
+		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.megatron_cfg.optimizer.optimizer", Value: m.Optimizer, Why: "tracegrpo implements adam (AdamW)"}
 	}
 	clip := 0.0
 	if m.ClipGrad != nil {
@@ -192,7 +192,7 @@ func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
 	switch s.LRDecayStyle {
 	case "constant", "linear", "cosine", "inverse-square-root":
 	default:
-		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.lr_decay_style: want constant, linear, cosine or inverse-square-root, found %q", p, s.LRDecayStyle)
+		return Optimizer{}, Schedule{}, &Refusal{Key: p + ".lr_decay_style", Value: s.LRDecayStyle, Why: "tracegrpo implements constant, linear, cosine and inverse-square-root"}
 	}
 	switch s.WeightDecayIncrStyle {
 	case "constant":
@@ -201,7 +201,7 @@ func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
 		}
 	case "linear", "cosine":
 	default:
-		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.weight_decay_incr_style: want constant, linear or cosine, found %q", p, s.WeightDecayIncrStyle)
+		return Optimizer{}, Schedule{}, &Refusal{Key: p + ".weight_decay_incr_style", Value: s.WeightDecayIncrStyle, Why: "tracegrpo implements constant, linear and cosine"}
 	}
 	if sch.WarmupIters < 0 {
 		return Optimizer{}, Schedule{}, fmt.Errorf("config: %s.lr_warmup_iters: want >= 0, found %d", p, sch.WarmupIters)
@@ -275,7 +275,7 @@ func torchSchedule(list []TorchScheduler) (Schedule, error) {
 				return Schedule{}, fmt.Errorf("config: %s.%d.kwargs: ConstantLR takes factor and total_iters only", p, i)
 			}
 		default:
-			return Schedule{}, fmt.Errorf("config: %s.%d.name: tracegrpo implements %s and %s, found %q", p, i, TorchLinearLR, TorchConstantLR, e.Name)
+			return Schedule{}, &Refusal{Key: fmt.Sprintf("%s.%d.name", p, i), Value: e.Name, Why: "tracegrpo implements " + TorchLinearLR + " and " + TorchConstantLR}
 		}
 		if k.TotalIters != nil {
 			ph.TotalIters = *k.TotalIters
@@ -334,6 +334,6 @@ func (c *Config) TrainingPrecision() (string, error) {
 	case "bf16":
 		return PrecisionBFloat16, nil
 	default:
-		return "", fmt.Errorf("config: policy.precision=%q: tracegrpo trains in float32 or bfloat16 (mixed precision)", p)
+		return "", &Refusal{Key: "policy.precision", Value: p, Why: "tracegrpo trains in float32 or bfloat16 (mixed precision)"}
 	}
 }

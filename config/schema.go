@@ -76,24 +76,56 @@ type LossFn struct {
 	PositiveExampleNLLWeight            float64  `yaml:"positive_example_nll_weight"`
 }
 
+// OptionalString is a string a recipe may leave null (a launcher fills it
+// in): null reads as "" and "" prints as null.
+type OptionalString string
+
+// MarshalYAML writes "" as null.
+func (s OptionalString) MarshalYAML() (any, error) {
+	if s == "" {
+		return nil, nil
+	}
+	return string(s), nil
+}
+
 // Policy is `policy:`.
 type Policy struct {
-	ModelName              string      `yaml:"model_name"`
-	TrainGlobalBatchSize   int         `yaml:"train_global_batch_size"`
-	TrainMicroBatchSize    int         `yaml:"train_micro_batch_size"`
-	MaxTotalSequenceLength int         `yaml:"max_total_sequence_length"`
-	MaxGradNorm            *float64    `yaml:"max_grad_norm"`
-	Precision              string      `yaml:"precision"`
-	IsVLM                  bool        `yaml:"is_vlm"`
-	RouterReplay           Toggle      `yaml:"router_replay"`
-	DtensorCfg             DtensorCfg  `yaml:"dtensor_cfg"`
-	MegatronCfg            MegatronCfg `yaml:"megatron_cfg"`
+	// ModelName is the model: tracegrpo's built-in one, or a directory with
+	// a Hugging Face config.json. null (some recipes leave it to their
+	// launcher) needs --init-from.
+	ModelName              OptionalString `yaml:"model_name"`
+	TrainGlobalBatchSize   int            `yaml:"train_global_batch_size"`
+	TrainMicroBatchSize    int            `yaml:"train_micro_batch_size"`
+	MaxTotalSequenceLength int            `yaml:"max_total_sequence_length"`
+	MaxGradNorm            *float64       `yaml:"max_grad_norm"`
+	Precision              string         `yaml:"precision"`
+	IsVLM                  bool           `yaml:"is_vlm"`
+	RouterReplay           Toggle         `yaml:"router_replay"`
+	DtensorCfg             DtensorCfg     `yaml:"dtensor_cfg"`
+	MegatronCfg            MegatronCfg    `yaml:"megatron_cfg"`
 	// Optimizer is the DTensor-path optimizer; null in Megatron recipes.
 	Optimizer *TorchOptimizer `yaml:"optimizer"`
 	// Scheduler is the DTensor-path schedule: torch schedulers and, when there
-	// are several, one entry holding only milestones (SequentialLR).
-	Scheduler  []TorchScheduler `yaml:"scheduler"`
-	Generation Generation       `yaml:"generation"`
+	// are several, one entry holding only milestones (SequentialLR). null and
+	// [] both mean a constant learning rate, and each prints as written.
+	Scheduler  Schedulers `yaml:"scheduler"`
+	Generation Generation `yaml:"generation"`
+	// HFConfigOverrides patches the model's Hugging Face config.json, key by
+	// key at its top level (as NeMo RL passes it to AutoConfig.from_pretrained):
+	// a key here replaces the file's value. Empty and null mean none.
+	HFConfigOverrides map[string]any `yaml:"hf_config_overrides"`
+}
+
+// Schedulers is policy.scheduler. A nil list prints as null, an empty one
+// as [].
+type Schedulers []TorchScheduler
+
+// MarshalYAML writes nil as null (yaml.v3 would write []).
+func (s Schedulers) MarshalYAML() (any, error) {
+	if s == nil {
+		return nil, nil
+	}
+	return []TorchScheduler(s), nil
 }
 
 // DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only this key (the
@@ -275,7 +307,7 @@ func Default() Config {
 				Name:   TorchAdamW,
 				Kwargs: AdamWKwargs{LR: 5e-6, WeightDecay: 0.01, Betas: []float64{0.9, 0.999}, Eps: 1e-8},
 			},
-			Scheduler: []TorchScheduler{
+			Scheduler: Schedulers{
 				{Name: TorchLinearLR, Kwargs: &SchedulerKwargs{StartFactor: f64(0.1), EndFactor: f64(1.0), TotalIters: i64(50)}},
 				{Name: TorchConstantLR, Kwargs: &SchedulerKwargs{Factor: f64(1.0), TotalIters: i64(10000000000)}},
 				{Milestones: []int64{50}},

@@ -104,7 +104,8 @@ func setValue(path, val string) (*yaml.Node, error) {
 		if err != nil {
 			return nil, err
 		}
-		if _, ok := isIgnored(path, parsed); ok {
+		isMap := func(q string) bool { return q == normPath(path) && parsed.Kind == yaml.MappingNode }
+		if cls, _, _ := Classify(path, isMap); cls != Unclassified || !ForwardCompatible(path) || rulesBeneath(path) {
 			return parsed, nil
 		}
 		return nil, fmt.Errorf("unknown key %s%s", path, suggest(path))

@@ -17,6 +17,9 @@ func (e *GuardError) Error() string {
 	return fmt.Sprintf("grpo: %s = %s: %s", e.Key, e.Value, e.Why)
 }
 
+// RefusedKey names the refused key (config.Refuser).
+func (e *GuardError) RefusedKey() string { return e.Key }
+
 // CheckConfig runs every capability guard (spec §8.1) and the loss-option
 // constraints (spec §6.3) before any work starts. It returns all violations,
 // joined; each is a *GuardError.

@@ -66,8 +66,8 @@ func (t *Trainer) runInputs() []runInput {
 	switch {
 	case t.o.InitFrom != "":
 		in = append(in, runInput{name: "--init-from", path: t.o.InitFrom, dir: true})
-	case t.cfg.Policy.ModelName != builtinModelName:
-		in = append(in, runInput{name: "policy.model_name", path: t.cfg.Policy.ModelName, dir: true})
+	case t.cfg.Policy.ModelName != builtinModelName && t.cfg.Policy.ModelName != "":
+		in = append(in, runInput{name: "policy.model_name", path: string(t.cfg.Policy.ModelName), dir: true})
 	}
 	if src, ok := t.source.(*externalSource); ok {
 		in = append(in, runInput{name: "--rollouts", path: src.path, dir: src.dir})

@@ -117,7 +117,7 @@ func (s *builtinSource) start(t *Trainer) error {
 		if s.reader, err = gym.NewReader(s.captureDir); err != nil {
 			return err
 		}
-		s.rec = &rollout.GymRecorder{W: s.writer, Model: t.cfg.Policy.ModelName}
+		s.rec = &rollout.GymRecorder{W: s.writer, Model: string(t.cfg.Policy.ModelName)}
 	}
 	g := t.cfg.Policy.Generation
 	// The longest call: every prompt and generation fits one trace.
@@ -146,7 +146,7 @@ func (s *builtinSource) start(t *Trainer) error {
 func (s *builtinSource) newMemoryStore() {
 	s.writer = gym.NewMemoryWriter()
 	s.reader = s.writer.Reader()
-	s.rec = &rollout.GymRecorder{W: s.writer, Model: s.t.cfg.Policy.ModelName}
+	s.rec = &rollout.GymRecorder{W: s.writer, Model: string(s.t.cfg.Policy.ModelName)}
 }
 
 func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {

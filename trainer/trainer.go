@@ -475,7 +475,7 @@ func (t *Trainer) reserveWorkspace() error {
 // Plan returns the memory plan of this run on its backend.
 func (t *Trainer) Plan() (*MemPlan, error) {
 	return PlanRun(PlanRequest{
-		Config: &t.cfg, Model: t.modelCfg, ModelName: t.cfg.Policy.ModelName, Backend: t.be.Name(),
+		Config: &t.cfg, Model: t.modelCfg, ModelName: string(t.cfg.Policy.ModelName), Backend: t.be.Name(),
 		Workspace: WorkspacePlanner(t.be), Builtin: t.o.Rollouts == "", Resume: t.o.Resume,
 	})
 }
@@ -484,7 +484,7 @@ func (t *Trainer) Plan() (*MemPlan, error) {
 // initial weights come from: --init-from DIR, the built-in model (random
 // weights from grpo.seed), or policy.model_name as a directory.
 func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, error) {
-	name := c.Policy.ModelName
+	name := string(c.Policy.ModelName)
 	var (
 		mc   model.Config
 		init initSource
@@ -511,7 +511,7 @@ func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, 
 // --init-from (may be empty) trains, and a name for it.
 func ModelConfig(c *config.Config, initFrom string) (model.Config, string, error) {
 	mc, init, err := resolveModel(c, initFrom)
-	name := c.Policy.ModelName
+	name := string(c.Policy.ModelName)
 	if init.Dir != "" {
 		name = init.Dir
 	}

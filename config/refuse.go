@@ -1,0 +1,145 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// KeyInfo is one key of the loaded configuration with its class: a Used key
+// (a value Config types; guarded ones say Refused with a Guard rule), an
+// Ignored key (a subtree once, by its root), a Refused key outside Config
+// (with its value, for the check), or an Unclassified key accepted with a
+// warning (ForwardCompatible).
+type KeyInfo struct {
+	Path  string // with list indices, e.g. "policy.dtensor_cfg.lora_cfg"
+	Class Class
+	Why   string
+	Rule  *KeyRule   // nil when Unclassified
+	Where string     // file:line, "--set", "override" or "defaults"
+	Value *yaml.Node // the resolved value (Refused keys only)
+}
+
+// Refusal is a configuration tracegrpo refuses: a key, its value, and why.
+// The check (trainer.Check) returns one per refused key.
+type Refusal struct {
+	Key, Value, Why string
+	Where           string // file:line of the key, when known
+}
+
+func (e *Refusal) Error() string {
+	if e.Where != "" {
+		return fmt.Sprintf("config: %s: %s = %s: %s", e.Where, e.Key, e.Value, e.Why)
+	}
+	return fmt.Sprintf("config: %s = %s: %s", e.Key, e.Value, e.Why)
+}
+
+// RefusedKey names the refused key.
+func (e *Refusal) RefusedKey() string { return e.Key }
+
+// A Refuser is an error that refuses a configuration naming a key (a
+// *Refusal, a grpo guard's error).
+type Refuser interface {
+	error
+	RefusedKey() string
+}
+
+// SplitRefusals flattens err (errors.Join trees) into the refusals that name
+// a key and every other error.
+func SplitRefusals(err error) (refused []Refuser, other []error) {
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if r, ok := e.(Refuser); ok {
+			refused = append(refused, r)
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, c := range j.Unwrap() {
+				walk(c)
+			}
+			return
+		}
+		var r Refuser
+		if errors.As(e, &r) {
+			refused = append(refused, r)
+			return
+		}
+		other = append(other, e)
+	}
+	walk(err)
+	return refused, other
+}
+
+// Refusals are the recipe's Refused keys whose values are not neutral, one
+// *Refusal each (joined), or nil. The capability guards of package grpo
+// refuse the typed keys; trainer.Check runs both.
+func (l *Loaded) Refusals() error {
+	var errs []error
+	for _, k := range l.Keys {
+		if !l.IsRefused(k) {
+			continue
+		}
+		why := k.Rule.Why
+		if k.Rule.Neutral != nil {
+			why += " (accepted: " + k.Rule.Neutral.Desc + ")"
+		}
+		errs = append(errs, &Refusal{Key: k.Path, Value: flowText(k.Value), Why: why, Where: k.Where})
+	}
+	return errors.Join(errs...)
+}
+
+// IsRefused reports whether key k is refused by its value: a Refused key
+// outside the typed schema whose value is not neutral. (Typed refused keys
+// are refused by the guards of package grpo.)
+func (l *Loaded) IsRefused(k KeyInfo) bool {
+	return k.Class == Refused && k.Rule != nil && !k.Rule.Guard && !k.Rule.Neutral.Accepts(k.Value, l.root)
+}
+
+// Warnings are the keys in no class that loading accepted (in sections that
+// carry no training math), one line each.
+func (l *Loaded) Warnings() []string {
+	var out []string
+	for _, k := range l.Keys {
+		if k.Class == Unclassified {
+			out = append(out, fmt.Sprintf("%s: %s: %s", k.Where, k.Path, k.Why))
+		}
+	}
+	return out
+}
+
+// maxFlowText bounds a value printed in a refusal.
+const maxFlowText = 120
+
+// flowText is n as one line of flow-style YAML.
+func flowText(n *yaml.Node) string {
+	if n == nil {
+		return "null"
+	}
+	c := deepCopy(n)
+	setFlow(c)
+	b, err := yaml.Marshal(c)
+	s := strings.TrimSpace(string(b))
+	if err != nil {
+		s = describe(n)
+	}
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxFlowText {
+		s = s[:maxFlowText] + "..."
+	}
+	return s
+}
+
+func setFlow(n *yaml.Node) {
+	if n.Kind == yaml.MappingNode || n.Kind == yaml.SequenceNode {
+		n.Style = yaml.FlowStyle
+	}
+	n.HeadComment, n.LineComment, n.FootComment = "", "", ""
+	for _, c := range n.Content {
+		setFlow(c)
+	}
+}
