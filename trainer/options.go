@@ -25,7 +25,8 @@ var ErrUsage = errors.New("usage")
 // OnNonFinite; a zero Wait does not wait (the flag's default is 10m).
 type Options struct {
 	ConfigFiles []string      // NeMo RL recipes, later ones merged over earlier ones; none: the built-in job
-	Sets        []string      // key.path=value overrides after the files
+	Overrides   []string      // Hydra overrides (key=v, +key=v, ++key=v, ~key) of the composed recipe, as NeMo RL's run_grpo.py takes them
+	Sets        []string      // key.path=value overrides after the files, the overrides and the defaults
 	Out         string        // run directory ("": runs/<recipe name>)
 	Resume      bool          // continue from the newest complete checkpoint in Out
 	Fallback    bool          // with Resume: fall back to an older checkpoint that verifies

@@ -211,6 +211,9 @@ func (t *Trainer) effectiveConfig() ([]byte, error) {
 	for _, f := range t.loaded.Files {
 		fmt.Fprintf(&b, "# file: %s\n", f)
 	}
+	for _, s := range t.o.Overrides {
+		fmt.Fprintf(&b, "# override %s\n", s)
+	}
 	for _, s := range t.o.Sets {
 		fmt.Fprintf(&b, "# --set %s\n", s)
 	}
@@ -218,7 +221,10 @@ func (t *Trainer) effectiveConfig() ([]byte, error) {
 		fmt.Fprintf(&b, "# %s\n", n)
 	}
 	if len(t.loaded.Ignored) > 0 {
-		fmt.Fprintf(&b, "# ignored (%d keys for engines tracegrpo does not use): %s\n", len(t.loaded.Ignored), strings.Join(t.loaded.Ignored, ", "))
+		fmt.Fprintf(&b, "# ignored (%d keys for engines tracegrpo does not run): %s\n", len(t.loaded.Ignored), strings.Join(t.loaded.Ignored, ", "))
+	}
+	for _, w := range t.loaded.Warnings() {
+		fmt.Fprintf(&b, "# warning: %s\n", w)
 	}
 	b.Write(body)
 	return []byte(b.String()), nil

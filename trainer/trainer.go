@@ -12,6 +12,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
@@ -26,6 +27,9 @@ var builtinModelConfig []byte
 
 // builtinModelName is the policy.model_name of the embedded tiny model.
 const builtinModelName = "tracegrpo/tiny-qwen3"
+
+// BuiltinModelName is the policy.model_name of the embedded tiny model.
+const BuiltinModelName = builtinModelName
 
 // Trainer holds everything one run needs. Its fields are set once by New;
 // the loop in Run mutates only the step state.
@@ -153,24 +157,13 @@ func (t *Trainer) setupConfig() error {
 		return err
 	}
 	c := &t.cfg
-	if err := grpo.CheckConfig(c); err != nil {
-		return err
-	}
-	if !c.GRPO.GymMultiTrace {
-		return fmt.Errorf("config: tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace=true and env.nemo_gym.token_id_capture.delivery=all_traces (spec §9)")
-	}
-	if c.LossFn.PositiveExampleNLLWeight != 0 {
-		return fmt.Errorf("config: loss_fn.positive_example_nll_weight=%v: not implemented by tracegrpo; set it to 0", c.LossFn.PositiveExampleNLLWeight)
-	}
-	if err := checkStepCount(c, o.Steps); err != nil {
+	// The same refusals train config --check makes.
+	if err := Check(t.loaded, o.Steps); err != nil {
 		return err
 	}
 	t.maxSteps = c.GRPO.MaxNumSteps
 	t.builder = c.Env.NemoGym.TokenIDCapture.Builder
 	t.temp = float32(c.Policy.Generation.Temperature)
-	if t.temp <= 0 {
-		return fmt.Errorf("config: policy.generation.temperature=%v: must be > 0 (training log-probabilities divide logits by it)", c.Policy.Generation.Temperature)
-	}
 	var err error
 	if t.lossOpt, err = grpo.NewLossOptions(&c.LossFn); err != nil {
 		return err
@@ -355,13 +348,19 @@ func (t *Trainer) loadConfig() error {
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
-	ld, name, err := LoadRecipe(t.o.ConfigFiles, sets)
+	ld, name, err := LoadRecipeWith(t.o.ConfigFiles, t.o.Overrides, sets)
 	if err != nil {
 		return err
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("ignored keys (engines tracegrpo does not use): %s", strings.Join(ld.Ignored, ", "))
+		t.logf("ignored keys (engines tracegrpo does not run; train config --keys says why): %s", strings.Join(ld.Ignored, ", "))
+	}
+	for _, w := range ld.Warnings() {
+		// Said even under --quiet: a key the run does not use.
+		if t.rank == 0 {
+			fmt.Fprintf(t.o.Log, "train: warning: %s\n", w)
+		}
 	}
 	return nil
 }
@@ -370,17 +369,25 @@ func (t *Trainer) loadConfig() error {
 // and in the effective config's header.
 const BuiltinRecipeName = "built-in job (trainer/builtin/recipe.yaml)"
 
-// LoadRecipe reads the configuration a run with these --config files and
-// --set values uses (the built-in job when there are no files) and returns
-// it with the run's name: "builtin", or the first recipe's base name (later
-// files are overrides such as the multi-trace block).
+// LoadRecipe is LoadRecipeWith without Hydra overrides.
 func LoadRecipe(files, sets []string) (*config.Loaded, string, error) {
+	return LoadRecipeWith(files, nil, sets)
+}
+
+// LoadRecipeWith reads the configuration a run with these --config files,
+// Hydra overrides and --set values uses (the built-in job when there are no
+// files) and returns it with the run's name: "builtin", or the first
+// recipe's base name (later files are overrides such as the multi-trace
+// block).
+func LoadRecipeWith(files, overrides, sets []string) (*config.Loaded, string, error) {
+	src := config.Sources{Files: files, Overrides: overrides, Sets: sets}
 	if len(files) == 0 {
-		ld, err := config.LoadOver(config.Recipe{Name: BuiltinRecipeName, Data: builtinRecipe}, nil, sets)
+		src.Base = &config.Recipe{Name: BuiltinRecipeName, Data: builtinRecipe}
+		ld, err := config.LoadSources(src)
 		return ld, "builtin", err
 	}
 	first := files[0]
-	ld, err := config.Load(files, sets)
+	ld, err := config.LoadSources(src)
 	return ld, strings.TrimSuffix(filepath.Base(first), filepath.Ext(first)), err
 }
 
@@ -482,29 +489,64 @@ func (t *Trainer) Plan() (*MemPlan, error) {
 
 // resolveModel returns the policy's model configuration and where its
 // initial weights come from: --init-from DIR, the built-in model (random
-// weights from grpo.seed), or policy.model_name as a directory.
+// weights from grpo.seed), or policy.model_name as a directory. The
+// recipe's policy.hf_config_overrides patch the config.json first.
 func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, error) {
 	name := string(c.Policy.ModelName)
 	var (
-		mc   model.Config
 		init initSource
+		data []byte
+		path string
 		err  error
 	)
 	switch {
 	case initFrom != "":
 		init = initSource{Kind: "hf", Dir: initFrom}
-		mc, err = model.LoadConfig(filepath.Join(initFrom, "config.json"))
+		path = filepath.Join(initFrom, "config.json")
 	case name == builtinModelName:
 		init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
-		mc, err = model.ParseConfig(builtinModelConfig, "builtin/tiny-qwen3.json")
+		data, path = builtinModelConfig, "builtin/tiny-qwen3.json"
+	case name == "":
+		return model.Config{}, init, fmt.Errorf("config: policy.model_name is null: name the model, policy.model_name=DIR (a directory with a Hugging Face config.json), or pass --init-from DIR")
 	default:
 		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
-			return mc, init, fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
+			return model.Config{}, init, fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
 		}
 		init = initSource{Kind: "hf", Dir: name}
-		mc, err = model.LoadConfig(filepath.Join(name, "config.json"))
+		path = filepath.Join(name, "config.json")
 	}
+	if data == nil {
+		if data, err = inputfile.ReadFile(path, inputfile.ModelConfig); err != nil {
+			return model.Config{}, init, fmt.Errorf("model: %w", err)
+		}
+	}
+	if len(c.Policy.HFConfigOverrides) > 0 {
+		if data, err = patchHFConfig(data, c.Policy.HFConfigOverrides); err != nil {
+			return model.Config{}, init, fmt.Errorf("config: policy.hf_config_overrides over %s: %w", path, err)
+		}
+		path += " with policy.hf_config_overrides"
+	}
+	mc, err := model.ParseConfig(data, path)
 	return mc, init, err
+}
+
+// patchHFConfig sets each key of overrides in the config.json object data,
+// replacing the file's value (a mapping replaces a mapping whole), as
+// transformers' from_pretrained(**overrides) does with NeMo RL's
+// policy.hf_config_overrides.
+func patchHFConfig(data []byte, overrides map[string]any) ([]byte, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, err
+	}
+	for k, v := range overrides {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", k, err)
+		}
+		raw[k] = b
+	}
+	return json.Marshal(raw)
 }
 
 // ModelConfig returns the model configuration a run with this config and

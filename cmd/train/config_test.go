@@ -75,3 +75,39 @@ func TestConfigCommandErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesWhatTrainRefuses: train config --check and train refuse the
+// same recipes with the same errors, the multi-trace opt-in included.
+func TestCheckRefusesWhatTrainRefuses(t *testing.T) {
+	optIn := []string{"++grpo.gym_multi_trace=true", "++env.nemo_gym.token_id_capture.enabled=true",
+		"++env.nemo_gym.token_id_capture.all_agents=true", "++env.nemo_gym.token_id_capture.delivery=all_traces",
+		"++env.nemo_gym.token_id_capture.builder=per_request"}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no opt-in", []string{"--config", todaysRecipe}, "grpo.gym_multi_trace = false"},
+		{"LoRA", append([]string{"--config", todaysRecipe, "policy.dtensor_cfg.lora_cfg.enabled=true"}, optIn...), "policy.dtensor_cfg.lora_cfg = {enabled: true"},
+		{"FP8", append([]string{"--config", todaysRecipe, "policy.megatron_cfg.fp8_cfg.enabled=true"}, optIn...), "policy.megatron_cfg.fp8_cfg"},
+		{"batch", append([]string{"--config", todaysRecipe, "policy.train_global_batch_size=64"}, optIn...), "policy.train_global_batch_size = 64"},
+		{"async", append([]string{"--config", todaysRecipe, "grpo.async_grpo.enabled=true"}, optIn...), "grpo.async_grpo.enabled = true"},
+	} {
+		var cout, cerr bytes.Buffer
+		ccode := run(append([]string{"config", "--check"}, c.args...), &cout, &cerr)
+		var tout, terr bytes.Buffer
+		tcode := run(append([]string{"--backend", "cpu", "--quiet", "--out", t.TempDir(), "--init-from", "../../model/testdata/qwen2_tied"}, c.args...), &tout, &terr)
+		refusal := func(s string) string {
+			for _, line := range strings.Split(s, "\n") {
+				if strings.Contains(line, c.want) {
+					return line
+				}
+			}
+			return ""
+		}
+		cr, tr := refusal(cerr.String()), refusal(terr.String())
+		if ccode != 1 || tcode != 1 || cr == "" || cr != tr {
+			t.Errorf("%s: train config --check exit %d:\n%s\ntrain exit %d:\n%s\nwant both to refuse with the same %q line", c.name, ccode, cerr.String(), tcode, terr.String(), c.want)
+		}
+	}
+}

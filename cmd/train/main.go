@@ -11,6 +11,7 @@ import (
 	"sort"
 
 	"github.com/spf13/pflag"
+	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -160,6 +161,18 @@ func parseFlags(fs *pflag.FlagSet, args []string, maxArgs int) error {
 		return fmt.Errorf("%w: %s: unexpected argument %q (see train %s --help)", errUsage, name, fs.Arg(maxArgs), helpName(name))
 	}
 	return nil
+}
+
+// overrideArgs are a subcommand's positional arguments as Hydra overrides
+// (key=value, +key=value, ++key=value, ~key); anything else is a usage
+// error naming it.
+func overrideArgs(fs *pflag.FlagSet) ([]string, error) {
+	for _, a := range fs.Args() {
+		if err := config.CheckOverride(a); err != nil {
+			return nil, fmt.Errorf("%w: %s: unexpected argument %q: an override is key.path=value, +key=value, ++key=value or ~key (%v) (see train %s --help)", errUsage, fs.Name(), a, err, helpName(fs.Name()))
+		}
+	}
+	return fs.Args(), nil
 }
 
 func helpName(name string) string {

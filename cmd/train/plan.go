@@ -19,7 +19,7 @@ func init() {
 	})
 }
 
-const planSynopsis = `train plan [--config FILE]... [--set k=v]... (--init-from DIR | --model config.json)
+const planSynopsis = `train plan [--config FILE]... [OVERRIDE]... [--set k=v]... (--init-from DIR | --model config.json)
            [--rows R] [--seq T] [--backend cpu|cuda] [--rollouts PATH] [--resume] [--json]
 
 Prints the memory a train run with these recipes and overrides allocates on
@@ -55,7 +55,11 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Rollouts, "rollouts", "", "the run reads NeMo Gym rollouts (no in-process sampler); the path is not read")
 	fs.BoolVar(&o.Resume, "resume", false, "the run resumes from a checkpoint (cpu: the checkpoint is read into memory first)")
 	asJSON := fs.Bool("json", false, "print one JSON object (total_bytes, components, ...) instead of text")
-	if err := parseFlags(fs, args, 0); err != nil {
+	if err := parseFlags(fs, args, -1); err != nil {
+		return err
+	}
+	var err error
+	if o.Overrides, err = overrideArgs(fs); err != nil {
 		return err
 	}
 	if *rows < 0 || *seq < 0 {
@@ -64,7 +68,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if *cfgPath != "" && o.InitFrom != "" {
 		return fmt.Errorf("%w: plan: give --init-from or --model, not both", errUsage)
 	}
-	ld, _, err := trainer.LoadRecipe(o.ConfigFiles, o.Sets)
+	ld, _, err := trainer.LoadRecipeWith(o.ConfigFiles, o.Overrides, o.Sets)
 	if err != nil {
 		return err
 	}

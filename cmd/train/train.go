@@ -12,7 +12,7 @@ func init() {
 	register(command{name: "", summary: "run synchronous multi-trace GRPO", run: runTrain})
 }
 
-const trainSynopsis = `train [--config FILE] [--set key=value ...] [flags]
+const trainSynopsis = `train [--config FILE]... [OVERRIDE]... [--set key=value]... [flags]
 
 Runs synchronous multi-trace GRPO. With no --config it runs the built-in job: a
 tiny Qwen3-shaped model learns the built-in agentic tasks from scratch on the
@@ -33,6 +33,13 @@ none to disk unless asked: --save-captures writes them to captures/ in the
 run directory, an explicit env.nemo_gym.token_id_capture.dir to that
 directory (NeMo Gym's capture store format, readable by train traces).
 
+OVERRIDEs are NeMo RL's command-line overrides (Hydra's grammar), applied to
+the composed recipe as examples/run_grpo.py applies them: key=value changes a
+key the recipe has, +key=value adds one it lacks, ++key=value adds or
+changes, ~key deletes (train config --help has the whole grammar). --set
+applies after them, over the defaults, typed by tracegrpo's schema. Every
+refusal train makes from the configuration, train config --check makes too.
+
 Flags:`
 
 // watchSignals is trainer.WatchSignals; this package's tests replace it to
@@ -49,9 +56,14 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores, shared among the ranks on this machine)")
 	device := fs.Int("device", -1, "CUDA device ordinal (default: the launcher's local rank, 0 for one process)")
 	distMode := fs.String("dist", "auto", "data-parallel collectives: auto (none for one process; launched by torchrun, srun or mpirun: mpi on the CPU, nccl on CUDA), none, mpi or nccl")
-	if err := parseFlags(fs, args, 0); err != nil {
+	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
+	overrides, err := overrideArgs(fs)
+	if err != nil {
+		return err
+	}
+	o.Overrides = overrides
 	l, err := detectLaunch()
 	if err != nil {
 		return err

@@ -1,0 +1,45 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/grpo"
+)
+
+// Check runs every refusal that the configuration alone decides, before any
+// work: the key table's refused keys (config.Loaded.Refusals), the capability
+// guards and loss options (grpo.CheckConfig), the multi-trace opt-in, the
+// optimizer and schedule, the training precision, the sampling temperature
+// and the run length (steps: --steps, 0 for grpo.max_num_steps). train runs
+// it first; train config --check runs it and nothing else, so the two refuse
+// the same recipes. It returns every refusal found, joined; each names its
+// key (config.SplitRefusals separates them from other errors).
+func Check(ld *config.Loaded, steps int) error {
+	c := &ld.Config
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	add(ld.Refusals())
+	add(grpo.CheckConfig(c))
+	if !c.GRPO.GymMultiTrace {
+		add(&config.Refusal{Key: "grpo.gym_multi_trace", Value: "false",
+			Why: "tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace: true and env.nemo_gym.token_id_capture {enabled: true, all_agents: true, delivery: all_traces, builder: per_request or prefix_merging} (spec §9)"})
+	}
+	if _, _, err := c.Optim(); err != nil {
+		add(err)
+	}
+	if _, err := c.TrainingPrecision(); err != nil {
+		add(err)
+	}
+	if temp := c.Policy.Generation.Temperature; !(temp > 0) {
+		add(&config.Refusal{Key: "policy.generation.temperature", Value: fmt.Sprint(temp),
+			Why: "must be > 0 (training log-probabilities divide the logits by it)"})
+	}
+	add(checkStepCount(c, steps))
+	return errors.Join(errs...)
+}
