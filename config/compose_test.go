@@ -185,3 +185,17 @@ func TestTestdataRecipesKeysClassified(t *testing.T) {
 	}
 	t.Logf("%d recipes, every key classified", n)
 }
+
+// TestRefusalNamesWhereTheValueWasSet: a refused value names the file and
+// line that set it, not the parent that first had the key.
+func TestRefusalNamesWhereTheValueWasSet(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "parent.yaml", "policy:\n  dtensor_cfg:\n    lora_cfg: {enabled: false, dim: 8}\n  draft: {enabled: false}\n")
+	child := writeFile(t, dir, "child.yaml", "defaults: parent.yaml\npolicy:\n  dtensor_cfg:\n    lora_cfg:\n      enabled: true\n  draft: true\n")
+	err := mustLoad(t, []string{child}).Refusals()
+	for _, want := range []string{"child.yaml:5: policy.dtensor_cfg.lora_cfg = {enabled: true, dim: 8}", "child.yaml:6: policy.draft = true"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("refusals %v lack %q", err, want)
+		}
+	}
+}

@@ -108,7 +108,16 @@ func (w *walker) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 // key; an Ignored key is recorded, a Refused one kept for the check; a key in
 // no class follows ForwardCompatible.
 func (w *walker) untyped(k, c *yaml.Node, p string) {
+	// Where the value was set: a merged key keeps the node of the file
+	// that first had it, its value is the file that set it; a block's
+	// switch is its enabled.
 	where := w.ld.where(k)
+	switch {
+	case c.Kind == yaml.ScalarNode:
+		where = w.ld.where(c)
+	case c.Kind == yaml.MappingNode && mapIndex(c, "enabled") >= 0:
+		where = w.ld.where(c.Content[mapIndex(c, "enabled")+1])
+	}
 	if k.Value == "_override_" {
 		w.ignored[p] = true
 		w.keys = append(w.keys, KeyInfo{Path: p, Class: Ignored, Where: where,
