@@ -565,13 +565,19 @@ func parseYAMLFloat(s string) (float64, error) {
 	return strconv.ParseFloat(s, 64)
 }
 
+// indexedRule is a rule with its key split into segments once.
+type indexedRule struct {
+	r    *KeyRule
+	segs []string
+}
+
 // ruleIndex holds keyRules by their first segment.
-var ruleIndex = func() map[string][]*KeyRule {
-	m := map[string][]*KeyRule{}
+var ruleIndex = func() map[string][]indexedRule {
+	m := map[string][]indexedRule{}
 	for i := range keyRules {
 		r := &keyRules[i]
-		first, _, _ := strings.Cut(r.Key, ".")
-		m[first] = append(m[first], r)
+		segs := splitPath(r.Key)
+		m[segs[0]] = append(m[segs[0]], indexedRule{r, segs})
 	}
 	return m
 }()
@@ -603,12 +609,12 @@ func ruleFor(p string, v *yaml.Node) *KeyRule {
 	var best *KeyRule
 	bestScore := -1
 	for _, first := range []string{segs[0], "*"} {
-		for _, r := range ruleIndex[first] {
-			if r.MappingOnly && (v == nil || v.Kind != yaml.MappingNode || len(splitPath(r.Key)) != len(segs)) {
+		for _, ir := range ruleIndex[first] {
+			if ir.r.MappingOnly && (v == nil || v.Kind != yaml.MappingNode || len(ir.segs) != len(segs)) {
 				continue
 			}
-			if sc, ok := matchRule(splitPath(r.Key), segs); ok && sc > bestScore {
-				best, bestScore = r, sc
+			if sc, ok := matchRule(ir.segs, segs); ok && sc > bestScore {
+				best, bestScore = ir.r, sc
 			}
 		}
 	}
@@ -619,12 +625,11 @@ func ruleFor(p string, v *yaml.Node) *KeyRule {
 func rulesBeneath(p string) bool {
 	segs := splitPath(normPath(p))
 	for _, first := range []string{segs[0], "*"} {
-		for _, r := range ruleIndex[first] {
-			pat := splitPath(r.Key)
-			if len(pat) <= len(segs) {
+		for _, ir := range ruleIndex[first] {
+			if len(ir.segs) <= len(segs) {
 				continue
 			}
-			if _, ok := matchRule(pat[:len(segs)], segs); ok {
+			if _, ok := matchRule(ir.segs[:len(segs)], segs); ok {
 				return true
 			}
 		}
