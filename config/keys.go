@@ -246,8 +246,10 @@ var keyRules = []KeyRule{
 
 	// policy.generation: sampling. Rollouts come from NeMo Gym's captures (or the built-in sampler).
 	{Key: "policy.generation.temperature", Class: Used},
-	{Key: "policy.generation.top_p", Class: Used},
-	{Key: "policy.generation.top_k", Class: Used},
+	{Key: "policy.generation.top_p", Class: Refused, Guard: true, Example: "0.9",
+		Why: "NeMo RL computes the training log-probabilities under the top-p filtered distribution, to match generation; tracegrpo's are unfiltered (1.0 is what it does)"},
+	{Key: "policy.generation.top_k", Class: Refused, Guard: true, Example: "50",
+		Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (null, 0 or -1 is what it does)"},
 	{Key: "policy.generation.max_new_tokens", Class: Used},
 	{Key: "policy.generation", Class: Ignored, Why: "the generation engine (backend, vLLM/SGLang/TRT-LLM/Dynamo/Megatron settings, refit, ports, stop conditions, validation sampling): NeMo Gym's rollouts were sampled outside tracegrpo, which trains the tokens and logprobs they recorded"},
 
@@ -358,10 +360,12 @@ var keyRules = []KeyRule{
 	{Key: "checkpointing", Class: Ignored, Why: "checkpoint extras of NeMo RL (best-checkpoint metric, save deadline, formats, async saving, fault-tolerance saves, PEFT, model cache); tracegrpo keeps the newest keep_top_k checkpoints in its own format"},
 
 	// env: NeMo Gym's capture settings; other environments.
-	{Key: "env.should_use_nemo_gym", Class: Used},
+	{Key: "env.should_use_nemo_gym", Class: Ignored, Why: "NeMo RL's switch to run NeMo Gym; tracegrpo always trains on Gym's captures (or the built-in job's, recorded in Gym's format)"},
 	{Key: "env.should_mask_flagged_samples", Class: Used},
-	{Key: "env.nemo_gym.token_id_capture.enabled", Class: Used},
-	{Key: "env.nemo_gym.token_id_capture.all_agents", Class: Used},
+	{Key: "env.nemo_gym.token_id_capture.enabled", Class: Refused, Guard: true, Example: "false",
+		Why: "multi-trace GRPO trains the token IDs Gym captures; with capture off there are none (true is the opt-in)"},
+	{Key: "env.nemo_gym.token_id_capture.all_agents", Class: Refused, Guard: true, Example: "false",
+		Why: "multi-trace GRPO trains every agent's calls; with all_agents false Gym captures the main agent's only, and the other traces of a rollout would be missing (true is the opt-in)"},
 	{Key: "env.nemo_gym.token_id_capture.delivery", Class: Used},
 	{Key: "env.nemo_gym.token_id_capture.builder", Class: Used},
 	{Key: "env.nemo_gym.token_id_capture.dir", Class: Used},

@@ -216,7 +216,6 @@ type Checkpointing struct {
 
 // Env is `env:`. Other environment blocks (env.math, ...) are ignored.
 type Env struct {
-	ShouldUseNemoGym         bool    `yaml:"should_use_nemo_gym"`
 	ShouldMaskFlaggedSamples bool    `yaml:"should_mask_flagged_samples"`
 	NemoGym                  NemoGym `yaml:"nemo_gym"`
 }

@@ -26,9 +26,29 @@ func Check(ld *config.Loaded, steps int) error {
 	}
 	add(ld.Refusals())
 	add(grpo.CheckConfig(c))
+	tic := &c.Env.NemoGym.TokenIDCapture
+	const ticKey = "env.nemo_gym.token_id_capture."
 	if !c.GRPO.GymMultiTrace {
 		add(&config.Refusal{Key: "grpo.gym_multi_trace", Value: "false",
 			Why: "tracegrpo trains the multi-trace path only: set grpo.gym_multi_trace: true and env.nemo_gym.token_id_capture {enabled: true, all_agents: true, delivery: all_traces, builder: per_request or prefix_merging} (spec §9)"})
+	} else {
+		if !tic.Enabled {
+			add(&config.Refusal{Key: ticKey + "enabled", Value: "false", Why: "multi-trace GRPO trains the token IDs Gym captures; turn capture on (enabled: true is part of the opt-in)"})
+		}
+		if !tic.AllAgents {
+			add(&config.Refusal{Key: ticKey + "all_agents", Value: "false", Why: "multi-trace GRPO trains every agent's calls; with all_agents false Gym captures the main agent's only (all_agents: true is part of the opt-in)"})
+		}
+	}
+	// NeMo RL filters the training logits by top-k/top-p to match generation
+	// (nemo_rl/algorithms/logits_sampling_utils.py); tracegrpo does not.
+	g := &c.Policy.Generation
+	if g.TopP != 1 {
+		add(&config.Refusal{Key: "policy.generation.top_p", Value: fmt.Sprint(g.TopP),
+			Why: "NeMo RL computes the training log-probabilities under the top-p filtered distribution, to match generation; tracegrpo's are unfiltered (top_p: 1.0)"})
+	}
+	if g.TopK != nil && *g.TopK > 0 {
+		add(&config.Refusal{Key: "policy.generation.top_k", Value: fmt.Sprint(*g.TopK),
+			Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (top_k: null)"})
 	}
 	if _, _, err := c.Optim(); err != nil {
 		add(err)
