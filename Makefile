@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
 
 all: build
 
@@ -42,6 +42,14 @@ lint:
 # Each fuzz target for FUZZTIME (go test runs one target at a time).
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
+
+# The mutation check (not in CI): plants each bug of scripts/mutants.txt in
+# turn, runs the tests of the packages it touches with make test's
+# environment, and prints caught/total per package (scripts/mutate.sh
+# documents the list). MUTATE_FLAGS, e.g. -run '^gym/' or -check.
+MUTATE_FLAGS ?=
+mutate: deps
+	$(TEST_ENV) scripts/mutate.sh $(MUTATE_FLAGS)
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...

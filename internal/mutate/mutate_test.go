@@ -1,0 +1,365 @@
+package mutate
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+func TestParse(t *testing.T) {
+	for _, c := range []struct {
+		name, list string
+		want       []Mutant
+	}{
+		{"one line each", "mutant: a/x\nfile: a/a.go\nwhy: because\nfrom: x + 1\nto: x - 1\n",
+			[]Mutant{{Name: "a/x", File: "a/a.go", Why: "because", From: "x + 1", To: "x - 1", Line: 1}}},
+		{"blocks keep tabs and spaces", "# c\n\nmutant: a/y\nfile: ./a/../a/a.go\nwhy: w\nfrom:\n|\tif a {\n|  b()\nto:\n|\tif !a {\n|  b()\n",
+			[]Mutant{{Name: "a/y", File: "a/a.go", Why: "w", From: "\tif a {\n  b()", To: "\tif !a {\n  b()", Line: 3}}},
+		{"an empty to: deletes", "mutant: a/z\nfile: a.go\nwhy: w\nfrom: \tx()\nto:\n",
+			[]Mutant{{Name: "a/z", File: "a.go", Why: "w", From: "\tx()", To: "", Line: 1}}},
+		{"optional fields, two mutants", "mutant: k/1\nfile: k/k.cu\nwhy: w\nskip: ^TestPTXFresh$\npackages: ./k ./j\nfrom: a\nto: b\n" +
+			"mutant: k/2\nfile: k/k.go\nwhy: w\nsurvives: the same value either way\nfrom: a\nto: b\n",
+			[]Mutant{
+				{Name: "k/1", File: "k/k.cu", Why: "w", Skip: "^TestPTXFresh$", Packages: []string{"./k", "./j"}, From: "a", To: "b", Line: 1},
+				{Name: "k/2", File: "k/k.go", Why: "w", Survives: "the same value either way", From: "a", To: "b", Line: 8},
+			}},
+		{"CRLF", "mutant: a/x\r\nfile: a.go\r\nwhy: w\r\nfrom:\r\n|x\r\nto: y\r\n",
+			[]Mutant{{Name: "a/x", File: "a.go", Why: "w", From: "x", To: "y", Line: 1}}},
+		{"nothing", "# only a comment\n", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := Parse("list", []byte(c.list))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(c.want, got, cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+// TestParseErrors: every defect of a list is refused, naming the list's
+// line and what is wrong there.
+func TestParseErrors(t *testing.T) {
+	ok := "mutant: a/x\nfile: a.go\nwhy: w\nfrom: a\nto: b\n"
+	for _, c := range []struct{ name, list, want string }{
+		{"field before a mutant", "file: a.go\n", "list:1: file: before the first mutant"},
+		{"no colon", "mutant: a/x\nfile a.go\n", `list:2: want key: value, found "file a.go"`},
+		{"unknown field", "mutant: a/x\nfiel: a.go\n", `list:2: unknown field "fiel"`},
+		{"missing why", "mutant: a/x\nfile: a.go\nfrom: a\nto: b\n", `list:1: mutant "a/x" has no why:`},
+		{"missing to", "mutant: a/x\nfile: a.go\nwhy: w\nfrom: a\n", `list:1: mutant "a/x" has no to:`},
+		{"empty from", "mutant: a/x\nfile: a.go\nwhy: w\nfrom:\nto: b\n", `list:1: mutant "a/x": from: is empty`},
+		{"no change", "mutant: a/x\nfile: a.go\nwhy: w\nfrom: a\nto: a\n", "from: and to: are the same text"},
+		{"duplicate name", ok + ok, `list:6: mutant "a/x" is also named on line 1`},
+		{"second field", "mutant: a/x\nfile: a.go\nfile: b.go\n", `list:3: mutant "a/x" has a second file:`},
+		{"stray block line", ok + "|x\n", `list:6: a "|" line outside a from: or to: block`},
+		{"name with a space", "mutant: a x\n", `list:1: mutant: want a name without spaces`},
+		{"file outside", "mutant: a/x\nfile: ../etc/passwd\n", "list:2: file: want a path inside the repository"},
+		{"absolute file", "mutant: a/x\nfile: /etc/passwd\n", "list:2: file: want a path inside the repository"},
+		{"bad skip", "mutant: a/x\nskip: (\n", "list:2: skip: want a go test -skip regular expression"},
+		{"empty survives", "mutant: a/x\nsurvives:\n", "list:2: survives: wants the reason"},
+		{"empty packages", "mutant: a/x\npackages:\n", "list:2: packages: is empty"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("list", []byte(c.list))
+			var le *ListError
+			if !errors.As(err, &le) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Parse: %v, want a ListError containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+// FuzzParse: Parse never panics, and what it accepts is well formed.
+func FuzzParse(f *testing.F) {
+	if b, err := os.ReadFile("../../scripts/mutants.txt"); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte("mutant: a/x\nfile: a.go\nwhy: w\nfrom:\n|\tx\nto:\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ms, err := Parse("fuzz", data)
+		if err != nil {
+			return
+		}
+		names := map[string]bool{}
+		for _, m := range ms {
+			if m.Name == "" || m.File == "" || m.Why == "" || m.From == "" || m.From == m.To || names[m.Name] {
+				t.Fatalf("accepted a malformed mutant %+v", m)
+			}
+			if filepath.IsAbs(m.File) || strings.HasPrefix(m.File, "../") {
+				t.Fatalf("accepted a file outside the repository: %q", m.File)
+			}
+			names[m.Name] = true
+		}
+	})
+}
+
+// TestListApplies: every mutant of scripts/mutants.txt applies to the code
+// as it is: its from: text occurs exactly once in its file. When code a
+// mutant plants its bug in changes, this fails here (in CI), not months
+// later in make mutate: update the mutant's from: and to:.
+func TestListApplies(t *testing.T) {
+	root, err := Root(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(root, "scripts", "mutants.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := Parse("scripts/mutants.txt", data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) < 25 {
+		t.Errorf("scripts/mutants.txt lists %d mutants, want at least 25", len(ms))
+	}
+	for _, m := range ms {
+		if _, err := Check(root, m); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestApplyRestores: Apply plants exactly one replacement with a backup
+// beside it, Restore puts back the bytes and mode, and a run killed while a
+// mutant was planted is repaired by RecoverLeftovers.
+func TestApplyRestores(t *testing.T) {
+	root := t.TempDir()
+	orig := []byte("package a\n\nfunc F() int { return 1 + 1 }\n")
+	path := filepath.Join(root, "a", "a.go")
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := os.WriteFile(path, orig, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	m := Mutant{Name: "a/minus", File: "a/a.go", From: "1 + 1", To: "1 - 1"}
+	p, err := Apply(root, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := os.ReadFile(path); string(got) != "package a\n\nfunc F() int { return 1 - 1 }\n" {
+		t.Fatalf("planted: %q", got)
+	}
+	if got, _ := os.ReadFile(backupPath(root, m.File)); !bytes.Equal(got, orig) {
+		t.Fatalf("backup holds %q", got)
+	}
+	if err := p.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Restore(); err != nil {
+		t.Fatalf("a second Restore: %v", err)
+	}
+	fi, _ := os.Stat(path)
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, orig) || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("restored %q mode %v", got, fi.Mode().Perm())
+	}
+	if _, err := os.Stat(backupPath(root, m.File)); !os.IsNotExist(err) {
+		t.Errorf("the backup is still there after Restore: %v", err)
+	}
+	// A run killed outright: the next run finds the backup and restores.
+	if _, err := Apply(root, m); err != nil {
+		t.Fatal(err)
+	}
+	fixed, err := RecoverLeftovers(root)
+	if err != nil || len(fixed) != 1 || fixed[0] != "a/a.go" {
+		t.Fatalf("RecoverLeftovers = %v, %v", fixed, err)
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, orig) {
+		t.Fatalf("recovered %q", got)
+	}
+	// Text that is absent, or there twice, is refused before any write.
+	for _, from := range []string{"2 + 2", "1"} {
+		_, err := Apply(root, Mutant{Name: "a/x", File: "a/a.go", From: from, To: "y"})
+		if !errors.Is(err, ErrNotOnce) {
+			t.Errorf("from %q: %v, want ErrNotOnce", from, err)
+		}
+	}
+	if got, _ := os.ReadFile(path); !bytes.Equal(got, orig) {
+		t.Fatalf("a refused mutant changed the file: %q", got)
+	}
+}
+
+// tinyModule writes a module with package a (F, tested), package b (its
+// tests use a) and package c (independent) and returns its root.
+func tinyModule(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	files := map[string]string{
+		"go.mod":      "module example.com/tiny\n\ngo 1.22\n",
+		"a/a.go":      "package a\n\n// F is two.\nfunc F() int { return 1 + 1 }\n\n// G is unused by the tests.\nfunc G() int { return 3 }\n",
+		"a/a_test.go": "package a\n\nimport \"testing\"\n\nfunc TestF(t *testing.T) {\n\tif F() != 2 {\n\t\tt.Fatal(F())\n\t}\n}\n",
+		"b/b_test.go": "package b\n\nimport (\n\t\"os\"\n\t\"testing\"\n\t\"time\"\n\n\t\"example.com/tiny/a\"\n)\n\nfunc TestSlow(t *testing.T) {\n\tif os.Getenv(\"TINY_SLOW\") != \"\" {\n\t\ttime.Sleep(time.Minute)\n\t}\n\t_ = a.G()\n}\n",
+		"b/b.go":      "package b\n",
+		"c/c.go":      "package c\n",
+		"c/c_test.go": "package c\n\nimport \"testing\"\n\nfunc TestC(t *testing.T) {}\n",
+	}
+	for name, text := range files {
+		p := filepath.Join(root, filepath.FromSlash(name))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func needGo(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("no go command on PATH")
+	}
+}
+
+// TestRunScores: on a tiny module, a mutant that a test catches is caught
+// by that test, one no test sees survives (after the tests of its package
+// and of the package whose tests use it), one the list says survives is
+// not counted, one that does not build is invalid; every file is restored.
+func TestRunScores(t *testing.T) {
+	needGo(t)
+	root := tinyModule(t)
+	before := readTree(t, root)
+	ms := []Mutant{
+		{Name: "a/caught", File: "a/a.go", Why: "w", From: "1 + 1", To: "1 - 1"},
+		{Name: "a/survives", File: "a/a.go", Why: "w", From: "return 3", To: "return 4"},
+		{Name: "a/equivalent", File: "a/a.go", Why: "w", From: "1 + 1", To: "2", Survives: "the same constant"},
+		{Name: "a/broken", File: "a/a.go", Why: "w", From: "return 3", To: "return"},
+	}
+	var log bytes.Buffer
+	rs, err := Run(context.Background(), Options{Root: root, Log: &log}, ms)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	type outcome struct{ Name, Outcome, By, Package, Area string }
+	var got []outcome
+	for _, r := range rs {
+		got = append(got, outcome{r.Mutant.Name, r.Outcome, r.By, r.Package, r.Area})
+	}
+	want := []outcome{
+		{"a/caught", Caught, "TestF", "./a", "a"},
+		{"a/survives", Survived, "", "", "a"},
+		{"a/equivalent", Expected, "", "", "a"},
+		{"a/broken", Invalid, "", "./a", "a"},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("outcomes (-want +got):\n%s\nlog:\n%s", d, log.String())
+	}
+	if d := cmp.Diff([]string{"./a", "./b"}, rs[1].Tested); d != "" {
+		t.Errorf("the survivor was tested in (-want +got):\n%s", d)
+	}
+	var sum bytes.Buffer
+	if Summary(&sum, rs) {
+		t.Error("Summary reported success with a survivor and an invalid mutant")
+	}
+	for _, w := range []string{"mutation score: 1 of 2 caught", "a   ", "1/2", "survived: a/survives", "invalid (does not build): a/broken", "survived as the list expects: a/equivalent: the same constant"} {
+		if !strings.Contains(sum.String(), w) {
+			t.Errorf("summary lacks %q:\n%s", w, sum.String())
+		}
+	}
+	if d := cmp.Diff(before, readTree(t, root)); d != "" {
+		t.Errorf("the module differs after the run (-before +after):\n%s", d)
+	}
+}
+
+// TestRunInterrupted: cancelling a run (Ctrl-C) kills the tests in
+// progress, restores the planted file and returns the cancellation.
+func TestRunInterrupted(t *testing.T) {
+	needGo(t)
+	root := tinyModule(t)
+	before := readTree(t, root)
+	t.Setenv("TINY_SLOW", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	ms := []Mutant{{Name: "a/slow", File: "a/a.go", Why: "w", From: "return 3", To: "return 5"}}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := Run(ctx, Options{Root: root, Log: &bytes.Buffer{}}, ms)
+		done <- err
+	}()
+	// Wait until the mutant is planted and b's slow test runs.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(backupPath(root, "a/a.go")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the mutant was never planted")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run after cancel: %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	if time.Since(start) > 50*time.Second {
+		t.Errorf("the slow test was not killed")
+	}
+	if d := cmp.Diff(before, readTree(t, root)); d != "" {
+		t.Errorf("the module differs after an interrupted run (-before +after):\n%s", d)
+	}
+}
+
+// readTree maps every file under root (but .mutate/) to its content.
+func readTree(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if fi.IsDir() {
+			if rel == backupDir || rel == ".mutate" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		b, _ := os.ReadFile(p)
+		out[filepath.ToSlash(rel)] = string(b)
+		return nil
+	})
+	return out
+}
+
+// TestPackages: a mutant is tested in its file's package first, then in
+// every package whose tests build on it; a file outside any Go package
+// belongs to the nearest enclosing one.
+func TestPackages(t *testing.T) {
+	needGo(t)
+	root := tinyModule(t)
+	os.MkdirAll(filepath.Join(root, "a", "csrc"), 0o755)
+	g, err := LoadGraph(context.Background(), root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		m    Mutant
+		want []string
+	}{
+		{Mutant{File: "a/a.go"}, []string{"./a", "./b"}},
+		{Mutant{File: "a/csrc/k.cu"}, []string{"./a", "./b"}},
+		{Mutant{File: "c/c.go"}, []string{"./c"}},
+		{Mutant{File: "c/c.go", Packages: []string{"./a"}}, []string{"./a"}},
+	} {
+		got, err := g.Packages(c.m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(c.want, got); d != "" {
+			t.Errorf("%s: (-want +got):\n%s", c.m.File, d)
+		}
+	}
+}
