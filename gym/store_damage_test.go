@@ -355,3 +355,46 @@ func TestStateIndexTailConflictsWithDigest(t *testing.T) {
 	dir := indexedStore(t, "tailconflict", d, func([]byte) int { return len(lines[0]) + 1 })
 	wantMask(t, finalizeRID(t, dir, "tailconflict"), ReasonConflictingPayloads, `"t2"`, "line 2", "acknowledged in the state index")
 }
+
+// TestAcknowledgedLineIsNeverTorn: a last line that is not JSON is a torn
+// write (dropped, the rollout incomplete) only in the unacknowledged tail.
+// Before indexed_size it was written in full once: garbage there is damage
+// that masks the rollout, naming the line, not a write still in progress.
+func TestAcknowledgedLineIsNeverTorn(t *testing.T) {
+	for _, c := range []struct {
+		name, state string
+		torn        bool
+	}{
+		{"acknowledged", "", false},
+		{"in the tail", `{"indexed_size":0,"entry_digests":{}}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := frozenStore(t, "garbled", twoTurnCalls())
+			path := filepath.Join(dir, "garbled"+SuffixEntries)
+			data, _ := os.ReadFile(path)
+			second := bytes.IndexByte(data, '\n') + 1
+			copy(data[second:], "@@@@") // same length, no longer JSON
+			if err := os.WriteFile(path, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if c.state != "" {
+				os.WriteFile(filepath.Join(dir, "garbled"+SuffixState), []byte(c.state), 0o644)
+			}
+			r, err := NewReader(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap, err := r.Snapshot("garbled")
+			if c.torn {
+				if err != nil || !snap.Incomplete || len(snap.Entries) != 1 {
+					t.Fatalf("a torn tail line: snapshot %+v, %v; want the first entry, incomplete", snap, err)
+				}
+				return
+			}
+			var d *CaptureDamage
+			if !errors.As(err, &d) || d.Reason != ReasonInvalidCapture || !strings.Contains(err.Error(), "garbled"+SuffixEntries+":2:") {
+				t.Fatalf("garbage in an acknowledged line: %v (snapshot %+v), want %s naming file:2", err, snap, ReasonInvalidCapture)
+			}
+		})
+	}
+}
