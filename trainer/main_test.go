@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -111,8 +112,8 @@ func TestSecondSignalKillsBySignal(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), watchSignalsEnv+"=1")
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		stderr := &lockedBuffer{}
+		cmd.Stderr = stderr
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -126,7 +127,14 @@ func TestSecondSignalKillsBySignal(t *testing.T) {
 			t.Fatalf("helper said %q", line)
 		}
 		cmd.Process.Signal(sig)
-		time.Sleep(50 * time.Millisecond) // the first is taken before the second arrives
+		// The second is sent once the first was taken: two signals of a
+		// kind pending at once are one.
+		for deadline := time.Now().Add(time.Minute); !strings.Contains(stderr.String(), "stopping after the step in progress"); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				cmd.Process.Kill()
+				t.Fatalf("%v: the first signal was not announced:\n%s", sig, stderr.String())
+			}
+		}
 		cmd.Process.Signal(sig)
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
@@ -149,4 +157,22 @@ func TestSecondSignalKillsBySignal(t *testing.T) {
 			}
 		}
 	}
+}
+
+// lockedBuffer collects a process's output, readable while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -7,19 +7,48 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
+// lockedBuffer collects a process's output, readable while it runs.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// waitFor waits until the output holds want, or fails after a minute.
+func (l *lockedBuffer) waitFor(t *testing.T, want string) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !strings.Contains(l.String(), want); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q after a minute:\n%s", want, l.String())
+		}
+	}
+}
+
 // startAndWait starts a long built-in run (with env added to its
 // environment) and waits until it has logged n steps.
-func startAndWait(t *testing.T, out string, n int, env ...string) (*exec.Cmd, *bytes.Buffer) {
+func startAndWait(t *testing.T, out string, n int, env ...string) (*exec.Cmd, *lockedBuffer) {
 	t.Helper()
 	cmd := trainCommand(trainArgs(out, 1000000)...)
 	cmd.Env = append(cmd.Env, env...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +57,7 @@ func startAndWait(t *testing.T, out string, n int, env ...string) (*exec.Cmd, *b
 	for {
 		b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
 		if bytes.Count(b, []byte{'\n'}) >= n {
-			return cmd, &stderr
+			return cmd, stderr
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no %d steps after a minute: %s", n, stderr.String())
@@ -68,7 +97,9 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
 	cmd, stderr := startAndWait(t, out, 3, holdStopEnv+"=1")
 	cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(time.Millisecond)
+	// The second is sent once the first was taken: two SIGINTs pending at
+	// once are one.
+	stderr.waitFor(t, "SIGINT: stopping after the step in progress")
 	cmd.Process.Signal(syscall.SIGINT)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
