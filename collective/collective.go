@@ -49,6 +49,25 @@ type Comm interface {
 	Close() error
 }
 
+// Pending is a collective an Overlapper queued.
+type Pending interface {
+	// Wait orders the backend's work queued after it behind the collective
+	// (on a device, the compute stream waits for an event; the host does
+	// not block).
+	Wait() error
+}
+
+// Overlapper is implemented by a Comm that can run collectives concurrently
+// with the backend's compute (NCCL, on a stream of its own). Each call is
+// queued after every operation the backend has queued so far, so the
+// collective sees their results and they are done reading its buffers; the
+// backend's later work sees its result only after Wait. A Comm without it
+// runs each collective in order with the backend's work.
+type Overlapper interface {
+	AllGatherAsync(dst, src kernels.Buf) (Pending, error)
+	ReduceScatterSumAsync(dst, src kernels.Buf) (Pending, error)
+}
+
 // ErrNotBuilt is returned by implementations this binary was built without
 // (CGO_ENABLED=0).
 var ErrNotBuilt = errors.New("dist: not built in (this binary was built with CGO_ENABLED=0)")

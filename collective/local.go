@@ -111,6 +111,20 @@ func (c *localComm) host(b kernels.Buf) ([]byte, error) {
 		v := make([]int32, b.N)
 		c.mem.DownloadI32(v, b)
 		return i32Bytes(v), c.mem.Sync()
+	case kernels.BF16:
+		h, ok := c.mem.(interface{ BF16(kernels.Buf) []uint16 })
+		if !ok {
+			break
+		}
+		if err := c.mem.Sync(); err != nil {
+			return nil, err
+		}
+		v := h.BF16(b)
+		out := make([]byte, 2*len(v))
+		for i, x := range v {
+			out[2*i], out[2*i+1] = byte(x), byte(x>>8)
+		}
+		return out, nil
 	}
 	return nil, fmt.Errorf("dist: local: %s buffers", b.DType)
 }
@@ -121,11 +135,19 @@ func (c *localComm) put(b kernels.Buf, data []byte) error {
 		c.mem.UploadF32(b, bytesF32(data))
 	case kernels.I32:
 		c.mem.UploadI32(b, bytesI32(data))
+	case kernels.BF16:
+		v := c.mem.(interface{ BF16(kernels.Buf) []uint16 }).BF16(b)
+		for i := range v {
+			v[i] = uint16(data[2*i]) | uint16(data[2*i+1])<<8
+		}
 	}
 	return c.mem.Sync()
 }
 
 func (c *localComm) AllReduceSum(buf kernels.Buf) error {
+	if buf.DType == kernels.BF16 {
+		return fmt.Errorf("dist: local: all-reduce of bf16 (sums are F32 or I32)")
+	}
 	mine, err := c.host(buf)
 	if err != nil {
 		return err
@@ -140,6 +162,9 @@ func (c *localComm) AllReduceSum(buf kernels.Buf) error {
 func (c *localComm) ReduceScatterSum(dst, src kernels.Buf) error {
 	if src.N != dst.N*c.g.n || src.DType != dst.DType {
 		return fmt.Errorf("dist: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.g.n)
+	}
+	if src.DType == kernels.BF16 {
+		return fmt.Errorf("dist: local: reduce-scatter of bf16 (sums are F32 or I32)")
 	}
 	mine, err := c.host(src)
 	if err != nil {

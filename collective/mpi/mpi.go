@@ -33,11 +33,12 @@ typedef struct {
 	int (*Reduce_scatter_block)(const void*, void*, int, tg_h, tg_h, tg_h);
 	int (*Allgather)(const void*, int, tg_h, void*, int, tg_h, tg_h);
 	int (*Bcast)(void*, int, tg_h, int, tg_h);
+	int (*Sendrecv)(const void*, int, tg_h, int, int, void*, int, tg_h, int, int, tg_h, void*);
 	int (*Barrier)(tg_h);
 	int (*Abort)(tg_h, int);
 	int (*Finalize)(void);
 	int (*Error_string)(int, char*, int*);
-	tg_h world, f32, i32, sum;
+	tg_h world, f32, i32, byte, sum;
 } tg_mpi;
 
 static const struct { const char* name; size_t off; } tg_mpi_syms[] = {
@@ -49,6 +50,7 @@ static const struct { const char* name; size_t off; } tg_mpi_syms[] = {
 	{"MPI_Reduce_scatter_block", offsetof(tg_mpi, Reduce_scatter_block)},
 	{"MPI_Allgather", offsetof(tg_mpi, Allgather)},
 	{"MPI_Bcast", offsetof(tg_mpi, Bcast)},
+	{"MPI_Sendrecv", offsetof(tg_mpi, Sendrecv)},
 	{"MPI_Barrier", offsetof(tg_mpi, Barrier)},
 	{"MPI_Abort", offsetof(tg_mpi, Abort)},
 	{"MPI_Finalize", offsetof(tg_mpi, Finalize)},
@@ -56,6 +58,7 @@ static const struct { const char* name; size_t off; } tg_mpi_syms[] = {
 	{"ompi_mpi_comm_world", offsetof(tg_mpi, world)},
 	{"ompi_mpi_float", offsetof(tg_mpi, f32)},
 	{"ompi_mpi_int", offsetof(tg_mpi, i32)},
+	{"ompi_mpi_byte", offsetof(tg_mpi, byte)},
 	{"ompi_mpi_op_sum", offsetof(tg_mpi, sum)},
 };
 
@@ -93,7 +96,8 @@ static int tg_mpi_init(tg_mpi* m, int* provided, int* rank, int* size) {
 	return m->Comm_size(m->world, size);
 }
 
-static tg_h tg_type(tg_mpi* m, int i32) { return i32 ? m->i32 : m->f32; }
+// kind: 0 float32, 1 int32, 2 bytes (bf16 is moved as two bytes an element).
+static tg_h tg_type(tg_mpi* m, int kind) { return kind == 2 ? m->byte : kind == 1 ? m->i32 : m->f32; }
 
 static int tg_allreduce(tg_mpi* m, void* buf, int n, int i32) {
 	return m->Allreduce(TG_IN_PLACE, buf, n, tg_type(m, i32), m->sum, m->world);
@@ -101,6 +105,28 @@ static int tg_allreduce(tg_mpi* m, void* buf, int n, int i32) {
 static int tg_reduce_scatter(tg_mpi* m, const void* src, void* dst, int n, int i32) {
 	return m->Reduce_scatter_block(src, dst, n, tg_type(m, i32), m->sum, m->world);
 }
+// tg_reduce_scatter_ring sums src (size·n floats) over the ranks into dst
+// (n), rank r getting block r, along a ring: in step s each rank sends its
+// running sum of block (r−s−1) mod size to the next rank and adds its own
+// src to the sum of block (r−s−2) mod size received from the previous one;
+// after size−1 steps dst holds block r summed over every rank. Each
+// element is summed once, in one order, and only its owner keeps it; the
+// only scratch is n floats (tmp), where Open MPI's own algorithms allocate
+// the whole src on some rank.
+static int tg_reduce_scatter_ring(tg_mpi* m, const float* src, float* dst, float* tmp, int n, int rank, int size) {
+	int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+	int blk = ((rank - 1) % size + size) % size;
+	memcpy(dst, src + (size_t)blk * n, (size_t)n * sizeof(float));
+	for (int s = 0; s < size - 1; s++) {
+		int r = m->Sendrecv(dst, n, m->f32, next, 7, tmp, n, m->f32, prev, 7, m->world, (void*)0);
+		if (r) return r;
+		blk = ((rank - s - 2) % size + size) % size;
+		const float* own = src + (size_t)blk * n;
+		for (int i = 0; i < n; i++) dst[i] = tmp[i] + own[i];
+	}
+	return 0;
+}
+
 static int tg_allgather(tg_mpi* m, const void* src, void* dst, int n, int i32) {
 	return m->Allgather(src, n, tg_type(m, i32), dst, n, tg_type(m, i32), m->world);
 }
@@ -203,7 +229,8 @@ func errText(m *C.tg_mpi, code C.int) string {
 
 // comm is MPI_COMM_WORLD over a CPU backend's host buffers.
 type comm struct {
-	b *cpu.Backend
+	b       *cpu.Backend
+	scratch []float32 // the reduce-scatter ring's received block
 }
 
 func (c *comm) Rank() int    { return lib.rank }
@@ -232,8 +259,17 @@ func (c *comm) host(buf kernels.Buf, what string) (unsafe.Pointer, C.int, error)
 			return nil, 1, nil
 		}
 		return unsafe.Pointer(&s[0]), 1, nil
+	case kernels.BF16:
+		if what != "MPI_Allgather" && what != "MPI_Bcast" {
+			break // sums are F32 or I32
+		}
+		s := c.b.BF16(buf)
+		if len(s) == 0 {
+			return nil, 2, nil
+		}
+		return unsafe.Pointer(&s[0]), 2, nil
 	}
-	return nil, 0, fmt.Errorf("mpi: %s of %s buffers (F32 and I32 only)", what, buf.DType)
+	return nil, 0, fmt.Errorf("mpi: %s of %s buffers (F32 and I32; bf16 is gathered and broadcast, never summed)", what, buf.DType)
 }
 
 func (c *comm) call(what string, f func() C.int) error {
@@ -256,6 +292,9 @@ func (c *comm) AllReduceSum(buf kernels.Buf) error {
 	return c.call("MPI_Allreduce", func() C.int { return C.tg_allreduce(lib.m, p, C.int(buf.N), k) })
 }
 
+// ReduceScatterSum sums F32 over a ring of MPI_Sendrecv (see
+// tg_reduce_scatter_ring: scratch of one block, which the comm keeps) and
+// I32 with MPI_Reduce_scatter_block.
 func (c *comm) ReduceScatterSum(dst, src kernels.Buf) error {
 	if src.N != dst.N*lib.size || src.DType != dst.DType {
 		return fmt.Errorf("mpi: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, lib.size)
@@ -268,8 +307,21 @@ func (c *comm) ReduceScatterSum(dst, src kernels.Buf) error {
 	if err != nil {
 		return err
 	}
-	return c.call("MPI_Reduce_scatter_block", func() C.int { return C.tg_reduce_scatter(lib.m, s, d, C.int(dst.N), k) })
+	if k != 0 || lib.size == 1 {
+		return c.call("MPI_Reduce_scatter_block", func() C.int { return C.tg_reduce_scatter(lib.m, s, d, C.int(dst.N), k) })
+	}
+	if cap(c.scratch) < dst.N {
+		c.scratch = make([]float32, dst.N)
+	}
+	tmp := unsafe.Pointer(&c.scratch[0])
+	return c.call("MPI_Sendrecv (reduce-scatter ring)", func() C.int {
+		return C.tg_reduce_scatter_ring(lib.m, (*C.float)(s), (*C.float)(d), (*C.float)(tmp), C.int(dst.N), C.int(lib.rank), C.int(lib.size))
+	})
 }
+
+// ScratchBytes is the host memory the comm keeps for its collectives: one
+// block of the largest reduce-scatter so far.
+func (c *comm) ScratchBytes() int64 { return 4 * int64(cap(c.scratch)) }
 
 func (c *comm) AllGather(dst, src kernels.Buf) error {
 	if dst.N != src.N*lib.size || src.DType != dst.DType {
@@ -283,7 +335,14 @@ func (c *comm) AllGather(dst, src kernels.Buf) error {
 	if err != nil {
 		return err
 	}
-	return c.call("MPI_Allgather", func() C.int { return C.tg_allgather(lib.m, s, d, C.int(src.N), k) })
+	n := src.N
+	if k == 2 {
+		n *= 2
+	}
+	if n > math.MaxInt32 {
+		return fmt.Errorf("mpi: MPI_Allgather of %d bytes exceeds MPI's int count", n)
+	}
+	return c.call("MPI_Allgather", func() C.int { return C.tg_allgather(lib.m, s, d, C.int(n), k) })
 }
 
 func (c *comm) Broadcast(buf kernels.Buf, root int) error {
@@ -294,7 +353,14 @@ func (c *comm) Broadcast(buf kernels.Buf, root int) error {
 	if err != nil || buf.N == 0 {
 		return err
 	}
-	return c.call("MPI_Bcast", func() C.int { return C.tg_bcast(lib.m, p, C.int(buf.N), k, C.int(root)) })
+	n := buf.N
+	if k == 2 {
+		n *= 2
+	}
+	if n > math.MaxInt32 {
+		return fmt.Errorf("mpi: MPI_Bcast of %d bytes exceeds MPI's int count", n)
+	}
+	return c.call("MPI_Bcast", func() C.int { return C.tg_bcast(lib.m, p, C.int(n), k, C.int(root)) })
 }
 
 func (c *comm) Barrier() error {

@@ -167,6 +167,22 @@ func TestRankCollectives(t *testing.T) {
 			t.Fatalf("all-gather: %v", g)
 		}
 	}
+	// bf16 is gathered as bytes (the sharded model's weights).
+	h16, g16 := alloc(kernels.BF16, 5), alloc(kernels.BF16, 5*n)
+	for i := range b.BF16(h16) {
+		b.BF16(h16)[i] = uint16(1000*r + i)
+	}
+	if err := c.AllGather(g16, h16); err != nil {
+		t.Fatal(err)
+	}
+	for i, x := range b.BF16(g16) {
+		if want := uint16(1000*(i/5) + i%5); x != want {
+			t.Fatalf("bf16 all-gather [%d] = %d, want %d", i, x, want)
+		}
+	}
+	if err := c.ReduceScatterSum(alloc(kernels.BF16, 1), alloc(kernels.BF16, n)); err == nil {
+		t.Fatal("a bf16 reduce-scatter was accepted: sums are F32 or I32")
+	}
 	b.UploadI32(ints, []int32{int32(r), 7, 7})
 	if err := c.Broadcast(ints, n-1); err != nil {
 		t.Fatal(err)
