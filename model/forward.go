@@ -56,6 +56,10 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
 		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
 	}
+	if err := m.commErr(); err != nil {
+		m.haveForward = false
+		return nil, nil, fmt.Errorf("model: forward: %w", err)
+	}
 	if err := b.Sync(); err != nil {
 		m.haveForward = false
 		return nil, nil, fmt.Errorf("model: forward: %w", err)
@@ -141,14 +145,17 @@ func (m *Model) seqs() kernels.Seqs {
 
 // forward queues the forward pass of the staged micro-batch.
 func (m *Model) forward() {
-	T := m.lastT
-	if T == 0 {
+	if m.fs != nil {
+		m.shardedForward()
+		m.haveForward = true
+		return
+	}
+	if m.lastT == 0 {
 		m.haveForward = true
 		return
 	}
 	m.forwardBody(nil)
-	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHeadW,
-		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
+	m.head()
 	m.haveForward = true
 }
 
@@ -157,8 +164,7 @@ func (m *Model) forward() {
 // not nil, runs once each layer's activations are ready (with
 // Options.Recompute they are overwritten by the next layer).
 func (m *Model) forwardBody(after func(l int)) {
-	T, C := m.lastT, m.cfg.HiddenSize
-	m.b.Embedding(m.la[0].x.Slice(0, T*C), m.wte, m.tokens.Slice(0, T), T, C)
+	m.embed()
 	m.norm1(0)
 	for l := range m.la {
 		m.layerForward(l, true)
@@ -166,6 +172,19 @@ func (m *Model) forwardBody(after func(l int)) {
 			after(l)
 		}
 	}
+}
+
+// embed queues the embedding lookup into layer 0's input.
+func (m *Model) embed() {
+	T, C := m.lastT, m.cfg.HiddenSize
+	m.b.Embedding(m.la[0].x.Slice(0, T*C), m.wte, m.tokens.Slice(0, T), T, C)
+}
+
+// head queues the LM head over the final normed hidden states.
+func (m *Model) head() {
+	T := m.lastT
+	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHeadW,
+		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
 }
 
 // norm1 queues layer l's input norm: ln1 of la[l].x.
@@ -214,6 +233,18 @@ func (m *Model) ropeTo(dst, x32, pos, cos, sin kernels.Buf, T, H, HD int) {
 // attention operand, rounded to bf16 under mixed precision); gate and up
 // come from one GEMM into fused, then split.
 func (m *Model) layerForward(l int, full bool) {
+	if !full {
+		m.norm1(l)
+	}
+	m.layerBody(l)
+	if full {
+		m.layerTail(l)
+	}
+}
+
+// layerBody queues decoder layer l from its normed input la[l].ln1 up to
+// the MLP's activation h: everything but the down projection.
+func (m *Model) layerBody(l int) {
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -225,9 +256,6 @@ func (m *Model) layerForward(l int, full bool) {
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
-	if !full {
-		m.norm1(l)
-	}
 	qkv := tc(m.qkvOut, qkvN)
 	b.Matmul(qkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	if c.QKVBias() {
@@ -256,9 +284,17 @@ func (m *Model) layerForward(l int, full bool) {
 	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
 	b.CopyCols(tc(a.up, I), gu.Slice(I, T*2*I-I), T, I, I, 2*I)
 	b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
-	if !full {
-		return
-	}
+}
+
+// layerTail queues the end of decoder layer l's full forward: the down
+// projection and, fused with the residual add, the next layer's input
+// norm (layer l+1's ln1 weight) or the final norm (the head's).
+func (m *Model) layerTail(l int) {
+	b := m.b
+	T, C, I := m.lastT, m.cfg.HiddenSize, m.cfg.IntermediateSize
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	a, gw := &m.la[l], &m.gw[l]
+	xmid := tc(a.xmid, C)
 	if l+1 < len(m.la) {
 		n := &m.la[l+1]
 		next := tc(n.x, C)
@@ -286,7 +322,7 @@ func (m *Model) Backward(dlogprob []float32) error {
 	if len(dlogprob) != T {
 		return fmt.Errorf("model: backward: dlogprob has %d entries, the forward had %d tokens", len(dlogprob), T)
 	}
-	if T == 0 {
+	if T == 0 && m.fs == nil {
 		return nil
 	}
 	for s := 0; s < m.lastS; s++ {
@@ -299,6 +335,9 @@ func (m *Model) Backward(dlogprob []float32) error {
 	}
 	m.b.UploadF32(m.dlp.Slice(0, T), m.hDlp[:T])
 	m.backward()
+	if err := m.commErr(); err != nil {
+		return fmt.Errorf("model: backward: %w", err)
+	}
 	if err := m.b.Sync(); err != nil {
 		return fmt.Errorf("model: backward: %w", err)
 	}
@@ -310,6 +349,46 @@ func (m *Model) Backward(dlogprob []float32) error {
 // bf16 first (dxW, dattW, the packed q|k|v and gate|up gradients); the
 // gradients themselves accumulate in fp32.
 func (m *Model) backward() {
+	if m.fs != nil {
+		m.shardedBackward()
+		return
+	}
+	m.backwardHead()
+	for l := len(m.la) - 1; l >= 0; l-- {
+		m.backwardLayer(l)
+	}
+	m.backwardEmbed()
+}
+
+// gemmGrad returns g in the GEMMs' precision: g itself, or rounded into
+// the scratch w.
+func (m *Model) gemmGrad(g, w kernels.Buf) kernels.Buf {
+	if m.wdt == kernels.F32 {
+		return g
+	}
+	w = w.Slice(0, g.N)
+	m.b.Convert(w, g)
+	return w
+}
+
+// backwardHead queues the LM head's and the final norm's backward, leaving
+// the gradient of the last layer's output in dx.
+func (m *Model) backwardHead() {
+	b, c := m.b, m.cfg
+	T, C := m.lastT, c.HiddenSize
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	dx := tc(m.dx, C)
+	b.Fill(tc(m.dlnf, C), 0)
+	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHeadW,
+		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
+	b.Fill(dx, 0)
+	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
+}
+
+// backwardLayer queues decoder layer l's backward (recomputing its
+// activations first with Options.Recompute): dx holds the gradient of its
+// output on entry and of its input on return.
+func (m *Model) backwardLayer(l int) {
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -319,69 +398,55 @@ func (m *Model) backward() {
 	cos, sin, _ := m.ropeTables()
 	pos, seqs := m.pos.Slice(0, T), m.seqs()
 	dx, dln := tc(m.dx, C), tc(m.dln, C)
-	// gemmGrad returns g in the GEMMs' precision: g itself, or rounded into
-	// the scratch w.
-	gemmGrad := func(g, w kernels.Buf) kernels.Buf {
-		if m.wdt == kernels.F32 {
-			return g
-		}
-		w = w.Slice(0, g.N)
-		b.Convert(w, g)
-		return w
+	a, w, dw, gw := &m.la[l], &m.layers[l], &m.dlayers[l], &m.gw[l]
+	if m.opt.Recompute {
+		m.layerForward(l, false)
 	}
-
-	b.Fill(tc(m.dlnf, C), 0)
-	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHeadW,
-		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
-	b.Fill(dx, 0)
-	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
-
-	for l := len(m.la) - 1; l >= 0; l-- {
-		a, w, dw, gw := &m.la[l], &m.layers[l], &m.dlayers[l], &m.gw[l]
-		if m.opt.Recompute {
-			m.layerForward(l, false)
-		}
-		// MLP: x_{l+1} = xmid + down(silu(gate)·up), gate|up = ln2·Wguᵀ.
-		dh := tc(m.dh, I)
-		b.Fill(dh, 0)
-		b.MatmulBackward(dh, dw.down, gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
-		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
-		dgu := tc(m.fused, 2*I)
-		b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
-		b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
-		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
-		b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
-		// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
-		// q|k|v = ln1·Wqkvᵀ (+ bias).
-		datt := tc(m.datt, qn)
-		b.Fill(datt, 0)
-		b.MatmulBackward(datt, dw.o, gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
-		dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
-		b.AttentionBackward(dq, dk, dv, gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
-			tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
-		b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
-		b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
-		if c.Arch == Qwen3 {
-			dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
-			b.Fill(dqraw, 0)
-			b.Fill(dkraw, 0)
-			b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)
-			b.RMSNormBackward(dkraw, dw.kNorm, dk, tc(a.kraw, kn), w.kNorm, a.krstd.Slice(0, T*NKV), T*NKV, HD)
-			dq, dk = dqraw, dkraw
-		}
-		if c.QKVBias() {
-			b.BiasBackward(dw.qBias, dq, T, qn)
-			b.BiasBackward(dw.kBias, dk, T, kn)
-			b.BiasBackward(dw.vBias, dv, T, kn)
-		}
-		dqkv := tc(m.fused, qkvN)
-		b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
-		b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
-		b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
-		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
-		b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
+	// MLP: x_{l+1} = xmid + down(silu(gate)·up), gate|up = ln2·Wguᵀ.
+	dh := tc(m.dh, I)
+	b.Fill(dh, 0)
+	b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
+	b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
+	dgu := tc(m.fused, 2*I)
+	b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
+	b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
+	b.Fill(dln, 0)
+	b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+	b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
+	// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
+	// q|k|v = ln1·Wqkvᵀ (+ bias).
+	datt := tc(m.datt, qn)
+	b.Fill(datt, 0)
+	b.MatmulBackward(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
+	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
+	b.AttentionBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
+		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
+	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
+	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
+	if c.Arch == Qwen3 {
+		dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
+		b.Fill(dqraw, 0)
+		b.Fill(dkraw, 0)
+		b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)
+		b.RMSNormBackward(dkraw, dw.kNorm, dk, tc(a.kraw, kn), w.kNorm, a.krstd.Slice(0, T*NKV), T*NKV, HD)
+		dq, dk = dqraw, dkraw
 	}
-	b.EmbeddingBackward(m.dwte, dx, m.tokens.Slice(0, T), T, C)
+	if c.QKVBias() {
+		b.BiasBackward(dw.qBias, dq, T, qn)
+		b.BiasBackward(dw.kBias, dk, T, kn)
+		b.BiasBackward(dw.vBias, dv, T, kn)
+	}
+	dqkv := tc(m.fused, qkvN)
+	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
+	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
+	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
+	b.Fill(dln, 0)
+	b.MatmulBackward(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
+	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
+}
+
+// backwardEmbed queues the embedding's backward from dx.
+func (m *Model) backwardEmbed() {
+	T, C := m.lastT, m.cfg.HiddenSize
+	m.b.EmbeddingBackward(m.dwte, m.dx.Slice(0, T*C), m.tokens.Slice(0, T), T, C)
 }

@@ -136,8 +136,9 @@ type Model struct {
 	addNorm  kernels.AddRMSNormer
 	ropeConv kernels.RopeConverter
 
-	params, grads kernels.Buf
-	paramsW       kernels.Buf // bf16 copy of params (BF16 only)
+	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
+	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
+	fs            *fsdp       // sharding state; nil when every parameter is here
 	stale         bool        // paramsW is older than params
 	forwardOnly   bool        // no gradients or backward buffers (a reference, or Options.ForwardOnly)
 	ws            *workspace
@@ -261,6 +262,9 @@ func NewReference(policy *Model) (*Model, error) {
 	if policy.forwardOnly {
 		return nil, errors.New("model: NewReference of a reference model")
 	}
+	if policy.fs != nil {
+		return newShardedReference(policy)
+	}
 	m, err := shell(policy.cfg, policy.opt)
 	if err != nil {
 		return nil, err
@@ -317,54 +321,60 @@ func (m *Model) hostStaging() {
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
 }
 
-// views cuts the parameter (and gradient) views out of the arenas.
+// views cuts the parameter (and gradient) views out of the arenas, or of
+// a sharded model's gathered and gradient slots (paramBase).
 func (m *Model) views() {
-	view := func(arena kernels.Buf, i int) kernels.Buf {
-		if i < 0 || arena.N == 0 {
+	// view is parameter i's view of kind (paramBase); run the fused view
+	// of parameters first..last, adjacent in the arena and in their flat.
+	view := func(i, kind int) kernels.Buf {
+		if i < 0 {
 			return kernels.Buf{}
 		}
-		p := m.table.Params[i]
-		return arena.Slice(p.Offset, p.N)
-	}
-	// run is the fused view of parameters first..last, adjacent in the arena.
-	run := func(arena kernels.Buf, first, last int) kernels.Buf {
-		if first < 0 || arena.N == 0 {
+		buf, off := m.paramBase(i, kind)
+		if buf.N == 0 {
 			return kernels.Buf{}
 		}
-		lo, hi := m.table.Params[first], m.table.Params[last]
-		return arena.Slice(lo.Offset, hi.Offset+hi.N-lo.Offset)
+		return buf.Slice(off, m.table.Params[i].N)
 	}
-	m.wte, m.dwte = view(m.params, m.tidx.wte), view(m.grads, m.tidx.wte)
-	m.norm, m.dnorm = view(m.params, m.tidx.norm), view(m.grads, m.tidx.norm)
-	weights := m.params
-	if m.wdt == kernels.BF16 {
-		weights = m.paramsW
+	run := func(first, last, kind int) kernels.Buf {
+		if first < 0 {
+			return kernels.Buf{}
+		}
+		buf, lo := m.paramBase(first, kind)
+		if buf.N == 0 {
+			return kernels.Buf{}
+		}
+		_, hi := m.paramBase(last, kind)
+		return buf.Slice(lo, hi+m.table.Params[last].N-lo)
 	}
+	const w32, wW, grad = 0, 1, 2
+	m.wte, m.dwte = view(m.tidx.wte, w32), view(m.tidx.wte, grad)
+	m.norm, m.dnorm = view(m.tidx.norm, w32), view(m.tidx.norm, grad)
 	if m.cfg.TieWordEmbeddings {
 		m.lmHead, m.dlmHead = m.wte, m.dwte
-		m.lmHeadW = view(weights, m.tidx.wte)
+		m.lmHeadW = view(m.tidx.wte, wW)
 	} else {
-		m.lmHead, m.dlmHead = view(m.params, m.tidx.lmHead), view(m.grads, m.tidx.lmHead)
-		m.lmHeadW = view(weights, m.tidx.lmHead)
+		m.lmHead, m.dlmHead = view(m.tidx.lmHead, w32), view(m.tidx.lmHead, grad)
+		m.lmHeadW = view(m.tidx.lmHead, wW)
 	}
 	m.layers, m.dlayers, m.gw = nil, nil, nil
 	for _, li := range m.lidx {
-		for _, arena := range []kernels.Buf{m.params, m.grads} {
+		for _, kind := range []int{w32, grad} {
 			lv := layerView{
-				ln1:   view(arena, li.ln1),
-				qBias: view(arena, li.qBias), kBias: view(arena, li.kBias), vBias: view(arena, li.vBias),
-				o: view(arena, li.o), qNorm: view(arena, li.qNorm), kNorm: view(arena, li.kNorm),
-				ln2: view(arena, li.ln2), down: view(arena, li.down),
-				qkv: run(arena, li.q, li.v), qkvBias: run(arena, li.qBias, li.vBias), gu: run(arena, li.gate, li.up),
+				ln1:   view(li.ln1, kind),
+				qBias: view(li.qBias, kind), kBias: view(li.kBias, kind), vBias: view(li.vBias, kind),
+				o: view(li.o, kind), qNorm: view(li.qNorm, kind), kNorm: view(li.kNorm, kind),
+				ln2: view(li.ln2, kind), down: view(li.down, kind),
+				qkv: run(li.q, li.v, kind), qkvBias: run(li.qBias, li.vBias, kind), gu: run(li.gate, li.up, kind),
 			}
-			if arena == m.params {
+			if kind == w32 {
 				m.layers = append(m.layers, lv)
 			} else {
 				m.dlayers = append(m.dlayers, lv)
 			}
 		}
 		m.gw = append(m.gw, gemmWeights{
-			qkv: run(weights, li.q, li.v), o: view(weights, li.o), gu: run(weights, li.gate, li.up), down: view(weights, li.down),
+			qkv: run(li.q, li.v, wW), o: view(li.o, wW), gu: run(li.gate, li.up, wW), down: view(li.down, wW),
 		})
 	}
 }
@@ -602,11 +612,16 @@ type Footprint struct {
 	Activations int64 // saved activations and scratch of forward and backward
 	Inputs      int64 // token ids, positions, targets, sequence offsets
 	Rope        int64 // RoPE cos/sin tables
+	// A sharded model's communication buffers: the gathered groups' slots
+	// (compute precision, vectors fp32) and the gradient slots with the
+	// reduce-scatters' scratch (fp32). Weights, WeightsBF16 and Grads are
+	// then its shards.
+	Gathered, GradReduce int64
 }
 
 // Total is the sum of every part.
 func (f Footprint) Total() int64 {
-	return f.Weights + f.WeightsBF16 + f.Grads + f.Activations + f.Inputs + f.Rope
+	return f.Weights + f.WeightsBF16 + f.Grads + f.Activations + f.Inputs + f.Rope + f.Gathered + f.GradReduce
 }
 
 func (sz arenaSizes) footprint(wdt kernels.DType) Footprint {
@@ -655,6 +670,11 @@ func PlanReference(cfg Config, opt Options) (Footprint, error) {
 // weights.
 func (m *Model) Footprint() Footprint {
 	f := Footprint{Weights: int64(m.params.N) * 4, WeightsBF16: int64(m.paramsW.N) * 2, Grads: int64(m.grads.N) * 4}
+	if m.fs != nil {
+		z, _ := m.shardSizes(&m.fs.sh, m.fs.reshard)
+		f.WeightsBF16 = 2 * int64(z.matW)
+		f.Gathered, f.GradReduce = z.gathered, z.reduce
+	}
 	if m.owner == nil && m.ws != nil {
 		f.Activations = int64(m.ws.acts.N) * 4
 		if m.ws.actsW.N > 0 {
@@ -671,6 +691,11 @@ func (m *Model) Close() {
 	bufs := []*kernels.Buf{&m.params, &m.paramsW, &m.grads, &m.rope}
 	if m.ws != nil && m.owner == nil {
 		bufs = append(bufs, &m.ws.acts, &m.ws.actsW, &m.ws.ints)
+	}
+	if m.fs != nil {
+		for i := range m.fs.own {
+			bufs = append(bufs, &m.fs.own[i])
+		}
 	}
 	for _, b := range bufs {
 		if b.N > 0 {
@@ -701,7 +726,12 @@ func (m *Model) Params() kernels.Buf { return m.params }
 // ParamsChanged tells the model its parameters were written behind its
 // back (by the optimizer's update): under mixed precision the next Forward
 // remakes the bf16 copy, once, whatever the number of micro-batches.
-func (m *Model) ParamsChanged() { m.stale = true }
+func (m *Model) ParamsChanged() {
+	m.stale = true
+	if m.fs != nil {
+		m.fs.invalidate(m)
+	}
+}
 
 // syncWeights remakes the bf16 copy of the weights if they changed.
 func (m *Model) syncWeights() {

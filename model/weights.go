@@ -1,7 +1,9 @@
 package model
 
 import (
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
 // InitStd is the standard deviation of random initialisation (HF's
@@ -36,7 +39,8 @@ func (m *Model) InitRandom(seed uint64) {
 		largest = max(largest, p.N)
 	}
 	host := make([]float32, min(largest, initChunk))
-	for _, p := range m.table.Params {
+	for i, p := range m.table.Params {
+		lo, hi, at := m.Owned(i) // a sharded model draws every value and keeps its own
 		for off := 0; off < p.N; off += len(host) {
 			dst := host[:min(len(host), p.N-off)]
 			switch {
@@ -51,29 +55,33 @@ func (m *Model) InitRandom(seed uint64) {
 					dst[i] = float32(r.NormFloat64() * InitStd)
 				}
 			}
-			m.b.UploadF32(m.params.Slice(p.Offset+off, len(dst)), dst)
+			if a, b := max(off, lo), min(off+len(dst), hi); a < b {
+				m.b.UploadF32(m.params.Slice(at+a-lo, b-a), dst[a-off:b-off])
+			}
 		}
 	}
-	m.stale = true
+	m.ParamsChanged()
 }
 
 // initChunk is how many values InitRandom stages at a time (4 MiB).
 const initChunk = 1 << 20
 
-// ParamsHost downloads the parameter arena.
+// ParamsHost downloads the parameter arena (a sharded model's shard
+// arena).
 func (m *Model) ParamsHost() []float32 {
-	host := make([]float32, m.table.Total)
+	host := make([]float32, m.params.N)
 	m.b.DownloadF32(host, m.params)
 	return host
 }
 
-// SetParamsHost uploads a whole parameter arena.
+// SetParamsHost uploads a whole parameter arena (a sharded model's shard
+// arena).
 func (m *Model) SetParamsHost(host []float32) error {
-	if len(host) != m.table.Total {
-		return fmt.Errorf("model: %d parameters given, the table holds %d", len(host), m.table.Total)
+	if len(host) != m.params.N {
+		return fmt.Errorf("model: %d parameters given, the arena holds %d", len(host), m.params.N)
 	}
 	m.b.UploadF32(m.params, host)
-	m.stale = true
+	m.ParamsChanged()
 	return nil
 }
 
@@ -133,9 +141,10 @@ func (m *Model) LoadHF(dir string) error {
 	if tiedHead {
 		head = make([]float32, len(host))
 	}
-	for _, p := range m.table.Params {
-		for off := 0; off < p.N; off += len(host) {
-			buf := host[:min(len(host), p.N-off)]
+	for i, p := range m.table.Params {
+		lo, hi, at := m.Owned(i) // a sharded model reads the ranges it holds
+		for off := lo; off < hi; off += len(host) {
+			buf := host[:min(len(host), hi-off)]
 			if err := set.ReadF32At(p.Name, off, buf); err != nil {
 				return fmt.Errorf("model: load: %w", err)
 			}
@@ -155,8 +164,8 @@ func (m *Model) LoadHF(dir string) error {
 					}
 				}
 			}
-			m.b.UploadF32(m.params.Slice(p.Offset+off, len(buf)), buf)
-			m.stale = true
+			m.b.UploadF32(m.params.Slice(at+off-lo, len(buf)), buf)
+			m.ParamsChanged()
 		}
 	}
 	if err := m.b.Sync(); err != nil {
@@ -186,9 +195,21 @@ func (m *Model) SaveHF(dir string) error {
 
 // SaveHFAs is SaveHF with the weights rounded to dtype (F32, BF16 or F16).
 func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
+	return m.SaveHFWith(dir, dtype, nil)
+}
+
+// SaveHFWith is SaveHFAs with meta as the file's __metadata__ (nil: format
+// "pt" with FormatName and FormatVersion), for a checkpoint's own.
+func (m *Model) SaveHFWith(dir string, dtype safetensors.DType, meta map[string]string) error {
+	if meta == nil {
+		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
+	}
 	torchName := map[safetensors.DType]string{safetensors.F32: "float32", safetensors.BF16: "bfloat16", safetensors.F16: "float16"}[dtype]
 	if torchName == "" {
 		return fmt.Errorf("model: save: dtype %s: expected F32, BF16 or F16", dtype)
+	}
+	if m.fs != nil {
+		return m.saveSharded(dir, dtype, torchName, meta)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("model: save: %w", err)
@@ -200,7 +221,6 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 		largest = max(largest, p.N)
 	}
 	host := make([]float32, largest)
-	meta := map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
 	err := safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, func(w *safetensors.Writer) error {
 		for _, t := range w.Tensors() {
 			p, _ := m.table.Lookup(t.Name)
@@ -216,6 +236,88 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 	})
 	if err != nil {
 		return fmt.Errorf("model: save: %w", err)
+	}
+	cfgJSON, err := m.cfg.JSON(torchName)
+	if err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), cfgJSON); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	return nil
+}
+
+// saveSharded is SaveHFAs of a sharded model, a collective: the ranks
+// gather one group at a time, in the file's tensor order, and rank 0
+// streams each tensor into its writer, so no rank holds more than one
+// group. The file is the one a model holding every weight writes, byte for
+// byte.
+func (m *Model) saveSharded(dir string, dtype safetensors.DType, torchName string, meta map[string]string) error {
+	rank0 := m.fs.sh.Rank == 0
+	var werr error // rank 0's own failure: it keeps gathering with the others
+	if rank0 {
+		werr = os.MkdirAll(dir, 0o755)
+	}
+	specs := make([]safetensors.Spec, len(m.table.Params))
+	for i, p := range m.table.Params {
+		specs[i] = safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape}
+	}
+	order, err := safetensors.NewWriter(io.Discard, specs, meta)
+	if err != nil {
+		return fmt.Errorf("model: save: %w", err)
+	}
+	var groups []int
+	var runs [][]int
+	for _, t := range order.Tensors() {
+		i := m.table.byName[t.Name]
+		g := m.table.Params[i].Group
+		if len(groups) == 0 || groups[len(groups)-1] != g {
+			groups, runs = append(groups, g), append(runs, nil)
+		}
+		runs[len(runs)-1] = append(runs[len(runs)-1], i)
+	}
+	var host []float32
+	if rank0 {
+		host = make([]float32, initChunk)
+	}
+	called := false
+	write := func(w *safetensors.Writer) error {
+		called = true
+		k := 0
+		err := m.gatherGroups(groups, func(g int, mat, vec kernels.Buf) {
+			run := runs[k]
+			k++
+			if w == nil || werr != nil {
+				return
+			}
+			for _, i := range run {
+				p := m.table.Params[i]
+				src := mat
+				if p.Flat == FlatVector {
+					src = vec
+				}
+				for off := 0; off < p.N && werr == nil; off += len(host) {
+					n := min(len(host), p.N-off)
+					m.b.DownloadF32(host[:n], src.Slice(p.FlatOffset+off, n))
+					if werr = m.b.Sync(); werr == nil {
+						werr = w.WriteF32(p.Name, host[:n])
+					}
+				}
+			}
+		})
+		return errors.Join(err, werr)
+	}
+	if rank0 && werr == nil {
+		err = safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, write)
+	}
+	if !called { // every rank gathers, whatever rank 0 met
+		err = errors.Join(err, werr, write(nil))
+	}
+	if err != nil {
+		return fmt.Errorf("model: save: %w", err)
+	}
+	if !rank0 {
+		return nil
 	}
 	cfgJSON, err := m.cfg.JSON(torchName)
 	if err != nil {
