@@ -5,15 +5,18 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
 // Backend is the part of a kernels.Backend the optimizer uses.
 type Backend interface {
 	kernels.Memory
-	// AdamW and SumSquares are the kernels.Ops methods of the same names.
+	// AdamW, SumSquares and Fill are the kernels.Ops methods of the same
+	// names.
 	AdamW(param, grad, m, v kernels.Buf, step kernels.AdamWStep)
 	SumSquares(out, x kernels.Buf)
+	Fill(x kernels.Buf, v float32)
 }
 
 // Group is a range [Off, Off+N) of the parameter arena; Decay says whether
@@ -22,6 +25,18 @@ type Backend interface {
 type Group struct {
 	Off, N int
 	Decay  bool
+}
+
+// Sharded makes an optimizer step one rank's shard of the parameters
+// (fully sharded data parallel): the gradient norm sums every rank's
+// squared norms per group ID in one all-reduce of IDs floats, so clipping
+// and the non-finite check are global and every rank skips the same step.
+type Sharded struct {
+	Comm collective.Comm
+	IDs  int // group IDs run over [0, IDs)
+	// GroupID numbers each of the rank's groups among every rank's: the
+	// parts of one parameter on different ranks share an ID.
+	GroupID []int
 }
 
 // NonFinite says what Step does when the gradient norm is NaN or ±Inf.
@@ -75,7 +90,8 @@ type AdamW struct {
 	param   kernels.Buf
 	grad    kernels.Buf
 	moments kernels.Buf // (2N): m then v
-	sums    kernels.Buf // (len(groups)) per-group Σg²
+	sums    kernels.Buf // (len(groups), or the IDs when sharded) per-group Σg²
+	shard   *Sharded
 	host    []float32
 	st      State
 }
@@ -84,13 +100,37 @@ type AdamW struct {
 // and grad, two F32 buffers of the same length. Groups must be sorted,
 // disjoint and inside the arena.
 func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*AdamW, error) {
+	return newAdamW(be, param, grad, groups, cfg, nil)
+}
+
+// NewSharded is New over one rank's shard (see Sharded). Each group's ID
+// must be in [0, sh.IDs) and unique on this rank; an arena element in no
+// group (a shard's padding) is never updated nor counted.
+func NewSharded(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, sh Sharded) (*AdamW, error) {
+	if sh.Comm == nil || sh.IDs < 1 {
+		return nil, fmt.Errorf("optim: sharded optimizer needs a communicator and group IDs")
+	}
+	if len(sh.GroupID) != len(groups) {
+		return nil, fmt.Errorf("optim: %d group IDs for %d groups", len(sh.GroupID), len(groups))
+	}
+	seen := make(map[int]bool, len(groups))
+	for i, id := range sh.GroupID {
+		if id < 0 || id >= sh.IDs || seen[id] {
+			return nil, fmt.Errorf("optim: group %d: ID %d: want a unique ID in [0, %d)", i, id, sh.IDs)
+		}
+		seen[id] = true
+	}
+	return newAdamW(be, param, grad, groups, cfg, &sh)
+}
+
+func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, sh *Sharded) (*AdamW, error) {
 	if param.DType != kernels.F32 || grad.DType != kernels.F32 {
 		return nil, fmt.Errorf("optim: param and grad must be f32, got %v and %v", param.DType, grad.DType)
 	}
 	if param.N != grad.N {
 		return nil, fmt.Errorf("optim: param has %d elements, grad %d", param.N, grad.N)
 	}
-	if len(groups) == 0 {
+	if len(groups) == 0 && sh == nil {
 		return nil, fmt.Errorf("optim: no parameter groups")
 	}
 	end := 0
@@ -115,7 +155,7 @@ func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*Adam
 	if cfg.NonFinite != SkipNonFinite && cfg.NonFinite != AbortNonFinite {
 		return nil, fmt.Errorf("optim: unknown non-finite policy %d", cfg.NonFinite)
 	}
-	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad}
+	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad, shard: sh}
 	for _, g := range groups {
 		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
 			o.runs[n-1].N += g.N
@@ -124,7 +164,11 @@ func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*Adam
 		o.runs = append(o.runs, g)
 	}
 	var err error
-	moments, sums := sizes(param.N, len(groups))
+	nsums := len(groups)
+	if sh != nil {
+		nsums = sh.IDs
+	}
+	moments, sums := sizes(param.N, nsums)
 	if o.moments, err = be.Alloc(kernels.F32, moments); err != nil {
 		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", moments, err)
 	}
@@ -132,7 +176,7 @@ func New(be Backend, param, grad kernels.Buf, groups []Group, cfg Config) (*Adam
 		be.Free(o.moments)
 		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
 	}
-	o.host = make([]float32, len(groups))
+	o.host = make([]float32, nsums)
 	return o, nil
 }
 
@@ -184,10 +228,23 @@ func (o *AdamW) SetState(st State) error {
 }
 
 // GradNorm computes the global gradient norm over the groups and the
-// per-group sums of squares (one download).
+// per-group sums of squares (one download; sharded: per ID, over every
+// rank, after one all-reduce).
 func (o *AdamW) GradNorm() (float64, []float64, error) {
+	if o.shard != nil {
+		o.be.Fill(o.sums, 0)
+	}
 	for i, g := range o.groups {
-		o.be.SumSquares(o.sums.Slice(i, 1), o.grad.Slice(g.Off, g.N))
+		slot := i
+		if o.shard != nil {
+			slot = o.shard.GroupID[i]
+		}
+		o.be.SumSquares(o.sums.Slice(slot, 1), o.grad.Slice(g.Off, g.N))
+	}
+	if o.shard != nil {
+		if err := o.shard.Comm.AllReduceSum(o.sums); err != nil {
+			return 0, nil, fmt.Errorf("optim: gradient norm: %w", err)
+		}
 	}
 	o.be.DownloadF32(o.host, o.sums)
 	if err := o.be.Sync(); err != nil {
@@ -222,8 +279,11 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 				break
 			}
 		}
-		g := o.groups[first]
 		if o.cfg.NonFinite == AbortNonFinite {
+			if o.shard != nil {
+				return res, fmt.Errorf("%w: norm %v; first non-finite group ID %d has sum of squares %v (over every rank)", ErrNonFiniteGrad, norm, first, per[first])
+			}
+			g := o.groups[first]
 			return res, fmt.Errorf("%w: norm %v; first non-finite group %d (elements [%d, %d)) has sum of squares %v", ErrNonFiniteGrad, norm, first, g.Off, g.Off+g.N, per[first])
 		}
 		o.st.Skipped++
