@@ -211,7 +211,9 @@ func ParseManifest(b []byte) (Manifest, error) {
 		return Manifest{}, fmt.Errorf("version: want %d, found %d", FormatVersion, m.Version)
 	}
 	seen := map[string]bool{}
-	var model, config, optim, ts int
+	var model, config, optim, ts, index int
+	shards := map[int]bool{}
+	world := -1
 	for i, f := range m.Files {
 		switch f.Name {
 		case ModelFile:
@@ -222,8 +224,18 @@ func ParseManifest(b []byte) (Manifest, error) {
 			optim++
 		case TrainerStateFile:
 			ts++
+		case ShardIndexFile:
+			index++
 		default:
-			return Manifest{}, fmt.Errorf("files[%d].name: want one of the checkpoint's files, found %q", i, f.Name)
+			r, w, ok := parseShardFile(f.Name)
+			if !ok {
+				return Manifest{}, fmt.Errorf("files[%d].name: want one of the checkpoint's files, found %q", i, f.Name)
+			}
+			if world >= 0 && w != world {
+				return Manifest{}, fmt.Errorf("files[%d].name: %q: shards of %d and of %d ranks in one checkpoint", i, f.Name, world, w)
+			}
+			world = w
+			shards[r] = true
 		}
 		if seen[f.Name] {
 			return Manifest{}, fmt.Errorf("files[%d].name: %q listed twice", i, f.Name)
@@ -238,6 +250,13 @@ func ParseManifest(b []byte) (Manifest, error) {
 		if len(f.SHA256) != 64 || strings.Trim(f.SHA256, "0123456789abcdef") != "" {
 			return Manifest{}, fmt.Errorf("files[%d] (%s).sha256: want 64 lowercase hex digits, found %q", i, f.Name, f.SHA256)
 		}
+	}
+	if index > 0 || world >= 0 {
+		if model != 1 || config != 1 || optim != 0 || ts != 1 || index != 1 || len(shards) != world {
+			return Manifest{}, fmt.Errorf("files: a sharded checkpoint has %s, %s, %s, %s and one shard file per rank (%d ranks: %d shard files), found %d entries",
+				ModelFile, ConfigFile, TrainerStateFile, ShardIndexFile, max(world, 0), len(shards), len(m.Files))
+		}
+		return m, nil
 	}
 	if model != 1 || config != 1 || optim != 1 || ts != 1 {
 		return Manifest{}, fmt.Errorf("files: want %s, %s, one optimizer file and %s, found %d entries", ModelFile, ConfigFile, TrainerStateFile, len(m.Files))
@@ -289,6 +308,13 @@ func Load(path string, opt LoadOptions) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if man.Sharded() {
+		return nil, fmt.Errorf("checkpoint: %s is sharded (%s): read its tensors through OpenTensors", path, ShardIndexFile)
+	}
+	st, err := loadMeta(path, man, opt)
+	if err != nil {
+		return nil, err
+	}
 	entry := map[string]FileEntry{}
 	var optEntry FileEntry
 	for _, f := range man.Files {
@@ -296,6 +322,35 @@ func Load(path string, opt LoadOptions) (*State, error) {
 		if f.Name == OptimizerFile || f.Name == OptimizerZstdFile {
 			optEntry = f
 		}
+	}
+	var wg sync.WaitGroup
+	var modelErr error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		st.Model, modelErr = loadTensorFile(filepath.Join(path, ModelFile), entry[ModelFile], "checkpoint-model", man.Step)
+	}()
+	optPath := filepath.Join(path, optEntry.Name)
+	var optErr error
+	if optEntry.UncompressedSize > 0 {
+		if optErr = checkHash(optPath, optEntry); optErr == nil {
+			st.Optimizer, optErr = readTensors(optPath, optEntry.UncompressedSize, "checkpoint-optimizer", man.Step)
+		}
+	} else {
+		st.Optimizer, optErr = loadTensorFile(optPath, optEntry, "checkpoint-optimizer", man.Step)
+	}
+	wg.Wait()
+	if err := errors.Join(modelErr, optErr); err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// loadMeta reads and checks the small files of the checkpoint at path.
+func loadMeta(path string, man Manifest, opt LoadOptions) (*State, error) {
+	entry := map[string]FileEntry{}
+	for _, f := range man.Files {
+		entry[f.Name] = f
 	}
 	st := &State{}
 	readChecked := func(name string) ([]byte, error) {
@@ -328,26 +383,6 @@ func Load(path string, opt LoadOptions) (*State, error) {
 		if err := CheckConfig(st.ModelConfig, opt.ExpectConfig, ignore); err != nil {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(path, ConfigFile), err)
 		}
-	}
-	var wg sync.WaitGroup
-	var modelErr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		st.Model, modelErr = loadTensorFile(filepath.Join(path, ModelFile), entry[ModelFile], "checkpoint-model", man.Step)
-	}()
-	optPath := filepath.Join(path, optEntry.Name)
-	var optErr error
-	if optEntry.UncompressedSize > 0 {
-		if optErr = checkHash(optPath, optEntry); optErr == nil {
-			st.Optimizer, optErr = readTensors(optPath, optEntry.UncompressedSize, "checkpoint-optimizer", man.Step)
-		}
-	} else {
-		st.Optimizer, optErr = loadTensorFile(optPath, optEntry, "checkpoint-optimizer", man.Step)
-	}
-	wg.Wait()
-	if err := errors.Join(modelErr, optErr); err != nil {
-		return nil, err
 	}
 	return st, nil
 }

@@ -123,15 +123,40 @@ func Save(dir string, st *State, opt SaveOptions) (string, error) {
 // resume. Publish makes it the step's checkpoint with one rename; Discard
 // removes it. A process killed in between leaves a temporary directory that
 // the next Save removes.
+//
+// Prepare writes one process's checkpoint at once. A sharded run builds one
+// in steps: Begin, then every rank's files in Dir (WriteShard, and the HF
+// export), recorded with Add or WriteFile, then Seal and Publish.
 type Pending struct {
 	dir, tmp, name string
+	step           int64
 	opt            SaveOptions
-	done           bool
+	files          []FileEntry
+	sealed, done   bool
 }
 
 // Prepare writes st into a temporary directory of dir (see Pending).
 func Prepare(dir string, st *State, opt SaveOptions) (*Pending, error) {
-	step := st.Trainer.Step
+	p, err := Begin(dir, st.Trainer.Step, opt)
+	if err != nil {
+		return nil, err
+	}
+	entries, err := writeFiles(p.tmp, st, p.opt)
+	if err == nil {
+		p.Add(entries...)
+		err = p.Seal()
+	}
+	if err != nil {
+		p.Discard()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Begin creates the temporary directory of step's checkpoint in dir,
+// removing what earlier saves left behind; the checkpoint's files are
+// written into Dir.
+func Begin(dir string, step int64, opt SaveOptions) (*Pending, error) {
 	if step < 0 {
 		return nil, fmt.Errorf("checkpoint: save: negative step %d", step)
 	}
@@ -149,32 +174,72 @@ func Prepare(dir string, st *State, opt SaveOptions) (*Pending, error) {
 	if err := os.Mkdir(tmp, 0o755); err != nil {
 		return nil, fmt.Errorf("checkpoint: save: %w", err)
 	}
-	p := &Pending{dir: dir, tmp: tmp, name: name, opt: opt}
-	if err := p.write(st); err != nil {
-		os.RemoveAll(tmp)
-		return nil, err
-	}
-	return p, nil
+	return &Pending{dir: dir, tmp: tmp, name: name, step: step, opt: opt}, nil
 }
 
-func (p *Pending) write(st *State) error {
-	entries, err := writeFiles(p.tmp, st, p.opt)
-	if err != nil {
-		return err
+// Dir is the temporary directory the checkpoint's files are written into.
+func (p *Pending) Dir() string { return p.tmp }
+
+// Add records files written into Dir (their manifest entries).
+func (p *Pending) Add(entries ...FileEntry) { p.files = append(p.files, entries...) }
+
+// WriteFile writes a file of the checkpoint into Dir and records it.
+func (p *Pending) WriteFile(name string, data []byte) error {
+	e, err := writeBytes(filepath.Join(p.tmp, name), data)
+	if err == nil {
+		p.Add(e)
 	}
-	man := Manifest{Format: formatName, Version: FormatVersion, Step: st.Trainer.Step, Files: entries}
+	return err
+}
+
+// AddWritten records a file that other code wrote (and synced) into Dir,
+// hashing it.
+func (p *Pending) AddWritten(name string) error {
+	e, err := HashFile(filepath.Join(p.tmp, name))
+	if err == nil {
+		p.Add(e)
+	}
+	return err
+}
+
+// HashFile returns the manifest entry of the file at path.
+func HashFile(path string) (FileEntry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return FileEntry{}, fmt.Errorf("checkpoint: %w", err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return FileEntry{}, fmt.Errorf("checkpoint: read %s: %w", path, err)
+	}
+	return FileEntry{Name: filepath.Base(path), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// Seal writes manifest.json, listing every recorded file, and DONE, and
+// syncs the directory.
+func (p *Pending) Seal() error {
+	man := Manifest{Format: formatName, Version: FormatVersion, Step: p.step, Files: p.files}
 	mb, err := json.MarshalIndent(man, "", "  ")
 	if err != nil {
 		return fmt.Errorf("checkpoint: save: %w", err)
 	}
 	mb = append(mb, '\n')
+	if _, err := ParseManifest(mb); err != nil {
+		return fmt.Errorf("checkpoint: save %s: %s: %w", p.name, ManifestFile, err)
+	}
 	if _, err := writeBytes(filepath.Join(p.tmp, ManifestFile), mb); err != nil {
 		return err
 	}
 	if _, err := writeBytes(filepath.Join(p.tmp, DoneFile), doneContent(mb)); err != nil {
 		return err
 	}
-	return syncDir(p.tmp)
+	if err := syncDir(p.tmp); err != nil {
+		return err
+	}
+	p.sealed = true
+	return nil
 }
 
 // Discard removes a prepared checkpoint that will not be published.
@@ -191,6 +256,9 @@ func (p *Pending) Discard() {
 func (p *Pending) Publish() (string, error) {
 	if p.done {
 		return "", fmt.Errorf("checkpoint: %s: published or discarded already", p.name)
+	}
+	if !p.sealed {
+		return "", fmt.Errorf("checkpoint: %s: published before it was sealed", p.name)
 	}
 	p.done = true
 	final := filepath.Join(p.dir, p.name)
@@ -225,6 +293,19 @@ func (p *Pending) Publish() (string, error) {
 	return final, nil
 }
 
+func fileMeta(kind string, step int64) map[string]string {
+	return map[string]string{
+		"tracegrpo_format":  kind,
+		"tracegrpo_version": strconv.Itoa(FormatVersion),
+		"step":              strconv.FormatInt(step, 10),
+	}
+}
+
+// ModelMetadata is the __metadata__ of a checkpoint's model.safetensors of
+// step (safetensors adds "format": "pt"), for a writer other than Save's
+// (a sharded run's export).
+func ModelMetadata(step int64) map[string]string { return fileMeta("checkpoint-model", step) }
+
 func doneContent(manifest []byte) []byte {
 	sum := sha256.Sum256(manifest)
 	return []byte("sha256:" + hex.EncodeToString(sum[:]) + "\n")
@@ -247,13 +328,7 @@ func writeFiles(tmp string, st *State, opt SaveOptions) ([]FileEntry, error) {
 	if err != nil {
 		return nil, err
 	}
-	meta := func(kind string) map[string]string {
-		return map[string]string{
-			"tracegrpo_format":  kind,
-			"tracegrpo_version": strconv.Itoa(FormatVersion),
-			"step":              strconv.FormatInt(ts.Step, 10),
-		}
-	}
+	meta := func(kind string) map[string]string { return fileMeta(kind, ts.Step) }
 	optName := OptimizerFile
 	if opt.CompressOptimizer {
 		optName = OptimizerZstdFile

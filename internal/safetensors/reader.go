@@ -408,6 +408,22 @@ func (f *File) ReadRaw(name string, dst []byte) error {
 	return nil
 }
 
+// ReadRawAt copies bytes [off, off+len(dst)) of the named tensor's data
+// into dst.
+func (f *File) ReadRawAt(name string, off int64, dst []byte) error {
+	t, ok := f.Tensor(name)
+	if !ok {
+		return fmt.Errorf("safetensors: %s: no tensor %q", f.name, name)
+	}
+	if off < 0 || int64(len(dst)) > t.End-t.Begin-off {
+		return fmt.Errorf("safetensors: %s: tensor %q: bytes [%d, %d) are outside its %d", f.name, name, off, off+int64(len(dst)), t.End-t.Begin)
+	}
+	if _, err := f.r.ReadAt(dst, f.dataStart+t.Begin+off); err != nil {
+		return fmt.Errorf("safetensors: %s: tensor %q: %w", f.name, name, err)
+	}
+	return nil
+}
+
 // readChunk is the number of elements converted per read.
 const readChunk = 1 << 14
 
