@@ -255,6 +255,7 @@ var keyRules = []KeyRule{
 
 	// policy.dtensor_cfg: NeMo RL's DTensor (FSDP2) engine.
 	{Key: "policy.dtensor_cfg.activation_checkpointing", Class: Used},
+	{Key: "policy.dtensor_cfg.enabled", Class: Used},
 	{Key: "policy.dtensor_cfg.lora_cfg", Class: Refused, Neutral: disabled(), Example: "{enabled: true, dim: 8, alpha: 32}",
 		Why: "LoRA adapters train low-rank updates instead of the weights; tracegrpo trains every parameter"},
 	{Key: "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_language_model", Class: Refused, Neutral: falseOr(), Example: "true",
@@ -267,7 +268,7 @@ var keyRules = []KeyRule{
 	{Key: "policy.dtensor_cfg.automodel_kwargs", Class: Ignored, Why: "kernels and implementation of NeMo Automodel (attention, linear, norm, MoE dispatch backends, Liger, HF fallback); the math is the model's"},
 	{Key: "policy.dtensor_cfg.moe_parallelizer.lm_head_precision", Class: Refused, Neutral: nullOr("float32", "torch.float32"), Example: "bfloat16",
 		Why: "computes the LM head in another precision; tracegrpo's LM head accumulates in float32"},
-	{Key: "policy.dtensor_cfg", Class: Ignored, Why: "the DTensor engine's layout (enabled, _v2, tensor/context/expert/sequence parallel sizes, FSDP options, CPU offload, MoE parallelizer, environment): tracegrpo runs data parallel over cluster.num_nodes × gpus_per_node ranks with the whole model on each, and train plan checks that it fits"},
+	{Key: "policy.dtensor_cfg", Class: Ignored, Why: "the DTensor engine's layout (_v2, tensor/context/expert/sequence parallel sizes, FSDP options, CPU offload, MoE parallelizer, environment): tracegrpo runs data parallel over cluster.num_nodes × gpus_per_node ranks, fully sharded when dtensor_cfg.enabled (or --shard full), and train plan checks that it fits"},
 
 	// policy.megatron_cfg: NeMo RL's Megatron engine.
 	{Key: "policy.megatron_cfg.enabled", Class: Used},
@@ -286,7 +287,7 @@ var keyRules = []KeyRule{
 		Why: "keeps the optimizer's parameters in reduced precision; tracegrpo keeps float32 master weights"},
 	{Key: "policy.megatron_cfg.optimizer.bf16", Class: Ignored, Why: "Megatron's bf16 flag; tracegrpo's precision is policy.precision"},
 	{Key: "policy.megatron_cfg.optimizer.sgd_momentum", Class: Ignored, Why: "a knob of SGD; megatron_cfg.optimizer.optimizer other than adam is refused"},
-	{Key: "policy.megatron_cfg.optimizer.use_distributed_optimizer", Class: Ignored, Why: "shards Megatron's optimizer state across ranks; the update is the same"},
+	{Key: "policy.megatron_cfg.optimizer.use_distributed_optimizer", Class: Used},
 	{Key: "policy.megatron_cfg.optimizer.use_precision_aware_optimizer", Class: Ignored, Why: "Megatron's precision-aware optimizer with its default float32 states; the update is the same"},
 	{Key: "policy.megatron_cfg.optimizer.optimizer_cpu_offload", Class: Ignored, Why: "memory placement of the optimizer state"},
 	{Key: "policy.megatron_cfg.optimizer.optimizer_offload_fraction", Class: Ignored, Why: "memory placement of the optimizer state"},
@@ -350,7 +351,7 @@ var keyRules = []KeyRule{
 	{Key: "policy.megatron_cfg.scale_loss_by_dp_cp_size", Class: Ignored, Why: "how Megatron scales the loss NeMo RL hands it across its parallel groups; tracegrpo normalizes by the step's eligible tokens (spec §6)"},
 	{Key: "policy.megatron_cfg.do_not_average_loss", Class: Ignored, Why: "how Megatron scales the loss NeMo RL hands it across its parallel groups; tracegrpo normalizes by the step's eligible tokens (spec §6)"},
 	{Key: "policy.megatron_cfg.cp_normalize", Class: Ignored, Why: "how Megatron scales the loss NeMo RL hands it across its parallel groups; tracegrpo normalizes by the step's eligible tokens (spec §6)"},
-	{Key: "policy.megatron_cfg", Class: Ignored, Why: "the Megatron engine's layout and kernels (tensor/pipeline/context/expert parallel sizes, sequence parallel, fusions, CUDA graphs, recompute and offload options, MoE dispatch, checkpoint format, DDP options, environment): tracegrpo runs data parallel over cluster.num_nodes × gpus_per_node ranks with the whole model on each, and train plan checks that it fits"},
+	{Key: "policy.megatron_cfg", Class: Ignored, Why: "the Megatron engine's layout and kernels (tensor/pipeline/context/expert parallel sizes, sequence parallel, fusions, CUDA graphs, recompute and offload options, MoE dispatch, checkpoint format, DDP options, environment): tracegrpo runs data parallel over cluster.num_nodes × gpus_per_node ranks, with the whole model on each unless --shard full shards it, and train plan checks that it fits"},
 
 	// checkpointing.
 	{Key: "checkpointing.enabled", Class: Used},

@@ -128,10 +128,12 @@ func (s Schedulers) MarshalYAML() (any, error) {
 	return []TorchScheduler(s), nil
 }
 
-// DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only this key (the
-// DTensor path is NeMo RL's default whenever megatron_cfg is not enabled, so
-// its enabled flag and the parallelism and offload knobs are ignored).
+// DtensorCfg is `policy.dtensor_cfg`; tracegrpo reads only these keys (the
+// parallelism and offload knobs are ignored). Enabled (with megatron_cfg
+// not enabled) asks for FSDP2: on more than one rank the trainer then
+// shards weights, gradients and optimizer state (trainer --shard).
 type DtensorCfg struct {
+	Enabled                 bool `yaml:"enabled"`
 	ActivationCheckpointing bool `yaml:"activation_checkpointing"`
 }
 
@@ -154,6 +156,10 @@ type MegatronOptimizer struct {
 	AdamBeta2   float64  `yaml:"adam_beta2"`
 	AdamEps     float64  `yaml:"adam_eps"`
 	ClipGrad    *float64 `yaml:"clip_grad"`
+	// UseDistributedOptimizer is Megatron's distributed optimizer (ZeRO-1:
+	// optimizer state sharded): tracegrpo does not build ZeRO-1, and the
+	// trainer refuses it by name unless --shard chooses a mode.
+	UseDistributedOptimizer bool `yaml:"use_distributed_optimizer"`
 }
 
 // MegatronScheduler is `policy.megatron_cfg.scheduler` (Megatron's
