@@ -318,8 +318,10 @@ func NewSharded(b kernels.Backend, cfg Config, opt Options, so ShardOptions) (*M
 	fs.ov, _ = so.Comm.(collective.Overlapper)
 	m.fs = fs
 	z, sp := m.shardSizes(&sh, fs.reshard)
-	_ = z.gathered
-	sz, p := m.sizes()
+	sz, p, err := m.sizes()
+	if err != nil {
+		return nil, err
+	}
 	fail := func(what string, n int, err error) error {
 		m.Close()
 		return fmt.Errorf("model: %s of %d elements: %w", what, n, err)
@@ -769,7 +771,11 @@ func newShardedReference(policy *Model) (*Model, error) {
 	}
 	m.views()
 	m.ws = policy.ws
-	_, p := m.sizes()
+	_, p, err := m.sizes()
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
 	p.cut(m, policy.ws)
 	m.hostStaging()
 	if err := b.Sync(); err != nil {
@@ -793,7 +799,10 @@ func NewGatheredCopy(policy *Model) (*Model, error) {
 	}
 	m.setBackend(policy.b)
 	m.forwardOnly, m.owner = true, policy
-	sz, p := m.sizes()
+	sz, p, err := m.sizes()
+	if err != nil {
+		return nil, err
+	}
 	if err := m.allocWeights(sz); err != nil {
 		return nil, err
 	}
@@ -898,7 +907,10 @@ func PlanSharded(cfg Config, opt Options, world int, reshard bool) (Footprint, e
 		return Footprint{}, err
 	}
 	z, _ := m.shardSizes(&sh, reshard)
-	sz, _ := m.sizes()
+	sz, _, err := m.sizes()
+	if err != nil {
+		return Footprint{}, err
+	}
 	f := sz.footprint(m.wdt)
 	f.Weights, f.WeightsBF16, f.Grads = 4*int64(z.mat32+z.vec), 2*int64(z.matW), 4*int64(z.grads)
 	f.Gathered, f.GradReduce = z.gathered, z.reduce

@@ -95,22 +95,7 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	if st.ModelConfig, err = t.modelCfg.JSON("float32"); err != nil {
 		return nil, err
 	}
-	ts := &st.Trainer
-	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
-	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
-		return nil, err
-	}
-	if ts.Scheduler, err = json.Marshal(t.sched.State()); err != nil {
-		return nil, err
-	}
-	if ts.RolloutCursor, err = t.source.cursor(); err != nil {
-		return nil, err
-	}
-	id, err := t.identity()
-	if err != nil {
-		return nil, err
-	}
-	if ts.Config, err = json.Marshal(id); err != nil {
+	if st.Trainer, err = t.trainerState(); err != nil {
 		return nil, err
 	}
 	keep := 0
@@ -126,6 +111,9 @@ func (t *Trainer) restore() error {
 	cfgJSON, err := t.modelCfg.JSON("float32")
 	if err != nil {
 		return err
+	}
+	if man, err := checkpoint.Structure(t.resumeFrom); err == nil && (man.Sharded() || t.sharded()) {
+		return t.restoreSharded(cfgJSON)
 	}
 	res, err := checkpoint.LoadLatest(t.checkpointDir(), checkpoint.LoadOptions{Fallback: t.o.Fallback, ExpectConfig: cfgJSON})
 	if err != nil {
@@ -187,6 +175,30 @@ func (t *Trainer) restore() error {
 	if err := t.be.Sync(); err != nil {
 		return err
 	}
+	return t.restoreState(res.Path, st)
+}
+
+// restoreSharded resumes from t.resumeFrom reading only the ranges of the
+// tensors this rank holds: a sharded run, or a sharded checkpoint.
+func (t *Trainer) restoreSharded(cfgJSON []byte) error {
+	path := t.resumeFrom
+	st, err := checkpoint.LoadMeta(path, checkpoint.LoadOptions{ExpectConfig: cfgJSON})
+	if err != nil {
+		return fmt.Errorf("resume: %w", err)
+	}
+	if err := t.checkIdentity(st.Trainer.Config); err != nil {
+		return err
+	}
+	if err := t.restoreRanges(path, st); err != nil {
+		return err
+	}
+	return t.restoreState(path, st)
+}
+
+// restoreState restores the optimizer, scheduler and rollout source state
+// and the step counters from a checkpoint's trainer state.
+func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
+	res := struct{ Path string }{path}
 	var ostate optim.State
 	if err := json.Unmarshal(st.Trainer.Optimizer, &ostate); err != nil {
 		return fmt.Errorf("resume: %s: optimizer state: %w", res.Path, err)

@@ -38,6 +38,13 @@ type Options struct {
 	Tasks       []string      // built-in tasks to cycle through
 	OnNonFinite string        // "skip" or "abort"
 	Quiet       bool          // no setup or progress lines
+	// Shard is --shard: "full" shards weights, gradients and Adam moments
+	// over the ranks (ZeRO-3, FSDP), "none" keeps them whole on every rank,
+	// "" follows the recipe (ShardChoice).
+	Shard string
+	// NoReshard keeps each layer's gathered weights from its forward
+	// through its backward (--reshard-after-forward=false).
+	NoReshard bool
 
 	// SaveCaptures writes the built-in job's captures to Out/captures (or
 	// env.nemo_gym.token_id_capture.dir) instead of keeping them in memory.
@@ -77,7 +84,28 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")
+	fs.StringVar(&o.Shard, "shard", "", "data parallel: full shards the weights, gradients and Adam moments over the ranks (ZeRO-3, FSDP: each rank holds 1/W and gathers a layer's weights just before use); none keeps them whole on every rank; default: the recipe's (policy.dtensor_cfg.enabled=true shards on more than one rank; Megatron's use_distributed_optimizer is refused unless --shard is given)")
+	f := fs.VarPF((*negBool)(&o.NoReshard), "reshard-after-forward", "", "with --shard full: gather each layer's weights again for its backward (two layers gathered at a time); false keeps every layer gathered from forward through backward (more memory, less communication)")
+	f.NoOptDefVal = "true"
+	f.DefValue = "true"
 }
+
+// negBool is a bool flag stored negated (so that the zero value of the
+// field is the flag's default, true).
+type negBool bool
+
+func (b *negBool) String() string { return strconv.FormatBool(!bool(*b)) }
+
+func (b *negBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false, found %q", s)
+	}
+	*b = negBool(!v)
+	return nil
+}
+
+func (b *negBool) Type() string { return "bool" }
 
 // positiveInt is an int flag that refuses zero, negative numbers and values
 // that do not fit an int.

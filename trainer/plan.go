@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -43,10 +44,38 @@ type MemPlan struct {
 	ActivationsFull         int64       `json:"activations_without_checkpointing_bytes"`
 	Components              []Component `json:"components"`
 	TotalBytes              int64       `json:"total_bytes"`
-	Notes                   []string    `json:"notes,omitempty"`
+	// World and Sharded: the plan is one rank's of World, sharded or not.
+	World   int      `json:"world_size"`
+	Sharded bool     `json:"sharded"`
+	Notes   []string `json:"notes,omitempty"`
 
 	work  kernels.Workload // the ops the run's shapes run, for ReserveWorkspace
 	total checked.Sum      // TotalBytes, summed by add
+	req   *PlanRequest     // what was planned, for FitWorld (train runs)
+}
+
+// maxFitWorld bounds the world sizes FitWorld tries.
+const maxFitWorld = 4096
+
+// FitWorld returns the smallest number of ranks whose fully sharded plan
+// (--shard full) fits in free bytes per rank, and that plan; ok is false
+// when none up to 4096 does (or the plan is not a train run's).
+func (p *MemPlan) FitWorld(free int64) (world int, plan *MemPlan, ok bool) {
+	if p.req == nil {
+		return 0, nil, false
+	}
+	for w := 1; w <= maxFitWorld; w++ {
+		req := *p.req
+		req.World, req.Shard = w, true
+		q, err := PlanRun(req)
+		if err != nil {
+			return 0, nil, false
+		}
+		if q.TotalBytes <= free {
+			return w, q, true
+		}
+	}
+	return 0, nil, false
 }
 
 func (p *MemPlan) add(c Component) {
@@ -86,6 +115,11 @@ type PlanRequest struct {
 	// Resume: the run starts by reading a checkpoint (on the CPU the
 	// loaded tensors sit in host memory while they are copied in).
 	Resume bool
+	// World is the number of ranks (0 means 1); Shard plans one rank of a
+	// fully sharded run (--shard full), NoReshard with every layer kept
+	// gathered through backward.
+	World            int
+	Shard, NoReshard bool
 }
 
 // maxSamplerSlots caps the in-process sampler's batch: its KV cache holds
@@ -159,12 +193,17 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 }
 
 // PlanRun returns the memory plan of a train run.
-func PlanRun(req PlanRequest) (*MemPlan, error) {
+func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	c := req.Config
 	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin)
 	if err != nil {
 		return nil, err
 	}
+	defer func(r PlanRequest) {
+		if p != nil {
+			p.req = &r
+		}
+	}(req)
 	kl := c.LossFn.ReferencePolicyKLPenalty != 0
 	seqKeys := []string{"policy.max_total_sequence_length", "policy.train_micro_batch_size"}
 	actKeys := slices.Clone(seqKeys)
@@ -238,14 +277,20 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 		return nil, err
 	}
 	table := model.NewParamTable(mc)
+	world := max(req.World, 1)
 	p := &MemPlan{Backend: req.Backend, Model: req.ModelName, Params: table.Total,
-		Precision: "float32", Checkpointing: opt.Recompute}
+		Precision: "float32", Checkpointing: opt.Recompute, World: world, Sharded: req.Shard}
 	if opt.Precision == kernels.BF16 {
 		p.Precision = "bfloat16 (mixed: fp32 master weights, gradients and Adam)"
 	} else if pp.precision == config.PrecisionBFloat16 {
 		p.Notes = append(p.Notes, "policy.precision=bfloat16: the CPU backend computes in fp32 (mixed precision runs on CUDA)")
 	}
 	p.Rows, p.Seq = pp.rows, pp.seq
+	if req.Shard {
+		if f, err = model.PlanSharded(mc, opt, world, !req.NoReshard); err != nil {
+			return nil, err
+		}
+	}
 	other := opt
 	other.Recompute = !opt.Recompute
 	fo, err := model.PlanModel(mc, other)
@@ -257,13 +302,55 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	} else {
 		p.ActivationsCheckpointed, p.ActivationsFull = fo.Activations, f.Activations
 	}
-	k := pp.keys
-	p.add(Component{Name: "weights", Bytes: f.Weights, What: "fp32 master weights", Shrink: k["weights"]})
-	p.add(Component{Name: "weights_bf16", Bytes: f.WeightsBF16, What: "bf16 copy of the weights, remade once per optimizer step", Shrink: k["weights_bf16"]})
-	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients", Shrink: k["gradients"]})
+	k := maps.Clone(pp.keys)
+	if k == nil {
+		k = map[string][]string{}
+	}
+	shard := ""
+	stateN := p.Params
+	if req.Shard {
+		shard = fmt.Sprintf(": this rank's shard, 1/%d", world)
+		stateN = int(f.Grads / 4)
+		if !pp.optimizer || f.Grads == 0 {
+			stateN = int(f.Weights / 4)
+		}
+		const more = "--shard full on more ranks"
+		for _, c := range []string{"weights", "weights_bf16", "gradients", "adam_moments", "reference_policy"} {
+			k[c] = append(slices.Clone(k[c]), more)
+		}
+	}
+	p.add(Component{Name: "weights", Bytes: f.Weights, What: "fp32 master weights" + shard, Shrink: k["weights"]})
+	p.add(Component{Name: "weights_bf16", Bytes: f.WeightsBF16, What: "bf16 copy of the weights, remade once per optimizer step" + shard, Shrink: k["weights_bf16"]})
+	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients" + shard, Shrink: k["gradients"]})
 	if pp.optimizer {
 		groups := len(table.Params)
-		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(p.Params, groups), What: "AdamW's two fp32 moments", Shrink: k["adam_moments"]})
+		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups), What: "AdamW's two fp32 moments" + shard, Shrink: k["adam_moments"]})
+	}
+	if req.Shard {
+		re := "two decoder layers at a time (reshard after forward)"
+		if req.NoReshard {
+			re = "every group at once (--reshard-after-forward=false)"
+		}
+		p.add(Component{Name: "gathered_weights", Bytes: f.Gathered,
+			What:   "communication: groups all-gathered for compute (matrices in the compute precision, the embedding and vectors fp32), " + re,
+			Shrink: []string{"--reshard-after-forward=true"}})
+		p.add(Component{Name: "gradient_reduce", Bytes: f.GradReduce,
+			What: "communication: fp32 gradients of the groups in backward and their reduce-scatters' shard-sized scratch"})
+		switch {
+		case req.Backend == "cpu" && world > 1:
+			sh, err := model.NewSharding(&table, world, 0)
+			if err != nil {
+				return nil, err
+			}
+			block := 0
+			for _, l := range sh.Len {
+				block = max(block, l[model.FlatMatrix], l[model.FlatVector])
+			}
+			p.add(Component{Name: "collective_scratch", Bytes: 4 * int64(block),
+				What: "Open MPI: the reduce-scatter ring's receive block (the largest shard)"})
+		case req.Backend == "cuda" && world > 1:
+			p.Notes = append(p.Notes, "NCCL's own buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer) are not in this plan")
+		}
 	}
 	what := fmt.Sprintf("%d tokens per micro-batch", opt.MaxTokens)
 	if opt.Recompute {
@@ -274,10 +361,15 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	p.add(Component{Name: "activations", Bytes: f.Activations, What: what, Shrink: k["activations"]})
 	if pp.kl {
 		r, err := model.PlanReference(mc, opt)
+		what := "frozen KL reference: weights only, forward in the policy's activations"
+		if req.Shard {
+			r, err = model.PlanShardedReference(mc, opt, world)
+			what = "frozen KL reference: this rank's shard of its weights (bf16 under mixed precision), gathered into the policy's buffers for its forward"
+		}
 		if err != nil {
 			return nil, err
 		}
-		p.add(Component{Name: "reference_policy", Bytes: r.Total(), What: "frozen KL reference: weights only, forward in the policy's activations", Shrink: k["reference_policy"]})
+		p.add(Component{Name: "reference_policy", Bytes: r.Total(), What: what, Shrink: k["reference_policy"]})
 	}
 	w, err := model.PlanWorkload(mc, opt)
 	if err != nil {
@@ -288,6 +380,14 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 		s, err := model.PlanSampler(mc, opt, pp.samplerB, pp.samplerL)
 		if err != nil {
 			return nil, err
+		}
+		if req.Shard {
+			r, err := model.PlanReference(mc, opt) // a whole forward-only copy
+			if err != nil {
+				return nil, err
+			}
+			p.add(Component{Name: "sampler_weights", Bytes: r.Total(), What: "in-process generation of a sharded run: every weight, gathered before each step's rollouts",
+				Shrink: []string{"--rollouts (generate outside the trainer)"}})
 		}
 		p.add(Component{Name: "sampler_kv_cache", Bytes: s.KVCache,
 			What: fmt.Sprintf("in-process generation: keys and values of %d sequences of %d tokens", pp.samplerB, pp.samplerL), Shrink: k["sampler_kv_cache"]})
@@ -309,7 +409,7 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 			p.add(Component{Name: "process", Bytes: rss, What: "the process itself before the run allocates: Go runtime, program, configuration (measured in this process)"})
 		}
 	}
-	if req.Backend == "cpu" && req.Resume {
+	if req.Backend == "cpu" && req.Resume && !req.Shard {
 		n := 3 * 4 * int64(p.Params)
 		p.add(Component{Name: "checkpoint_staging", Bytes: n, What: "resume: the checkpoint's weights and moments read into memory before they are copied in"})
 	}
@@ -333,6 +433,13 @@ func mergeWorkloads(a, b kernels.Workload) kernels.Workload {
 // WriteText prints the plan, one component per line, then the total.
 func (p *MemPlan) WriteText(w io.Writer) {
 	fmt.Fprintf(w, "memory plan: %s on %s, %s parameters, %s", p.Model, p.Backend, commas(int64(p.Params)), p.Precision)
+	if p.World > 1 || p.Sharded {
+		mode := "each holding the whole model"
+		if p.Sharded {
+			mode = "fully sharded"
+		}
+		fmt.Fprintf(w, ", one rank of %d (%s)", p.World, mode)
+	}
 	if p.Rows > 0 {
 		fmt.Fprintf(w, ", %d × %d tokens", p.Rows, p.Seq)
 	}
@@ -429,7 +536,7 @@ const MemoryEnv = "TRACEGRPO_MEMORY"
 // could be read (the run then is not refused).
 func Free(be kernels.Backend) (bytes int64, source string, ok bool, err error) {
 	if s := os.Getenv(MemoryEnv); s != "" {
-		n, err := parseBytes(s)
+		n, err := ParseBytes(s)
 		if err != nil {
 			return 0, "", false, fmt.Errorf("$%s: %w", MemoryEnv, err)
 		}
@@ -448,7 +555,9 @@ func Free(be kernels.Backend) (bytes int64, source string, ok bool, err error) {
 	return a.Bytes, a.Source, ok, nil
 }
 
-func parseBytes(s string) (int64, error) {
+// ParseBytes reads a byte count such as 8G or 8589934592 (K, M, G, T:
+// binary multiples).
+func ParseBytes(s string) (int64, error) {
 	mult := int64(1)
 	t := strings.TrimSpace(s)
 	if n := len(t); n > 0 {
@@ -502,6 +611,11 @@ func (p *MemPlan) Check(free int64, source string) error {
 		if len(c.Shrink) > 0 {
 			fmt.Fprintf(&b, " (shrink with %s)", strings.Join(c.Shrink, ", "))
 		}
+	}
+	if w, q, ok := p.FitWorld(free); ok && (w > p.World || !p.Sharded) {
+		fmt.Fprintf(&b, "\nfully sharded (--shard full), it fits on %d ranks: %s per rank", w, Bytes(q.TotalBytes))
+	} else if !ok && p.req != nil {
+		fmt.Fprintf(&b, "\nit does not fit even fully sharded (--shard full) on %d ranks", maxFitWorld)
 	}
 	fmt.Fprintf(&b, "\n(train plan prints the whole plan; $%s overrides the free memory)", MemoryEnv)
 	return &wontFit{msg: b.String()}

@@ -47,6 +47,7 @@ type shard struct {
 	Physical, Overlong, Invalid, Eligible int
 	GTok                                  float64
 	TrainTokens                           int
+	MicroBatches                          int // the rank's packed micro-batches
 }
 
 // post is one rank's loss sums, gathered after the update.
@@ -60,11 +61,12 @@ type post struct {
 
 // step is the whole step as every rank sees it after the exchanges.
 type step struct {
-	shards  []shard
-	posts   []post
-	gTok    float64 // the step's G_tok: every rank's eligible tokens
-	logical int     // logical rollouts of the step, over every rank
-	stop    bool    // a rank got a stop request while waiting for rollouts
+	shards       []shard
+	posts        []post
+	gTok         float64 // the step's G_tok: every rank's eligible tokens
+	logical      int     // logical rollouts of the step, over every rank
+	microBatches int     // the most micro-batches of any rank
+	stop         bool    // a rank got a stop request while waiting for rollouts
 }
 
 func encode(v any) ([]byte, error) {
@@ -217,7 +219,7 @@ func (t *Trainer) paramsHash() ([]byte, error) {
 
 // checkSameWeights fails when the ranks' weights differ.
 func (t *Trainer) checkSameWeights(when string) error {
-	if t.comm.Size() == 1 {
+	if t.comm.Size() == 1 || t.sharded() { // sharded: every rank holds other weights
 		return nil
 	}
 	mine, err := t.paramsHash()

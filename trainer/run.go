@@ -46,11 +46,14 @@ func (t *Trainer) Run() error {
 		// 3. Logical rollouts → physical rows; one advantage per logical
 		// rollout (groups are whole on every rank).
 		var batch *grpo.Batch
+		var mbs []microBatch
 		if err == nil && !my.Stop {
 			if batch, err = grpo.BuildBatch(logical, t.batchOpt); err != nil {
 				err = fmt.Errorf("step %d: %w", step, err)
 			} else {
 				my = myShard(logical, fins, batch)
+				mbs = t.pack(batch)
+				my.MicroBatches = len(mbs)
 			}
 		}
 		my.Err = rankErrorOf(err)
@@ -64,7 +67,13 @@ func (t *Trainer) Run() error {
 		if st.stop {
 			return t.stopOnSignal(t.interrupted())
 		}
-		mbs := t.pack(batch)
+		if t.sharded() {
+			// Every pass is a sequence of collectives: every rank runs the
+			// step's most micro-batches, empty ones where it has fewer.
+			for len(mbs) < st.microBatches {
+				mbs = append(mbs, microBatch{cu: []int32{0}})
+			}
+		}
 
 		// 5. Previous-policy and reference log-probabilities (no gradient).
 		if err := t.logprobs(mbs, batch); err != nil {
@@ -78,7 +87,7 @@ func (t *Trainer) Run() error {
 		if err != nil {
 			return fmt.Errorf("step %d: train: %w", step, err)
 		}
-		if t.comm.Size() > 1 {
+		if t.comm.Size() > 1 && !t.sharded() { // sharded: reduce-scattered in Backward
 			if err := t.comm.AllReduceSum(t.model.Grads()); err != nil {
 				return fmt.Errorf("step %d: gradient all-reduce: %w", step, err)
 			}
@@ -149,6 +158,7 @@ func (t *Trainer) exchange(stepN int, my shard, myErr error) (*step, error) {
 		}
 		st.gTok += s.GTok
 		st.logical += len(s.Rewards)
+		st.microBatches = max(st.microBatches, s.MicroBatches)
 		eligible += s.Eligible
 	}
 	if err := agreedOf(errs); err != nil {
@@ -172,7 +182,12 @@ func (t *Trainer) finish(stepN int, st *step, upd optim.Result, ph PhaseTimes, s
 	}
 	var pending *checkpoint.Pending
 	var err error
-	if t.rank == 0 && saves {
+	switch {
+	case saves && t.sharded(): // every rank writes its shard
+		if pending, err = t.prepareSharded(); err != nil {
+			return fmt.Errorf("step %d: checkpoint: %w", stepN, err)
+		}
+	case t.rank == 0 && saves:
 		if pending, err = t.prepare(); err != nil { // published after the metrics line, below
 			err = fmt.Errorf("step %d: checkpoint: %w", stepN, err)
 		}

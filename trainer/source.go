@@ -121,7 +121,11 @@ func (s *builtinSource) start(t *Trainer) error {
 	}
 	g := t.cfg.Policy.Generation
 	// The longest call: every prompt and generation fits one trace.
-	sampler, err := model.NewSampler(t.model, samplerSlots(&t.cfg), t.cfg.Policy.MaxTotalSequenceLength)
+	sm := t.model
+	if t.sampleModel != nil { // sharded: the whole weights, gathered each step
+		sm = t.sampleModel
+	}
+	sampler, err := model.NewSampler(sm, samplerSlots(&t.cfg), t.cfg.Policy.MaxTotalSequenceLength)
 	if err != nil {
 		return err
 	}
@@ -154,6 +158,11 @@ func (s *builtinSource) next(step int) ([]*gym.Record, gym.Source, error) {
 		s.newMemoryStore()
 	}
 	c := &s.t.cfg.GRPO
+	if s.t.sampleModel != nil {
+		if err := s.t.sampleModel.GatherFrom(s.t.model); err != nil { // every rank, before its rollouts
+			return nil, nil, fmt.Errorf("gather the weights for sampling: %w", err)
+		}
+	}
 	// Every rank plans the whole step (the same specs, from keyed streams)
 	// and plays its own block of task groups.
 	specs := rollout.Plan(s.tasks, step, c.NumPromptsPerStep, c.NumGenerationsPerPrompt, s.t.streams)

@@ -60,6 +60,11 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
+	shardFull   bool         // fully sharded data parallel (shard.go)
+	shardWhy    string       // what asked for it
+	sampleModel *model.Model // the sampler's gathered weights when sharded (built-in job)
+	restoreRead int64        // bytes of tensor files the resume read (sharded layout reader)
+
 	comm        collective.Comm      // the ranks of the run (collective.Single for one)
 	plan        *MemPlan             // the plan checkPlan checked
 	gatherer    *collective.Gatherer // the ranks' exchanges of metrics, errors and hashes (buffers reserved in New)
@@ -176,6 +181,14 @@ func (t *Trainer) setupConfig() error {
 	if o.Wait < 0 {
 		return fmt.Errorf("%w: --wait %v: want 0 (do not wait) or a positive duration", ErrUsage, o.Wait)
 	}
+	if len(o.ConfigFiles) > 0 { // the built-in job runs on any number of ranks
+		if err := checkCluster(c, t.comm.Size()); err != nil {
+			return err
+		}
+	}
+	if t.shardFull, t.shardWhy, err = ShardChoice(c, o.Shard, t.comm.Size()); err != nil {
+		return err
+	}
 	if n := t.comm.Size(); n > c.GRPO.NumPromptsPerStep {
 		t.logf("warning: %d ranks share %d task groups per step: %d ranks train nothing", n, c.GRPO.NumPromptsPerStep, n-c.GRPO.NumPromptsPerStep)
 	}
@@ -266,6 +279,13 @@ func (t *Trainer) setupFiles() error {
 	if n := t.comm.Size(); n > 1 {
 		ranks = fmt.Sprintf(", %d ranks (%s)", n, t.comm.Name())
 	}
+	if t.shardFull {
+		re := "gathered again for backward"
+		if t.o.NoReshard {
+			re = "kept gathered through backward"
+		}
+		ranks += fmt.Sprintf(", fully sharded (%s; layer weights %s)", t.shardWhy, re)
+	}
 	t.logf("run %s: %s (%d parameters), %d steps of %d logical rollouts, builder %s, out %s%s",
 		t.name, t.modelCfg.Arch, t.model.Table().Total, t.maxSteps, c.Policy.TrainGlobalBatchSize, t.builder, t.out, ranks)
 	t.logf("effective config: %s (also in every checkpoint's trainer_state.json)", filepath.Join(t.out, "config.yaml"))
@@ -299,6 +319,9 @@ func (t *Trainer) Close() {
 	}
 	if t.ref != nil {
 		t.ref.Close()
+	}
+	if t.sampleModel != nil {
+		t.sampleModel.Close()
 	}
 	if t.model != nil {
 		t.model.Close()
@@ -419,7 +442,12 @@ func (t *Trainer) newModels() error {
 	if err := t.checkPlan(); err != nil {
 		return err
 	}
-	if t.model, err = model.New(t.be, t.modelCfg, sh.opt); err != nil {
+	if t.shardFull {
+		t.model, err = model.NewSharded(t.be, t.modelCfg, sh.opt, model.ShardOptions{Comm: t.comm, ReshardAfterForward: !t.o.NoReshard})
+	} else {
+		t.model, err = model.New(t.be, t.modelCfg, sh.opt)
+	}
+	if err != nil {
 		return err
 	}
 	if err := t.loadInitialWeights(t.model); err != nil {
@@ -427,6 +455,13 @@ func (t *Trainer) newModels() error {
 	}
 	if t.lossOpt.KLPenalty != 0 {
 		if t.ref, err = model.NewReference(t.model); err != nil {
+			return err
+		}
+	}
+	if t.shardFull && t.o.Rollouts == "" {
+		// The built-in job samples on every rank from a whole copy of the
+		// weights, gathered before each step's rollouts.
+		if t.sampleModel, err = model.NewGatheredCopy(t.model); err != nil {
 			return err
 		}
 	}
@@ -484,6 +519,7 @@ func (t *Trainer) Plan() (*MemPlan, error) {
 	return PlanRun(PlanRequest{
 		Config: &t.cfg, Model: t.modelCfg, ModelName: string(t.cfg.Policy.ModelName), Backend: t.be.Name(),
 		Workspace: WorkspacePlanner(t.be), Builtin: t.o.Rollouts == "", Resume: t.o.Resume,
+		World: t.comm.Size(), Shard: t.shardFull, NoReshard: t.o.NoReshard,
 	})
 }
 
@@ -578,19 +614,24 @@ func (t *Trainer) newOptimizer() error {
 	if err != nil {
 		return err
 	}
-	// One group per parameter: optim merges adjacent ones for the update and
-	// names the parameter whose gradient is not finite.
-	var groups []optim.Group
-	for _, p := range t.model.Table().Params {
-		groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
-	}
 	nf := optim.SkipNonFinite
 	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
-	t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, optim.Config{
-		Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf,
-	})
+	ocfg := optim.Config{Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
+	if t.shardFull {
+		groups, ids := shardedGroups(t.model)
+		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,
+			optim.Sharded{Comm: t.comm, IDs: len(t.model.Table().Params), GroupID: ids})
+	} else {
+		// One group per parameter: optim merges adjacent ones for the update
+		// and names the parameter whose gradient is not finite.
+		var groups []optim.Group
+		for _, p := range t.model.Table().Params {
+			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
+		}
+		t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, ocfg)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,201 @@
+package trainer
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+)
+
+// stepTensors reads every parameter and moment of run directory out's
+// checkpoint of step, whatever its layout (through checkpoint.Tensors),
+// after checking every file's sha256.
+func stepTensors(t *testing.T, out string, step int) [checkpoint.NumKinds]map[string][]float32 {
+	t.Helper()
+	path := filepath.Join(out, "checkpoints", checkpoint.StepDir(int64(step)))
+	if _, err := checkpoint.Verify(path); err != nil {
+		t.Fatal(err)
+	}
+	tens, err := checkpoint.OpenTensors(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tens.Close()
+	var res [checkpoint.NumKinds]map[string][]float32
+	for k := range checkpoint.NumKinds {
+		res[k] = map[string][]float32{}
+		for name := range checkpointWeightsHF(t, path) {
+			shape, ok := tens.Shape(name)
+			if !ok {
+				t.Fatalf("%s: no tensor %s", path, name)
+			}
+			n := 1
+			for _, d := range shape {
+				n *= d
+			}
+			v := make([]float32, n)
+			if err := tens.Read(name, k, 0, v); err != nil {
+				t.Fatal(err)
+			}
+			res[k][name] = v
+		}
+	}
+	return res
+}
+
+// checkpointWeightsHF reads a checkpoint's model.safetensors (the HF
+// weights, in either layout).
+func checkpointWeightsHF(t *testing.T, path string) map[string][]float32 {
+	t.Helper()
+	f, err := safetensors.Open(filepath.Join(path, checkpoint.ModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string][]float32{}
+	for _, ti := range f.Tensors() {
+		v := make([]float32, ti.NumElements())
+		if err := f.ReadF32(ti.Name, v); err != nil {
+			t.Fatal(err)
+		}
+		out[ti.Name] = v
+	}
+	return out
+}
+
+// TestShardedRanksTrainLikeOneProcess: the built-in job fully sharded over
+// 1, 2 and 3 in-process ranks (3 does not divide the model's flats: the
+// padding is exercised) samples the same rollouts as one unsharded process
+// (same metrics), ends every step with its weights and Adam moments within
+// rankTol of it, writes HF weights in its checkpoints equal to its shards,
+// and twice the same run is bit-identical.
+func TestShardedRanksTrainLikeOneProcess(t *testing.T) {
+	const steps = 3
+	args := func(out string, extra ...string) []string {
+		return append(trainArgs(out, steps, sameUpdateSets...), append([]string{"--set", "checkpointing.save_period=1"}, extra...)...)
+	}
+	ref := t.TempDir()
+	mustTrain(t, args(ref)...)
+	want := metricsNoTimes(t, ref)
+	for _, n := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("%d ranks", n), func(t *testing.T) {
+			outs := []string{t.TempDir(), t.TempDir()}
+			for _, out := range outs {
+				mustRanks(t, n, args(out, "--shard", "full")...)
+			}
+			got := metricsNoTimes(t, outs[0])
+			sameData(t, want, got)
+			for s := 1; s <= steps; s++ {
+				w, g := stepTensors(t, ref, s), stepTensors(t, outs[0], s)
+				for k := range checkpoint.NumKinds {
+					d, where := maxAbsDiff(w[k], g[k])
+					if d > rankTol || math.IsNaN(d) {
+						t.Errorf("step %d: %s differ from one process by %.3g at %s", s, kindName(k), d, where)
+					}
+					if k == checkpoint.KindWeights {
+						t.Logf("step %d: largest weight difference from one process %.3g (bound %g)", s, d, rankTol)
+					}
+				}
+				hf := checkpointWeightsHF(t, filepath.Join(outs[0], "checkpoints", checkpoint.StepDir(int64(s))))
+				if d, where := maxAbsDiff(g[checkpoint.KindWeights], hf); d != 0 {
+					t.Errorf("step %d: the HF weights differ from the shards by %g at %s", s, d, where)
+				}
+			}
+			dir := func(out string) string { return filepath.Join(out, "checkpoints", checkpoint.StepDir(steps)) }
+			ents, _ := os.ReadDir(dir(outs[0]))
+			shards := 0
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), "shard-") {
+					shards++
+				}
+				a, _ := os.ReadFile(filepath.Join(dir(outs[0]), e.Name()))
+				b, _ := os.ReadFile(filepath.Join(dir(outs[1]), e.Name()))
+				if e.Name() != checkpoint.TrainerStateFile && e.Name() != checkpoint.ManifestFile && e.Name() != checkpoint.DoneFile && !bytes.Equal(a, b) {
+					t.Errorf("two runs on %d ranks: %s differs", n, e.Name())
+				}
+			}
+			if shards != n {
+				t.Errorf("%d shard files in %s, want %d", shards, dir(outs[0]), n)
+			}
+		})
+	}
+}
+
+func kindName(k int) string { return [...]string{"weights", "exp_avg", "exp_avg_sq"}[k] }
+
+// sameData fails when two runs trained other data: rewards, rollouts, rows,
+// tokens, and a loss within 1e-6.
+func sameData(t *testing.T, want, got []Metrics) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d metric lines, want %d", len(got), len(want))
+	}
+	for i := range got {
+		w, g := want[i], got[i]
+		if g.RewardMean != w.RewardMean || g.LogicalRollouts != w.LogicalRollouts || g.EligibleTokens != w.EligibleTokens ||
+			g.Traces != w.Traces || g.PhysicalRows != w.PhysicalRows || g.PaddingRows != w.PaddingRows || g.TrainTokens != w.TrainTokens {
+			t.Errorf("step %d: trained other data than one process:\n got %+v\nwant %+v", i+1, g, w)
+		}
+		if d := math.Abs(float64(g.Loss - w.Loss)); d > 1e-6*math.Max(1, math.Abs(float64(w.Loss))) {
+			t.Errorf("step %d: loss %v, one process %v", i+1, g.Loss, w.Loss)
+		}
+	}
+}
+
+// TestShardedResumeAcrossLayouts: a checkpoint resumes at another world
+// size and in the other sharding mode, each continuing as if uninterrupted
+// (same data, weights and moments within rankTol of one unsharded process
+// running straight through): sharded on 2 ranks then on 3; sharded on 3
+// then one process (unsharded); unsharded then sharded on 2; sharded on 2
+// then unsharded on 2.
+func TestShardedResumeAcrossLayouts(t *testing.T) {
+	const steps = 4
+	lr := []string{"--set", "policy.megatron_cfg.scheduler.lr_decay_iters=4", "--set", "checkpointing.save_period=1"}
+	args := func(out string, extra ...string) []string {
+		return append(trainArgs(out, steps, sameUpdateSets...), append(lr, extra...)...)
+	}
+	ref := t.TempDir()
+	mustTrain(t, args(ref)...)
+	want := metricsNoTimes(t, ref)
+	run := func(t *testing.T, n int, args ...string) {
+		if n == 1 {
+			mustTrain(t, args...)
+		} else {
+			mustRanks(t, n, args...)
+		}
+	}
+	for _, c := range []struct {
+		name           string
+		first, second  int
+		shard1, shard2 string
+	}{
+		{"sharded 2 then sharded 3", 2, 3, "full", "full"},
+		{"sharded 3 then one process", 3, 1, "full", "none"},
+		{"unsharded then sharded 2", 1, 2, "none", "full"},
+		{"sharded 2 then unsharded 2", 2, 2, "full", "none"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := t.TempDir()
+			run(t, c.first, args(out, "--shard", c.shard1, "--steps", "2")...)
+			before, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+			run(t, c.second, args(out, "--shard", c.shard2, "--resume")...)
+			after, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+			if len(before) == 0 || !bytes.HasPrefix(after, before) || bytes.Count(after, []byte{'\n'}) != steps {
+				t.Fatalf("the resumed run did not continue after step 2 (metrics before:\n%s\nafter:\n%s)", before, after)
+			}
+			sameData(t, want, metricsNoTimes(t, out))
+			w, g := stepTensors(t, ref, steps), stepTensors(t, out, steps)
+			for k := range checkpoint.NumKinds {
+				if d, where := maxAbsDiff(w[k], g[k]); d > rankTol || math.IsNaN(d) {
+					t.Errorf("%s after %d steps differ from one uninterrupted process by %.3g at %s", kindName(k), steps, d, where)
+				}
+			}
+		})
+	}
+}
