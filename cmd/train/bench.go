@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
@@ -16,6 +17,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
 	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/optim"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -38,6 +40,7 @@ type benchResult struct {
 	Steps       int     `json:"steps"`
 	Recompute   bool    `json:"recompute"`
 	Ranks       int     `json:"ranks,omitempty"`
+	Sharded     bool    `json:"sharded,omitempty"`
 	MsPerStep   float64 `json:"ms_per_step"`
 	MsMin       float64 `json:"ms_min"`
 	TokensPerS  float64 `json:"tokens_per_s"`
@@ -46,6 +49,15 @@ type benchResult struct {
 	Precision   string  `json:"precision"`
 	FinalLogp   float64 `json:"mean_logprob_last_step"`
 	WeightsFrom string  `json:"weights"`
+	// With several ranks: every rank's peak RSS and plan (rank order), and
+	// with --shard full the bytes one step's collectives moved on a rank
+	// (gathered flats, reduce-scattered gradients: model.CommStats).
+	PeakRSSRanksMiB []float64 `json:"peak_rss_ranks_mib,omitempty"`
+	PlanRanksMiB    []float64 `json:"plan_ranks_mib,omitempty"`
+	CommGatherMiB   float64   `json:"comm_gather_mib_per_step,omitempty"`
+	CommReduceMiB   float64   `json:"comm_reduce_scatter_mib_per_step,omitempty"`
+	ModelStateMiB   float64   `json:"model_state_mib,omitempty"`
+	CommBuffersMiB  float64   `json:"comm_buffers_mib,omitempty"`
 }
 
 func runBench(args []string, stdout, stderr io.Writer) error {
@@ -62,6 +74,13 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	precision := fs.String("precision", "float32", "float32, or bfloat16: mixed precision (cuda; the CPU computes in fp32 and says so)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
 	distMode := fs.String("dist", "auto", "data parallel under torchrun/srun/mpirun: the rows are split among the ranks and the gradients all-reduced (auto, none, mpi, nccl)")
+	shard := fs.String("shard", "none", "full: shard the weights, gradients and Adam moments over the ranks (fully sharded data parallel); none: every rank holds the whole model")
+	noReshard := false
+	rf := fs.VarPF(newNegBool(&noReshard), "reshard-after-forward", "", "with --shard full: gather each layer again for its backward (false: keep every layer gathered)")
+	rf.NoOptDefVal, rf.DefValue = "true", "true"
+	lr := fs.Float64("lr", 1e-6, "AdamW's learning rate (weight decay 0.01 on matrices, betas 0.9/0.999, no clipping)")
+	eps := fs.Float64("eps", 1e-8, "AdamW's eps")
+	save := fs.String("save", "", "write the final weights as Hugging Face safetensors into this directory (with --shard full the ranks stream them through rank 0)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -70,6 +89,9 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if T, ok := checked.Mul(int64(*rows), int64(*seq)); !ok || T > model.MaxTokens {
 		return fmt.Errorf("%w: bench: --rows %d × --seq %d tokens: more than %d in one step (token positions and offsets are int32)", errUsage, *rows, *seq, model.MaxTokens)
+	}
+	if *shard != "full" && *shard != "none" {
+		return fmt.Errorf("%w: bench: --shard %q: want full or none", errUsage, *shard)
 	}
 	if *precision != "float32" && *precision != "bfloat16" {
 		return fmt.Errorf("%w: bench: --precision %q: want float32 or bfloat16", errUsage, *precision)
@@ -131,9 +153,15 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "bench: note: --precision bfloat16: the %s backend computes in fp32 (mixed precision runs on cuda)\n", be.Name())
 		}
 	}
+	sharded := *shard == "full"
+	comm := l.comm
+	if comm == nil {
+		comm = collective.Single(be)
+	}
+	res.Sharded = sharded
 	plan, err := trainer.PlanModelRun(trainer.PlanSpec{
 		Request: trainer.PlanRequest{Model: cfg, ModelName: *cfgPath, Backend: be.Name(), Rows: myRows,
-			Workspace: trainer.WorkspacePlanner(be)},
+			Workspace: trainer.WorkspacePlanner(be), World: l.Size, Shard: sharded, NoReshard: noReshard},
 		Options: opt, Optimizer: true,
 		Shrink: map[string][]string{"activations": {"--rows", "--seq", "--recompute"}, "workspace": {"--rows", "--seq"},
 			"weights": {"a smaller --model"}, "gradients": {"a smaller --model"}, "adam_moments": {"a smaller --model"}},
@@ -145,7 +173,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	res.PlanMiB = float64(plan.TotalBytes) / (1 << 20)
-	m, err := model.New(be, cfg, opt)
+	var m *model.Model
+	if sharded {
+		m, err = model.NewSharded(be, cfg, opt, model.ShardOptions{Comm: comm, ReshardAfterForward: !noReshard})
+	} else {
+		m, err = model.New(be, cfg, opt)
+	}
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -159,23 +192,27 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	} else {
 		m.InitRandom(*seed)
 	}
-	mom, err := be.Alloc(kernels.F32, 2*m.Table().Total)
+	opts, err := benchOptimizer(be, m, comm, sharded, *eps)
 	if err != nil {
-		return fmt.Errorf("bench: AdamW moments: %w", err)
+		return fmt.Errorf("bench: %w", err)
 	}
-	defer be.Free(mom)
+	defer opts.Close()
+	// The step's tokens and dL/dlogprob for every row, drawn the same on
+	// every rank; this rank takes its block of rows.
 	r := rand.New(rand.NewPCG(*seed, 2))
-	tokens := make([]int32, T)
+	all := *rows * *seq
+	tokens := make([]int32, all)
 	for i := range tokens {
 		tokens[i] = int32(r.IntN(cfg.VocabSize))
 	}
+	dl := make([]float32, all)
+	for i := range dl {
+		dl[i] = float32(r.NormFloat64()) / float32(all)
+	}
+	tokens, dl = tokens[lo**seq:hi**seq], dl[lo**seq:hi**seq]
 	cu := make([]int32, myRows+1)
 	for s := range cu {
 		cu[s] = int32(s * *seq)
-	}
-	dl := make([]float32, T)
-	for i := range dl {
-		dl[i] = float32(r.NormFloat64()) / float32(T)
 	}
 	var lastMean float64
 	step := func(n int) error {
@@ -192,12 +229,15 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		if err := m.Backward(dl); err != nil {
 			return err
 		}
-		if l.comm != nil && l.Size > 1 {
+		if l.comm != nil && l.Size > 1 && !sharded {
 			if err := l.comm.AllReduceSum(m.Grads()); err != nil {
 				return err
 			}
 		}
-		benchAdamW(be, m, mom, n)
+		if _, err := opts.Step(*lr, 0.01); err != nil {
+			return err
+		}
+		m.ParamsChanged()
 		return be.Sync()
 	}
 	if err := step(1); err != nil {
@@ -206,6 +246,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if prof != nil {
 		prof.reset()
 	}
+	before := m.CommStats()
 	times := make([]float64, *steps)
 	for i := range times {
 		t0 := time.Now()
@@ -224,6 +265,38 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	res.TokensPerS = float64(*rows**seq) / (med / 1e3) // every rank's tokens
 	res.PeakRSSMiB = peakRSSMiB()
 	res.FinalLogp = lastMean
+	if sharded {
+		after := m.CommStats()
+		res.CommGatherMiB = float64(after.GatherBytes-before.GatherBytes) / float64(*steps) / (1 << 20)
+		res.CommReduceMiB = float64(after.ReduceScatterBytes-before.ReduceScatterBytes) / float64(*steps) / (1 << 20)
+	}
+	for _, c := range plan.Components {
+		switch c.Name {
+		case "weights", "weights_bf16", "gradients", "adam_moments":
+			res.ModelStateMiB += float64(c.Bytes) / (1 << 20)
+		case "gathered_weights", "gradient_reduce":
+			res.CommBuffersMiB += float64(c.Bytes) / (1 << 20)
+		}
+	}
+	if *save != "" {
+		if err := m.SaveHF(*save); err != nil {
+			return fmt.Errorf("bench: save: %w", err)
+		}
+	}
+	if l.Size > 1 {
+		// Every rank's peak RSS, for the memory plan's check per rank.
+		mine := []byte(strconv.FormatFloat(peakRSSMiB(), 'f', 3, 64) + " " + strconv.FormatFloat(res.PlanMiB, 'f', 3, 64))
+		all, err := collective.GatherBytes(comm, be, mine)
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
+		for _, b := range all {
+			var rss, plan float64
+			fmt.Sscan(string(b), &rss, &plan)
+			res.PeakRSSRanksMiB = append(res.PeakRSSRanksMiB, rss)
+			res.PlanRanksMiB = append(res.PlanRanksMiB, plan)
+		}
+	}
 	if prof != nil {
 		prof.report(stderr, *steps, sumOf(times))
 	}
@@ -240,19 +313,24 @@ func sumOf(x []float64) float64 {
 	return s
 }
 
-// benchAdamW updates every parameter with AdamW (weight decay 0.01 on
-// matrices, none on norm weights), one call per parameter tensor.
-func benchAdamW(be kernels.Backend, m *model.Model, mom kernels.Buf, step int) {
-	const lr, b1, b2 = 1e-6, 0.9, 0.999
-	tot := m.Table().Total
-	for _, p := range m.Table().Params {
-		wd := float32(0)
-		if p.Decay {
-			wd = 0.01
+// benchOptimizer is AdamW (weight decay on matrices, none on norm
+// weights; no clipping) over the model's arenas, or its shard.
+func benchOptimizer(be kernels.Backend, m *model.Model, comm collective.Comm, sharded bool, eps float64) (*optim.AdamW, error) {
+	cfg := optim.Config{Beta1: 0.9, Beta2: 0.999, Eps: eps}
+	tab := m.Table()
+	var groups []optim.Group
+	if !sharded {
+		for _, p := range tab.Params {
+			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
 		}
-		be.AdamW(m.Params().Slice(p.Offset, p.N), m.Grads().Slice(p.Offset, p.N),
-			mom.Slice(p.Offset, p.N), mom.Slice(tot+p.Offset, p.N), kernels.NewAdamWStep(lr, b1, b2, 1e-8, float64(wd), int64(step), 1))
+		return optim.New(be, m.Params(), m.Grads(), groups, cfg)
 	}
+	var ids []int
+	for _, pc := range m.Sharding().Pieces(tab) {
+		groups = append(groups, optim.Group{Off: pc.At, N: pc.Hi - pc.Lo, Decay: tab.Params[pc.Param].Decay})
+		ids = append(ids, pc.Param)
+	}
+	return optim.NewSharded(be, m.Params(), m.Grads(), groups, cfg, optim.Sharded{Comm: comm, IDs: len(tab.Params), GroupID: ids})
 }
 
 // peakRSSMiB reads VmHWM from /proc/self/status (0 where unavailable).

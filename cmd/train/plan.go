@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
@@ -20,7 +21,8 @@ func init() {
 }
 
 const planSynopsis = `train plan [--config FILE]... [OVERRIDE]... [--set k=v]... (--init-from DIR | --model config.json)
-           [--rows R] [--seq T] [--backend cpu|cuda] [--rollouts PATH] [--resume] [--json]
+           [--rows R] [--seq T] [--backend cpu|cuda] [--rollouts PATH] [--resume]
+           [--world-size W] [--shard full|none] [--reshard-after-forward=false] [--memory SIZE] [--json]
 
 Prints the memory a train run with these recipes and overrides allocates on
 the backend, part by part: the fp32 weights, their bf16 copy (mixed
@@ -33,6 +35,14 @@ buffers, RoPE tables and the backend's own scratch). It runs on any
 machine: planning for cuda needs no GPU. The figures come from the code that
 sizes the allocations, and train, train bench and train score check them
 against the free memory before allocating anything.
+
+With --world-size W the plan is one rank's of W (default: the recipe's
+cluster.num_nodes × cluster.gpus_per_node). --shard full plans fully
+sharded data parallel (each rank holds 1/W of the weights, gradients and
+Adam moments, plus the communication buffers: the gathered groups and the
+gradients being reduce-scattered); the default is the recipe's choice, as
+train makes it. --memory SIZE (e.g. 80G) checks the plan against SIZE per
+rank and names the smallest world size that fits fully sharded.
 
 --rows and --seq default to policy.train_micro_batch_size and
 policy.max_total_sequence_length (one micro-batch of rows × seq tokens).
@@ -55,6 +65,11 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&o.Rollouts, "rollouts", "", "the run reads NeMo Gym rollouts (no in-process sampler); the path is not read")
 	fs.BoolVar(&o.Resume, "resume", false, "the run resumes from a checkpoint (cpu: the checkpoint is read into memory first)")
 	asJSON := fs.Bool("json", false, "print one JSON object (total_bytes, components, ...) instead of text")
+	world := fs.Int("world-size", 0, "plan one rank of this many (default: cluster.num_nodes × cluster.gpus_per_node)")
+	fs.StringVar(&o.Shard, "shard", "", "full: fully sharded data parallel; none: every rank holds the whole model; default: the recipe's (as train decides)")
+	f := fs.VarPF(newNegBool(&o.NoReshard), "reshard-after-forward", "", "with --shard full: layers gathered again for backward (false: every layer kept gathered)")
+	f.NoOptDefVal, f.DefValue = "true", "true"
+	memory := fs.String("memory", "", "check the plan against this much memory per rank (e.g. 80G) and name the smallest fully sharded world size that fits")
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
@@ -86,18 +101,61 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	w := *world
+	if w == 0 {
+		w = ld.Config.Cluster.NumNodes * ld.Config.Cluster.GPUsPerNode
+	}
+	if w < 1 {
+		return fmt.Errorf("%w: plan: --world-size %d: want at least 1", errUsage, w)
+	}
+	full, _, err := trainer.ShardChoice(&ld.Config, o.Shard, w)
+	if err != nil {
+		return err
+	}
 	p, err := trainer.PlanRun(trainer.PlanRequest{
 		Config: &ld.Config, Model: mc, ModelName: name, Backend: *backend, Workspace: ws,
 		Rows: *rows, Seq: *seq, Builtin: o.Rollouts == "", Resume: o.Resume,
+		World: w, Shard: full, NoReshard: o.NoReshard,
 	})
 	if err != nil {
 		return err
 	}
+	var fit error
+	if *memory != "" {
+		n, err := trainer.ParseBytes(*memory)
+		if err != nil {
+			return fmt.Errorf("%w: plan: --memory: %v", errUsage, err)
+		}
+		fit = p.Check(n, "--memory")
+	}
 	if *asJSON {
 		fmt.Fprintf(stdout, "%s\n", p.JSON())
-		return nil
+	} else {
+		p.WriteText(stdout)
 	}
-	p.WriteText(stdout)
+	if fit != nil {
+		return fit
+	}
+	if *memory != "" && !*asJSON {
+		fmt.Fprintf(stdout, "  fits in --memory %s per rank\n", *memory)
+	}
+	return nil
+}
+
+// negBool is a bool flag stored negated (the field's zero value is the
+// flag's default, true).
+type negBool bool
+
+func newNegBool(p *bool) *negBool { return (*negBool)(p) }
+
+func (b *negBool) String() string { return strconv.FormatBool(!bool(*b)) }
+func (b *negBool) Type() string   { return "bool" }
+func (b *negBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("want true or false, found %q", s)
+	}
+	*b = negBool(!v)
 	return nil
 }
 
