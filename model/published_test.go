@@ -44,6 +44,10 @@ var publishedConfigs = []struct {
 	// shapes and shard sizes; the card says 7.61B total, 6.53B non-embedding
 	// (6,525,621,760 here).
 	{"qwen2.5-7b.config.json", Qwen2, 1e6, RopeScaling{}, false, true, 128, 7615616512, true, 1},
+	// Qwen2.5-32B, untied: 32,763,876,352, the count an independent
+	// architecture-count test fixture states for exactly these shapes
+	// (PROVENANCE.md); the card's "32.5B / 31.0B non-embedding" is rounded.
+	{"qwen2.5-32b.config.json", Qwen2, 1e6, RopeScaling{}, false, true, 128, 32763876352, true, 1},
 }
 
 // publishedCheckpoints are facts about the Hub files of the models whose

@@ -342,3 +342,51 @@ func TestMpirunShardedExport(t *testing.T) {
 		t.Errorf("the 2-rank checkpoint is not sharded: %v", err)
 	}
 }
+
+// TestShardedPlansOfNeMoRLRecipes: the plans README.md quotes. NeMo RL's
+// recipes at their own sequence lengths, with their KL reference, fully
+// sharded, on CUDA: Llama-3.1-8B and Qwen2.5-7B on 8 ranks within 60 GB a
+// rank, Qwen2.5-32B on 16 ranks within 100 GB; one rank of the unsharded
+// run holds over 150 GB (the measurement), and admission names the
+// smallest world size that fits an 80 GB GPU.
+func TestShardedPlansOfNeMoRLRecipes(t *testing.T) {
+	recipes := "../../config/testdata/nemo-rl/examples/configs/recipes/llm/"
+	models := "../../model/testdata/published/"
+	for _, c := range []struct {
+		recipe, model string
+		world         int
+		limit         int64
+	}{
+		{"performance/grpo-llama3.1-8b-instruct-2n8g.yaml", "llama-3.1-8b.config.json", 8, 60e9},
+		{"grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", "qwen2.5-7b.config.json", 8, 60e9},
+		{"grpo-qwen2.5-32b-32n8g-fsdp2tp8-actckpt.v3.yaml", "qwen2.5-32b.config.json", 16, 100e9},
+	} {
+		t.Run(c.model, func(t *testing.T) {
+			plan := func(extra ...string) map[string]any {
+				var stdout, stderr bytes.Buffer
+				args := append([]string{"plan", "--config", recipes + c.recipe, "--model", models + c.model, "--rollouts", "x", "--json"}, extra...)
+				if code := run(args, &stdout, &stderr); code != 0 {
+					t.Fatalf("plan: %s", stderr.String())
+				}
+				var p map[string]any
+				if err := json.Unmarshal(stdout.Bytes(), &p); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			}
+			sharded := plan("--world-size", fmt.Sprint(c.world), "--shard", "full")
+			whole := plan("--world-size", fmt.Sprint(c.world), "--shard", "none")
+			got, one := int64(sharded["total_bytes"].(float64)), int64(whole["total_bytes"].(float64))
+			t.Logf("%s on %d ranks: %.2f GiB a rank fully sharded, %.2f GiB unsharded", c.model, c.world, float64(got)/(1<<30), float64(one)/(1<<30))
+			if got > c.limit || one < 150e9 {
+				t.Errorf("%s on %d ranks: %d bytes a rank sharded (limit %d), %d unsharded", c.model, c.world, got, c.limit, one)
+			}
+			var stdout, stderr bytes.Buffer
+			code := run([]string{"plan", "--config", recipes + c.recipe, "--model", models + c.model, "--rollouts", "x",
+				"--world-size", "1", "--shard", "none", "--memory", "80G"}, &stdout, &stderr)
+			if code != 1 || !strings.Contains(stderr.String(), "fully sharded (--shard full), it fits on") {
+				t.Errorf("plan --memory 80G on one rank: exit %d, %s", code, stderr.String())
+			}
+		})
+	}
+}
