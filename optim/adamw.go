@@ -54,6 +54,30 @@ const (
 // and the guard is AbortNonFinite.
 var ErrNonFiniteGrad = errors.New("optim: non-finite gradient")
 
+// ErrNonFiniteWeights is wrapped by Step's error when the update it applied
+// made weights non-finite (an lr or a weight decay that overflows float32):
+// whatever the NonFinite policy, the caller must not go on from, or save,
+// those weights. (Undoing the update would need a second copy of the
+// weights and moments; the run stops instead.)
+var ErrNonFiniteWeights = errors.New("optim: the update made weights not finite (or too large to square in float32)")
+
+// WeightsError is Step's error for weights the update made non-finite: the
+// first group whose sum of squares is NaN or ±Inf.
+type WeightsError struct {
+	Group  int     // index into the groups given to New (its ID when sharded)
+	Off, N int     // the group's elements
+	SumSq  float64 // the group's sum of squares after the update
+	Step   int64   // the optimizer step that made them
+	LR     float64 // its learning rate
+}
+
+func (e *WeightsError) Error() string {
+	return fmt.Sprintf("%v: step %d (lr %g): group %d (elements [%d, %d)) has sum of squares %v after the update",
+		ErrNonFiniteWeights, e.Step, e.LR, e.Group, e.Off, e.Off+e.N, e.SumSq)
+}
+
+func (e *WeightsError) Unwrap() error { return ErrNonFiniteWeights }
+
 // Config holds AdamW's hyperparameters (NeMo RL's optimizer keys).
 type Config struct {
 	Beta1, Beta2 float64 // adam_beta1, adam_beta2
@@ -231,23 +255,7 @@ func (o *AdamW) SetState(st State) error {
 // per-group sums of squares (one download; sharded: per ID, over every
 // rank, after one all-reduce).
 func (o *AdamW) GradNorm() (float64, []float64, error) {
-	if o.shard != nil {
-		o.be.Fill(o.sums, 0)
-	}
-	for i, g := range o.groups {
-		slot := i
-		if o.shard != nil {
-			slot = o.shard.GroupID[i]
-		}
-		o.be.SumSquares(o.sums.Slice(slot, 1), o.grad.Slice(g.Off, g.N))
-	}
-	if o.shard != nil {
-		if err := o.shard.Comm.AllReduceSum(o.sums); err != nil {
-			return 0, nil, fmt.Errorf("optim: gradient norm: %w", err)
-		}
-	}
-	o.be.DownloadF32(o.host, o.sums)
-	if err := o.be.Sync(); err != nil {
+	if err := o.groupSums(o.grad, true); err != nil {
 		return 0, nil, fmt.Errorf("optim: gradient norm: %w", err)
 	}
 	per := make([]float64, len(o.host))
@@ -257,6 +265,34 @@ func (o *AdamW) GradNorm() (float64, []float64, error) {
 		total += float64(s)
 	}
 	return math.Sqrt(total), per, nil
+}
+
+// groupSums computes the sum of squares of buf over each of this rank's
+// groups into o.sums and o.host (one download), at the group's slot: its
+// index, or its ID when sharded (the other IDs' slots are 0, or, with
+// overRanks, every rank's sums after one all-reduce).
+func (o *AdamW) groupSums(buf kernels.Buf, overRanks bool) error {
+	if o.shard != nil {
+		o.be.Fill(o.sums, 0)
+	}
+	for i, g := range o.groups {
+		o.be.SumSquares(o.sums.Slice(o.slot(i), 1), buf.Slice(g.Off, g.N))
+	}
+	if o.shard != nil && overRanks {
+		if err := o.shard.Comm.AllReduceSum(o.sums); err != nil {
+			return err
+		}
+	}
+	o.be.DownloadF32(o.host, o.sums)
+	return o.be.Sync()
+}
+
+// slot is group i's place in the sums: i, or its ID when sharded.
+func (o *AdamW) slot(i int) int {
+	if o.shard != nil {
+		return o.shard.GroupID[i]
+	}
+	return i
 }
 
 // Step clips and applies one AdamW update with learning rate lr and weight
@@ -305,8 +341,14 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 		}
 		o.be.AdamW(o.param.Slice(r.Off, r.N), o.grad.Slice(r.Off, r.N), m.Slice(r.Off, r.N), v.Slice(r.Off, r.N), s)
 	}
-	if err := o.be.Sync(); err != nil {
+	// The new weights: an update can overflow where the gradient did not.
+	if err := o.groupSums(o.param, false); err != nil {
 		return res, fmt.Errorf("optim: AdamW step %d: %w", o.st.Step, err)
+	}
+	for i, g := range o.groups {
+		if x := float64(o.host[o.slot(i)]); math.IsNaN(x) || math.IsInf(x, 0) {
+			return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: x, Step: o.st.Step, LR: lr}
+		}
 	}
 	return res, nil
 }

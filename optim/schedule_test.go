@@ -257,6 +257,44 @@ func TestAdamWNonFinite(t *testing.T) {
 	}
 }
 
+// TestAdamWNonFiniteWeights: an update that overflows float32 (lr 3e38,
+// or weight decay with lr 1e38) is reported under either policy, naming
+// the first group whose weights it made non-finite; finite gradients and a
+// sane lr report nothing. The gradient guard alone let such weights be
+// saved (issue 26, item 3).
+func TestAdamWNonFiniteWeights(t *testing.T) {
+	for _, policy := range []NonFinite{SkipNonFinite, AbortNonFinite} {
+		for _, tc := range []struct {
+			lr, wd    float64
+			wantGroup int // -1: none
+		}{{1e-2, 0.1, -1}, {3e38, 0, 0}, {1e38, 1e3, 0}} {
+			be := cpu.New(1)
+			const n = 40
+			param, grad := allocF32(t, be, n), allocF32(t, be, n)
+			p0, g := make([]float32, n), make([]float32, n)
+			for i := range p0 {
+				p0[i], g[i] = float32(i)*0.1+1, 0.5
+			}
+			be.UploadF32(param, p0)
+			be.UploadF32(grad, g)
+			o, err := New(be, param, grad, []Group{{0, 10, true}, {10, 10, false}, {20, 20, true}}, Config{Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, MaxGradNorm: 1, NonFinite: policy})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = o.Step(tc.lr, tc.wd)
+			var we *WeightsError
+			switch {
+			case tc.wantGroup < 0 && err != nil:
+				t.Errorf("policy %d, lr %g: %v", policy, tc.lr, err)
+			case tc.wantGroup >= 0 && (!errors.As(err, &we) || !errors.Is(err, ErrNonFiniteWeights) || we.Group != tc.wantGroup || we.Step != 1):
+				t.Errorf("policy %d, lr %g, wd %g: %v, want a WeightsError for group %d at step 1", policy, tc.lr, tc.wd, err, tc.wantGroup)
+			}
+			o.Close()
+			be.Close()
+		}
+	}
+}
+
 // TestAdamWGroups: elements outside every group are untouched; a group
 // without Decay gets no weight decay even with zero gradient; the pre-clip
 // norm covers only the groups.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/internal/inputfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
@@ -80,6 +82,16 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	if err := t.be.Sync(); err != nil {
 		return nil, err
 	}
+	// A checkpoint never holds non-finite weights or moments: it would
+	// verify, and resume into NaN.
+	for _, a := range []struct {
+		what string
+		x    []float32
+	}{{"weights", host}, {"Adam moments", m}, {"Adam moments", v}} {
+		if i := slices.IndexFunc(a.x, func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }); i >= 0 {
+			return nil, fmt.Errorf("step %d: the %s are not finite (%s element %d is %v): no checkpoint is written", t.step, a.what, paramAt(table, i), i, a.x[i])
+		}
+	}
 	st := &checkpoint.State{}
 	for _, p := range table.Params {
 		spec := func(name string) safetensors.Spec {
@@ -103,6 +115,16 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 		keep = *k
 	}
 	return checkpoint.Prepare(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
+}
+
+// paramAt names the parameter holding element i of the arena.
+func paramAt(table *model.ParamTable, i int) string {
+	for _, p := range table.Params {
+		if i >= p.Offset && i < p.Offset+p.N {
+			return p.Name
+		}
+	}
+	return "the arena"
 }
 
 // restore loads the newest complete checkpoint of the run directory and puts

@@ -6,6 +6,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -108,5 +110,80 @@ func TestOutputsNeverOverlapInputs(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(caps, "run")); err == nil {
 		t.Errorf("a refused run created its directory inside the capture store")
+	}
+}
+
+// TestNonFiniteUpdateIsNeverSaved (issue 26, item 3): with lr=3e38 step 1's
+// update made every weight non-finite; the checkpoint was written, passed
+// verify and resumed into a NaN in sampling (the guard looked at the
+// gradients only). The weights are checked after the update: the run stops
+// there, naming the parameter, with --on-nonfinite skip or abort, on one
+// rank or two, and writes no checkpoint and no metrics line of that step.
+func TestNonFiniteUpdateIsNeverSaved(t *testing.T) {
+	for _, tc := range []struct {
+		ranks int
+		mode  string
+	}{{1, "skip"}, {1, "abort"}, {2, "skip"}} {
+		t.Run(fmt.Sprintf("%d ranks, %s", tc.ranks, tc.mode), func(t *testing.T) {
+			out := t.TempDir()
+			args := trainArgs(out, 2, "--set", "checkpointing.save_period=1", "--on-nonfinite", tc.mode,
+				"--set", "policy.megatron_cfg.optimizer.lr=3e38")
+			var errs []error
+			var logs []string
+			if tc.ranks == 1 {
+				var stderr bytes.Buffer
+				code := run(args, &bytes.Buffer{}, &stderr)
+				errs, logs = []error{fmt.Errorf("exit %d: %s", code, stderr.String())}, []string{stderr.String()}
+				if code != 1 {
+					t.Errorf("exit %d, want 1", code)
+				}
+			} else {
+				errs, logs = runLocalRanks(t, tc.ranks, args...)
+			}
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "step 1") || !strings.Contains(err.Error(), "not finite") || !strings.Contains(err.Error(), "model.") {
+					t.Errorf("rank %d: %v, want step 1's weights named as not finite\n%s", r, err, logs[r])
+				}
+				if tc.ranks > 1 && !Agreed(err) {
+					t.Errorf("rank %d: %v is not an error the ranks agreed on", r, err)
+				}
+			}
+			if ents, err := checkpoint.List(filepath.Join(out, "checkpoints")); err == nil && len(ents) > 0 {
+				t.Errorf("a checkpoint of non-finite weights was written: %v", ents)
+			}
+			if b, _ := os.ReadFile(filepath.Join(out, "metrics.jsonl")); len(b) > 0 {
+				t.Errorf("a metrics line of the failed step was written:\n%s", b)
+			}
+		})
+	}
+}
+
+// TestCheckpointRefusesNonFiniteWeights: whatever made them so, weights or
+// moments that are not finite are never written to a checkpoint (a second
+// line behind the check after the update).
+func TestCheckpointRefusesNonFiniteWeights(t *testing.T) {
+	out := t.TempDir()
+	var saveErr error
+	errs, logs := eachLocalRank(t, 1, trainArgs(out, 1), nil, func(_ int, tr *Trainer) error {
+		if err := tr.Run(); err != nil {
+			return err
+		}
+		host, ok := tr.hostView(tr.model.Params())
+		if !ok {
+			return errors.New("the CPU backend has no host view")
+		}
+		host[len(host)-1] = float32(math.Inf(1))
+		saveErr = tr.save()
+		return nil
+	})
+	if errs[0] != nil {
+		t.Fatalf("%v\n%s", errs[0], logs[0])
+	}
+	if saveErr == nil || !strings.Contains(saveErr.Error(), "not finite") || !strings.Contains(saveErr.Error(), "lm_head") && !strings.Contains(saveErr.Error(), "model.") {
+		t.Errorf("saving non-finite weights: %v, want a refusal naming the parameter", saveErr)
+	}
+	ents, _ := checkpoint.List(filepath.Join(out, "checkpoints"))
+	if len(ents) != 1 || ents[0].Step != 1 {
+		t.Errorf("checkpoints after the refusal: %v, want step 1's alone", ents)
 	}
 }

@@ -82,7 +82,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.SaveCaptures, "save-captures", false, "built-in job: write its captures in NeMo Gym's format to --out/captures (or env.nemo_gym.token_id_capture.dir); by default they are kept in memory, one step at a time, and never written")
 	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl to appear (0: do not wait)")
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
-	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort")
+	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort; an update that makes the weights non-finite always stops the run, saving nothing of that step")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")
 	fs.StringVar(&o.Shard, "shard", "", "data parallel: full shards the weights, gradients and Adam moments over the ranks (ZeRO-3, FSDP: each rank holds 1/W and gathers a layer's weights just before use); none keeps them whole on every rank; default: the recipe's (policy.dtensor_cfg.enabled=true shards on more than one rank; Megatron's use_distributed_optimizer is refused unless --shard is given)")
 	f := fs.VarPF((*negBool)(&o.NoReshard), "reshard-after-forward", "", "with --shard full: gather each layer's weights again for its backward (two layers gathered at a time); false keeps every layer gathered from forward through backward (more memory, less communication)")

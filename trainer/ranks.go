@@ -52,6 +52,7 @@ type shard struct {
 
 // post is one rank's loss sums, gathered after the update.
 type post struct {
+	Err               rankError // this rank's update failed: every rank fails
 	Sums              grpo.LossSums
 	EntSum, EntN      float64
 	MaxOldDiff        float64

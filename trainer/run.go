@@ -98,9 +98,14 @@ func (t *Trainer) Run() error {
 		// 7. One clipped AdamW update, the same on every rank; the scheduler
 		// advances by the logical rollout count, however many physical rows
 		// they expanded into.
+		// Weights the update made non-finite stop every rank at the
+		// gather below, before anything of the step is saved.
 		lr, wd := t.sched.LR(), t.sched.WeightDecay()
 		upd, err := t.opt.Step(lr, wd)
 		t.model.ParamsChanged() // the bf16 copy (mixed precision) is remade once, at the next forward
+		if we := (*optim.WeightsError)(nil); errors.As(err, &we) {
+			p.Err, err = rankErrorOf(t.nonFiniteWeights(step, we)), nil
+		}
 		if err != nil {
 			return fmt.Errorf("step %d: optimizer: %w", step, err)
 		}
@@ -110,6 +115,9 @@ func (t *Trainer) Run() error {
 		p.InterruptedOnRank = t.interrupted() != nil
 		if st.posts, err = gather(t, p); err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
+		}
+		if err := t.postsError(st.posts); err != nil {
+			return err
 		}
 		ph.Optimizer = sw.lap()
 
@@ -134,6 +142,31 @@ func (t *Trainer) Run() error {
 	}
 	t.progressDone()
 	return nil
+}
+
+// nonFiniteWeights is the error for an update that made weights non-finite:
+// it names the parameter, and says that nothing of the step is saved.
+func (t *Trainer) nonFiniteWeights(step int, we *optim.WeightsError) error {
+	name := fmt.Sprintf("elements [%d, %d)", we.Off, we.Off+we.N)
+	if params := t.model.Table().Params; we.Group < len(params) {
+		name = params[we.Group].Name // one optimizer group per parameter (newOptimizer)
+	}
+	return fmt.Errorf("step %d: the update made the weights of %s not finite (sum of squares %v; lr %g): a learning rate or weight decay too large for float32? "+
+		"The run stops without saving them (whatever --on-nonfinite says); the newest checkpoint in %s holds the weights before: resume from it with a smaller lr",
+		step, name, we.SumSq, we.LR, t.checkpointDir())
+}
+
+// postsError is the error every rank returns when a rank's update failed
+// (its post carries the error).
+func (t *Trainer) postsError(posts []post) error {
+	errs := make([]rankError, len(posts))
+	for r, p := range posts {
+		errs[r] = p.Err
+	}
+	if t.comm.Size() == 1 && errs[0].Msg != "" {
+		return errors.New(errs[0].Msg)
+	}
+	return agreedOf(errs)
 }
 
 // exchange gathers every rank's share of the step (myErr: this rank's
