@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -185,5 +186,140 @@ func TestCheckpointRefusesNonFiniteWeights(t *testing.T) {
 	ents, _ := checkpoint.List(filepath.Join(out, "checkpoints"))
 	if len(ents) != 1 || ents[0].Step != 1 {
 		t.Errorf("checkpoints after the refusal: %v, want step 1's alone", ents)
+	}
+}
+
+// requestStop delivers a stop request to tr as Options.Signals would (the
+// watcher's own close).
+func requestStop(tr *Trainer, sig os.Signal) {
+	tr.stop.sig = sig
+	close(tr.stop.stopped)
+}
+
+// TestStopReachesEveryWaitingRank (issue 26, item 4): a SIGTERM to one rank
+// while the ranks waited for a rollout file stopped that rank, and the
+// others waited on until --wait ran out. The ranks share stop requests
+// while they wait: every rank stops within a poll, naming the request.
+func TestStopReachesEveryWaitingRank(t *testing.T) {
+	dir := t.TempDir()
+	_, caps := gymFixture(t, dir)
+	steps := filepath.Join(dir, "steps")
+	if err := os.MkdirAll(steps, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"--out", filepath.Join(dir, "run"), "--rollouts", steps, "--captures", caps, "--steps", "1", "--wait", "1m"}, externalSets...)
+	start := time.Now()
+	done := make(chan struct{})
+	var errs []error
+	var logs []string
+	go func() {
+		defer close(done)
+		errs, logs = eachLocalRank(t, 2, args, nil, func(r int, tr *Trainer) error {
+			if r == 1 {
+				time.AfterFunc(500*time.Millisecond, func() { requestStop(tr, syscall.SIGTERM) })
+			}
+			return tr.Run()
+		})
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the ranks still wait 30 s after rank 1 got a SIGTERM (--wait 1m)")
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("the ranks stopped %v after rank 1's SIGTERM", d)
+	}
+	for r, err := range errs {
+		if !errors.Is(err, errInterrupted) || !Agreed(err) {
+			t.Errorf("rank %d: %v, want an agreed stop\n%s", r, err, logs[r])
+		}
+	}
+	if errs[1] != nil && !strings.Contains(errs[1].Error(), "SIGTERM") {
+		t.Errorf("rank 1: %v does not name its SIGTERM", errs[1])
+	}
+	if errs[0] != nil && !strings.Contains(errs[0].Error(), "another rank") {
+		t.Errorf("rank 0: %v does not say the stop came from another rank", errs[0])
+	}
+}
+
+// TestStopDuringCheckpointWrite (issue 26, item 7): a SIGTERM that arrived
+// while a checkpoint was being written ran one more full step before the
+// run stopped. It now stops right after that checkpoint, on one rank or
+// two, and the checkpoint verifies.
+func TestStopDuringCheckpointWrite(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d ranks", n), func(t *testing.T) {
+			out := t.TempDir()
+			errs, logs := eachLocalRank(t, n, trainArgs(out, 3, "--set", "checkpointing.save_period=1"), nil, func(r int, tr *Trainer) error {
+				if r == 0 {
+					// The metrics line is synced between the checkpoint's
+					// write and its publication: the signal comes then.
+					tr.metricsFile = &stopAtSync{metricsFile: tr.metricsFile, stop: func() { requestStop(tr, syscall.SIGTERM) }}
+				}
+				return tr.Run()
+			})
+			for r, err := range errs {
+				if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), "after step 1") {
+					t.Errorf("rank %d: %v, want a stop after step 1\n%s", r, err, logs[r])
+				}
+			}
+			if ms := metricsNoTimes(t, out); len(ms) != 1 {
+				t.Errorf("%d steps ran, want 1 (the stop came during step 1's checkpoint)", len(ms))
+			}
+			if _, err := checkpoint.Verify(filepath.Join(out, "checkpoints", checkpoint.StepDir(1))); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+// stopAtSync requests a stop at the first Sync of metrics.jsonl.
+type stopAtSync struct {
+	metricsFile
+	stop func()
+	done bool
+}
+
+func (s *stopAtSync) Sync() error {
+	if !s.done {
+		s.done = true
+		s.stop()
+	}
+	return s.metricsFile.Sync()
+}
+
+// TestRanksReadDifferentStepFiles: ranks whose step_<N>.jsonl differ (a
+// rollouts directory not shared between nodes) fail the step together,
+// naming each rank's file and sha256, instead of training on different
+// data.
+func TestRanksReadDifferentStepFiles(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	data, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stepDirs []string
+	for r := range 2 {
+		d := filepath.Join(dir, fmt.Sprintf("steps%d", r))
+		os.MkdirAll(d, 0o755)
+		b := data
+		if r == 1 { // the same records, one reward changed
+			b = bytes.Replace(data, []byte(`"reward": 1`), []byte(`"reward": 0`), 1)
+		}
+		if err := os.WriteFile(filepath.Join(d, "step_1.jsonl"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		stepDirs = append(stepDirs, d)
+	}
+	args := append([]string{"--out", filepath.Join(dir, "run"), "--rollouts", stepDirs[0], "--captures", caps, "--steps", "1"}, externalSets...)
+	errs, _ := eachLocalRank(t, 2, args, nil, func(r int, tr *Trainer) error {
+		tr.source.(*externalSource).path = stepDirs[r] // as if each node had its own copy
+		return tr.Run()
+	})
+	for r, err := range errs {
+		if err == nil || !Agreed(err) || !strings.Contains(err.Error(), "different rollouts") || !strings.Contains(err.Error(), "sha256") {
+			t.Errorf("rank %d: %v, want an agreed error naming the differing step files", r, err)
+		}
 	}
 }

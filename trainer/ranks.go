@@ -34,6 +34,9 @@ import (
 type shard struct {
 	Err  rankError // this rank could not build its share: every rank fails
 	Stop bool      // a stop request reached this rank
+	// Input names the step file this rank read and its sha256 (external
+	// step files): every rank must have read the same bytes.
+	Input string
 
 	// Per logical rollout, in the rank's order.
 	Groups    []int64
@@ -52,12 +55,11 @@ type shard struct {
 
 // post is one rank's loss sums, gathered after the update.
 type post struct {
-	Err               rankError // this rank's update failed: every rank fails
-	Sums              grpo.LossSums
-	EntSum, EntN      float64
-	MaxOldDiff        float64
-	Logprob, Train    float64 // this rank's phase seconds
-	InterruptedOnRank bool
+	Err            rankError // this rank's update failed: every rank fails
+	Sums           grpo.LossSums
+	EntSum, EntN   float64
+	MaxOldDiff     float64
+	Logprob, Train float64 // this rank's phase seconds
 }
 
 // step is the whole step as every rank sees it after the exchanges.
@@ -149,19 +151,42 @@ func (t *Trainer) agree(err error) error {
 
 // agreedOf is the error every rank returns for the ranks' errors (nil when
 // none failed): each failing rank's text, named by rank.
+// Ranks that failed with the same text are named together ("ranks 0 and
+// 1: ..."), each text once.
 func agreedOf(all []rankError) error {
-	var failed []string
+	var msgs []string
+	ranks := map[string][]int{}
 	usage := false
 	for r, e := range all {
 		if e.Msg != "" {
-			failed = append(failed, fmt.Sprintf("rank %d: %s", r, e.Msg))
+			if _, ok := ranks[e.Msg]; !ok {
+				msgs = append(msgs, e.Msg)
+			}
+			ranks[e.Msg] = append(ranks[e.Msg], r)
 			usage = usage || e.Usage
 		}
 	}
-	if len(failed) == 0 {
+	if len(msgs) == 0 {
 		return nil
 	}
+	failed := make([]string, len(msgs))
+	for i, m := range msgs {
+		failed[i] = fmt.Sprintf("%s: %s", rankList(ranks[m]), m)
+	}
 	return &agreedError{err: errors.New(strings.Join(failed, "\n")), usage: usage}
+}
+
+// rankList names ranks for people: "rank 1", "ranks 0 and 1", "ranks 0, 1
+// and 2".
+func rankList(rs []int) string {
+	if len(rs) == 1 {
+		return fmt.Sprintf("rank %d", rs[0])
+	}
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = fmt.Sprint(r)
+	}
+	return "ranks " + strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 // myShard summarizes this rank's share of the step.

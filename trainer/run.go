@@ -54,6 +54,7 @@ func (t *Trainer) Run() error {
 				my = myShard(logical, fins, batch)
 				mbs = t.pack(batch)
 				my.MicroBatches = len(mbs)
+				my.Input = t.source.stepInput()
 			}
 		}
 		my.Err = rankErrorOf(err)
@@ -112,7 +113,6 @@ func (t *Trainer) Run() error {
 		t.sched.Step(optim.StepSamples(0, st.logical))
 		t.model.ZeroGrad()
 		t.step, t.consumed = step, t.consumed+int64(st.logical)
-		p.InterruptedOnRank = t.interrupted() != nil
 		if st.posts, err = gather(t, p); err != nil {
 			return fmt.Errorf("step %d: %w", step, err)
 		}
@@ -132,12 +132,12 @@ func (t *Trainer) Run() error {
 			return errSimulatedCrash
 		}
 
-		// A pre-emption or Ctrl-C reached a rank during the step: every rank
-		// stops cleanly after it.
-		for _, p := range st.posts {
-			if p.InterruptedOnRank {
-				return t.stopOnSignal(t.interrupted())
-			}
+		// A pre-emption or Ctrl-C reached a rank during the step or while
+		// its checkpoint was written: every rank stops cleanly now.
+		if stop, err := t.stopRequested(); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		} else if stop {
+			return t.stopOnSignal(t.interrupted())
 		}
 	}
 	t.progressDone()
@@ -196,6 +196,12 @@ func (t *Trainer) exchange(stepN int, my shard, myErr error) (*step, error) {
 	}
 	if err := agreedOf(errs); err != nil {
 		return nil, err
+	}
+	for r, s := range shards {
+		if !st.stop && s.Input != shards[0].Input {
+			return nil, &agreedError{err: fmt.Errorf("step %d: the ranks read different rollouts: rank 0 read %s, rank %d read %s (is the rollouts directory on a file system every rank shares?)",
+				stepN, shards[0].Input, r, s.Input)}
+		}
 	}
 	if !st.stop && eligible == 0 {
 		return nil, &agreedError{err: fmt.Errorf("step %d: %w", stepN, grpo.ErrNoEligibleTokens)}

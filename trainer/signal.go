@@ -6,26 +6,39 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tracegrpo/tracegrpo/collective"
 )
 
 // Schedulers pre-empt jobs with SIGTERM and a grace period; users press
-// Ctrl-C. The first of either ends the run after the step in progress, or
-// at once while it waits for rollouts, with a checkpoint of the last
-// completed step (when checkpointing is enabled), so that --resume loses no
-// work. A second one ends the process at once: checkpoints are published by
-// one rename, so the newest complete one is never corrupted.
+// Ctrl-C; SIGUSR1 asks the same (mpirun forwards it to every rank and
+// waits for them). The first of any ends the run after the step in
+// progress, or at once while it waits for rollouts, with a checkpoint of
+// the last completed step (when checkpointing is enabled), so that --resume
+// loses no work. A second one ends the process at once: checkpoints are
+// published by one rename, so the newest complete one is never corrupted.
+//
+// A SIGTERM sent to mpirun itself is forwarded to the ranks, and Open MPI
+// SIGKILLs them about a second later (its odls_base_sigkill_timeout): no
+// step or checkpoint can finish in that time. The ranks say so when they
+// get it under mpirun, and name the signal that works: SIGUSR1 to mpirun.
 
-// WatchSignals catches the process's SIGINT and SIGTERM for a run: the first
-// is delivered on stop (pass it as Options.Signals) and announced on log;
-// the second kills the process with the default action of that signal.
-// release stops watching.
+// WatchSignals catches the process's SIGINT, SIGTERM and SIGUSR1 for a
+// run: the first is delivered on stop (pass it as Options.Signals) and
+// announced on log; the second kills the process with the default action
+// of that signal. release stops watching.
 func WatchSignals(log io.Writer) (stop <-chan os.Signal, release func()) {
 	in := make(chan os.Signal, 2)
 	out := make(chan os.Signal, 1)
-	signal.Notify(in, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(in, stopSignals...)
+	underMpirun := false
+	if l, err := collective.DetectLaunch(os.Getenv); err == nil {
+		underMpirun = slices.Contains(l.Launchers, "mpirun")
+	}
 	done := make(chan struct{})
 	go func() {
 		first := true
@@ -35,12 +48,18 @@ func WatchSignals(log io.Writer) (stop <-chan os.Signal, release func()) {
 				if first {
 					first = false
 					fmt.Fprintf(log, "train: %s: stopping after the step in progress, with a checkpoint (%s again stops at once)\n", signalName(sig), signalName(sig))
+					if underMpirun && sig == syscall.SIGTERM {
+						fmt.Fprintf(log, "train: note: a SIGTERM sent to mpirun is followed by Open MPI's SIGKILL of every rank about a second later "+
+							"(mca odls_base_sigkill_timeout): the step and its checkpoint may not finish (the newest complete checkpoint stays intact). "+
+							"To stop an mpirun job with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 <mpirun pid>): it forwards it to every rank and waits for them; "+
+							"or start mpirun with --mca odls_base_sigkill_timeout set to the seconds a step and a checkpoint take\n")
+					}
 					out <- sig
 					continue
 				}
 				fmt.Fprintf(log, "train: second %s: stopping at once (the newest complete checkpoint is intact)\n", signalName(sig))
 				signal.Stop(in)
-				signal.Reset(os.Interrupt, syscall.SIGTERM)
+				signal.Reset(stopSignals...)
 				code := 130
 				if s, ok := sig.(syscall.Signal); ok {
 					code = 128 + int(s)
@@ -96,6 +115,16 @@ func (t *Trainer) interrupted() os.Signal {
 	}
 }
 
+// stopRequested reports whether a stop request reached any rank (every
+// rank gets the same answer).
+func (t *Trainer) stopRequested() (bool, error) {
+	all, err := gather(t, t.interrupted() != nil)
+	if err != nil {
+		return false, err
+	}
+	return slices.Contains(all, true), nil
+}
+
 // errInterrupted is returned when a signal stopped the run.
 var errInterrupted = errors.New("interrupted")
 
@@ -140,6 +169,9 @@ func signalName(sig os.Signal) string {
 		return "SIGTERM"
 	case os.Interrupt:
 		return "SIGINT"
+	}
+	if s, ok := sig.(syscall.Signal); ok && s == sigUSR1 {
+		return "SIGUSR1"
 	}
 	return sig.String()
 }

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"bufio"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
@@ -31,6 +33,10 @@ type rolloutSource interface {
 	// restore goes back to it.
 	cursor() (json.RawMessage, error)
 	restore(c json.RawMessage) error
+	// stepInput names what this rank read for the last step (a step file
+	// and its sha256) for the ranks to compare; "" when the ranks'
+	// inputs were agreed on at start.
+	stepInput() string
 	// captures is the capture directory the source reads (and, built in,
 	// writes), once started; "" when the built-in job keeps its captures
 	// in memory.
@@ -196,6 +202,7 @@ func (s *builtinSource) cursor() (json.RawMessage, error) {
 }
 func (s *builtinSource) restore(json.RawMessage) error { return nil }
 func (s *builtinSource) captures() string              { return s.captureDir }
+func (s *builtinSource) stepInput() string             { return "" }
 
 func (s *builtinSource) close() {
 	if s.policy != nil {
@@ -255,6 +262,7 @@ type externalSource struct {
 	rr       *gym.RecordReader
 	consumed int64
 	lastID   string
+	digest   string // the last step file read, with its sha256
 }
 
 // fileCursor is an external JSONL file's position.
@@ -388,30 +396,16 @@ func (s *externalSource) readStep(step int) ([]*gym.Record, error) {
 // readStepFile waits for DIR/step_<N>.jsonl and reads all of it.
 func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 	path := filepath.Join(s.path, fmt.Sprintf("step_%d.jsonl", step))
-	deadline := time.Now().Add(s.wait)
-	for {
-		_, err := os.Stat(path)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("rollouts: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("rollouts: %s did not appear within --wait %v", path, s.wait)
-		}
-		select {
-		case <-s.stopped:
-			return nil, errStopWaiting
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := s.waitFor(path); err != nil {
+		return nil, err
 	}
 	f, err := inputfile.Open(path, inputfile.Records)
 	if err != nil {
 		return nil, fmt.Errorf("rollouts: %w", err)
 	}
 	defer f.Close()
-	rr := gym.NewRecordReader(bufio.NewReaderSize(f, 1<<20), path)
+	h := sha256.New()
+	rr := gym.NewRecordReader(bufio.NewReaderSize(io.TeeReader(f, h), 1<<20), path)
 	var recs []*gym.Record
 	for {
 		rec, err := rr.Next()
@@ -426,7 +420,72 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 	if len(recs) != s.gbs {
 		return nil, fmt.Errorf("rollouts: %s holds %d records; a step takes exactly train_global_batch_size=%d", path, len(recs), s.gbs)
 	}
+	s.digest = fmt.Sprintf("%s: sha256 %x", path, h.Sum(nil))
 	return recs, nil
+}
+
+// waitPoll is one rank's view of the step file the ranks wait for, shared
+// at every poll.
+type waitPoll struct {
+	Seen bool      // the file exists for this rank
+	Stop bool      // a stop request reached this rank
+	Late bool      // this rank's --wait ran out (rank 0's decides)
+	Err  rankError // the file could not be checked
+}
+
+// waitPollInterval is how often waiting ranks look for the step file and
+// share what they saw.
+const waitPollInterval = 200 * time.Millisecond
+
+// waitFor waits until path exists for every rank. The ranks wait together:
+// each poll they share whether they see the file and whether a stop request
+// reached one of them, so a SIGTERM to any rank stops every rank within a
+// poll, and all give up together when rank 0's --wait runs out (--wait 0:
+// at the first look).
+func (s *externalSource) waitFor(path string) error {
+	deadline := time.Now().Add(s.wait)
+	for {
+		var my waitPoll
+		if _, err := os.Stat(path); err == nil {
+			my.Seen = true
+		} else if !errors.Is(err, os.ErrNotExist) {
+			my.Err = rankErrorOf(fmt.Errorf("rollouts: %w", err))
+		}
+		my.Stop = s.t.interrupted() != nil
+		my.Late = !time.Now().Before(deadline)
+		all, err := gather(s.t, my)
+		if err != nil {
+			return err
+		}
+		var seen, missing []string
+		for r, p := range all {
+			if p.Err.Msg != "" {
+				return errors.New(p.Err.Msg)
+			}
+			if p.Stop {
+				return errStopWaiting
+			}
+			if p.Seen {
+				seen = append(seen, fmt.Sprint(r))
+			} else {
+				missing = append(missing, fmt.Sprint(r))
+			}
+		}
+		switch {
+		case len(missing) == 0:
+			return nil
+		case !all[0].Late:
+		case len(seen) == 0:
+			return fmt.Errorf("rollouts: %s did not appear within --wait %v", path, s.wait)
+		default:
+			return fmt.Errorf("rollouts: %s appeared for rank %s but not for rank %s within --wait %v: is %s on a file system every rank shares?",
+				path, strings.Join(seen, ", "), strings.Join(missing, ", "), s.wait, s.path)
+		}
+		select {
+		case <-s.stopped:
+		case <-time.After(waitPollInterval):
+		}
+	}
 }
 
 func (s *externalSource) cursor() (json.RawMessage, error) {
@@ -464,7 +523,8 @@ func (s *externalSource) restore(raw json.RawMessage) error {
 	return nil
 }
 
-func (s *externalSource) captures() string { return s.capDir }
+func (s *externalSource) captures() string  { return s.capDir }
+func (s *externalSource) stepInput() string { return s.digest }
 
 func (s *externalSource) close() {
 	if s.f != nil {
