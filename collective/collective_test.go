@@ -60,10 +60,20 @@ func TestDetectLaunch(t *testing.T) {
 			Launch{Rank: 1, Size: 2, Launchers: []string{"slurm", "mpirun"}}, ""},
 		{"rank conflict", env("RANK", "0", "WORLD_SIZE", "2", "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2"),
 			Launch{}, "RANK=0 (torchrun) but OMPI_COMM_WORLD_RANK=1 (mpirun)"},
-		{"size conflict", env("SLURM_PROCID", "0", "SLURM_NTASKS", "4", "RANK", "0", "WORLD_SIZE", "2"),
-			Launch{}, "WORLD_SIZE=2 (torchrun) but SLURM_NTASKS=4 (slurm)"},
-		{"local rank conflict", env("RANK", "0", "WORLD_SIZE", "2", "LOCAL_RANK", "0", "SLURM_PROCID", "0", "SLURM_NTASKS", "2", "SLURM_LOCALID", "1"),
-			Launch{}, "LOCAL_RANK=0 (torchrun) but SLURM_LOCALID=1"},
+		{"size conflict", env("RANK", "0", "WORLD_SIZE", "2", "OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "4"),
+			Launch{}, "WORLD_SIZE=2 (torchrun) but OMPI_COMM_WORLD_SIZE=4 (mpirun)"},
+		// Inside a Slurm allocation (issue 26, item 16): mpirun or torchrun
+		// started there sets the ranks' numbers; Slurm's describe the batch
+		// step or the srun that started the launcher, and are not compared.
+		{"mpirun in a slurm allocation", env("SLURM_PROCID", "0", "SLURM_NTASKS", "8", "SLURM_LOCALID", "0",
+			"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+			Launch{Rank: 1, Size: 2, LocalRank: 1, Launchers: []string{"slurm", "mpirun"}}, ""},
+		{"torchrun under srun", env("SLURM_PROCID", "1", "SLURM_NTASKS", "2", "SLURM_LOCALID", "0",
+			"RANK", "9", "WORLD_SIZE", "16", "LOCAL_RANK", "1"),
+			Launch{Rank: 9, Size: 16, LocalRank: 1, Launchers: []string{"torchrun", "slurm"}}, ""},
+		{"salloc shell", env("SLURM_NTASKS", "8", "SLURM_JOB_ID", "7"), Launch{Size: 1}, ""},
+		{"mpirun's numbers inconsistent", env("SLURM_PROCID", "0", "SLURM_NTASKS", "2", "OMPI_COMM_WORLD_RANK", "2", "OMPI_COMM_WORLD_SIZE", "2"),
+			Launch{}, "OMPI_COMM_WORLD_RANK=2 with OMPI_COMM_WORLD_SIZE=2"},
 		{"not a number", env("RANK", "one", "WORLD_SIZE", "2"), Launch{}, `RANK="one"`},
 		{"rank out of range", env("RANK", "2", "WORLD_SIZE", "2"), Launch{}, "RANK=2 with WORLD_SIZE=2"},
 		{"size missing", env("RANK", "0"), Launch{}, `WORLD_SIZE=""`},
@@ -110,6 +120,36 @@ func TestChoose(t *testing.T) {
 		got, err := Choose(c.mode, c.l, c.backend)
 		if (err != nil) != c.err || got != c.want {
 			t.Errorf("Choose(%s, size %d, %s) = %q, %v; want %q (error %v)", c.mode, c.l.Size, c.backend, got, err, c.want, c.err)
+		}
+	}
+}
+
+// TestForMode (issue 26, item 16): --dist none inside a Slurm allocation
+// (a batch script sees SLURM_PROCID=0 and SLURM_NTASKS) runs one process,
+// saying which variables it ignored; srun's other tasks, and processes
+// that mpirun or torchrun started, are still refused with --dist none.
+func TestForMode(t *testing.T) {
+	slurm := Launch{Rank: 0, Size: 8, Launchers: []string{"slurm"}}
+	for _, c := range []struct {
+		name, mode string
+		l          Launch
+		want       Launch
+		note, err  string
+	}{
+		{"one process", ModeNone, Launch{Size: 1}, Launch{Size: 1}, "", ""},
+		{"batch script, --dist none", ModeNone, slurm, Launch{Size: 1}, "SLURM_NTASKS=8", ""},
+		{"batch script, --dist auto", ModeAuto, slurm, slurm, "", ""},
+		{"srun task 3, --dist none", ModeNone, Launch{Rank: 3, Size: 8, Launchers: []string{"slurm"}}, Launch{}, "", "task 3 of 8"},
+		{"mpirun, --dist none", ModeNone, Launch{Rank: 0, Size: 2, Launchers: []string{"slurm", "mpirun"}}, Launch{}, "", "mpirun"},
+	} {
+		got, note, err := c.l.ForMode(c.mode)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.err)
+		case c.err == "" && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case c.err == "" && (fmt.Sprint(got) != fmt.Sprint(c.want) || !strings.Contains(note, c.note) || (c.note == "") != (note == "")):
+			t.Errorf("%s: %+v, note %q; want %+v, a note containing %q", c.name, got, note, c.want, c.note)
 		}
 	}
 }

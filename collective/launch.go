@@ -38,10 +38,15 @@ var launcherVars = []struct {
 }
 
 // DetectLaunch reads the launch from getenv (os.Getenv in a process). Each
-// launcher present must set its rank and world size as integers, and every
-// launcher present must agree on all three numbers; a disagreement is an
-// error naming the variables (a torchrun started inside an srun allocation
-// with other numbers, say).
+// launcher present must set its rank and world size as integers, in range.
+// torchrun and mpirun start the ranks themselves: when both are present
+// they must agree on all three numbers (a disagreement is an error naming
+// the variables). Inside a Slurm allocation their numbers win over
+// Slurm's, which then describe the batch step or the srun task that
+// started the launcher (one torchrun per node), not the ranks. Slurm's
+// numbers are the ranks' only when srun started them directly; an
+// allocation's shell (salloc), which has SLURM_NTASKS but no
+// SLURM_PROCID, is one process.
 func DetectLaunch(getenv func(string) string) (Launch, error) {
 	l := Launch{Size: 1}
 	type seen struct {
@@ -52,8 +57,8 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 	var found []seen
 	for _, v := range launcherVars {
 		rs, ss := getenv(v.rank), getenv(v.size)
-		if rs == "" && ss == "" {
-			continue
+		if rs == "" && (ss == "" || v.name == "slurm") {
+			continue // none, or an allocation's shell (salloc): no task of srun's
 		}
 		s := seen{name: v.name, vars: [3]string{v.rank, v.size, v.localRank}}
 		var err error
@@ -77,8 +82,19 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 		}
 		found = append(found, s)
 	}
-	for _, f := range found[min(1, len(found)):] {
-		a := found[0]
+	// The ranks' numbers: those of torchrun and mpirun (which must agree),
+	// else Slurm's.
+	var starters []seen
+	for _, f := range found {
+		if f.name != "slurm" {
+			starters = append(starters, f)
+		}
+	}
+	if len(starters) == 0 {
+		starters = found
+	}
+	for _, f := range starters[min(1, len(starters)):] {
+		a := starters[0]
 		for i, pair := range [][2]int{{a.rank, f.rank}, {a.size, f.size}, {a.localRank, f.localRank}} {
 			if pair[0] != pair[1] {
 				return l, fmt.Errorf("dist: the launchers disagree: %s=%d (%s) but %s=%d (%s); launch with one of them, or make them agree",
@@ -86,13 +102,17 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 			}
 		}
 	}
-	if len(found) > 0 {
-		l.Rank, l.Size, l.LocalRank = found[0].rank, found[0].size, found[0].localRank
+	if len(starters) > 0 {
+		l.Rank, l.Size, l.LocalRank = starters[0].rank, starters[0].size, starters[0].localRank
 		for _, f := range found {
 			l.Launchers = append(l.Launchers, f.name)
 		}
 	}
-	for _, k := range []string{"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"} {
+	localSizes := []string{"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}
+	if len(starters) > 0 && starters[0].name == "slurm" {
+		localSizes = append(localSizes, "SLURM_NTASKS_PER_NODE")
+	}
+	for _, k := range localSizes {
 		if v := getenv(k); v != "" && len(found) > 0 {
 			n, err := envInt(k, v)
 			if err == nil && n > 0 && n <= l.Size {
@@ -129,6 +149,26 @@ func (l Launch) String() string {
 		by = strings.Join(l.Launchers, "+")
 	}
 	return fmt.Sprintf("rank %d of %d (local rank %d, %s)", l.Rank, l.Size, l.LocalRank, by)
+}
+
+// ForMode returns the launch a --dist mode runs as, and a note on what it
+// ignored. --dist none inside a Slurm allocation is one process: a batch
+// script, which Slurm gives SLURM_PROCID=0 and the job's SLURM_NTASKS,
+// runs train alone that way. srun's other tasks (SLURM_PROCID > 0) would
+// each train alone into the same run directory, and processes that mpirun
+// or torchrun started are several by construction: both stay refused.
+func (l Launch) ForMode(mode string) (Launch, string, error) {
+	if mode != ModeNone || l.Size == 1 {
+		return l, "", nil
+	}
+	if len(l.Launchers) != 1 || l.Launchers[0] != "slurm" {
+		return l, "", fmt.Errorf("dist: --dist none, but %s started %d processes: each would train every rollout alone; use --dist auto, mpi or nccl", strings.Join(l.Launchers, "+"), l.Size)
+	}
+	if l.Rank != 0 {
+		return l, "", fmt.Errorf("dist: --dist none in task %d of %d that srun started: each task would train alone into the same run directory; start one task (srun -n 1), or use --dist auto to train on all %d", l.Rank, l.Size, l.Size)
+	}
+	note := fmt.Sprintf("--dist none: one process; Slurm's SLURM_PROCID=0 and SLURM_NTASKS=%d describe the allocation, not ranks of this run", l.Size)
+	return Launch{Size: 1, MasterAddr: l.MasterAddr, MasterPort: l.MasterPort}, note, nil
 }
 
 // Modes of --dist.

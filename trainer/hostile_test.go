@@ -12,11 +12,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
 // runWithin runs this test binary as a trainer with args and fails the
@@ -320,6 +324,152 @@ func TestRanksReadDifferentStepFiles(t *testing.T) {
 	for r, err := range errs {
 		if err == nil || !Agreed(err) || !strings.Contains(err.Error(), "different rollouts") || !strings.Contains(err.Error(), "sha256") {
 			t.Errorf("rank %d: %v, want an agreed error naming the differing step files", r, err)
+		}
+	}
+}
+
+// runRanksEach runs train on len(args) in-process ranks, rank r with
+// args[r], and fails the test when they are not all done within d (a rank
+// left waiting in a collective).
+func runRanksEach(t *testing.T, d time.Duration, args [][]string) ([]error, []string) {
+	t.Helper()
+	n := len(args)
+	mems := make([]kernels.Backend, n)
+	for i := range mems {
+		b := cpu.New(1)
+		t.Cleanup(b.Close)
+		mems[i] = b
+	}
+	comms := collective.Local(mems)
+	errs := make([]error, n)
+	logs := make([]bytes.Buffer, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var o Options
+			fs := newTestFlags()
+			o.AddFlags(fs)
+			if err := fs.Parse(args[r]); err != nil {
+				errs[r] = err
+				comms[r].Abort(1)
+				return
+			}
+			o.Backend, o.Comm, o.Log = mems[r], comms[r], &logs[r]
+			tr, err := New(o)
+			if err == nil {
+				err = tr.Run()
+				tr.Close()
+			}
+			if err != nil && !Agreed(err) {
+				comms[r].Abort(1)
+			}
+			errs[r] = err
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		for _, c := range comms {
+			c.Abort(1)
+		}
+		t.Fatalf("the ranks were not done %v after they started", d)
+	}
+	out := make([]string, n)
+	for r := range logs {
+		out[r] = logs[r].String()
+	}
+	return errs, out
+}
+
+// TestRanksAgreeOnTheRunAtStart (issue 26, item 1): ranks started with
+// different settings or data trained silently on them (rank 1 the built-in
+// tasks while rank 0 trained external rollouts, only rank 0's config
+// recorded), were caught at the first checkpoint with a message blaming
+// the file system, or failed with "gob: type mismatch". Before any work the
+// ranks now agree on one digest of the run's identity; a difference stops
+// every rank, naming the first differing key and each rank's value.
+func TestRanksAgreeOnTheRunAtStart(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	other := filepath.Join(dir, "other.jsonl")
+	data, _ := os.ReadFile(recs)
+	os.WriteFile(other, bytes.Replace(data, []byte(`"reward": 1`), []byte(`"reward": 0`), 1), 0o644)
+	init := filepath.Join(dir, "init")
+	mustTrain(t, trainArgs(filepath.Join(dir, "w0"), 1)...)
+	os.Rename(filepath.Join(dir, "w0", "checkpoints", "step_1"), init)
+	external := func(out string, extra ...string) []string {
+		return append(append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...), extra...)
+	}
+	for _, tc := range []struct {
+		name   string
+		r0, r1 func(out string) []string
+		key    string // the first differing key, named
+	}{
+		{"--rollouts on one rank only", func(o string) []string { return external(o) }, func(o string) []string { return trainArgs(o, 1) }, "--rollouts"},
+		{"--rollouts files differ", func(o string) []string { return external(o) },
+			func(o string) []string { return append(external(o), "--rollouts", other) }, "--rollouts"},
+		{"--captures", func(o string) []string { return external(o) }, func(o string) []string { return append(external(o), "--captures", dir) }, "--captures"},
+		{"--save-captures", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--save-captures") }, "--save-captures"},
+		{"ratio_clip_max", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--set", "loss_fn.ratio_clip_max=0.3") }, "loss_fn.ratio_clip_max"},
+		{"max_total_sequence_length", func(o string) []string { return trainArgs(o, 1) },
+			func(o string) []string { return trainArgs(o, 1, "--set", "policy.max_total_sequence_length=48") }, "policy.max_total_sequence_length"},
+		{"temperature", func(o string) []string { return trainArgs(o, 1) },
+			func(o string) []string { return trainArgs(o, 1, "--set", "policy.generation.temperature=0.7") }, "policy.generation.temperature"},
+		{"train_micro_batch_size", func(o string) []string { return trainArgs(o, 1) },
+			func(o string) []string { return trainArgs(o, 1, "--set", "policy.train_micro_batch_size=4") }, "policy.train_micro_batch_size"},
+		{"lr", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--set", "policy.megatron_cfg.optimizer.lr=2e-3") }, "lr"},
+		{"seed", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--set", "grpo.seed=7") }, "grpo.seed"},
+		{"--steps", func(o string) []string { return trainArgs(o, 2) }, func(o string) []string { return trainArgs(o, 3) }, "grpo.max_num_steps"},
+		{"save_period", func(o string) []string { return trainArgs(o, 2) }, func(o string) []string { return trainArgs(o, 2, "--set", "checkpointing.save_period=1") }, "checkpointing.save_period"},
+		{"--on-nonfinite", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--on-nonfinite", "abort") }, "--on-nonfinite"},
+		{"--init-from", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--init-from", init) }, "init"},
+		{"--tasks", func(o string) []string { return trainArgs(o, 1) }, func(o string) []string { return trainArgs(o, 1, "--tasks", "calc") }, "--tasks"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "run")
+			errs, logs := runRanksEach(t, 60*time.Second, [][]string{tc.r0(out), tc.r1(out)})
+			for r, err := range errs {
+				if err == nil || !Agreed(err) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), "rank 0") || !strings.Contains(err.Error(), "rank 1") {
+					t.Errorf("rank %d: %v\nwant an agreed error naming %s and each rank's value\n%s", r, err, tc.key, logs[r])
+				}
+			}
+			if _, err := os.Stat(filepath.Join(out, "metrics.jsonl")); err == nil {
+				t.Errorf("the ranks started training")
+			}
+			t.Logf("%v", errs[0])
+		})
+	}
+}
+
+// TestWeightsCheckSaysWhy (issue 26, item 1): the ranks' weights check,
+// the second line behind the agreement at start, blamed the file system at
+// every checkpoint. At start it names the weights' source; after steps,
+// with the run agreed on, it says an update diverged and that the step is
+// not saved.
+func TestWeightsCheckSaysWhy(t *testing.T) {
+	for _, tc := range []struct{ when, want, not string }{
+		{"start", "after loading them", "applied the same updates"},
+		{"step 3", "applied the same updates", "file system"},
+	} {
+		errs := make([]error, 2)
+		setup, _ := eachLocalRank(t, 2, trainArgs(t.TempDir(), 1), nil, func(r int, tr *Trainer) error {
+			if r == 1 {
+				tr.model.InitRandom(99)
+			}
+			errs[r] = tr.checkSameWeights(tc.when)
+			return nil
+		})
+		for r := range 2 {
+			if setup[r] != nil {
+				t.Fatal(setup[r])
+			}
+			if err := errs[r]; err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), tc.not) {
+				t.Errorf("%s, rank %d: %v; want it to say %q, not %q", tc.when, r, err, tc.want, tc.not)
+			}
 		}
 	}
 }

@@ -258,8 +258,24 @@ func (t *Trainer) checkSameWeights(when string) error {
 	}
 	for r := range all {
 		if !bytes.Equal(all[r], all[0]) {
-			return &agreedError{err: fmt.Errorf("%s: rank %d's weights differ from rank 0's (every rank must start from the same weights and checkpoint: is the run directory on a file system all ranks share?)", when, r)}
+			return &agreedError{err: fmt.Errorf("%s: rank %d's weights differ from rank 0's %s", when, r, t.divergedWhy(when))}
 		}
 	}
 	return nil
+}
+
+// divergedWhy says what ranks whose weights differ at when ("start" or a
+// step) can mean, given that they agreed on the run's identity at start.
+func (t *Trainer) divergedWhy(when string) string {
+	if when == "start" {
+		src := "the random initial weights (a tracegrpo bug: they come from grpo.seed)"
+		if dir := t.initDir(); dir != "" {
+			src = "the initial weights' directory " + dir
+		}
+		if t.resumeFrom != "" {
+			src = "the checkpoint resumed (" + t.resumeFrom + ")"
+		}
+		return fmt.Sprintf("after loading them, although the ranks agreed on the run's flags, config and input paths: %s has other contents on that rank's node (is it on a file system every rank shares?)", src)
+	}
+	return "although every rank started from the same weights and applied the same updates to them: a rank computed another update (a faulty device or memory, or a tracegrpo bug); nothing of this step is saved, the previous checkpoint is intact"
 }

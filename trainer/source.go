@@ -263,6 +263,9 @@ type externalSource struct {
 	consumed int64
 	lastID   string
 	digest   string // the last step file read, with its sha256
+
+	size   int64  // the rollouts file's bytes, when checked
+	sha256 string // and its sha256
 }
 
 // fileCursor is an external JSONL file's position.
@@ -282,7 +285,8 @@ func (s *externalSource) check() error {
 		return fmt.Errorf("rollouts: %w", err)
 	}
 	defer f.Close()
-	rr := gym.NewRecordReader(bufio.NewReaderSize(f, 1<<20), s.path)
+	hr := &hashingReader{r: f, h: sha256.New()}
+	rr := gym.NewRecordReader(bufio.NewReaderSize(hr, 1<<20), s.path)
 	n := 0
 	for {
 		rec, err := rr.Next()
@@ -306,6 +310,10 @@ func (s *externalSource) check() error {
 	if n < s.gbs {
 		return fmt.Errorf("rollouts: %s holds %d records, fewer than one step's train_global_batch_size=%d", s.path, n, s.gbs)
 	}
+	if _, err := io.Copy(io.Discard, hr); err != nil { // the hash covers the whole file
+		return fmt.Errorf("rollouts: %w", err)
+	}
+	s.size, s.sha256 = hr.n, fmt.Sprintf("%x", hr.h.Sum(nil))
 	return nil
 }
 

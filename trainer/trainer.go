@@ -135,6 +135,9 @@ func New(o Options) (_ *Trainer, err error) {
 	if err := t.agree(t.setupConfig()); err != nil {
 		return nil, err
 	}
+	if err := t.agreeOnIdentity(); err != nil {
+		return nil, err
+	}
 	if err := t.agree(t.setupRunDir()); err != nil {
 		return nil, err
 	}

@@ -100,9 +100,12 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	l, err := detectLaunch()
+	l, err := detectLaunch(*distMode)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	if l.note != "" && l.Rank == 0 {
+		fmt.Fprintf(stderr, "bench: %s\n", l.note)
 	}
 	if *rows < l.Size {
 		return fmt.Errorf("%w: bench: --rows %d for %d ranks: every rank needs a row", errUsage, *rows, l.Size)

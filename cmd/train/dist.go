@@ -19,15 +19,22 @@ type launch struct {
 	collective.Launch
 	mode string          // collective.ModeNone, ModeMPI or ModeNCCL
 	comm collective.Comm // nil for one process
+	note string          // what --dist none ignored ("" for nothing)
 }
 
-// detectLaunch reads the launcher's environment (torchrun, Slurm, mpirun).
-func detectLaunch() (launch, error) {
+// detectLaunch reads the launcher's environment (torchrun, Slurm, mpirun)
+// as --dist mode runs it: --dist none inside a Slurm allocation is one
+// process.
+func detectLaunch(mode string) (launch, error) {
 	l, err := collective.DetectLaunch(os.Getenv)
 	if err != nil {
 		return launch{}, err
 	}
-	return launch{Launch: l}, nil
+	l, note, err := l.ForMode(mode)
+	if err != nil {
+		return launch{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return launch{Launch: l, note: note}, nil
 }
 
 // threadsPerRank divides the machine's cores among the ranks on it when
@@ -75,8 +82,12 @@ func (l *launch) openComm(mode string, be kernels.Backend) error {
 		}
 	}
 	if l.comm.Rank() != l.Rank || l.comm.Size() != l.Size {
-		err := fmt.Errorf("dist: %s sees rank %d of %d, but the launcher (%s) says rank %d of %d: launch a --dist mpi run with mpirun",
-			l.comm.Name(), l.comm.Rank(), l.comm.Size(), l.Launch, l.Rank, l.Size)
+		hint := "launch a --dist mpi run with mpirun"
+		if len(l.Launchers) == 1 && l.Launchers[0] == "slurm" {
+			hint = "inside a Slurm allocation, start the ranks with mpirun or srun --mpi=pmix, or run one process with --dist none"
+		}
+		err := fmt.Errorf("dist: %s sees rank %d of %d, but the launcher (%s) says rank %d of %d: %s",
+			l.comm.Name(), l.comm.Rank(), l.comm.Size(), l.Launch, l.Rank, l.Size, hint)
 		l.comm.Close()
 		l.comm = nil
 		return err

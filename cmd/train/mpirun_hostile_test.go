@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -233,6 +234,161 @@ func TestMpirunSignalsToMpirun(t *testing.T) {
 		}
 		if !strings.Contains(j.out.String(), "SIGUSR1") || !strings.Contains(j.out.String(), "mpirun") {
 			t.Errorf("the ranks do not say to send SIGUSR1 to mpirun:\n%s", j.out.String())
+		}
+		mustVerify(t, out)
+	})
+}
+
+// mpirunRank is one rank of mpirunEach: its working directory, arguments
+// and extra environment (NAME=value).
+type mpirunRank struct {
+	dir  string
+	args []string
+	env  []string
+}
+
+// mpirunEach starts this test binary as train under mpirun, one process per
+// element of ranks (Open MPI's MPMD form), each with its own arguments and
+// working directory.
+func mpirunEach(t *testing.T, ranks []mpirunRank) *mpirunJob {
+	t.Helper()
+	path, err := exec.LookPath("mpirun")
+	if err != nil {
+		if os.Getenv("TRACEGRPO_REQUIRE_MPI") == "1" {
+			t.Fatal("TRACEGRPO_REQUIRE_MPI=1 but there is no mpirun on PATH")
+		}
+		t.Skip("NOT RUN: no mpirun on PATH (Debian package openmpi-bin)")
+	}
+	argv := []string{"--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"}
+	for i, r := range ranks {
+		if i > 0 {
+			argv = append(argv, ":")
+		}
+		a, _ := json.Marshal(r.args)
+		argv = append(argv, "-np", "1", "-wdir", r.dir, "-x", "TRACEGRPO_CLI_ARGS="+string(a))
+		for _, kv := range r.env {
+			argv = append(argv, "-x", kv)
+		}
+		argv = append(argv, os.Args[0], "-test.run=^$")
+	}
+	cmd := exec.Command(path, argv...)
+	cmd.Env = os.Environ()
+	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = j.out, j.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		cmd.Wait()
+		close(j.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-j.done:
+		default:
+			j.killAll()
+			<-j.done
+		}
+	})
+	return j
+}
+
+// TestMpirunRanksAgreeAtStart (issue 26, item 1) under mpirun: ranks
+// started with another --set, or in directories where the same rollouts
+// path holds other records, stop together before any work, naming the key
+// and each rank's value; nothing is trained and no checkpoint written.
+func TestMpirunRanksAgreeAtStart(t *testing.T) {
+	base := t.TempDir()
+	recs, caps := externalFixture(t, base)
+	data, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(base, "run")
+	args := func(extra ...string) []string {
+		return append([]string{"--out", out, "--quiet", "--backend", "cpu", "--steps", "1", "--rollouts", "rollouts.jsonl", "--captures", caps,
+			"--set", "grpo.num_prompts_per_step=2", "--set", "grpo.num_generations_per_prompt=4", "--set", "policy.train_micro_batch_size=2"}, extra...)
+	}
+	var dirs []string
+	for r := range 2 {
+		d := filepath.Join(base, fmt.Sprintf("node%d", r))
+		os.MkdirAll(d, 0o755)
+		b := data
+		if r == 1 { // the same path on another node, one reward changed
+			b = bytes.Replace(data, []byte(`"reward": 0.5`), []byte(`"reward": 0`), 1)
+		}
+		if err := os.WriteFile(filepath.Join(d, "rollouts.jsonl"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, d)
+	}
+	same := filepath.Join(dirs[0], "rollouts.jsonl")
+	for _, tc := range []struct {
+		name  string
+		ranks []mpirunRank
+		want  []string
+	}{
+		{"ratio_clip_max", []mpirunRank{{dirs[0], args(), nil}, {dirs[0], args("--set", "loss_fn.ratio_clip_max=0.3"), nil}},
+			[]string{"loss_fn.ratio_clip_max differs", "rank 0: 0.2", "rank 1: 0.3"}},
+		{"rollouts contents", []mpirunRank{{dirs[0], args(), nil}, {dirs[1], args(), nil}}, []string{"rollouts file differs", "sha256"}},
+		{"--steps", []mpirunRank{{dirs[0], args("--rollouts", same), nil}, {dirs[1], args("--rollouts", same, "--steps", "2"), nil}}, []string{"grpo.max_num_steps differs"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := mpirunEach(t, tc.ranks)
+			start := time.Now()
+			code := j.wait(t, start)
+			if code == 0 {
+				t.Errorf("exit 0")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(j.out.String(), w) {
+					t.Errorf("the output does not say %q:\n%s", w, j.out.String())
+				}
+			}
+			if _, err := os.Stat(filepath.Join(out, "metrics.jsonl")); err == nil {
+				t.Errorf("the ranks trained")
+			}
+		})
+	}
+}
+
+// TestSlurmAllocation (issue 26, item 16): inside a Slurm allocation
+// (SLURM_PROCID and SLURM_NTASKS set, as a batch script sees them) a single
+// process was refused even with --dist none, and mpirun inside the
+// allocation was refused as "launchers disagree". --dist none runs one
+// process (srun's other tasks stay refused), an allocation's shell is one
+// process, and mpirun's ranks use Open MPI's numbers and train.
+func TestSlurmAllocation(t *testing.T) {
+	batch := []string{"SLURM_PROCID=0", "SLURM_NTASKS=4", "SLURM_LOCALID=0", "SLURM_JOB_ID=26"}
+	for _, tc := range []struct {
+		name string
+		env  []string
+		dist string
+		code int
+		want string
+	}{
+		{"batch script, --dist none", batch, "none", 0, "--dist none: one process"},
+		{"srun task 2, --dist none", []string{"SLURM_PROCID=2", "SLURM_NTASKS=4", "SLURM_LOCALID=0"}, "none", 2, "task 2 of 4"},
+		{"salloc shell", []string{"SLURM_NTASKS=4", "SLURM_JOB_ID=26"}, "auto", 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := trainCommand(append(trainArgs(filepath.Join(t.TempDir(), "run"), 1), "--dist", tc.dist)...)
+			cmd.Env = append(cmd.Env, tc.env...)
+			out, _ := cmd.CombinedOutput()
+			if code := cmd.ProcessState.ExitCode(); code != tc.code || !strings.Contains(string(out), tc.want) {
+				t.Errorf("exit %d, want %d saying %q:\n%s", code, tc.code, tc.want, out)
+			}
+		})
+	}
+	t.Run("mpirun in the allocation", func(t *testing.T) {
+		out := filepath.Join(t.TempDir(), "run")
+		wd, _ := os.Getwd()
+		j := mpirunEach(t, []mpirunRank{{wd, trainArgs(out, 2), batch}, {wd, trainArgs(out, 2), batch}})
+		if code := j.wait(t, time.Now()); code != 0 || !strings.Contains(j.out.String(), "2 ranks over mpi (slurm+mpirun)") {
+			t.Fatalf("exit %d, want 0 with 2 ranks:\n%s", code, j.out.String())
+		}
+		if ms := readMetricsNoTimes(t, out); len(ms) != 2 {
+			t.Errorf("%d steps, want 2", len(ms))
 		}
 		mustVerify(t, out)
 	})

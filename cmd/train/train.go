@@ -64,13 +64,16 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	o.Overrides = overrides
-	l, err := detectLaunch()
+	l, err := detectLaunch(*distMode)
 	if err != nil {
 		return err
 	}
 	blog := stderr
 	if l.Rank != 0 {
 		blog = io.Discard // rank 0 speaks for the run
+	}
+	if l.note != "" {
+		fmt.Fprintf(blog, "train: %s\n", l.note)
 	}
 	dev := l.LocalRank
 	if *device >= 0 {
