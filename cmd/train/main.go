@@ -36,8 +36,9 @@ func register(c command) {
 // the trainer package marks its own usage errors the same way.
 var errUsage = trainer.ErrUsage
 
-// errQuiet is a failure another process already reported (a rank > 0 of a
-// run whose ranks all failed together): exit status 1, no message.
+// errQuiet is a failure already reported (by rank 0 of a run whose ranks
+// all failed together, or by the rank that aborted the others): exit
+// status 1, or 2 when it is also errUsage, and no message.
 var errQuiet = errors.New("failed (reported by rank 0)")
 
 func main() {
@@ -109,6 +110,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case errors.Is(err, pflag.ErrHelp):
 		return 0
+	case errors.Is(err, errQuiet) && errors.Is(err, errUsage):
+		return 2
 	case errors.Is(err, errQuiet):
 		return 1
 	case errors.Is(err, errUsage):

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -105,10 +106,21 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 			l.abort(err, stderr)
 			return errQuiet
 		}
-		if l.Rank != 0 {
-			// Every rank failed with the same error; rank 0 reports it.
-			err = errQuiet
+		// Every rank failed with the same error. Rank 0 reports it before
+		// any rank exits (mpirun ends the whole job as soon as one rank
+		// exits with an error, which cut rank 0's message off), then the
+		// ranks leave together.
+		if l.Rank == 0 {
+			fmt.Fprintf(stderr, "train: %v\n", err)
 		}
+		if l.comm != nil {
+			l.comm.Barrier()
+		}
+		l.close()
+		if errors.Is(err, errUsage) {
+			return fmt.Errorf("%w (%w)", errQuiet, errUsage)
+		}
+		return errQuiet
 	}
 	l.close()
 	return err
