@@ -69,6 +69,8 @@ func (t *Trainer) startIdentity() ([]identityItem, error) {
 	add(true, "--fallback", strconv.FormatBool(o.Fallback))
 	add(true, "--on-nonfinite", o.OnNonFinite)
 	add(true, "--save-captures", strconv.FormatBool(o.SaveCaptures))
+	add(true, "--shard", o.Shard)
+	add(true, "--reshard-after-forward", strconv.FormatBool(!o.NoReshard))
 	if _, ok := t.source.(*builtinSource); ok {
 		add(true, "--tasks", strings.Join(o.Tasks, ","))
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -472,4 +473,35 @@ func TestWeightsCheckSaysWhy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestIdentityCoversEveryFlag: every flag of a run is in the ranks'
+// identity at start, or listed here with the reason it is not; a new flag
+// that changes training cannot be forgotten.
+func TestIdentityCoversEveryFlag(t *testing.T) {
+	notInIdentity := map[string]string{
+		"config": "its keys are, in the effective config", "set": "in the effective config",
+		"override": "in the effective config", "steps": "in the effective config (grpo.max_num_steps)",
+		"quiet": "changes output only", "wait": "rank 0's decides for every rank",
+	}
+	var keys map[string]bool
+	errs, logs := eachLocalRank(t, 1, trainArgs(t.TempDir(), 1), nil, func(_ int, tr *Trainer) error {
+		id, err := tr.startIdentity()
+		keys = map[string]bool{}
+		for _, it := range id {
+			keys[it.Key] = true
+		}
+		return err
+	})
+	if errs[0] != nil {
+		t.Fatalf("%v\n%s", errs[0], logs[0])
+	}
+	var o Options
+	fs := newTestFlags()
+	o.AddFlags(fs)
+	fs.VisitAll(func(f *pflag.Flag) {
+		if _, ok := notInIdentity[f.Name]; !ok && !keys["--"+f.Name] {
+			t.Errorf("--%s is not in the ranks' identity at start (trainer/agree.go)", f.Name)
+		}
+	})
 }

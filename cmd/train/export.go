@@ -45,7 +45,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if !ok {
 		return fmt.Errorf("%w: export: --dtype %q: want float32, bfloat16 or float16", errUsage, *dtype)
 	}
-	l, err := detectLaunch()
+	l, err := detectLaunch(*distMode)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
