@@ -163,6 +163,7 @@ func TestSetOverrides(t *testing.T) {
 		"policy.scheduler.0.kwargs.total_iters=7",
 		"policy.dtensor_cfg.enabled=true", // ignored: DTensor is the path whenever Megatron is off
 		"grpo.normalize_rewards=false",    // estimator follows the legacy key when the recipe has no adv_estimator
+		"grpo.gym_multi_trace=on",         // YAML 1.1, as in a file: on is true
 	)
 	c := l.Config
 	checks := []struct {
@@ -179,6 +180,7 @@ func TestSetOverrides(t *testing.T) {
 		{"adamw lr", c.Policy.Optimizer.Kwargs.LR, 1e-5},
 		{"linear total_iters", *c.Policy.Scheduler[0].Kwargs.TotalIters, int64(7)},
 		{"estimator normalize follows", c.GRPO.AdvEstimator.NormalizeRewards, false},
+		{"on is true", c.GRPO.GymMultiTrace, true},
 	}
 	for _, ck := range checks {
 		if d := cmp.Diff(ck.want, ck.got); d != "" {

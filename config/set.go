@@ -152,5 +152,6 @@ func parseValue(val string) (*yaml.Node, error) {
 	if err := checkTree("--set", doc.Content[0]); err != nil {
 		return nil, err
 	}
+	retag(doc.Content[0]) // typed as in a file (YAML 1.1, as OmegaConf reads)
 	return doc.Content[0], nil
 }
