@@ -111,3 +111,37 @@ func TestCheckRefusesWhatTrainRefuses(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigKeysListsClasses: train config --keys names each key's class and
+// why, and says whether a refused key is neutral here.
+func TestConfigKeysListsClasses(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run([]string{"config", "--config", todaysRecipe, "--keys", "policy.dtensor_cfg.lora_cfg.enabled=true"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	lines := map[string]string{}
+	for _, l := range strings.Split(out.String(), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 {
+			lines[f[1]] = l
+		}
+	}
+	for key, want := range map[string][]string{
+		"grpo.num_prompts_per_step":          {"used", "grpo_math_1B.yaml:3"},
+		"policy.dtensor_cfg.lora_cfg":        {"refused", "LoRA adapters", "REFUSED by --check and train"},
+		"policy.megatron_cfg.fp8_cfg":        {"refused", "FP8", "neutral here"},
+		"policy.generation.vllm_cfg":         {"ignored", "generation engine"},
+		"policy.megatron_cfg.optimizer.bf16": {"ignored", "policy.precision"},
+		"grpo.use_dynamic_sampling":          {"refused", "capability guards"},
+	} {
+		l, ok := lines[key]
+		if !ok {
+			t.Errorf("--keys lists no %s", key)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(l, w) {
+				t.Errorf("--keys line %q lacks %q", l, w)
+			}
+		}
+	}
+}
