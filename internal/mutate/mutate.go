@@ -48,8 +48,8 @@
 // Each mutant is written into its file, the packages' tests run one
 // package at a time (its own package first, -count=1 -failfast, stopping
 // at the first failure), and the file is put back byte for byte. A copy
-// of the original waits in .mutate/ under the repository root while the
-// mutant is planted: an interrupted run (Ctrl-C, SIGTERM) restores the
+// of the original waits in .mutate/backup/ under the repository root while
+// the mutant is planted: an interrupted run (Ctrl-C, SIGTERM) restores the
 // file before it exits, and a killed one is repaired by the next run.
 // A mutant that does not build is an error of the list, not a catch.
 package mutate

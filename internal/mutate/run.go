@@ -168,6 +168,9 @@ type Options struct {
 // list fails before any test runs. When ctx is cancelled (a signal) the
 // planted file is restored and Run returns ctx's error.
 func Run(ctx context.Context, opt Options, ms []Mutant) ([]Result, error) {
+	if opt.Log == nil {
+		opt.Log = io.Discard
+	}
 	if fixed, err := RecoverLeftovers(opt.Root); err != nil {
 		return nil, err
 	} else if len(fixed) > 0 {
