@@ -12,6 +12,23 @@ type Workload struct {
 	Attention  []Attn    // Attention shapes
 	Decode     []Decode  // AttentionDecode shapes
 	SumSquares []int     // SumSquares lengths
+	// Grouped are GroupedMatmul shapes (sparse layers); Routes are the
+	// routers' ExpertRoute shapes.
+	Grouped []GroupedGEMM
+	Routes  []Route
+}
+
+// GroupedGEMM is a GroupedMatmul of N rows of width C into OC among E
+// experts (any expert may own all N rows); Backward: its
+// GroupedMatmulBackward runs too.
+type GroupedGEMM struct {
+	N, C, OC, E int
+	Backward    bool
+}
+
+// Route is a sparse layer's routing of T tokens to K of E experts.
+type Route struct {
+	T, K, E int
 }
 
 // GEMM is a Matmul of (T,C)·(OC,C)ᵀ; Backward: its MatmulBackward runs too.

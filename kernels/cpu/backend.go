@@ -81,6 +81,8 @@ type Backend struct {
 	bf16Scratch map[string][]float32 // fp32 copies for the BF16 op variants (convert.go)
 	sampleP     []float64            // SampleTokens' probabilities (V)
 	sampleOrder []int32              // SampleTokens' kept set (V)
+	routerDL    [][]float64          // RouterTopKBackward's row of dlogits, per worker (E)
+	routeCursor []int32              // ExpertRoute's cursor per expert (E)
 }
 
 // DefaultThreads is the thread count New(0) uses: runtime.GOMAXPROCS(0).
@@ -246,3 +248,4 @@ func (b *Backend) fail(format string, args ...any) {
 }
 
 var _ kernels.Backend = (*Backend)(nil)
+var _ kernels.Experts = (*Backend)(nil)

@@ -19,5 +19,8 @@ type tasks struct {
 	attnBlocks []attnBlock
 	decode     decodeTask
 	tlp        tlpTask
+	router     routerTask
+	gather     gatherTask
+	combine    combineTask
 	bad        []int
 }

@@ -30,6 +30,13 @@ func planScratch(w kernels.Workload) (shared, perWorker int64) {
 			gemm(g.OC, g.C, g.T) // dweight += doutᵀ·inp
 		}
 	}
+	for _, g := range w.Grouped { // one expert may own every row
+		gemm(g.N, g.OC, g.C)
+		if g.Backward {
+			gemm(g.N, g.C, g.OC)
+			gemm(g.OC, g.C, g.N)
+		}
+	}
 	for _, h := range w.Heads {
 		vc := tlpChunk(h.T, h.V)
 		dz = max(dz, h.T*vc)

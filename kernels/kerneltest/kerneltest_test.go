@@ -3,6 +3,7 @@ package kerneltest
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -90,6 +91,64 @@ func (b broken) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, 
 	b.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD)
 }
 
+// RouterTopK breaking ties towards the higher expert id: where two tied
+// experts straddle the k-th place, the other one is chosen.
+func (b broken) RouterTopK(probs, weights, experts, logits kernels.Buf, T, E int, r kernels.Router) {
+	if b.which != "router_ties" {
+		b.Backend.RouterTopK(probs, weights, experts, logits, T, E, r)
+		return
+	}
+	// Reversing the expert axis turns "lower id first" into "higher id first".
+	z, rev := b.F32(logits), make([]float32, T*E)
+	for t := 0; t < T; t++ {
+		for e := 0; e < E; e++ {
+			rev[t*E+e] = z[t*E+E-1-e]
+		}
+	}
+	tmp, _ := b.Alloc(kernels.F32, T*E)
+	defer b.Free(tmp)
+	b.UploadF32(tmp, rev)
+	b.Backend.RouterTopK(probs, weights, experts, tmp, T, E, r)
+	p := b.F32(probs)
+	for t := 0; t < T; t++ {
+		slices.Reverse(p[t*E : (t+1)*E])
+	}
+	for i, e := range b.I32(experts) {
+		b.I32(experts)[i] = int32(E-1) - e
+	}
+}
+
+// ExpertRoute that is not stable: the last assignment of an expert first.
+func (b broken) ExpertRoute(offsets, order, slot, experts kernels.Buf, T, K, E int) {
+	b.Backend.ExpertRoute(offsets, order, slot, experts, T, K, E)
+	if b.which != "route_unstable" {
+		return
+	}
+	off, ord, sl := b.I32(offsets), b.I32(order), b.I32(slot)
+	for e := 0; e < E; e++ {
+		seg := ord[off[e]:off[e+1]]
+		slices.Reverse(seg)
+		for k, i := range seg {
+			sl[i] = off[e] + int32(k)
+		}
+	}
+}
+
+// GroupedMatmulBackward that clears the weight gradient of an expert
+// without rows (it must be left untouched: += of nothing).
+func (b broken) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
+	b.Backend.GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets, N, C, OC, E)
+	if b.which != "grouped_empty" || dweight.N == 0 {
+		return
+	}
+	off := b.I32(offsets)
+	for e := 0; e < E; e++ {
+		if off[e] == off[e+1] {
+			b.Fill(dweight.Slice(e*OC*C, OC*C), 0)
+		}
+	}
+}
+
 // TestBrokenBackendHelper is run as a subprocess by TestSuiteCatchesBrokenBackends.
 func TestBrokenBackendHelper(t *testing.T) {
 	which := os.Getenv("KERNELTEST_BROKEN")
@@ -107,6 +166,9 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		{"accumulate", "Accumulate N="},
 		{"rmsnorm", "RMSNorm out"},
 		{"attention_bf16", "Attention bf16 → bf16 out"},
+		{"router_ties", "RouterTopK experts"},
+		{"route_unstable", "ExpertRoute order"},
+		{"grouped_empty", "GroupedMatmulBackward dweight"},
 	} {
 		t.Run(c.which, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenBackendHelper$", "-test.count=1")
