@@ -19,18 +19,23 @@ const (
 	Qwen2 Arch = "qwen2" // Qwen2, Qwen2.5, Qwen2.5-Math, DeepSeek-R1-Distill-Qwen
 	Qwen3 Arch = "qwen3"
 	Llama Arch = "llama" // Llama 2, Llama 3.x (with llama3 RoPE scaling)
+	// Qwen3MoE is Qwen3's attention with sparse MLP layers (Qwen3-30B-A3B,
+	// Qwen3-235B-A22B): see MoE.
+	Qwen3MoE Arch = "qwen3_moe"
 )
 
 // archClass is the HF class name written to architectures.
-var archClass = map[Arch]string{Qwen2: "Qwen2ForCausalLM", Qwen3: "Qwen3ForCausalLM", Llama: "LlamaForCausalLM"}
+var archClass = map[Arch]string{
+	Qwen2: "Qwen2ForCausalLM", Qwen3: "Qwen3ForCausalLM", Llama: "LlamaForCausalLM", Qwen3MoE: "Qwen3MoeForCausalLM",
+}
 
 // supportedArchs lists the model_type values, for error messages.
-const supportedArchs = "llama, qwen2, qwen3"
+const supportedArchs = "llama, qwen2, qwen3, qwen3_moe"
 
 // defaultRopeTheta is the rope_theta transformers' config class of each
 // model_type uses when config.json states none (LlamaConfig, Qwen2Config and
-// Qwen3Config, v4 and v5: 10000).
-var defaultRopeTheta = map[Arch]float32{Qwen2: 10000, Qwen3: 10000, Llama: 10000}
+// Qwen3Config, Qwen3MoeConfig, v4 and v5: 10000).
+var defaultRopeTheta = map[Arch]float32{Qwen2: 10000, Qwen3: 10000, Llama: 10000, Qwen3MoE: 10000}
 
 // Config is the subset of an HF config.json that defines the network.
 // Fields the model does not use are kept in Extra and written back by JSON.
@@ -50,6 +55,10 @@ type Config struct {
 	MaxPositionEmbeddings int
 	TorchDType            string // torch_dtype (or dtype), e.g. "bfloat16"
 	EOSTokenIDs           []int32
+
+	// MoE is a sparse model's experts and router (qwen3_moe); zero for a
+	// dense model.
+	MoE MoE
 
 	// Form records how config.json stated RoPE and the dtype, so that JSON
 	// writes them back the same way.
@@ -92,7 +101,68 @@ type ConfigForm struct {
 	RopeParameters map[string]json.RawMessage
 	TorchDType     bool // the dtype was stated as torch_dtype
 	DType          bool // the dtype was stated as dtype
+	// NumLocalExperts: the expert count was stated as num_local_experts
+	// (transformers v5's Qwen3MoeConfig writes that name).
+	NumLocalExperts bool
 }
+
+// MoE describes a sparse model's MLP layers as transformers'
+// Qwen3MoeConfig states them. A sparse layer holds a router (mlp.gate, a
+// Linear from C to E without bias) and E SwiGLU experts of width
+// IntermediateSize; each token goes to the TopK experts with the largest
+// router probabilities (softmax over all E in fp32), and its output is
+// their outputs weighted by those probabilities, renormalised over the K
+// when NormTopKProb. Layer l is sparse unless it is in MLPOnlyLayers or
+// (l+1) is not a multiple of DecoderSparseStep; a dense layer has the dense
+// MLP of width Config.IntermediateSize.
+//
+// The load-balancing loss is transformers' load_balancing_loss_func (the
+// Switch Transformer loss over every sparse layer's rows at once); it is
+// part of the training loss when OutputRouterLogits, weighted by
+// RouterAuxLossCoef, and always reported (Model.RouterLoss).
+type MoE struct {
+	NumExperts         int     // num_experts (or num_local_experts): E
+	TopK               int     // num_experts_per_tok: K
+	IntermediateSize   int     // moe_intermediate_size: an expert's width
+	NormTopKProb       bool    // norm_topk_prob
+	DecoderSparseStep  int     // decoder_sparse_step
+	MLPOnlyLayers      []int   // mlp_only_layers
+	RouterAuxLossCoef  float64 // router_aux_loss_coef
+	OutputRouterLogits bool    // output_router_logits
+}
+
+// Sparse reports whether the model has sparse (mixture-of-experts) layers.
+func (c Config) Sparse() bool { return c.Arch == Qwen3MoE && c.MoE.NumExperts > 0 }
+
+// SparseLayer reports whether decoder layer l is sparse (transformers'
+// Qwen3MoeDecoderLayer: not in mlp_only_layers, and (l+1) a multiple of
+// decoder_sparse_step).
+func (c Config) SparseLayer(l int) bool {
+	m := c.MoE
+	if !c.Sparse() || m.DecoderSparseStep <= 0 || (l+1)%m.DecoderSparseStep != 0 {
+		return false
+	}
+	for _, d := range m.MLPOnlyLayers {
+		if d == l {
+			return false
+		}
+	}
+	return true
+}
+
+// SparseLayers is the number of sparse layers.
+func (c Config) SparseLayers() int {
+	n := 0
+	for l := 0; l < c.NumHiddenLayers; l++ {
+		if c.SparseLayer(l) {
+			n++
+		}
+	}
+	return n
+}
+
+// QKNorm reports whether attention has Qwen3's per-head q_norm/k_norm.
+func (c Config) QKNorm() bool { return c.Arch == Qwen3 || c.Arch == Qwen3MoE }
 
 // QKVBias reports whether the q, k and v projections carry a bias (Qwen2).
 func (c Config) QKVBias() bool { return c.Arch == Qwen2 }
@@ -103,6 +173,12 @@ var configKeys = []string{
 	"num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
 	"vocab_size", "tie_word_embeddings", "max_position_embeddings", "torch_dtype", "dtype",
 	"eos_token_id", "mlp_bias", "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window",
+}
+
+// moeKeys are the qwen3_moe keys Config.MoE reads; JSON writes them from it.
+var moeKeys = []string{
+	"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
+	"decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
 }
 
 // ropeKeys are the keys of a RoPE block that tracegrpo interprets.
@@ -355,6 +431,11 @@ func ParseConfig(data []byte, name string) (Config, error) {
 	if err := c.checkUnsupported(r); err != nil {
 		return c, err
 	}
+	if c.Arch == Qwen3MoE {
+		if err := c.parseMoE(r); err != nil {
+			return c, err
+		}
+	}
 	c.Extra = map[string]json.RawMessage{}
 	for k, v := range raw {
 		var buf bytes.Buffer
@@ -365,6 +446,11 @@ func ParseConfig(data []byte, name string) (Config, error) {
 	}
 	for _, k := range configKeys {
 		delete(c.Extra, k)
+	}
+	if c.Arch == Qwen3MoE {
+		for _, k := range moeKeys {
+			delete(c.Extra, k)
+		}
 	}
 	if c.Arch != Qwen2 {
 		delete(c.Extra, "attention_bias") // interpreted (must be false) and written back
@@ -393,6 +479,85 @@ func (c *Config) parseDType(r configReader) error {
 	if !tok {
 		c.TorchDType = d
 	}
+	return nil
+}
+
+// Qwen3MoeConfig's defaults (transformers v4.51 and v5), for keys a
+// qwen3_moe config.json leaves out.
+const (
+	defaultNumExperts        = 128
+	defaultNumExpertsPerTok  = 8
+	defaultMoEIntermediate   = 768
+	defaultRouterAuxLossCoef = 0.001
+)
+
+// parseMoE reads the sparse layers' keys of a qwen3_moe config.json; a
+// size it does not state takes transformers' default, and a note says so.
+func (c *Config) parseMoE(r configReader) error {
+	m := MoE{DecoderSparseStep: 1, RouterAuxLossCoef: defaultRouterAuxLossCoef}
+	var missing []string
+	var ne, nle int
+	hasNE, err := r.intf("num_experts", false, &ne)
+	if err != nil {
+		return err
+	}
+	hasNLE, err := r.intf("num_local_experts", false, &nle)
+	if err != nil {
+		return err
+	}
+	switch {
+	case hasNE && hasNLE && ne != nle:
+		return fmt.Errorf("model: %s: fields num_experts and num_local_experts disagree: %d and %d", r.name, ne, nle)
+	case hasNE:
+		m.NumExperts = ne
+	case hasNLE:
+		m.NumExperts = nle
+		c.Form.NumLocalExperts = true
+	default:
+		m.NumExperts = defaultNumExperts
+		missing = append(missing, fmt.Sprintf("num_experts %d", defaultNumExperts))
+	}
+	for _, f := range []struct {
+		k   string
+		dst *int
+		def int
+	}{
+		{"num_experts_per_tok", &m.TopK, defaultNumExpertsPerTok},
+		{"moe_intermediate_size", &m.IntermediateSize, defaultMoEIntermediate},
+	} {
+		ok, err := r.intf(f.k, false, f.dst)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			*f.dst = f.def
+			missing = append(missing, fmt.Sprintf("%s %d", f.k, f.def))
+		}
+	}
+	if _, err := r.intf("decoder_sparse_step", false, &m.DecoderSparseStep); err != nil {
+		return err
+	}
+	if err := r.boolf("norm_topk_prob", &m.NormTopKProb); err != nil {
+		return err
+	}
+	if err := r.boolf("output_router_logits", &m.OutputRouterLogits); err != nil {
+		return err
+	}
+	if r.has("router_aux_loss_coef") {
+		if err := json.Unmarshal(r.raw["router_aux_loss_coef"], &m.RouterAuxLossCoef); err != nil ||
+			m.RouterAuxLossCoef < 0 || math.IsInf(m.RouterAuxLossCoef, 0) {
+			return r.bad("router_aux_loss_coef", "a non-negative number", string(r.raw["router_aux_loss_coef"]))
+		}
+	}
+	if v, ok := r.raw["mlp_only_layers"]; ok && string(v) != "null" {
+		if err := json.Unmarshal(v, &m.MLPOnlyLayers); err != nil {
+			return r.bad("mlp_only_layers", "a list of layer indices", string(v))
+		}
+	}
+	if len(missing) > 0 {
+		c.Notes = append(c.Notes, fmt.Sprintf("%s states no %s: using transformers' Qwen3MoeConfig defaults", r.name, strings.Join(missing, ", ")))
+	}
+	c.MoE = m
 	return nil
 }
 
@@ -590,6 +755,12 @@ const (
 	MaxHeads            = 1024
 	MaxHeadDim          = 1024
 	MaxVocabSize        = 1 << 22
+	// MaxExperts caps num_experts, and MaxExpertMLPs the experts of all
+	// sparse layers together (each is three tensors of the parameter
+	// table): the largest published sparse models have 512 experts a layer
+	// and about 24k in all.
+	MaxExperts    = 1024
+	MaxExpertMLPs = 1 << 16
 )
 
 // Validate checks the sizes for consistency.
@@ -618,6 +789,11 @@ func (c Config) Validate() error {
 	if !(c.RMSNormEps > 0) || !(c.RopeTheta > 0) || math.IsInf(float64(c.RopeTheta), 0) {
 		return fmt.Errorf("fields rms_norm_eps, rope_theta: expected positive numbers, found %g, %g", c.RMSNormEps, c.RopeTheta)
 	}
+	if c.Arch == Qwen3MoE {
+		if err := c.MoE.validate(c.NumHiddenLayers); err != nil {
+			return err
+		}
+	}
 	switch s := c.RopeScaling; s.Type {
 	case "":
 	case RopeLlama3:
@@ -627,6 +803,34 @@ func (c Config) Validate() error {
 		}
 	default:
 		return fmt.Errorf("RoPE type %q is not supported; supported: %s", s.Type, supportedRopeTypes)
+	}
+	return nil
+}
+
+// validate checks the sparse layers' sizes for L decoder layers.
+func (m MoE) validate(L int) error {
+	if m.NumExperts < 0 || m.NumExperts > MaxExperts {
+		return fmt.Errorf("field num_experts: expected an integer in [0, %d], found %d", MaxExperts, m.NumExperts)
+	}
+	if m.NumExperts == 0 {
+		return nil // transformers builds every layer dense
+	}
+	if m.TopK < 1 || m.TopK > m.NumExperts {
+		return fmt.Errorf("field num_experts_per_tok: expected an integer in [1, num_experts %d], found %d", m.NumExperts, m.TopK)
+	}
+	if m.IntermediateSize <= 0 || m.IntermediateSize > MaxIntermediateSize {
+		return fmt.Errorf("field moe_intermediate_size: expected an integer in [1, %d], found %d", MaxIntermediateSize, m.IntermediateSize)
+	}
+	if m.DecoderSparseStep < 1 {
+		return fmt.Errorf("field decoder_sparse_step: expected a positive integer, found %d", m.DecoderSparseStep)
+	}
+	for i, l := range m.MLPOnlyLayers {
+		if l < 0 || l >= L {
+			return fmt.Errorf("field mlp_only_layers[%d]: expected a layer index in [0, %d), found %d", i, L, l)
+		}
+	}
+	if n := L / m.DecoderSparseStep * m.NumExperts; n > MaxExpertMLPs {
+		return fmt.Errorf("fields num_experts, num_hidden_layers, decoder_sparse_step: up to %d experts in all, expected at most %d", n, MaxExpertMLPs)
 	}
 	return nil
 }
@@ -726,6 +930,22 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 	case Qwen3:
 		out["attention_bias"] = false
 		out["use_sliding_window"] = false
+	case Qwen3MoE:
+		out["attention_bias"] = false
+		out["use_sliding_window"] = false
+		m := c.MoE
+		if c.Form.NumLocalExperts {
+			out["num_local_experts"] = m.NumExperts
+		} else {
+			out["num_experts"] = m.NumExperts
+		}
+		out["num_experts_per_tok"] = m.TopK
+		out["moe_intermediate_size"] = m.IntermediateSize
+		out["norm_topk_prob"] = m.NormTopKProb
+		out["decoder_sparse_step"] = m.DecoderSparseStep
+		out["mlp_only_layers"] = append([]int{}, m.MLPOnlyLayers...)
+		out["router_aux_loss_coef"] = pyFloat(m.RouterAuxLossCoef)
+		out["output_router_logits"] = m.OutputRouterLogits
 	case Qwen2:
 		out["use_sliding_window"] = false
 	case Llama:

@@ -1,5 +1,6 @@
-// Package model is tracegrpo's policy: a Qwen2, Qwen3 or Llama decoder built
-// from a Hugging Face config.json, running on any kernels.Backend.
+// Package model is tracegrpo's policy: a Qwen2, Qwen3, Qwen3-MoE or Llama
+// decoder built from a Hugging Face config.json, running on any
+// kernels.Backend.
 //
 // # Architectures
 //
@@ -8,6 +9,15 @@
 //     unless stated; sliding windows refused.
 //   - qwen3: per-head q_norm/k_norm weights before RoPE, no biases.
 //   - llama (Llama 2, Llama 3.x): no biases; Llama 3's rope_scaling.
+//   - qwen3_moe (Qwen3-30B-A3B, Qwen3-235B-A22B): Qwen3's attention; sparse
+//     MLP layers as transformers' Qwen3MoeSparseMoeBlock (Config.MoE, moe.go):
+//     a router without bias, softmax over all experts, the top
+//     num_experts_per_tok (ties to the lower expert id), renormalised when
+//     norm_topk_prob, SwiGLU experts of width moe_intermediate_size; dense
+//     layers where mlp_only_layers and decoder_sparse_step put them. Its
+//     load-balancing loss (Model.RouterLoss) is transformers'
+//     load_balancing_loss_func; SetRouterLossWeight puts it in the loss.
+//     The sparse ops run on the backend's kernels.Experts.
 //
 // Any other model_type is refused with one line listing these.
 //
@@ -17,7 +27,10 @@
 // (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
 // model.norm.weight, lm_head.weight unless tie_word_embeddings) in HF order,
 // contiguous and without gaps, except that a layer's q, k and v biases sit
-// together right after its q, k and v weights. One table drives one flat
+// together right after its q, k and v weights, and a sparse layer's experts'
+// down_proj weights follow all their gate_proj and up_proj weights (so
+// that every expert's gate|up is one (E, 2·Im, C) run and every down one
+// (E, C, Im) run). One table drives one flat
 // parameter arena (Params) and one gradient arena (Grads) with the same
 // layout, so an optimizer, a gradient norm or a checkpoint is one call over
 // one buffer. 1-D parameters (norm weights and biases) are exempt from
@@ -78,9 +91,11 @@
 // # Weights
 //
 // LoadHF reads model.safetensors or a sharded index (F32, BF16 or F16 widened
-// to the fp32 arena) and requires every parameter with its exact shape;
+// to the fp32 arena) and requires every parameter with its exact shape (a
+// sparse layer's experts per expert, as on the Hub, or fused as transformers
+// v5 holds them);
 // SaveHF writes model.safetensors (format "pt", plus FormatName and
-// FormatVersion in its metadata) and config.json so that transformers loads
+// FormatVersion in its metadata; experts per expert, the Hub's layout) and config.json so that transformers loads
 // the directory unchanged. Features the math does not implement (RoPE
 // types other than default and llama3, Llama/Qwen3 attention or MLP biases,
 // sliding windows, activations other than SiLU) are rejected when the config

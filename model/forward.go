@@ -55,6 +55,9 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 	if T > 0 {
 		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
 		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
+		if m.cfg.Sparse() {
+			m.queueRouterStats()
+		}
 	}
 	if err := m.commErr(); err != nil {
 		m.haveForward = false
@@ -63,6 +66,9 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 	if err := b.Sync(); err != nil {
 		m.haveForward = false
 		return nil, nil, fmt.Errorf("model: forward: %w", err)
+	}
+	if m.cfg.Sparse() {
+		m.finishRouterStats()
 	}
 	lp, ent := m.outLp[:T], m.outEnt[:T]
 	// Row t of the head predicts token t+1: shift right by one within each
@@ -243,7 +249,8 @@ func (m *Model) layerForward(l int, full bool) {
 }
 
 // layerBody queues decoder layer l from its normed input la[l].ln1 up to
-// the MLP's activation h: everything but the down projection.
+// the MLP's activation h: everything but the down projection (a sparse
+// layer: up to its experts' outputs, everything but their weighted sum).
 func (m *Model) layerBody(l int) {
 	b, c := m.b, m.cfg
 	T := m.lastT
@@ -262,7 +269,7 @@ func (m *Model) layerBody(l int) {
 		b.AddBias(qkv, w.qkvBias, T, qkvN)
 	}
 	q32, k32 := tc(a.q32, qn), tc(a.k32, kn)
-	if c.Arch == Qwen3 {
+	if c.QKNorm() {
 		b.CopyCols(tc(a.qraw, qn), qkv, T, qn, qn, qkvN)
 		b.CopyCols(tc(a.kraw, kn), qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
 		b.RMSNorm(q32, a.qrstd.Slice(0, T*NH), tc(a.qraw, qn), w.qNorm, T*NH, HD, eps)
@@ -279,6 +286,10 @@ func (m *Model) layerBody(l int) {
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
 	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
+	if c.SparseLayer(l) {
+		m.moeForward(l, T, tc(a.ln2, C), m.layerMoE(l))
+		return
+	}
 	gu := tc(m.fused, 2*I)
 	b.Matmul(gu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
@@ -287,23 +298,37 @@ func (m *Model) layerBody(l int) {
 }
 
 // layerTail queues the end of decoder layer l's full forward: the down
-// projection and, fused with the residual add, the next layer's input
-// norm (layer l+1's ln1 weight) or the final norm (the head's).
+// projection (a sparse layer: its router statistics and the weighted sum
+// of its experts' outputs) and, fused with the residual add, the next
+// layer's input norm (layer l+1's ln1 weight) or the final norm (the
+// head's).
 func (m *Model) layerTail(l int) {
 	b := m.b
 	T, C, I := m.lastT, m.cfg.HiddenSize, m.cfg.IntermediateSize
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	a, gw := &m.la[l], &m.gw[l]
 	xmid := tc(a.xmid, C)
+	sparse := m.cfg.SparseLayer(l)
+	if sparse {
+		m.moeStats(l, T)
+	}
+	// mlpOut writes the layer's MLP output into out (T,C).
+	mlpOut := func(out kernels.Buf) {
+		if sparse {
+			m.moeCombine(T, out, m.layerMoE(l))
+			return
+		}
+		b.Matmul(out, tc(a.h, I), gw.down, T, I, C)
+	}
 	if l+1 < len(m.la) {
 		n := &m.la[l+1]
 		next := tc(n.x, C)
-		b.Matmul(next, tc(a.h, I), gw.down, T, I, C)
+		mlpOut(next)
 		m.addThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), next, xmid, m.layers[l+1].ln1, T, C)
 		return
 	}
 	xf := tc(m.xf, C)
-	b.Matmul(xf, tc(a.h, I), gw.down, T, I, C)
+	mlpOut(xf)
 	m.addThenNorm(xf, tc(m.lnf, C), m.rstdf.Slice(0, T), xf, xmid, m.norm, T, C)
 }
 
@@ -334,6 +359,7 @@ func (m *Model) Backward(dlogprob []float32) error {
 		m.hDlp[hi-1] = 0
 	}
 	m.b.UploadF32(m.dlp.Slice(0, T), m.hDlp[:T])
+	m.uploadAuxGrad()
 	m.backward()
 	if err := m.commErr(); err != nil {
 		return fmt.Errorf("model: backward: %w", err)
@@ -402,16 +428,21 @@ func (m *Model) backwardLayer(l int) {
 	if m.opt.Recompute {
 		m.layerForward(l, false)
 	}
-	// MLP: x_{l+1} = xmid + down(silu(gate)·up), gate|up = ln2·Wguᵀ.
-	dh := tc(m.dh, I)
-	b.Fill(dh, 0)
-	b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
-	b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
-	dgu := tc(m.fused, 2*I)
-	b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
-	b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
-	b.Fill(dln, 0)
-	b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+	// MLP: x_{l+1} = xmid + down(silu(gate)·up), gate|up = ln2·Wguᵀ (a
+	// sparse layer: its experts', moe.go).
+	if c.SparseLayer(l) {
+		m.moeBackward(l, dx, dln)
+	} else {
+		dh := tc(m.dh, I)
+		b.Fill(dh, 0)
+		b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
+		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
+		dgu := tc(m.fused, 2*I)
+		b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
+		b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
+		b.Fill(dln, 0)
+		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+	}
 	b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
 	// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
 	// q|k|v = ln1·Wqkvᵀ (+ bias).
@@ -423,7 +454,7 @@ func (m *Model) backwardLayer(l int) {
 		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
 	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
 	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
-	if c.Arch == Qwen3 {
+	if c.QKNorm() {
 		dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
 		b.Fill(dqraw, 0)
 		b.Fill(dkraw, 0)

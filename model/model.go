@@ -36,6 +36,13 @@ type Options struct {
 	// ForwardOnly builds a model for Forward alone (scoring): no gradient
 	// arena and no backward buffers, one layer's activations at a time.
 	ForwardOnly bool
+	// FreezeRouter leaves the sparse layers' routers untrained: Backward
+	// computes no gradient for mlp.gate.weight (it stays zero, and the
+	// optimizer skips those parameters: Param.Router), while the gradient
+	// still flows through the routing weights into the hidden states, as
+	// Megatron's freeze_moe_router does (requires_grad = False on the
+	// router weight).
+	FreezeRouter bool
 }
 
 // MaxTokens is the most tokens a micro-batch (Options.MaxTokens), a
@@ -74,12 +81,16 @@ func (o Options) normalized() (Options, error) {
 type layerView struct {
 	ln1, qBias, kBias, vBias, o, qNorm, kNorm, ln2, down kernels.Buf
 	qkv, qkvBias, gu                                     kernels.Buf
+	// A sparse layer's router (E,C), its experts' gate|up (E,2·Im,C) and
+	// down (E,C,Im) runs.
+	router, egu, edown kernels.Buf
 }
 
 // gemmWeights are one layer's GEMM weights in the precision of the GEMMs:
 // views of the fp32 arena, or of its bf16 copy under mixed precision.
 type gemmWeights struct {
-	qkv, o, gu, down kernels.Buf
+	qkv, o, gu, down   kernels.Buf
+	router, egu, edown kernels.Buf // sparse layers
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
@@ -108,6 +119,20 @@ type layerActs struct {
 	gate     kernels.Buf // (T,I) w
 	up       kernels.Buf // (T,I) w
 	h        kernels.Buf // (T,I) w silu(gate)·up
+	moe      moeActs     // sparse layers, in place of gate, up and h
+}
+
+// moeActs are a sparse layer's activations saved for the backward pass
+// (N = T·K assignments). Its offsets are per layer and never shared
+// (Model.offsets): the router's statistics read them after the forward.
+type moeActs struct {
+	probs       kernels.Buf // (T,E) router probabilities
+	rw          kernels.Buf // (T,K) routing weights
+	rexp        kernels.Buf // (T,K) I32 chosen experts
+	order, slot kernels.Buf // (N) I32 the permutation (kernels.Experts)
+	egate, eup  kernels.Buf // (N,Im) w
+	eh          kernels.Buf // (N,Im) w silu(gate)·up
+	ey          kernels.Buf // (N,C) the experts' outputs, before the weighted sum
 }
 
 // workspace is the activation memory one or more models run in: a policy
@@ -135,6 +160,10 @@ type Model struct {
 	// The backend's optional fused paths (nil: the core ops).
 	addNorm  kernels.AddRMSNormer
 	ropeConv kernels.RopeConverter
+	// experts runs the sparse layers (nil on a backend without them, which
+	// New refuses for a sparse config); router is the layers' routing.
+	experts kernels.Experts
+	router  kernels.Router
 
 	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
@@ -174,6 +203,27 @@ type Model struct {
 	tokens, pos, target kernels.Buf // (T) I32
 	cu                  kernels.Buf // (S+1) I32
 
+	// Sparse layers' scratch (N = T·K): the router's logits, the gathered
+	// input rows, the experts' gate|up output (and packed gradients), and
+	// the backward's gradients.
+	rlogits           kernels.Buf   // (T,E)
+	xp                kernels.Buf   // (N,C) w
+	efused            kernels.Buf   // (N,2·Im) w
+	dey               kernels.Buf   // (N,C) w
+	deh, degate, deup kernels.Buf   // (N,Im)
+	dxp               kernels.Buf   // (N,C)
+	drw               kernels.Buf   // (T,K)
+	dlogits           kernels.Buf   // (T,E) w
+	offsets           []kernels.Buf // per layer (sparse only): (E+1) I32
+	psum              []kernels.Buf // per layer (sparse only): (E) Σ_t probs
+	auxGrad           []kernels.Buf // per layer (sparse only): (E) ∂L/∂probs of the load-balancing loss
+	hOffsets          []int32       // (L·(E+1)) host staging
+	hPsum             []float32     // (L·E)
+	hAux, hAuxW       []float32     // (E) ∂aux/∂probs, and times the weight
+	hF, hP            []float64     // (E) the loss's F and P
+	routerLoss        float64       // the last Forward's load-balancing loss
+	routerLossWeight  float32       // its weight in the loss Backward differentiates
+
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32
 	hLp, hEnt, hDlp             []float32
@@ -200,6 +250,7 @@ func shell(cfg Config, opt Options) (*Model, error) {
 	}
 	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision, forwardOnly: opt.ForwardOnly}
 	m.table, m.tidx, m.lidx = newTable(cfg)
+	m.router = kernels.Router{K: cfg.MoE.TopK, Norm: cfg.MoE.NormTopKProb}
 	return m, nil
 }
 
@@ -211,6 +262,9 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		return nil, err
 	}
 	m.setBackend(b)
+	if cfg.Sparse() && m.experts == nil {
+		return nil, fmt.Errorf("model: the %s backend has no sparse-layer ops (kernels.Experts): it cannot run %s", b.Name(), cfg.Arch)
+	}
 	sz, p, err := m.sizes()
 	if err != nil {
 		return nil, err
@@ -296,6 +350,7 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.b = b
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
+	m.experts, _ = b.(kernels.Experts)
 }
 
 // allocWeights allocates the fp32 parameter arena and, under BF16, its copy.
@@ -317,6 +372,11 @@ func (m *Model) allocWeights(sz arenaSizes) error {
 func (m *Model) hostStaging() {
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	m.hTokens, m.hPos, m.hTarget, m.hCu = make([]int32, T), make([]int32, T), make([]int32, T), make([]int32, S+1)
+	if E := m.cfg.MoE.NumExperts; m.cfg.Sparse() {
+		L := m.cfg.NumHiddenLayers
+		m.hOffsets, m.hPsum = make([]int32, L*(E+1)), make([]float32, L*E)
+		m.hAux, m.hAuxW, m.hF, m.hP = make([]float32, E), make([]float32, E), make([]float64, E), make([]float64, E)
+	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
 }
@@ -366,6 +426,7 @@ func (m *Model) views() {
 				o: view(li.o, kind), qNorm: view(li.qNorm, kind), kNorm: view(li.kNorm, kind),
 				ln2: view(li.ln2, kind), down: view(li.down, kind),
 				qkv: run(li.q, li.v, kind), qkvBias: run(li.qBias, li.vBias, kind), gu: run(li.gate, li.up, kind),
+				router: view(li.router, kind), egu: run(li.eguFirst, li.eguLast, kind), edown: run(li.edownFirst, li.edownLast, kind),
 			}
 			if kind == w32 {
 				m.layers = append(m.layers, lv)
@@ -375,6 +436,7 @@ func (m *Model) views() {
 		}
 		m.gw = append(m.gw, gemmWeights{
 			qkv: run(li.q, li.v, wW), o: view(li.o, wW), gu: run(li.gate, li.up, wW), down: view(li.down, wW),
+			router: view(li.router, wW), egu: run(li.eguFirst, li.eguLast, wW), edown: run(li.edownFirst, li.edownLast, wW),
 		})
 	}
 }
@@ -491,11 +553,15 @@ func (p *actPlan) cut(m *Model, ws *workspace) {
 // MaxTokens tokens. A training model keeps each layer's activations for
 // Backward (with Recompute only each layer's input, and one layer's
 // worth); a forward-only reference keeps one layer's worth and two
-// alternating layer inputs.
+// alternating layer inputs. A sparse layer keeps its router's and
+// experts' activations (moeActs, K rows per token) in place of the dense
+// MLP's.
 func (m *Model) layoutActs() *actPlan {
 	c := m.cfg
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	E, K, Im := c.MoE.NumExperts, c.MoE.TopK, c.MoE.IntermediateSize
+	N := T * K
 	qn, kn := NH*HD, NKV*HD
 	qkvN := qn + 2*kn
 	bf16 := m.wdt == kernels.BF16
@@ -517,15 +583,20 @@ func (m *Model) layoutActs() *actPlan {
 			f.add(&m.la[l].x, T*C)
 		}
 	}
-	share := m.opt.Recompute || m.forwardOnly // every layer shares layer 0's activations
+	anyDense, anySparse := false, false
 	for l := range m.la {
-		if share && l > 0 {
-			break
+		if c.SparseLayer(l) {
+			anySparse = true
+		} else {
+			anyDense = true
 		}
-		a := &m.la[l]
+	}
+	// attn plans a layer's attention activations, mlp its dense MLP's, moe
+	// its sparse MLP's.
+	attn := func(a *layerActs) {
 		w.add(&a.ln1, T*C)
 		f.add(&a.rstd1, T)
-		if c.Arch == Qwen3 {
+		if c.QKNorm() {
 			f.add(&a.qraw, T*qn)
 			f.add(&a.qrstd, T*NH)
 			f.add(&a.kraw, T*kn)
@@ -539,9 +610,42 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&a.xmid, T*C)
 		w.add(&a.ln2, T*C)
 		f.add(&a.rstd2, T)
+	}
+	mlp := func(a *layerActs) {
 		w.add(&a.gate, T*I)
 		w.add(&a.up, T*I)
 		w.add(&a.h, T*I)
+	}
+	moe := func(a *moeActs) {
+		f.add(&a.probs, T*E)
+		f.add(&a.rw, T*K)
+		p.i.add(&a.rexp, T*K)
+		p.i.add(&a.order, N)
+		p.i.add(&a.slot, N)
+		w.add(&a.egate, N*Im)
+		w.add(&a.eup, N*Im)
+		w.add(&a.eh, N*Im)
+		f.add(&a.ey, N*C)
+	}
+	share := m.opt.Recompute || m.forwardOnly // every layer shares one layer's activations
+	var shared layerActs
+	if share {
+		attn(&shared)
+		if anyDense {
+			mlp(&shared)
+		}
+		if anySparse {
+			moe(&shared.moe)
+		}
+	} else {
+		for l := range m.la {
+			attn(&m.la[l])
+			if c.SparseLayer(l) {
+				moe(&m.la[l].moe)
+			} else {
+				mlp(&m.la[l])
+			}
+		}
 	}
 	var q32, k32 kernels.Buf
 	if bf16 {
@@ -549,11 +653,28 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&k32, T*kn)
 		f.add(&m.qkvOut, T*qkvN)
 	}
-	w.add(&m.fused, T*max(qkvN, 2*I))
+	fusedW := qkvN // the q|k|v output, and the dense gate|up output
+	if anyDense {
+		fusedW = max(fusedW, 2*I)
+	}
+	w.add(&m.fused, T*fusedW)
 	f.add(&m.xf, T*C)
 	w.add(&m.lnf, T*C)
 	for _, x := range []*kernels.Buf{&m.rstdf, &m.lp, &m.ent, &m.lseHead} {
 		f.add(x, T)
+	}
+	m.offsets, m.psum, m.auxGrad = nil, nil, nil
+	if anySparse {
+		f.add(&m.rlogits, T*E)
+		w.add(&m.xp, N*C)
+		w.add(&m.efused, N*2*Im)
+		m.offsets, m.psum, m.auxGrad = make([]kernels.Buf, L), make([]kernels.Buf, L), make([]kernels.Buf, L)
+		for l := range m.la {
+			if c.SparseLayer(l) {
+				p.i.add(&m.offsets[l], E+1)
+				f.add(&m.psum[l], E)
+			}
+		}
 	}
 	if !m.forwardOnly {
 		for _, x := range []*kernels.Buf{&m.dx, &m.dln, &m.dlnf} {
@@ -564,16 +685,32 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&m.dq, T*qn)
 		f.add(&m.dk, T*kn)
 		f.add(&m.dv, T*kn)
-		if c.Arch == Qwen3 {
+		if c.QKNorm() {
 			f.add(&m.dqraw, T*qn)
 			f.add(&m.dkraw, T*kn)
 		}
-		for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
-			f.add(x, T*I)
+		if anyDense {
+			for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
+				f.add(x, T*I)
+			}
 		}
 		if bf16 {
 			w.add(&m.dxW, T*C)
 			w.add(&m.dattW, T*qn)
+		}
+		if anySparse {
+			w.add(&m.dey, N*C)
+			for _, x := range []*kernels.Buf{&m.deh, &m.degate, &m.deup} {
+				f.add(x, N*Im)
+			}
+			f.add(&m.dxp, N*C)
+			f.add(&m.drw, T*K)
+			w.add(&m.dlogits, T*E)
+			for l := range m.la {
+				if c.SparseLayer(l) {
+					f.add(&m.auxGrad[l], E)
+				}
+			}
 		}
 	}
 	p.i.add(&m.tokens, T)
@@ -582,9 +719,9 @@ func (m *Model) layoutActs() *actPlan {
 	p.i.add(&m.cu, S+1)
 	p.after = func() {
 		for l := range m.la {
-			if share && l > 0 {
+			if share {
 				x := m.la[l].x
-				m.la[l] = m.la[0]
+				m.la[l] = shared
 				m.la[l].x = x
 			}
 			if m.forwardOnly {

@@ -292,13 +292,19 @@ func randomBatch(r *rand.Rand, nseq, maxLen, V int) (tokens, cu []int32) {
 // TestPackingInvariance: a packed micro-batch gives each sequence the
 // logprobs and gradients it gets alone, and gradients add across calls.
 func TestPackingInvariance(t *testing.T) {
+	for _, v := range []string{"qwen3_tied", "moe_k2_norm"} { // routing is per token: packing cannot change it
+		t.Run(v, func(t *testing.T) { testPackingInvariance(t, v) })
+	}
+}
+
+func testPackingInvariance(t *testing.T, v string) {
 	b := cpu.New(2)
 	defer b.Close()
-	m := loadTestModel(t, "qwen3_tied", b, Options{MaxTokens: 64, MaxSeqs: 8})
+	m := loadTestModel(t, v, b, Options{MaxTokens: 64, MaxSeqs: 8})
 	defer m.Close()
 	r := rand.New(rand.NewPCG(5, 6))
 	for range 3 {
-		tokens, cu := randomBatch(r, 1+r.IntN(5), 12, 512)
+		tokens, cu := randomBatch(r, 1+r.IntN(5), 12, m.Config().VocabSize)
 		coef := make([]float32, len(tokens))
 		for i := range coef {
 			coef[i] = float32(r.NormFloat64())
@@ -363,11 +369,18 @@ func TestForwardRejects(t *testing.T) {
 
 // TestNoAllocsPerStep: a warmed-up Forward+Backward allocates nothing.
 func TestNoAllocsPerStep(t *testing.T) {
+	for _, v := range []string{"qwen3_untied", "moe_k8_step2"} {
+		t.Run(v, func(t *testing.T) { testNoAllocsPerStep(t, v) })
+	}
+}
+
+func testNoAllocsPerStep(t *testing.T, v string) {
 	b := cpu.New(2)
 	defer b.Close()
-	m := loadTestModel(t, "qwen3_untied", b, Options{MaxTokens: 40, MaxSeqs: 8})
+	m := loadTestModel(t, v, b, Options{MaxTokens: 40, MaxSeqs: 8})
 	defer m.Close()
-	tokens, cu := randomBatch(rand.New(rand.NewPCG(1, 1)), 4, 10, 512)
+	m.SetRouterLossWeight(0.01) // a sparse model's load-balancing loss too
+	tokens, cu := randomBatch(rand.New(rand.NewPCG(1, 1)), 4, 10, m.Config().VocabSize)
 	dl := make([]float32, len(tokens))
 	for i := range dl {
 		dl[i] = 0.1

@@ -10,6 +10,7 @@ type Param struct {
 	N      int    // element count
 	Decay  bool   // weight decay applies (false for 1-D parameters: norm weights and biases)
 	Bias   bool   // a Linear's bias (Qwen2's q/k/v): zero at InitRandom
+	Router bool   // a sparse layer's router (mlp.gate.weight): frozen by freeze_moe_router
 
 	// Group is the index in ParamTable.Groups of the unit the parameter is
 	// sharded, gathered and reduce-scattered with (fully sharded data
@@ -71,7 +72,12 @@ type ParamGroup struct {
 // projection weights side by side, so the q/k/v weights and the q/k/v biases
 // are each one contiguous run, and so are gate and up: the model's fused
 // projections read each run as one weight (q|k|v of shape (NH+2·NKV)·HD × C,
-// gate|up of shape 2I × C). The HF tensors themselves are unchanged.
+// gate|up of shape 2I × C). A sparse layer (Config.SparseLayer) has its
+// router, mlp.gate.weight (E, C), then every expert's gate_proj and up_proj
+// in expert order (mlp.experts.N.gate_proj.weight, up_proj: one run of
+// shape (E, 2·Im, C), transformers v5's fused gate_up_proj), then every
+// expert's down_proj (one run of shape (E, C, Im)), in place of the dense
+// MLP's three weights. The HF tensors themselves are unchanged.
 //
 // Groups partition the table into the units of sharding (ParamGroup), in
 // table order: "embed", then "layers.0" ... "layers.<L-1>", then "head". A
@@ -146,6 +152,10 @@ func (t *ParamTable) addBias(name string, n int) int {
 // when the architecture has no such parameter).
 type layerIdx struct {
 	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down int
+	// A sparse layer's router, and the first and last indices of its
+	// experts' gate|up run and down run: -1 in a dense layer (and gate, up,
+	// down are -1 in a sparse one).
+	router, eguFirst, eguLast, edownFirst, edownLast int
 }
 
 // NewParamTable lays out cfg's parameters with HF names.
@@ -183,19 +193,42 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		}
 		li.o = t.add(p+"self_attn.o_proj.weight", true, C, NH*HD)
 		li.qNorm, li.kNorm = -1, -1
-		if cfg.Arch == Qwen3 {
+		if cfg.QKNorm() {
 			li.qNorm = t.add(p+"self_attn.q_norm.weight", false, HD)
 			li.kNorm = t.add(p+"self_attn.k_norm.weight", false, HD)
 		}
 		li.ln2 = t.add(p+"post_attention_layernorm.weight", false, C)
-		li.gate = t.add(p+"mlp.gate_proj.weight", true, I, C)
-		li.up = t.add(p+"mlp.up_proj.weight", true, I, C)
-		li.down = t.add(p+"mlp.down_proj.weight", true, C, I)
+		li.router, li.eguFirst, li.eguLast, li.edownFirst, li.edownLast = -1, -1, -1, -1, -1
+		if !cfg.SparseLayer(l) {
+			li.gate = t.add(p+"mlp.gate_proj.weight", true, I, C)
+			li.up = t.add(p+"mlp.up_proj.weight", true, I, C)
+			li.down = t.add(p+"mlp.down_proj.weight", true, C, I)
+			continue
+		}
+		E, Im := cfg.MoE.NumExperts, cfg.MoE.IntermediateSize
+		li.gate, li.up, li.down = -1, -1, -1
+		li.router = t.add(p+"mlp.gate.weight", true, E, C)
+		t.Params[li.router].Router = true
+		for e := 0; e < E; e++ {
+			g := t.add(fmt.Sprintf("%smlp.experts.%d.gate_proj.weight", p, e), true, Im, C)
+			t.add(fmt.Sprintf("%smlp.experts.%d.up_proj.weight", p, e), true, Im, C)
+			if e == 0 {
+				li.eguFirst = g
+			}
+		}
+		li.eguLast = len(t.Params) - 1
+		for e := 0; e < E; e++ {
+			d := t.add(fmt.Sprintf("%smlp.experts.%d.down_proj.weight", p, e), true, C, Im)
+			if e == 0 {
+				li.edownFirst = d
+			}
+		}
+		li.edownLast = len(t.Params) - 1
 	}
 	// The fused projections (one GEMM for q|k|v, one for gate|up) read
 	// these runs as single weights: keep them adjacent.
 	for l, li := range layers {
-		if li.k != li.q+1 || li.v != li.k+1 || li.up != li.gate+1 || (li.qBias >= 0 && (li.kBias != li.qBias+1 || li.vBias != li.kBias+1)) {
+		if li.k != li.q+1 || li.v != li.k+1 || (li.gate >= 0 && li.up != li.gate+1) || (li.qBias >= 0 && (li.kBias != li.qBias+1 || li.vBias != li.kBias+1)) {
 			panic(fmt.Sprintf("model: layer %d: q, k, v (and their biases), gate and up must be adjacent in the parameter table", l))
 		}
 	}
@@ -206,4 +239,15 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		ti.lmHead = t.add("lm_head.weight", true, V, C)
 	}
 	return t, ti, layers
+}
+
+// ActiveParams is the number of parameters one token's forward pass uses:
+// every parameter, less the experts a sparse layer does not route it to
+// (E − K of them, each 3·Im·C).
+func ActiveParams(cfg Config) int {
+	n := NewParamTable(cfg).Total
+	if m := cfg.MoE; cfg.Sparse() {
+		n -= cfg.SparseLayers() * (m.NumExperts - m.TopK) * 3 * m.IntermediateSize * cfg.HiddenSize
+	}
+	return n
 }

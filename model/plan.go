@@ -23,14 +23,19 @@ func (m *Model) workload(backward bool) kernels.Workload {
 		GEMMs: []kernels.GEMM{
 			{T: T, C: C, OC: qn + 2*kn, Backward: backward},
 			{T: T, C: qn, OC: C, Backward: backward},
-			{T: T, C: C, OC: 2 * I, Backward: backward},
-			{T: T, C: I, OC: C, Backward: backward},
 		},
 		Heads:     []kernels.Head{{T: T, C: C, V: V, Backward: backward}},
 		RowNorms:  []kernels.RowNorm{{N: T, C: C, Backward: backward}},
 		Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), Backward: backward}},
 	}
-	if c.Arch == Qwen3 {
+	if c.SparseLayers() < c.NumHiddenLayers {
+		w.GEMMs = append(w.GEMMs, kernels.GEMM{T: T, C: C, OC: 2 * I, Backward: backward},
+			kernels.GEMM{T: T, C: I, OC: C, Backward: backward})
+	}
+	if c.Sparse() && c.SparseLayers() > 0 {
+		addSparse(&w, c, T, backward)
+	}
+	if c.QKNorm() {
 		w.RowNorms = append(w.RowNorms, kernels.RowNorm{N: T * NH, C: HD, Backward: backward},
 			kernels.RowNorm{N: T * NKV, C: HD, Backward: backward})
 	}
@@ -38,4 +43,15 @@ func (m *Model) workload(backward bool) kernels.Workload {
 		w.Biases = []kernels.GEMM{{T: T, OC: qn}, {T: T, OC: kn}}
 	}
 	return w
+}
+
+// addSparse adds a sparse layer's ops on T rows to w: the router's GEMM,
+// the routing, and the experts' grouped GEMMs over T·K rows.
+func addSparse(w *kernels.Workload, c Config, T int, backward bool) {
+	C, E, K, Im := c.HiddenSize, c.MoE.NumExperts, c.MoE.TopK, c.MoE.IntermediateSize
+	w.GEMMs = append(w.GEMMs, kernels.GEMM{T: T, C: C, OC: E, Backward: backward})
+	w.Grouped = append(w.Grouped, kernels.GroupedGEMM{N: T * K, C: C, OC: 2 * Im, E: E, Backward: backward},
+		kernels.GroupedGEMM{N: T * K, C: Im, OC: C, E: E, Backward: backward})
+	w.Routes = append(w.Routes, kernels.Route{T: T, K: K, E: E})
+	w.Biases = append(w.Biases, kernels.GEMM{T: T, OC: E}) // the load-balancing loss's Σ_t probs
 }

@@ -17,14 +17,16 @@ import (
 // conversions it makes (the bf16 weight copy).
 type countingBackend struct {
 	kernels.Backend
-	live       map[kernels.Buf]int64
-	bytes      int64 // live bytes
-	weightCopy int   // Convert calls of n elements
-	n          int
+	kernels.Experts // the sparse layers' ops, passed through
+	live            map[kernels.Buf]int64
+	bytes           int64 // live bytes
+	weightCopy      int   // Convert calls of n elements
+	n               int
 }
 
 func newCounting(b kernels.Backend, n int) *countingBackend {
-	return &countingBackend{Backend: b, live: map[kernels.Buf]int64{}, n: n}
+	x, _ := b.(kernels.Experts)
+	return &countingBackend{Backend: b, Experts: x, live: map[kernels.Buf]int64{}, n: n}
 }
 
 func (c *countingBackend) Alloc(dt kernels.DType, n int) (kernels.Buf, error) {
@@ -67,7 +69,7 @@ func testConfig(t testing.TB, variant string) Config {
 func TestPlanEqualsAllocations(t *testing.T) {
 	cb := cpu.New(1)
 	defer cb.Close()
-	for _, v := range precisionVariants {
+	for _, v := range append(slices.Clone(precisionVariants), "moe_k8_interleaved", "moe_k2_norm") {
 		cfg := testConfig(t, v)
 		for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
 			for _, re := range []bool{false, true} {

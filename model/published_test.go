@@ -48,7 +48,15 @@ var publishedConfigs = []struct {
 	// architecture-count test fixture states for exactly these shapes
 	// (PROVENANCE.md); the card's "32.5B / 31.0B non-embedding" is rounded.
 	{"qwen2.5-32b.config.json", Qwen2, 1e6, RopeScaling{}, false, true, 128, 32763876352, true, 1},
+	// Qwen3-30B-A3B, 48 sparse layers of 128 experts: 30,532,122,624 = the
+	// index total_size 61,064,245,248 bytes / 2 (all BF16, 16 shards); the
+	// card says 30.5B total, 29.9B non-embedding (29,909,792,768 here).
+	{"qwen3-30b-a3b.config.json", Qwen3MoE, 1e6, RopeScaling{}, false, false, 128, 30532122624, true, 1},
 }
+
+// publishedActive are sparse models' parameters per token (PROVENANCE.md):
+// Qwen3-30B-A3B's 3,353,032,704, the "3.3B activated" of its card.
+var publishedActive = map[string]int{"qwen3-30b-a3b.config.json": 3353032704}
 
 // publishedCheckpoints are facts about the Hub files of the models whose
 // config.json is byte-identical to the Hub's (testdata/published/PROVENANCE.md):
@@ -103,6 +111,13 @@ func TestPublishedConfigs(t *testing.T) {
 			}
 			if !c.exact && math.Abs(n-c.params) > 0.005e9*math.Max(1, c.params/1e9) {
 				t.Errorf("%.0f parameters, published %.3g", n, c.params)
+			}
+			if want, ok := publishedActive[c.file]; ok {
+				if got := ActiveParams(cfg); got != want {
+					t.Errorf("%d active parameters per token, published %d", got, want)
+				}
+			} else if ActiveParams(cfg) != NewParamTable(cfg).Total {
+				t.Errorf("a dense model's active parameters %d differ from its total %d", ActiveParams(cfg), NewParamTable(cfg).Total)
 			}
 			if ck, ok := publishedCheckpoints[c.file]; ok {
 				if sum := fmt.Sprintf("%x", sha256.Sum256(data)); sum != ck.sha256 {

@@ -78,6 +78,7 @@ type Sampler struct {
 	krstd          kernels.Buf // (B,NKV)
 	gate, up       kernels.Buf // (B,I)
 	h              kernels.Buf // (B,I) wdt
+	moe            moeBufs     // a sparse layer's, for B rows (B·K assignments)
 	logits         kernels.Buf // (B,V)
 	lp             kernels.Buf // (B) sampled tokens' logprobs
 	tok, pos, lens kernels.Buf // (B) I32
@@ -194,6 +195,24 @@ func (s *Sampler) layout(c Config, opt Options) (cp, ap, wp, ip arenaPlan) {
 	ap.add(&s.gate, B*I)
 	ap.add(&s.up, B*I)
 	w.add(&s.h, B*I)
+	if c.Sparse() {
+		E, K, Im := c.MoE.NumExperts, c.MoE.TopK, c.MoE.IntermediateSize
+		N := B * K
+		mb := &s.moe
+		ap.add(&mb.logits, B*E)
+		ap.add(&mb.probs, B*E)
+		ap.add(&mb.rw, B*K)
+		ip.add(&mb.rexp, B*K)
+		ip.add(&mb.offsets, E+1)
+		ip.add(&mb.order, N)
+		ip.add(&mb.slot, N)
+		w.add(&mb.xp, N*C)
+		w.add(&mb.efused, N*2*Im)
+		w.add(&mb.egate, N*Im)
+		w.add(&mb.eup, N*Im)
+		w.add(&mb.eh, N*Im)
+		ap.add(&mb.ey, N*C)
+	}
 	ap.add(&s.logits, B*V)
 	ap.add(&s.lp, B)
 	ip.add(&s.tok, B)
@@ -266,6 +285,9 @@ func SamplerWorkload(cfg Config, opt Options, maxBatch, maxLen int) (kernels.Wor
 	w.GEMMs = append(w.GEMMs, kernels.GEMM{T: B, C: C, OC: NH * HD}, kernels.GEMM{T: B, C: C, OC: NKV * HD},
 		kernels.GEMM{T: B, C: NH * HD, OC: C}, kernels.GEMM{T: B, C: C, OC: I}, kernels.GEMM{T: B, C: I, OC: C},
 		kernels.GEMM{T: B, C: C, OC: V})
+	if cfg.Sparse() && cfg.SparseLayers() > 0 {
+		addSparse(&w, cfg, B, false)
+	}
 	w.RowNorms = append(w.RowNorms, kernels.RowNorm{N: B, C: C})
 	w.Decode = []kernels.Decode{{B: B, Tmax: maxLen, NH: NH, NKV: NKV, HD: HD}}
 	return w, nil
@@ -531,9 +553,8 @@ func (s *Sampler) decodeStep(n int) {
 	for l := range m.layers {
 		w, gw := &m.layers[l], &m.gw[l]
 		wq, wk, wv := gw.qkv.Slice(0, qn*C), gw.qkv.Slice(qn*C, kn*C), gw.qkv.Slice((qn+kn)*C, kn*C)
-		wgate, wup := gw.gu.Slice(0, I*C), gw.gu.Slice(I*C, I*C)
 		q, k, v := r(s.q, qn), r(s.k, kn), r(s.v, kn)
-		if c.Arch == Qwen3 {
+		if c.QKNorm() {
 			b.Matmul(r(s.qraw, qn), ln, wq, n, C, qn)
 			b.Matmul(r(s.kraw, kn), ln, wk, n, C, kn)
 			b.RMSNorm(q, s.qrstd.Slice(0, n*NH), r(s.qraw, qn), w.qNorm, n*NH, HD, eps)
@@ -560,10 +581,16 @@ func (s *Sampler) decodeStep(n int) {
 		}
 		b.Matmul(xmid, attW, gw.o, n, qn, C)
 		m.addThenNorm(xmid, ln, rstd, xmid, x, w.ln2, n, C)
-		b.Matmul(r(s.gate, I), ln, wgate, n, C, I)
-		b.Matmul(r(s.up, I), ln, wup, n, C, I)
-		b.SwiGLU(r(s.h, I), r(s.gate, I), r(s.up, I), n*I)
-		b.Matmul(x, r(s.h, I), gw.down, n, I, C)
+		if c.SparseLayer(l) {
+			m.moeForward(l, n, ln, s.moe)
+			m.moeCombine(n, x, s.moe)
+		} else {
+			wgate, wup := gw.gu.Slice(0, I*C), gw.gu.Slice(I*C, I*C)
+			b.Matmul(r(s.gate, I), ln, wgate, n, C, I)
+			b.Matmul(r(s.up, I), ln, wup, n, C, I)
+			b.SwiGLU(r(s.h, I), r(s.gate, I), r(s.up, I), n*I)
+			b.Matmul(x, r(s.h, I), gw.down, n, I, C)
+		}
 		next := m.norm
 		if l+1 < len(m.layers) {
 			next = m.layers[l+1].ln1

@@ -96,7 +96,11 @@ func ignoredTensor(name string) bool {
 // fp32 parameter arena one tensor at a time. Every parameter must be present
 // with its exact shape and finite values; a tensor the model has no place for
 // is an error (for a tied model, a stored lm_head.weight must equal the
-// embedding). The checks run before anything is uploaded; after a read error
+// embedding). A sparse layer's experts may be stored per expert
+// (mlp.experts.N.{gate,up,down}_proj.weight, the Hub's layout) or fused as
+// transformers v5 holds them (mlp.experts.gate_up_proj (E, 2·Im, C), gate
+// rows first, and mlp.experts.down_proj (E, C, Im)); one layer holds one
+// layout. The checks run before anything is uploaded; after a read error
 // the parameters are unspecified.
 func (m *Model) LoadHF(dir string) error {
 	set, err := safetensors.OpenDir(dir)
@@ -104,23 +108,17 @@ func (m *Model) LoadHF(dir string) error {
 		return fmt.Errorf("model: load %s: %w", dir, err)
 	}
 	defer set.Close()
+	srcs, used, err := m.sources(set)
+	if err != nil {
+		return err
+	}
 	largest := 0
 	for _, p := range m.table.Params {
-		ti, ok := set.Tensor(p.Name)
-		if !ok {
-			return fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json)", set.Source(), p.Name, p.Shape)
-		}
-		if !equalShape(ti.Shape, p.Shape) {
-			return fmt.Errorf("model: load %s: tensor %s: expected shape %v from config.json, found %v", set.Source(), p.Name, p.Shape, ti.Shape)
-		}
-		if !ti.DType.Float() {
-			return fmt.Errorf("model: load %s: tensor %s: expected dtype F32, BF16 or F16, found %s", set.Source(), p.Name, ti.DType)
-		}
 		largest = max(largest, p.N)
 	}
 	tiedHead := false
 	for _, ti := range set.Tensors() {
-		if _, ok := m.table.Lookup(ti.Name); ok || ignoredTensor(ti.Name) {
+		if _, ok := m.table.Lookup(ti.Name); ok || used[ti.Name] || ignoredTensor(ti.Name) {
 			continue
 		}
 		if ti.Name == "lm_head.weight" && m.cfg.TieWordEmbeddings {
@@ -142,15 +140,16 @@ func (m *Model) LoadHF(dir string) error {
 		head = make([]float32, len(host))
 	}
 	for i, p := range m.table.Params {
+		src := srcs[i]
 		lo, hi, at := m.Owned(i) // a sharded model reads the ranges it holds
 		for off := lo; off < hi; off += len(host) {
 			buf := host[:min(len(host), hi-off)]
-			if err := set.ReadF32At(p.Name, off, buf); err != nil {
+			if err := set.ReadF32At(src.tensor, src.off+off, buf); err != nil {
 				return fmt.Errorf("model: load: %w", err)
 			}
-			for i, x := range buf {
+			for j, x := range buf {
 				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-					return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), p.Name, off+i, x)
+					return fmt.Errorf("model: load %s: tensor %s element %d is %g", set.Source(), src.tensor, src.off+off+j, x)
 				}
 			}
 			if tiedHead && p.Name == "model.embed_tokens.weight" {
@@ -158,9 +157,9 @@ func (m *Model) LoadHF(dir string) error {
 				if err := set.ReadF32At("lm_head.weight", off, h); err != nil {
 					return fmt.Errorf("model: load: %w", err)
 				}
-				for i, x := range h {
-					if x != buf[i] {
-						return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), off+i, x, buf[i])
+				for j, x := range h {
+					if x != buf[j] {
+						return fmt.Errorf("model: load %s: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight at element %d (%g vs %g)", set.Source(), off+j, x, buf[j])
 					}
 				}
 			}
@@ -172,6 +171,101 @@ func (m *Model) LoadHF(dir string) error {
 		return fmt.Errorf("model: load: %w", err)
 	}
 	return nil
+}
+
+// source is where a parameter's values are stored in a checkpoint: a
+// tensor, from element off on (an expert's slice of a fused v5 tensor).
+type source struct {
+	tensor string
+	off    int
+}
+
+// Names of transformers v5's fused expert tensors of layer prefix p.
+func fusedGateUp(p string) string { return p + "mlp.experts.gate_up_proj" }
+func fusedDown(p string) string   { return p + "mlp.experts.down_proj" }
+
+// sources finds every parameter's values in set, checking shapes and
+// dtypes, and returns the fused tensors it reads from.
+func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error) {
+	srcs := make([]source, len(m.table.Params))
+	used := map[string]bool{}
+	check := func(name string, ti safetensors.TensorInfo, shape []int) error {
+		if !equalShape(ti.Shape, shape) {
+			return fmt.Errorf("model: load %s: tensor %s: expected shape %v from config.json, found %v", set.Source(), name, shape, ti.Shape)
+		}
+		if !ti.DType.Float() {
+			return fmt.Errorf("model: load %s: tensor %s: expected dtype F32, BF16 or F16, found %s", set.Source(), name, ti.DType)
+		}
+		return nil
+	}
+	for i, p := range m.table.Params {
+		if ti, ok := set.Tensor(p.Name); ok {
+			if err := check(p.Name, ti, p.Shape); err != nil {
+				return nil, nil, err
+			}
+			srcs[i] = source{tensor: p.Name}
+		}
+	}
+	C, E, Im := m.cfg.HiddenSize, m.cfg.MoE.NumExperts, m.cfg.MoE.IntermediateSize
+	for l, li := range m.lidx {
+		if li.router < 0 {
+			continue
+		}
+		p := fmt.Sprintf("model.layers.%d.", l)
+		gu, hasGU := set.Tensor(fusedGateUp(p))
+		dn, hasDown := set.Tensor(fusedDown(p))
+		perExpert := false
+		for i := li.eguFirst; i <= li.eguLast; i++ {
+			perExpert = perExpert || srcs[i].tensor != ""
+		}
+		for i := li.edownFirst; i <= li.edownLast; i++ {
+			perExpert = perExpert || srcs[i].tensor != ""
+		}
+		if (hasGU || hasDown) && perExpert {
+			return nil, nil, fmt.Errorf("model: load %s: layer %d stores its experts both per expert (mlp.experts.N.*_proj.weight) and fused (%s, %s): expected one layout", set.Source(), l, fusedGateUp(p), fusedDown(p))
+		}
+		if hasGU {
+			if err := check(fusedGateUp(p), gu, []int{E, 2 * Im, C}); err != nil {
+				return nil, nil, err
+			}
+			used[gu.Name] = true
+			for i := li.eguFirst; i <= li.eguLast; i++ {
+				k := i - li.eguFirst // expert k/2, gate (even) then up
+				srcs[i] = source{tensor: gu.Name, off: (k/2)*2*Im*C + (k%2)*Im*C}
+			}
+		}
+		if hasDown {
+			if err := check(fusedDown(p), dn, []int{E, C, Im}); err != nil {
+				return nil, nil, err
+			}
+			used[dn.Name] = true
+			for i := li.edownFirst; i <= li.edownLast; i++ {
+				srcs[i] = source{tensor: dn.Name, off: (i - li.edownFirst) * C * Im}
+			}
+		}
+	}
+	for i, p := range m.table.Params {
+		if srcs[i].tensor != "" {
+			continue
+		}
+		if l, ok := expertLayer(m.lidx, i); ok {
+			pre := fmt.Sprintf("model.layers.%d.", l)
+			return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json; or transformers v5's fused %s and %s)",
+				set.Source(), p.Name, p.Shape, fusedGateUp(pre), fusedDown(pre))
+		}
+		return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json)", set.Source(), p.Name, p.Shape)
+	}
+	return srcs, used, nil
+}
+
+// expertLayer returns the layer of an expert weight's table index.
+func expertLayer(lidx []layerIdx, i int) (int, bool) {
+	for l, li := range lidx {
+		if li.router >= 0 && ((i >= li.eguFirst && i <= li.eguLast) || (i >= li.edownFirst && i <= li.edownLast)) {
+			return l, true
+		}
+	}
+	return 0, false
 }
 
 func equalShape(a, b []int) bool {
