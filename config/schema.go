@@ -144,6 +144,10 @@ type MegatronCfg struct {
 	ActivationCheckpointing bool              `yaml:"activation_checkpointing"`
 	Optimizer               MegatronOptimizer `yaml:"optimizer"`
 	Scheduler               MegatronScheduler `yaml:"scheduler"`
+
+	// FreezeMoERouter leaves a sparse model's routers untrained (NeMo RL's
+	// Megatron default); read when Enabled.
+	FreezeMoERouter bool `yaml:"freeze_moe_router,omitempty"`
 }
 
 // MegatronOptimizer is `policy.megatron_cfg.optimizer`.

@@ -40,6 +40,10 @@ type Metrics struct {
 	TokenMultProbErr Num  `json:"token_mult_prob_error"`
 	GenKLError       Num  `json:"gen_kl_error"`
 	SkippedUpdate    bool `json:"skipped_update,omitempty"`
+	// RouterAuxLoss is a sparse model's load-balancing loss (transformers'
+	// load_balancing_loss_func, unweighted), the token-weighted mean over
+	// the step's micro-batches; absent for a dense model.
+	RouterAuxLoss *Num `json:"router_aux_loss,omitempty"`
 
 	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
 	// training forward against the no-gradient forward of the same weights.

@@ -181,7 +181,8 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 	ckpt, s.ckptKey = c.ActivationCheckpointing()
 	T := rows * seq
 	s.rows, s.seq = rows, seq
-	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32}
+	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32,
+		FreezeRouter: c.Policy.MegatronCfg.Enabled && c.Policy.MegatronCfg.FreezeMoERouter}
 	if s.precision == config.PrecisionBFloat16 && (backend != "cpu" || cpuMixedPrecision) {
 		s.opt.Precision = kernels.BF16
 	}

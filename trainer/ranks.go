@@ -55,10 +55,14 @@ type shard struct {
 
 // post is one rank's loss sums, gathered after the update.
 type post struct {
-	Err            rankError // this rank's update failed: every rank fails
-	Sums           grpo.LossSums
-	EntSum, EntN   float64
-	MaxOldDiff     float64
+	Err          rankError // this rank's update failed: every rank fails
+	Sums         grpo.LossSums
+	EntSum, EntN float64
+	MaxOldDiff   float64
+	// A sparse model's load-balancing loss: Σ over micro-batches of its
+	// tokens times its loss, and those tokens.
+	RouterLossSum  float64
+	RouterTokens   int
 	Logprob, Train float64 // this rank's phase seconds
 }
 

@@ -84,7 +84,7 @@ func (t *Trainer) Run() error {
 
 		// 6. Forward, loss over the step's G_tok, backward, per micro-batch;
 		// then the gradients are summed over the ranks.
-		p, err := t.train(mbs, batch, st.gTok)
+		p, err := t.train(mbs, batch, st)
 		if err != nil {
 			return fmt.Errorf("step %d: train: %w", step, err)
 		}

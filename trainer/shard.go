@@ -76,12 +76,16 @@ func checkCluster(c *config.Config, world int) error {
 func (t *Trainer) sharded() bool { return t.model != nil && t.model.Sharding() != nil }
 
 // shardedGroups are the optimizer's groups over this rank's shard: one per
-// parameter part it owns, numbered by the parameter.
-func shardedGroups(m *model.Model) ([]optim.Group, []int) {
+// parameter part it owns, numbered by the parameter (none for a frozen
+// router).
+func shardedGroups(m *model.Model, frozenRouter bool) ([]optim.Group, []int) {
 	tab := m.Table()
 	var groups []optim.Group
 	var ids []int
 	for _, pc := range m.Sharding().Pieces(tab) {
+		if frozenRouter && tab.Params[pc.Param].Router {
+			continue
+		}
 		groups = append(groups, optim.Group{Off: pc.At, N: pc.Hi - pc.Lo, Decay: tab.Params[pc.Param].Decay})
 		ids = append(ids, pc.Param)
 	}

@@ -175,8 +175,18 @@ func scatter(dst [][]float64, mb microBatch, v []float32) {
 // and count of entropies over eligible tokens, and max |lp − lp_old| over
 // them (the training forward against the no-gradient forward of the same
 // weights: 0 unless the forward is not deterministic).
-func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, gTok float64) (post, error) {
+//
+// A sparse model's load-balancing loss enters the step's loss as the
+// token-weighted mean of its micro-batches' losses over every rank
+// (weight T_mb / the step's train tokens), times routerLossCoef; the same
+// mean is reported whether or not it trains.
+func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error) {
+	gTok := st.gTok
 	out := post{Sums: grpo.NewLossSums()}
+	var stepTokens int
+	for _, s := range st.shards {
+		stepTokens += s.TrainTokens
+	}
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	t.rowDLP = rowSlices(t.rowDLP, b)
@@ -206,6 +216,11 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, gTok float64) (post, er
 			}
 		}
 		t.lossRows = rows
+		if aux, ok := t.model.RouterLoss(); ok {
+			out.RouterLossSum += float64(len(mb.tokens)) * aux
+			out.RouterTokens += len(mb.tokens)
+			t.model.SetRouterLossWeight(float32(t.routerLossCoef * float64(len(mb.tokens)) / float64(max(stepTokens, 1))))
+		}
 		sums, err := grpo.Loss(rows, gTok, &t.lossOpt)
 		if err != nil {
 			return out, err
@@ -233,7 +248,8 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 	m := Metrics{Step: stepN, Phases: ph, TimeS: Num(total)}
 	var rewards []float64
 	var logical, physical, eligible, toks int
-	var entSum, entN, busy float64
+	var entSum, entN, busy, routerSum float64
+	routerTokens := 0
 	sums := grpo.NewLossSums()
 	for r, s := range st.shards {
 		for i := range s.Rewards {
@@ -258,6 +274,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		p := st.posts[r]
 		sums.Add(p.Sums)
 		entSum, entN = entSum+p.EntSum, entN+p.EntN
+		routerSum, routerTokens = routerSum+p.RouterLossSum, routerTokens+p.RouterTokens
 		m.PrevLogprobMaxDiff = Num(math.Max(float64(m.PrevLogprobMaxDiff), p.MaxOldDiff))
 		busy = math.Max(busy, p.Logprob+p.Train)
 	}
@@ -278,6 +295,10 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 	m.KL = Num(lm.KL)
 	if entN > 0 {
 		m.Entropy = Num(entSum / entN)
+	}
+	if routerTokens > 0 {
+		v := Num(routerSum / float64(routerTokens))
+		m.RouterAuxLoss = &v
 	}
 	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
 	m.TrainTokens = toks

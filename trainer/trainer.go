@@ -25,11 +25,29 @@ var builtinRecipe []byte
 //go:embed builtin/tiny-qwen3.json
 var builtinModelConfig []byte
 
+//go:embed builtin/tiny-qwen3-moe.json
+var builtinMoEConfig []byte
+
 // builtinModelName is the policy.model_name of the embedded tiny model.
 const builtinModelName = "tracegrpo/tiny-qwen3"
 
 // BuiltinModelName is the policy.model_name of the embedded tiny model.
 const BuiltinModelName = builtinModelName
+
+// builtinModels are the embedded models policy.model_name may name, with
+// random weights from grpo.seed: the built-in job's dense model, and a
+// sparse one of the same shape whose layers route each token to 2 of 8
+// experts of half the dense MLP's width (the same active parameters).
+var builtinModels = map[string]struct {
+	file string
+	cfg  []byte
+}{
+	builtinModelName:           {"builtin/tiny-qwen3.json", builtinModelConfig},
+	"tracegrpo/tiny-qwen3-moe": {"builtin/tiny-qwen3-moe.json", builtinMoEConfig},
+}
+
+// IsBuiltinModel reports whether policy.model_name names an embedded model.
+func IsBuiltinModel(name string) bool { return builtinModels[name].cfg != nil }
 
 // Trainer holds everything one run needs. Its fields are set once by New;
 // the loop in Run mutates only the step state.
@@ -52,6 +70,9 @@ type Trainer struct {
 	builder   string
 	temp      float32
 	maxTokens int // tokens of one packed micro-batch
+	// routerLossCoef weighs a sparse model's load-balancing loss in the
+	// step's loss (0: not part of it; see newModels).
+	routerLossCoef float64
 
 	// streams keys every random decision of the built-in rollouts by
 	// (seed, step, task group, rollout, call): nothing to checkpoint.
@@ -428,6 +449,7 @@ func (t *Trainer) newModels() error {
 	for _, n := range t.modelCfg.Notes {
 		t.logf("note: %s", n)
 	}
+	t.sparseSettings()
 	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "")
 	if err != nil {
 		return err
@@ -542,14 +564,14 @@ func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, 
 	case initFrom != "":
 		init = initSource{Kind: "hf", Dir: initFrom}
 		path = filepath.Join(initFrom, "config.json")
-	case name == builtinModelName:
+	case IsBuiltinModel(name):
 		init = initSource{Kind: "random", Seed: uint64(c.GRPO.Seed)}
-		data, path = builtinModelConfig, "builtin/tiny-qwen3.json"
+		data, path = builtinModels[name].cfg, builtinModels[name].file
 	case name == "":
 		return model.Config{}, init, fmt.Errorf("config: policy.model_name is null: name the model, policy.model_name=DIR (a directory with a Hugging Face config.json), or pass --init-from DIR")
 	default:
 		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
-			return model.Config{}, init, fmt.Errorf("config: policy.model_name=%q: neither the built-in %s nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
+			return model.Config{}, init, fmt.Errorf("config: policy.model_name=%q: neither a built-in model (%s, tracegrpo/tiny-qwen3-moe) nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
 		}
 		init = initSource{Kind: "hf", Dir: name}
 		path = filepath.Join(name, "config.json")
@@ -617,13 +639,16 @@ func (t *Trainer) newOptimizer() error {
 	if err != nil {
 		return err
 	}
+	// freeze_moe_router: the routers are in no group (no update, no decay,
+	// not in the gradient norm).
+	frozen := t.model.Options().FreezeRouter
 	nf := optim.SkipNonFinite
 	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
 	ocfg := optim.Config{Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
 	if t.shardFull {
-		groups, ids := shardedGroups(t.model)
+		groups, ids := shardedGroups(t.model, frozen)
 		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,
 			optim.Sharded{Comm: t.comm, IDs: len(t.model.Table().Params), GroupID: ids})
 	} else {
@@ -631,6 +656,9 @@ func (t *Trainer) newOptimizer() error {
 		// and names the parameter whose gradient is not finite.
 		var groups []optim.Group
 		for _, p := range t.model.Table().Params {
+			if frozen && p.Router {
+				continue
+			}
 			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
 		}
 		t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, ocfg)
@@ -668,6 +696,28 @@ func (t *Trainer) newOptimizer() error {
 		err = fmt.Errorf("config: unknown schedule style %q", sc.Style)
 	}
 	return err
+}
+
+// sparseSettings sets the weight of a sparse model's load-balancing loss:
+// transformers' definition, on when the model's config.json (with
+// policy.hf_config_overrides) says output_router_logits, weighted by
+// router_aux_loss_coef; it is always reported (router_aux_loss). The
+// router keys tracegrpo does not implement are refused with the rest of
+// the recipe (config's key classes).
+func (t *Trainer) sparseSettings() {
+	mc := t.modelCfg
+	if !mc.Sparse() {
+		return
+	}
+	if mc.MoE.OutputRouterLogits {
+		t.routerLossCoef = mc.MoE.RouterAuxLossCoef
+	}
+	frozen := t.cfg.Policy.MegatronCfg.Enabled && t.cfg.Policy.MegatronCfg.FreezeMoERouter
+	t.logf("note: %s: %d of %d layers sparse, %d of %d experts per token; routers %s; load-balancing loss %s",
+		mc.Arch, mc.SparseLayers(), mc.NumHiddenLayers, mc.MoE.TopK, mc.MoE.NumExperts,
+		map[bool]string{true: "frozen (policy.megatron_cfg.freeze_moe_router)", false: "trained"}[frozen],
+		map[bool]string{true: fmt.Sprintf("in the loss × router_aux_loss_coef %g (config.json output_router_logits)", t.routerLossCoef),
+			false: "reported, not in the loss (config.json output_router_logits false)"}[t.routerLossCoef != 0])
 }
 
 // padToken is the model's pad_token_id, or 0.

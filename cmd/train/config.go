@@ -108,7 +108,7 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 // checkModel resolves the model train would build (with the recipe's
 // hf_config_overrides) when it is at hand, and says so when it is not.
 func checkModel(c *config.Config, initFrom string, stderr io.Writer) error {
-	if name := string(c.Policy.ModelName); initFrom == "" && name != trainer.BuiltinModelName {
+	if name := string(c.Policy.ModelName); initFrom == "" && !trainer.IsBuiltinModel(name) {
 		if st, err := os.Stat(filepath.Join(name, "config.json")); name == "" || err != nil || st.IsDir() {
 			fmt.Fprintf(stderr, "train config: note: the model was not checked: policy.model_name %q is not a directory with a config.json here (train needs --init-from DIR for it; give it to --check too)\n", c.Policy.ModelName)
 			return nil
