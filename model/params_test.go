@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -19,7 +20,7 @@ import (
 func TestParamGroups(t *testing.T) {
 	var cfgs []Config
 	var names []string
-	for _, v := range goldenVariants {
+	for _, v := range append(slices.Clone(goldenVariants), moeVariants...) {
 		cfgs = append(cfgs, testConfig(t, v))
 		names = append(names, v)
 	}
@@ -82,13 +83,36 @@ func TestParamGroups(t *testing.T) {
 			for l := range cfg.NumHiddenLayers {
 				runs := [][]string{{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
 					{"mlp.gate_proj.weight", "mlp.up_proj.weight"}}
+				if cfg.SparseLayer(l) {
+					// The experts' gate|up run and down run (the grouped
+					// GEMMs' weights), in the layer's matrix flat with its
+					// router.
+					var gu, down []string
+					for e := range cfg.MoE.NumExperts {
+						gu = append(gu, fmt.Sprintf("mlp.experts.%d.gate_proj.weight", e), fmt.Sprintf("mlp.experts.%d.up_proj.weight", e))
+						down = append(down, fmt.Sprintf("mlp.experts.%d.down_proj.weight", e))
+					}
+					runs = [][]string{runs[0], gu, down}
+					for _, n := range []string{"mlp.gate.weight", gu[0], down[0]} {
+						g, ok := tab.GroupOf(fmt.Sprintf("model.layers.%d.%s", l, n))
+						if !ok || g.Layer != l {
+							t.Errorf("layer %d: %s in group %q (%v)", l, n, g.Name, ok)
+						}
+					}
+				}
 				if cfg.QKVBias() {
 					runs = append(runs, []string{"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"})
 				}
 				for _, run := range runs {
-					prev, _ := tab.Lookup(fmt.Sprintf("model.layers.%d.%s", l, run[0]))
+					prev, ok := tab.Lookup(fmt.Sprintf("model.layers.%d.%s", l, run[0]))
+					if !ok {
+						t.Fatalf("layer %d has no %s", l, run[0])
+					}
 					for _, n := range run[1:] {
-						p, _ := tab.Lookup(fmt.Sprintf("model.layers.%d.%s", l, n))
+						p, ok := tab.Lookup(fmt.Sprintf("model.layers.%d.%s", l, n))
+						if !ok {
+							t.Fatalf("layer %d has no %s", l, n)
+						}
 						if p.Flat != prev.Flat || p.FlatOffset != prev.FlatOffset+prev.N {
 							t.Errorf("layer %d: %s at %v %d, want right after %s", l, n, p.Flat, p.FlatOffset, prev.Name)
 						}
