@@ -63,8 +63,8 @@ type Experts interface {
 	//   offsets (E+1) I32 = offsets[e] = Σ_{e'<e} count(e'), offsets[E] = N;
 	//   order (N) I32 =     the assignments in expert-contiguous order;
 	//   slot (N) I32 =      the inverse: slot[order[p]] = p.
-	// An expert id outside [0, E) is a data error reported at Sync (the
-	// outputs are then unspecified).
+	// An expert id outside [0, E) is a data error reported at Sync; that
+	// assignment goes to expert 0, so the outputs stay a permutation.
 	ExpertRoute(offsets, order, slot, experts Buf, T, K, E int)
 
 	// ExpertGather: dst (N,C) = src[order[p] / K] for every position p: each

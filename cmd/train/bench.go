@@ -409,6 +409,58 @@ func (p *timedBackend) report(w io.Writer, steps int, totalMs float64) {
 	fmt.Fprintf(w, "goroutines %d, GOMAXPROCS %d\n", runtime.NumGoroutine(), runtime.GOMAXPROCS(0))
 }
 
+// experts is the timed backend's sparse ops (the cpu and cuda backends
+// both have them).
+func (p *timedBackend) experts() kernels.Experts {
+	x, ok := p.Backend.(kernels.Experts)
+	if !ok {
+		panic(fmt.Sprintf("bench: the %s backend has no sparse-layer ops", p.Backend.Name()))
+	}
+	return x
+}
+
+func (p *timedBackend) RouterTopK(probs, weights, experts, logits kernels.Buf, T, E int, r kernels.Router) {
+	p.time("RouterTopK", func() { p.experts().RouterTopK(probs, weights, experts, logits, T, E, r) })
+}
+
+func (p *timedBackend) RouterTopKBackward(dlogits, dweights, probs, weights, experts, dprobs kernels.Buf, T, E int, r kernels.Router) {
+	p.time("RouterTopKBackward", func() {
+		p.experts().RouterTopKBackward(dlogits, dweights, probs, weights, experts, dprobs, T, E, r)
+	})
+}
+
+func (p *timedBackend) ExpertRoute(offsets, order, slot, experts kernels.Buf, T, K, E int) {
+	p.time("ExpertRoute", func() { p.experts().ExpertRoute(offsets, order, slot, experts, T, K, E) })
+}
+
+func (p *timedBackend) ExpertGather(dst, src, order kernels.Buf, T, K, C int) {
+	p.time("ExpertGather", func() { p.experts().ExpertGather(dst, src, order, T, K, C) })
+}
+
+func (p *timedBackend) ExpertGatherBackward(dsrc, ddst, slot kernels.Buf, T, K, C int) {
+	p.time("ExpertGatherBackward", func() { p.experts().ExpertGatherBackward(dsrc, ddst, slot, T, K, C) })
+}
+
+func (p *timedBackend) ExpertCombine(out, y, weights, slot kernels.Buf, T, K, C int) {
+	p.time("ExpertCombine", func() { p.experts().ExpertCombine(out, y, weights, slot, T, K, C) })
+}
+
+func (p *timedBackend) ExpertCombineBackward(dy, dweights, dout, y, weights, order, slot kernels.Buf, T, K, C int) {
+	p.time("ExpertCombineBackward", func() {
+		p.experts().ExpertCombineBackward(dy, dweights, dout, y, weights, order, slot, T, K, C)
+	})
+}
+
+func (p *timedBackend) GroupedMatmul(out, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
+	p.time("GroupedMatmul", func() { p.experts().GroupedMatmul(out, inp, weight, offsets, N, C, OC, E) })
+}
+
+func (p *timedBackend) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
+	p.time("GroupedMatmulBackward", func() {
+		p.experts().GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets, N, C, OC, E)
+	})
+}
+
 func (p *timedBackend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
 	p.time("Embedding", func() { p.Backend.Embedding(out, wte, tokens, T, C) })
 }

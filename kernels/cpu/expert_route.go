@@ -8,7 +8,9 @@ package cpu
 //	slot (N)      = slot[order[p]] = p                                     =
 //
 // N = T·K. Integer work, one pass to count and one to place, on one
-// thread: exact and order-independent.
+// thread: exact and order-independent. An expert id outside [0, E) is a
+// data error (sticky, reported at Sync) and the assignment goes to expert
+// 0, so that the outputs stay a permutation the later ops read safely.
 
 import (
 	"fmt"
@@ -28,12 +30,17 @@ func (b *Backend) ExpertRoute(offsets, order, slot, experts kernels.Buf, T, K, E
 	sl := b.i32n(slot, N, "ExpertRoute slot")
 	ex := b.i32n(experts, N, "ExpertRoute experts")
 	clear(off)
+	expert := func(i int) int32 {
+		if e := ex[i]; e >= 0 && int(e) < E {
+			return e
+		}
+		return 0 // a data error (reported below): routed to expert 0, the outputs stay a permutation
+	}
 	for i, e := range ex {
 		if e < 0 || int(e) >= E {
 			b.fail("ExpertRoute: assignment %d (token %d) names expert %d, outside [0, %d)", i, i/K, e, E)
-			return
 		}
-		off[e+1]++
+		off[expert(i)+1]++
 	}
 	for e := 0; e < E; e++ {
 		off[e+1] += off[e]
@@ -44,7 +51,8 @@ func (b *Backend) ExpertRoute(offsets, order, slot, experts kernels.Buf, T, K, E
 	}
 	cur := b.routeCursor[:E]
 	copy(cur, off[:E])
-	for i, e := range ex {
+	for i := range ex {
+		e := expert(i)
 		p := cur[e]
 		cur[e]++
 		ord[p] = int32(i)

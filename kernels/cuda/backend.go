@@ -80,6 +80,8 @@ func OpenBackend(opt Options) (*Backend, error) {
 	return b, nil
 }
 
+var _ kernels.Experts = (*Backend)(nil)
+
 func (b *Backend) loadKernels() error {
 	names, err := fs.Glob(ptxFiles, "csrc/gen_*.ptx")
 	if err != nil {
@@ -269,6 +271,7 @@ var flagNames = []struct {
 	{8, "AttentionDecode: a length is outside [1, Tmax] (that sequence got zeros)"},
 	{16, "Attention: cu_seqlens does not run from 0 to T, or a sequence is longer than Seqs.MaxLen or negative (outputs unspecified)"},
 	{32, "Rope: a position is outside the cos/sin tables (that row was left unchanged)"},
+	{64, "ExpertRoute: an expert id is outside [0, E) (routed to expert 0)"},
 }
 
 // Sync implements kernels.Memory: it waits for the stream and returns the

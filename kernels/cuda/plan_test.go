@@ -8,6 +8,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -81,6 +82,58 @@ func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend)
 				for _, p := range plan.Components {
 					t.Logf("  %-18s %d", p.Name, p.Bytes)
 				}
+			}
+		})
+	}
+}
+
+// TestSparsePlanEqualsAllocatedEmu: a sparse model's memory plan (its
+// arenas, and the backend's scratch for its workload: ExpertRoute's
+// counts among them) equals what the backend holds after a training step,
+// byte for byte, fp32 and bf16. (The trainer's plan is the sum of these
+// parts: TestTrainPlanEqualsAllocatedEmu; one built-in job step of a
+// sparse model on the emulator takes minutes.)
+func TestSparsePlanEqualsAllocatedEmu(t *testing.T) {
+	cfg, err := model.LoadConfig("../../model/testdata/moe_k8_step2/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(prec.String(), func(t *testing.T) {
+			be := cuda.EmuBackend(t, cuda.Options{})
+			opt := model.Options{MaxTokens: 40, MaxSeqs: 8, Precision: prec}
+			fp, err := model.PlanModel(cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			work, err := model.PlanWorkload(cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fp.Total() + be.PlanWorkspace(work)
+			live0, _ := be.Allocated()
+			m, err := model.New(be, cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := be.ReserveWorkspace(work); err != nil {
+				t.Fatal(err)
+			}
+			m.InitRandom(3)
+			tokens := []int32{5, 9, 100, 7, 3, 3, 60, 127, 1, 2, 8, 40}
+			if _, _, err := m.Forward(tokens, []int32{0, 5, 12}, 1); err != nil {
+				t.Fatal(err)
+			}
+			m.SetRouterLossWeight(0.01)
+			if err := m.Backward(make([]float32, len(tokens))); err != nil {
+				t.Fatal(err)
+			}
+			live, peak := be.Allocated()
+			// live0 is the backend's own fixed buffers, which PlanWorkspace counts.
+			if got := peak; got != want || live != peak || live0 == 0 {
+				t.Errorf("plan %d bytes (model %d + workspace %d), the backend held %d at most, %d at the end (%d before)",
+					want, fp.Total(), be.PlanWorkspace(work), peak, live, live0)
 			}
 		})
 	}

@@ -89,6 +89,19 @@ var sassIntents = map[string]sassIntent{
 	"logprob_chunk":          {threads: threads},
 	"logprob_bwd_chunk_bf16": {threads: threads},
 	"attention_fwd":          {threads: attThreads, dynSmem: func() (int, string) { return 4 * (attFwdRows*128 + attKeyTile*129 + attKeyTile*128), "HD=128" }},
+	// The sparse layers' grouped GEMMs: bf16 operands on tensor cores, at
+	// least two 128-thread blocks per SM (static shared memory only).
+	"grouped_fwd_bf16":        groupedIntent(true),
+	"grouped_fwd_bf16_f32out": groupedIntent(true),
+	"grouped_dinp_bf16":       groupedIntent(true),
+	"grouped_dw_bf16":         groupedIntent(true),
+	"grouped_fwd":             groupedIntent(false),
+	"grouped_dinp":            groupedIntent(false),
+	"grouped_dw":              groupedIntent(false),
+}
+
+func groupedIntent(tc bool) sassIntent {
+	return sassIntent{tensorCores: tc, minBlocks: 2, threads: groupedThreads, dynSmem: func() (int, string) { return 0, "static" }}
 }
 
 // TestSASS assembles every committed PTX for sm_80 and sm_90 and checks:

@@ -43,6 +43,16 @@ var (
 	// the step used (scripts/gpu-check.sh keeps the log), and the next
 	// session with a GPU sets it from that figure.
 	tolStepGrads = kerneltest.Tol{Atol: 1e-7, Rtol: 1e-3}
+	// tolStepGradsSparse: a sparse model's step. Its grouped expert GEMMs
+	// sum in fp32 on both sides (kernels/cpu's tiles against
+	// grouped_matmul.cu's 32-wide k steps; there is no double-precision
+	// stand-in as for cuBLAS), and the routers' backward feeds the layers
+	// below through sums over every chosen expert: measured on the
+	// emulator, 6.3e-7 absolute at worst, on gradients of 1e-5 to 1e-4 in
+	// the dense layers under the sparse ones (cancellation: their terms are
+	// ~100× larger). atol 2e-6 leaves 3× room; a wrong expert, weight or
+	// permutation moves gradients by their own size, ~1e-3 and up.
+	tolStepGradsSparse = kerneltest.Tol{Atol: 2e-6, Rtol: 1e-3}
 	// One AdamW step (first step, eps 1e-6) moves a weight by
 	// lr·g/(|g|+eps); its sensitivity to g peaks at lr/(4·eps) = 250 for
 	// |g| ≈ eps, so the gradient atol of 1e-7 allows 2.5e-5 there. A wrong
@@ -52,12 +62,16 @@ var (
 
 // stepModels are the tiny models a step runs on: Qwen3 (2 layers, C 64,
 // GQA 4:2, tied head, V 512) and Qwen2 (the same sizes, q/k/v biases set to
-// nonzero random values, untied) from random weights, and the one-layer
-// Llama 3.2 model (llama3-scaled RoPE tables) with its golden weights.
+// nonzero random values, untied) from random weights, the one-layer
+// Llama 3.2 model (llama3-scaled RoPE tables) and a Qwen3-MoE (2 sparse
+// layers, 2 of 16 experts per token, C 32) with their golden weights.
 var stepModels = []struct {
 	variant string
 	random  bool
-}{{"qwen3_tied", true}, {"qwen2_untied", true}, {"llama32_long", false}}
+}{{"qwen3_tied", true}, {"qwen2_untied", true}, {"llama32_long", false}, {"moe_k2_norm", false}}
+
+// bf16StepModels are the models the mixed-precision step runs on.
+var bf16StepModels = []int{0, 1, 3}
 
 // tinyStep runs one GRPO-shaped training step of model/testdata/<variant>
 // on be: forward of a packed micro-batch, loss = −mean logprob, backward,
@@ -150,8 +164,12 @@ func tinyStepPrec(t *testing.T, be kernels.Backend, variant string, random bool,
 	return res
 }
 
-func compareSteps(t *testing.T, want, got stepResult) {
+func compareSteps(t *testing.T, want, got stepResult, sparse bool) {
 	t.Helper()
+	tolGrads := tolStepGrads
+	if sparse {
+		tolGrads = tolStepGradsSparse
+	}
 	for _, c := range []struct {
 		name      string
 		want, got []float32
@@ -159,7 +177,7 @@ func compareSteps(t *testing.T, want, got stepResult) {
 	}{
 		{"logprob", want.logprob, got.logprob, tolStepLogprob},
 		{"entropy", want.entropy, got.entropy, tolStepLogprob},
-		{"gradients", want.grads, got.grads, tolStepGrads},
+		{"gradients", want.grads, got.grads, tolGrads},
 		{"updated weights", want.params, got.params, tolStepParams},
 	} {
 		if msg := kerneltest.Compare(c.want, c.got, c.tol); msg != "" {
@@ -183,7 +201,7 @@ func TestTinyStepEmu(t *testing.T) {
 	emu := cuda.EmuBackend(t, cuda.Options{})
 	for _, sm := range stepModels {
 		t.Run(sm.variant, func(t *testing.T) {
-			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, emu, sm.variant, sm.random))
+			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, emu, sm.variant, sm.random), strings.HasPrefix(sm.variant, "moe"))
 		})
 	}
 }
@@ -197,7 +215,7 @@ func TestTinyStepGPU(t *testing.T) {
 	defer ref.Close()
 	for _, sm := range stepModels {
 		t.Run(sm.variant, func(t *testing.T) {
-			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, be, sm.variant, sm.random))
+			compareSteps(t, tinyStep(t, ref, sm.variant, sm.random), tinyStep(t, be, sm.variant, sm.random), strings.HasPrefix(sm.variant, "moe"))
 		})
 	}
 }
@@ -277,7 +295,8 @@ func TestTinyStepBF16GPU(t *testing.T) {
 func tinyStepBF16(t *testing.T, be *cuda.Backend) {
 	ref := cpu.New(2)
 	defer ref.Close()
-	for _, sm := range stepModels[:2] {
+	for _, i := range bf16StepModels {
+		sm := stepModels[i]
 		t.Run(sm.variant, func(t *testing.T) {
 			cfg, err := model.LoadConfig("../../model/testdata/" + sm.variant + "/config.json")
 			if err != nil {
@@ -285,6 +304,9 @@ func tinyStepBF16(t *testing.T, be *cuda.Backend) {
 			}
 			table := model.NewParamTable(cfg)
 			compareBF16Steps(t, table, tinyStepPrec(t, ref, sm.variant, sm.random, kernels.BF16), tinyStepPrec(t, be, sm.variant, sm.random, kernels.BF16), tolBF16Step)
+			if cfg.Sparse() {
+				return // the error of mixed precision itself is the dense models' to show (and the CPU's: model/precision_test.go)
+			}
 			// Against the fp32 step of the same weights on the same backend:
 			// the error of mixed precision itself.
 			compareBF16Steps(t, table, tinyStepPrec(t, be, sm.variant, sm.random, kernels.F32), tinyStepPrec(t, be, sm.variant, sm.random, kernels.BF16), tolBF16VsFP32)

@@ -14,6 +14,7 @@ const (
 	workNorm         = "rmsnorm dweight partials"
 	workLogits       = "logits"
 	workLogprobState = "logprob state"
+	workExpertCounts = "expert counts"
 	workMinBytes     = 256 // the least work allocates
 )
 
@@ -45,6 +46,9 @@ func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
 
 // normWork is RMSNormBackward's dweight partials: one row per block.
 func normWork(N, C int) int { return 4 * min(N, normBwdBlocks) * C }
+
+// expertCountsWork is ExpertRoute's count of each of E experts.
+func expertCountsWork(E int) int { return 4 * E }
 
 // decodeSplits returns AttentionDecode's rows per split (option, 0: 256,
 // rounded down to a multiple of 32) and the number of splits of Tmax rows.
@@ -119,6 +123,9 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 		if r.Backward {
 			need(workNorm, normWork(r.N, r.C))
 		}
+	}
+	for _, r := range w.Routes {
+		need(workExpertCounts, expertCountsWork(r.E))
 	}
 	for _, h := range w.Heads {
 		need(workLogits, 4*h.T*vocabChunk(opt.LogitsScratch, h.T, h.V))
