@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -99,7 +100,10 @@ func onRanks(t *testing.T, n int, body func(r int, b kernels.Backend, c collecti
 // numbers of tokens and empty micro-batches; InitRandom gives each rank
 // exactly its part of the whole model's weights; and the sharded HF export
 // is byte-identical to the whole model's. For fp32 and bf16, with and
-// without recomputation and resharding after forward.
+// without recomputation and resharding after forward. Sparse models too:
+// their routers and experts sharded with their layers' groups, the
+// load-balancing loss in the gradients and equal per micro-batch, and a
+// checkpoint in transformers v5's fused expert layout read by ranges.
 func TestShardedMatchesWhole(t *testing.T) {
 	type tc struct {
 		variant string
@@ -114,6 +118,10 @@ func TestShardedMatchesWhole(t *testing.T) {
 	cases = append(cases, tc{"qwen3_untied", kernels.F32, true, false}, tc{"qwen3_untied", kernels.BF16, false, true},
 		tc{"qwen3_tied", kernels.BF16, true, true}, tc{"qwen2_untied", kernels.BF16, false, false})
 	cases = append(cases, tc{"odd", kernels.F32, false, true}, tc{"odd", kernels.BF16, true, false})
+	// Sparse layers: the router and every expert are sharded with their
+	// layer's group (dense layers interleaved in moe_k8_interleaved).
+	cases = append(cases, tc{"moe_k8_interleaved", kernels.F32, false, true}, tc{"moe_k2_norm", kernels.BF16, true, false},
+		tc{"moe_k2_nonorm_v5", kernels.F32, true, true})
 	for _, c := range cases {
 		for _, world := range []int{1, 2, 3, 4} {
 			name := fmt.Sprintf("%s/%s/recompute=%v/reshard=%v/W=%d", c.variant, c.prec, c.re, c.reshard, world)
@@ -145,7 +153,11 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 	}
 	defer whole.Close()
 	whole.InitRandom(11)
+	// A sparse model's load-balancing loss is in the differentiated loss.
+	const auxWeight = 0.25
+	whole.SetRouterLossWeight(auxWeight)
 	wantLP := make([][][]float32, world)
+	wantAux := make([][]float64, world)
 	for rk, mbs := range perRank {
 		for _, mb := range mbs {
 			lp, _, err := whole.Forward(mb.tokens, mb.cu, 1)
@@ -153,6 +165,8 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 				t.Fatal(err)
 			}
 			wantLP[rk] = append(wantLP[rk], append([]float32(nil), lp...))
+			aux, _ := whole.RouterLoss()
+			wantAux[rk] = append(wantAux[rk], aux)
 			if err := whole.Backward(mb.dlp); err != nil {
 				t.Fatal(err)
 			}
@@ -164,6 +178,14 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 	if err := whole.SaveHF(filepath.Join(dir, "whole")); err != nil {
 		t.Fatal(err)
 	}
+	var fused []float32
+	fusedDir := filepath.Join("testdata", "moe_k2_nonorm_v5")
+	if v5, err := LoadConfig(filepath.Join(fusedDir, "config.json")); err == nil && reflect.DeepEqual(v5, cfg) {
+		if err := whole.LoadHF(fusedDir); err != nil {
+			t.Fatal(err)
+		}
+		fused = whole.ParamsHost()
+	}
 	padded := false
 	onRanks(t, world, func(rk int, b kernels.Backend, c collective.Comm) error {
 		m, err := NewSharded(b, cfg, opt, ShardOptions{Comm: c, ReshardAfterForward: reshard})
@@ -172,6 +194,7 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 		}
 		defer m.Close()
 		m.InitRandom(11)
+		m.SetRouterLossWeight(auxWeight)
 		tab, sh := m.Table(), m.Sharding()
 		host := m.ParamsHost()
 		for i, p := range tab.Params {
@@ -198,6 +221,9 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 				if lp[j] != wantLP[rk][i][j] {
 					return fmt.Errorf("micro-batch %d: logprob[%d] = %g, the whole model's %g", i, j, lp[j], wantLP[rk][i][j])
 				}
+			}
+			if aux, _ := m.RouterLoss(); aux != wantAux[rk][i] {
+				return fmt.Errorf("micro-batch %d: router loss %g, the whole model's %g", i, aux, wantAux[rk][i])
 			}
 			if err := m.Backward(mb.dlp); err != nil {
 				return err
@@ -241,6 +267,22 @@ func checkSharded(t *testing.T, cfg Config, opt Options, world int, reshard bool
 		for k, x := range m2.ParamsHost() {
 			if x != host[k] {
 				return fmt.Errorf("LoadHF: shard element %d = %g, InitRandom gave %g", k, x, host[k])
+			}
+		}
+		// A sparse checkpoint in transformers v5's fused layout: each rank
+		// reads its ranges of the fused expert tensors.
+		if fused != nil {
+			if err := m2.LoadHF(fusedDir); err != nil {
+				return err
+			}
+			got := m2.ParamsHost()
+			for i, p := range tab.Params {
+				lo, hi, at := m2.Owned(i)
+				for k := lo; k < hi; k++ {
+					if got[at+k-lo] != fused[p.Offset+k] {
+						return fmt.Errorf("LoadHF of the fused layout: %s[%d] = %g, the whole model loaded %g", p.Name, k, got[at+k-lo], fused[p.Offset+k])
+					}
+				}
 			}
 		}
 		return nil
@@ -299,7 +341,7 @@ func oddConfig(t testing.TB) Config {
 // after the policy's weights moved on; and a gathered copy holds the
 // policy's current weights exactly.
 func TestShardedPlanAndReference(t *testing.T) {
-	for _, v := range []string{"qwen3_untied", "llama_tied"} {
+	for _, v := range []string{"qwen3_untied", "llama_tied", "moe_k8_interleaved"} {
 		for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
 			for _, world := range []int{1, 3} {
 				t.Run(fmt.Sprintf("%s/%s/W=%d", v, prec, world), func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/model"
 )
@@ -138,5 +139,41 @@ func TestSparseRouterLossTrains(t *testing.T) {
 	wa, wc := weights(t, on, 2), weights(t, off, 2)
 	if slices.Equal(wa["model.layers.0.mlp.gate.weight"], wc["model.layers.0.mlp.gate.weight"]) {
 		t.Error("the load-balancing loss did not change the routers' update")
+	}
+}
+
+// TestSparseRanksTrainLikeOneProcess: the built-in sparse job on 2
+// in-process ranks and fully sharded on 3 (the routers and experts sharded
+// with their layers' groups) samples the same rollouts as one process and
+// ends every step with weights (routers and experts included) within
+// rankTol of it. The load-balancing loss is off here: like transformers'
+// (per forward) and Megatron's (per micro-batch) it is a function of each
+// micro-batch's tokens together, and the ranks pack other micro-batches
+// than one process does.
+func TestSparseRanksTrainLikeOneProcess(t *testing.T) {
+	const steps = 2
+	args := func(out string, extra ...string) []string {
+		sets := append(slices.Clone(moeModel), sameUpdateSets...)
+		sets = append(sets, "--set", "checkpointing.save_period=1")
+		return append(trainArgs(out, steps, sets...), extra...)
+	}
+	ref := t.TempDir()
+	mustTrain(t, args(ref)...)
+	want := metricsNoTimes(t, ref)
+	for _, c := range []struct {
+		n     int
+		extra []string
+	}{{2, nil}, {3, []string{"--shard", "full"}}} {
+		out := t.TempDir()
+		mustRanks(t, c.n, args(out, c.extra...)...)
+		sameData(t, want, metricsNoTimes(t, out))
+		for s := 1; s <= steps; s++ {
+			w, g := stepTensors(t, ref, s)[checkpoint.KindWeights], stepTensors(t, out, s)[checkpoint.KindWeights]
+			d, where := maxAbsDiff(w, g)
+			if d > rankTol || math.IsNaN(d) {
+				t.Errorf("%d ranks %v, step %d: weights differ from one process by %.3g at %s", c.n, c.extra, s, d, where)
+			}
+			t.Logf("%d ranks %v, step %d: largest weight difference from one process %.3g (bound %g)", c.n, c.extra, s, d, rankTol)
+		}
 	}
 }
