@@ -7,6 +7,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"os"
@@ -351,5 +352,81 @@ func TestTracesOutNeverInsideTheCaptures(t *testing.T) {
 		if got, _ := os.ReadFile(filepath.Join(caps, name)); !bytes.Equal(got, b) {
 			t.Errorf("%s changed", name)
 		}
+	}
+}
+
+// TestFullDiskLeavesCheckpointsIntact (issue 26, a case that passed, kept):
+// a disk that fills up while a checkpoint is written (no file may grow past
+// 700 KB; the optimizer's file needs more) ends the run with exit status 1
+// naming the file, leaves no partial checkpoint, no metrics line of the
+// step, and every earlier checkpoint verifies; with room again, --resume
+// finishes the run.
+func TestFullDiskLeavesCheckpointsIntact(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	sets := []string{"--set", "checkpointing.save_period=1", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=100"}
+	mustTrain(t, append(trainArgs(out, 2), sets...)...)
+	cmd := trainCommand(append(append(trainArgs(out, 4), sets...), "--resume")...)
+	cmd.Env = append(cmd.Env, fileSizeLimitEnv+"=700000")
+	b, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(string(b), "optimizer.safetensors") || !strings.Contains(string(b), "file too large") {
+		t.Fatalf("a full disk during step 3's checkpoint: exit %d, want 1 naming the file:\n%s", code, b)
+	}
+	mustVerify(t, out)
+	ents, _ := os.ReadDir(filepath.Join(out, "checkpoints"))
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if strings.Join(names, " ") != "step_1 step_2" {
+		t.Errorf("checkpoints after the full disk: %v, want step_1 step_2 and nothing partial", names)
+	}
+	if ms := readMetricsNoTimes(t, out); len(ms) != 2 {
+		t.Errorf("%d metrics lines, want 2 (step 3's checkpoint failed before its line)", len(ms))
+	}
+	mustTrain(t, append(append(trainArgs(out, 4), sets...), "--resume")...)
+	if ms := readMetricsNoTimes(t, out); len(ms) != 4 {
+		t.Errorf("%d steps after resuming with room again, want 4", len(ms))
+	}
+	mustVerify(t, out)
+}
+
+// TestLyingSafetensorsHeaders (issue 26, a case that passed, kept): a
+// model.safetensors whose header lies (a header length past the file, a
+// tensor past the data, a shape that overflows, offsets that overlap) is
+// refused by score, bench --weights and --init-from with exit status 1,
+// naming the file, before anything is allocated from the lie.
+func TestLyingSafetensorsHeaders(t *testing.T) {
+	in := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(in, []byte(`{"token_ids": [1, 2, 3]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	header := func(h string, data int) []byte {
+		b := make([]byte, 8, 8+len(h)+data)
+		binary.LittleEndian.PutUint64(b, uint64(len(h)))
+		return append(append(b, h...), make([]byte, data)...)
+	}
+	huge := make([]byte, 16)
+	binary.LittleEndian.PutUint64(huge, 1<<62)
+	for _, tc := range []struct {
+		name string
+		file []byte
+	}{
+		{"header length past the file", huge},
+		{"tensor past the data", header(`{"model.embed_tokens.weight":{"dtype":"F32","shape":[1000000000],"data_offsets":[0,4000000000]}}`, 16)},
+		{"shape overflows", header(`{"model.embed_tokens.weight":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}`, 4)},
+		{"offsets overlap", header(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, 4)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := modelDirWith(t, "")
+			st := filepath.Join(dir, "model.safetensors")
+			if err := os.WriteFile(st, tc.file, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{st}
+			refused(t, 1, nil, want, "score", "--model", dir, "--input", in)
+			refused(t, 1, nil, want, "bench", "--model", filepath.Join(dir, "config.json"), "--weights", dir, "--rows", "1", "--seq", "4", "--steps", "1")
+			refused(t, 1, nil, want, "--backend", "cpu", "--quiet", "--out", filepath.Join(t.TempDir(), "run"), "--init-from", dir, "--steps", "1",
+				"--set", "grpo.num_prompts_per_step=1", "--set", "grpo.num_generations_per_prompt=2")
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/trainer"
@@ -23,6 +24,15 @@ func TestMain(m *testing.M) {
 			return make(chan os.Signal), release
 		}
 	}
+	if n := os.Getenv(fileSizeLimitEnv); n != "" {
+		// A file system that fills up: writes past n bytes fail (EFBIG).
+		var lim uint64
+		fmt.Sscan(n, &lim)
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: lim, Max: lim}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+	}
 	if a := os.Getenv("TRACEGRPO_CLI_ARGS"); a != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(a), &args); err != nil {
@@ -33,6 +43,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// fileSizeLimitEnv makes this test binary, started as train, unable to
+// write more than that many bytes to any one file, as a full disk would.
+const fileSizeLimitEnv = "TRACEGRPO_TEST_FILE_SIZE_LIMIT"
 
 // holdStopEnv makes this test binary, started as train, hold back the
 // first stop request of its signals.
