@@ -20,11 +20,13 @@ const (
 	fuzzKL                    // a KL reference policy
 	fuzzCUDA                  // plan for cuda (else cpu)
 	fuzzResume                // a resumed run
+	fuzzShard                 // one rank of a fully sharded run (--shard full) of ranks ranks
+	fuzzNoReshard             // with every layer kept gathered through backward
 )
 
 // FuzzPlan: the memory plan over any sizes a user can give (config.json's
-// sizes, --rows, --seq, the batch, the world size that splits bench's
-// rows) never panics and never reports a negative byte count: it either
+// sizes, --rows, --seq, the batch, the world size of a sharded plan and of
+// bench's rows) never panics and never reports a negative byte count: it either
 // refuses, or every part and the total are non-negative and the total is
 // the exact sum of the parts (issue 26: sizes wrapped around int64 into
 // "20.9 MiB" plans and negative byte counts).
@@ -44,6 +46,10 @@ func FuzzPlan(f *testing.F) {
 		int64(c.HeadDim), int64(c.VocabSize), int64(0), int64(0), int64(8), int64(1), uint8(fuzzBuiltin))
 	f.Add(int64(model.MaxLayers), int64(model.MaxHiddenSize), int64(model.MaxIntermediateSize), int64(model.MaxHeads), int64(model.MaxHeads),
 		int64(model.MaxHeadDim), int64(model.MaxVocabSize), int64(1), int64(model.MaxTokens), int64(1<<40), int64(8), uint8(0x3f))
+	f.Add(int64(c.NumHiddenLayers), int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.NumAttentionHeads), int64(c.NumKeyValueHeads),
+		int64(c.HeadDim), int64(c.VocabSize), int64(0), int64(0), int64(8), int64(1<<40), uint8(fuzzShard|fuzzBuiltin))
+	f.Add(int64(c.NumHiddenLayers), int64(c.HiddenSize), int64(c.IntermediateSize), int64(c.NumAttentionHeads), int64(c.NumKeyValueHeads),
+		int64(c.HeadDim), int64(c.VocabSize), int64(0), int64(0), int64(8), int64(-3), uint8(fuzzShard|fuzzNoReshard|fuzzCUDA))
 	f.Add(int64(1<<24), int64(1<<24), int64(1<<24), int64(1<<24), int64(1<<24), int64(1<<24), int64(1<<24), int64(1<<62), int64(1<<62), int64(-1), int64(0), uint8(fuzzCUDA))
 	f.Add(int64(2), int64(64), int64(128), int64(4), int64(2), int64(16), int64(512), int64(16), int64(1152921504606846978), int64(3), int64(3), uint8(fuzzBuiltin|fuzzCUDA))
 	f.Add(int64(2), int64(64), int64(128), int64(4), int64(2), int64(16), int64(512), int64(9223372036854775807), int64(9223372036854775807), int64(2), int64(-5), uint8(0))
@@ -68,7 +74,8 @@ func FuzzPlan(f *testing.F) {
 			backend, ws = "cuda", func(w kernels.Workload) int64 { return cuda.PlanWorkspace(w, cuda.Options{}) }
 		}
 		req := PlanRequest{Config: &cfg, Model: mc, ModelName: "fuzz", Backend: backend, Workspace: ws,
-			Rows: int(rows), Seq: int(seq), Builtin: flags&fuzzBuiltin != 0, Resume: flags&fuzzResume != 0}
+			Rows: int(rows), Seq: int(seq), Builtin: flags&fuzzBuiltin != 0, Resume: flags&fuzzResume != 0,
+			World: int(ranks), Shard: flags&fuzzShard != 0, NoReshard: flags&fuzzNoReshard != 0}
 		if p, err := PlanRun(req); err == nil {
 			checkPlanSums(t, "train plan", p)
 		}
