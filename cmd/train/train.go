@@ -41,6 +41,12 @@ changes, ~key deletes (train config --help has the whole grammar). --set
 applies after them, over the defaults, typed by tracegrpo's schema. Every
 refusal train makes from the configuration, train config --check makes too.
 
+SIGTERM, SIGINT or SIGUSR1 stops the run after the step in progress (at once
+while it waits for rollouts) with a checkpoint; a second one stops at once.
+Under mpirun, send SIGUSR1 to mpirun: a SIGTERM to mpirun is followed by its
+SIGKILL of every rank about a second later. Ranks started with different
+flags, recipes or inputs are refused before any work, naming what differs.
+
 Flags:`
 
 // watchSignals is trainer.WatchSignals; this package's tests replace it to
