@@ -82,15 +82,8 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	if err := t.be.Sync(); err != nil {
 		return nil, err
 	}
-	// A checkpoint never holds non-finite weights or moments: it would
-	// verify, and resume into NaN.
-	for _, a := range []struct {
-		what string
-		x    []float32
-	}{{"weights", host}, {"Adam moments", m}, {"Adam moments", v}} {
-		if i := slices.IndexFunc(a.x, func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }); i >= 0 {
-			return nil, fmt.Errorf("step %d: the %s are not finite (%s element %d is %v): no checkpoint is written", t.step, a.what, paramAt(table, i), i, a.x[i])
-		}
+	if err := t.checkFinite(host, m, v, func(i int) string { return paramAt(table, i) }); err != nil {
+		return nil, err
 	}
 	st := &checkpoint.State{}
 	for _, p := range table.Params {
@@ -115,6 +108,21 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 		keep = *k
 	}
 	return checkpoint.Prepare(t.checkpointDir(), st, checkpoint.SaveOptions{KeepTopK: keep})
+}
+
+// checkFinite refuses to checkpoint weights or Adam moments that are not
+// finite (whatever made them so): such a checkpoint would verify, and
+// resume into NaN. name names the parameter of an arena element.
+func (t *Trainer) checkFinite(w, m, v []float32, name func(int) string) error {
+	for _, a := range []struct {
+		what string
+		x    []float32
+	}{{"weights", w}, {"Adam moments", m}, {"Adam moments", v}} {
+		if i := slices.IndexFunc(a.x, func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }); i >= 0 {
+			return fmt.Errorf("step %d: the %s are not finite (%s element %d is %v): no checkpoint is written", t.step, a.what, name(i), i, a.x[i])
+		}
+	}
+	return nil
 }
 
 // paramAt names the parameter holding element i of the arena.

@@ -128,12 +128,13 @@ func TestOutputsNeverOverlapInputs(t *testing.T) {
 func TestNonFiniteUpdateIsNeverSaved(t *testing.T) {
 	for _, tc := range []struct {
 		ranks, savePeriod int // step 1 is a checkpoint's with save period 1
-		mode              string
-	}{{1, 2, "skip"}, {1, 1, "skip"}, {1, 2, "abort"}, {2, 2, "skip"}, {2, 1, "skip"}} {
-		t.Run(fmt.Sprintf("%d ranks, %s, save period %d", tc.ranks, tc.mode, tc.savePeriod), func(t *testing.T) {
+		mode, shard       string
+	}{{1, 2, "skip", "none"}, {1, 1, "skip", "none"}, {1, 2, "abort", "none"}, {2, 2, "skip", "none"}, {2, 1, "skip", "none"},
+		{2, 2, "skip", "full"}, {2, 1, "abort", "full"}} {
+		t.Run(fmt.Sprintf("%d ranks, %s, save period %d, shard %s", tc.ranks, tc.mode, tc.savePeriod, tc.shard), func(t *testing.T) {
 			out := t.TempDir()
 			args := trainArgs(out, 2, "--set", fmt.Sprintf("checkpointing.save_period=%d", tc.savePeriod), "--on-nonfinite", tc.mode,
-				"--set", "policy.megatron_cfg.optimizer.lr=3e38")
+				"--set", "policy.megatron_cfg.optimizer.lr=3e38", "--shard", tc.shard)
 			var errs []error
 			var logs []string
 			if tc.ranks == 1 {

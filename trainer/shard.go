@@ -161,8 +161,19 @@ func (t *Trainer) writeShard(tmp string) (checkpoint.FileEntry, error) {
 	if err := t.be.Sync(); err != nil {
 		return checkpoint.FileEntry{}, err
 	}
+	pieces := t.model.Sharding().Pieces(tab)
+	if err := t.checkFinite(host, m, v, func(i int) string {
+		for _, pc := range pieces {
+			if i >= pc.At && i < pc.At+pc.Hi-pc.Lo {
+				return fmt.Sprintf("%s (rank %d's shard)", tab.Params[pc.Param].Name, t.rank)
+			}
+		}
+		return fmt.Sprintf("rank %d's shard padding", t.rank)
+	}); err != nil {
+		return checkpoint.FileEntry{}, err
+	}
 	var parts []checkpoint.ShardPart
-	for _, pc := range t.model.Sharding().Pieces(tab) {
+	for _, pc := range pieces {
 		n := pc.Hi - pc.Lo
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
