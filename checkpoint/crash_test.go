@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -22,6 +23,16 @@ const crashDirEnv = "TRACEGRPO_CHECKPOINT_CRASH_DIR"
 // crashTensorSize keeps each save small (~0.3 MB) so that the 30 trials take
 // a few seconds and the kills land at many different points of a save.
 const crashTensorSize = 20000
+
+// The writer's lines on stdout: writerReady once it has resumed, just before
+// its first save, then writerSaved with the step and the save's duration in
+// nanoseconds after every save. The test times its kills from them, so the
+// kills land among the saves however slowly a loaded machine starts a
+// process or writes a file.
+const (
+	writerReady = "writer: saving"
+	writerSaved = "writer: saved"
+)
 
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(crashDirEnv); dir != "" {
@@ -51,14 +62,17 @@ func crashWriter(dir string) int {
 		fmt.Fprintf(os.Stderr, "resume: %v\n", err)
 		return 3
 	}
+	fmt.Println(writerReady)
 	// Stop if the test that started us is gone, or after a bound, so that a
 	// writer is never left running.
 	parent, deadline := os.Getppid(), time.Now().Add(time.Minute)
 	for step := start; os.Getppid() == parent && time.Now().Before(deadline); step++ {
+		t0 := time.Now()
 		if _, err := Save(dir, testState(step, crashTensorSize), SaveOptions{KeepTopK: 3, CompressOptimizer: step%2 == 0}); err != nil {
 			fmt.Fprintf(os.Stderr, "save step %d: %v\n", step, err)
 			return 3
 		}
+		fmt.Printf("%s %d %d\n", writerSaved, step, time.Since(t0).Nanoseconds())
 	}
 	return 0
 }
@@ -72,19 +86,62 @@ func TestCrashSafety(t *testing.T) {
 	dir := t.TempDir()
 	rng := rand.New(rand.NewPCG(2026, 11))
 	midSave, lastStep := 0, int64(0)
+	saveTime := 50 * time.Millisecond // until the writer has timed one
 	for trial := 0; trial < trials; trial++ {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), crashDirEnv+"="+dir)
 		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
+		cmd.Stderr = &out
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
+		// Let the writer finish 0, 1 or 2 saves, then kill it at a random
+		// point of the next one: a delay up to 1.25 times the last save's
+		// duration.
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+		}()
+		wantSaves, saves := rng.IntN(3), 0
+		for started := false; !started || saves < wantSaves; {
+			select {
+			case line, ok := <-lines:
+				switch {
+				case !ok:
+					cmd.Wait()
+					t.Fatalf("trial %d: writer ended before the kill; output:\n%s", trial, out.String())
+				case line == writerReady:
+					started = true
+				case strings.HasPrefix(line, writerSaved+" "):
+					var step, ns int64
+					if _, err := fmt.Sscanf(line, writerSaved+" %d %d", &step, &ns); err != nil {
+						t.Fatalf("trial %d: writer said %q: %v", trial, line, err)
+					}
+					saves, saveTime = saves+1, time.Duration(ns)
+				}
+			case <-time.After(time.Minute):
+				cmd.Process.Kill()
+				cmd.Wait()
+				t.Fatalf("trial %d: writer did not save within a minute; output:\n%s", trial, out.String())
+			}
+		}
+		time.Sleep(time.Duration(rng.Int64N(int64(saveTime)*5/4 + 1)))
+		go func() {
+			for range lines { // drain, so the reader ends when the pipe closes
+			}
+		}()
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatalf("trial %d: kill: %v (writer output: %s)", trial, err, out.String())
 		}
-		err := cmd.Wait()
+		err = cmd.Wait()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("trial %d: writer ended with %v before the kill; output:\n%s", trial, err, out.String())
