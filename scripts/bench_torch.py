@@ -18,7 +18,13 @@ reference (unoptimised) BLAS unless an optimised one is installed; the JSON line
 names the library used. scripts/bench_compare.sh points it at OpenBLAS when
 libopenblas0-pthread is installed, so the reference is a realistic PyTorch.
 
-Run: /usr/bin/python3 scripts/bench_torch.py --out /tmp/tracegrpo-bench [--threads 2]
+With --moe E,K the model is the same one with every MLP sparse (Qwen3-MoE):
+E experts of width intermediate_size/K, K per token (so as many active
+parameters per token as the dense model, plus the router), computed as
+transformers' Qwen3MoeSparseMoeBlock computes it (softmax, top-k,
+renormalised; a loop over the experts that got tokens, index_add_).
+
+Run: /usr/bin/python3 scripts/bench_torch.py --out /tmp/tracegrpo-bench [--threads 2] [--moe 16,4]
 """
 import argparse
 import json
@@ -40,6 +46,13 @@ CONFIG = {
 }
 
 
+def moe_config(E, K):
+    c = dict(CONFIG, model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=E,
+             num_experts_per_tok=K, moe_intermediate_size=CONFIG["intermediate_size"] // K, norm_topk_prob=True,
+             decoder_sparse_step=1, mlp_only_layers=[], output_router_logits=False, router_aux_loss_coef=0.001)
+    return c
+
+
 def param_shapes(c):
     C, I, HD = c["hidden_size"], c["intermediate_size"], c["head_dim"]
     NH, NKV, V = c["num_attention_heads"], c["num_key_value_heads"], c["vocab_size"]
@@ -49,14 +62,21 @@ def param_shapes(c):
         out += [(p + "input_layernorm.weight", (C,)), (p + "self_attn.q_proj.weight", (NH * HD, C)),
                 (p + "self_attn.k_proj.weight", (NKV * HD, C)), (p + "self_attn.v_proj.weight", (NKV * HD, C)),
                 (p + "self_attn.o_proj.weight", (C, NH * HD)), (p + "self_attn.q_norm.weight", (HD,)),
-                (p + "self_attn.k_norm.weight", (HD,)), (p + "post_attention_layernorm.weight", (C,)),
-                (p + "mlp.gate_proj.weight", (I, C)), (p + "mlp.up_proj.weight", (I, C)),
+                (p + "self_attn.k_norm.weight", (HD,)), (p + "post_attention_layernorm.weight", (C,))]
+        if c["model_type"] == "qwen3_moe":
+            Im, E = c["moe_intermediate_size"], c["num_experts"]
+            out.append((p + "mlp.gate.weight", (E, C)))
+            for e in range(E):
+                out += [(p + "mlp.experts.%d.gate_proj.weight" % e, (Im, C)), (p + "mlp.experts.%d.up_proj.weight" % e, (Im, C)),
+                        (p + "mlp.experts.%d.down_proj.weight" % e, (C, Im))]
+            continue
+        out += [(p + "mlp.gate_proj.weight", (I, C)), (p + "mlp.up_proj.weight", (I, C)),
                 (p + "mlp.down_proj.weight", (C, I))]
     out += [("model.norm.weight", (C,)), ("lm_head.weight", (V, C))]
     return out
 
 
-def save_dir(path, params):
+def save_dir(path, params, config):
     os.makedirs(path, exist_ok=True)
     items = sorted(params.items())
     header = {"__metadata__": {"format": "pt", "written_by": "scripts/bench_torch.py"}}
@@ -73,7 +93,7 @@ def save_dir(path, params):
         for _, t in items:
             f.write(t.detach().contiguous().numpy().astype("<f4").tobytes())
     with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2, sort_keys=True)
+        json.dump(config, f, indent=2, sort_keys=True)
 
 
 def blas_in_use():
@@ -95,6 +115,27 @@ def rms_norm(x, w, eps):
 def rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def sparse_mlp(P, p, c, x):
+    """transformers' Qwen3MoeSparseMoeBlock (v4's eager loop over experts)."""
+    shape = x.shape
+    x = x.reshape(-1, shape[-1])
+    E, K = c["num_experts"], c["num_experts_per_tok"]
+    probs = F.softmax(F.linear(x, P[p + "mlp.gate.weight"]), dim=1, dtype=torch.float)
+    w, sel = torch.topk(probs, K, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    mask = F.one_hot(sel, num_classes=E).permute(2, 1, 0)
+    for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero():
+        e = int(e)
+        idx, top = torch.where(mask[e])
+        cur = x[top]
+        q = "%smlp.experts.%d." % (p, e)
+        y = F.linear(F.silu(F.linear(cur, P[q + "gate_proj.weight"])) * F.linear(cur, P[q + "up_proj.weight"]),
+                     P[q + "down_proj.weight"])
+        out.index_add_(0, top, y * w[top, idx, None])
+    return out.reshape(shape)
 
 
 def step_loss(P, c, tokens, dl, cos, sin, mask):
@@ -120,6 +161,9 @@ def step_loss(P, c, tokens, dl, cos, sin, mask):
         o = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(R, T, NH * HD)
         h = h + F.linear(o, P[p + "self_attn.o_proj.weight"])
         x = rms_norm(h, P[p + "post_attention_layernorm.weight"], eps)
+        if c["model_type"] == "qwen3_moe":
+            h = h + sparse_mlp(P, p, c, x)
+            continue
         h = h + F.linear(F.silu(F.linear(x, P[p + "mlp.gate_proj.weight"])) * F.linear(x, P[p + "mlp.up_proj.weight"]),
                          P[p + "mlp.down_proj.weight"])
     h = rms_norm(h, P["model.norm.weight"], eps)
@@ -140,15 +184,19 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--moe", default="", help="E,K: every MLP sparse, E experts, K per token")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(a.seed)
+    c = CONFIG
+    if a.moe:
+        E, K = (int(v) for v in a.moe.split(","))
+        c = moe_config(E, K)
     P = {}
-    for name, shape in param_shapes(CONFIG):
+    for name, shape in param_shapes(c):
         t = torch.ones(shape) if len(shape) == 1 else torch.randn(shape, generator=g) * 0.02
         P[name] = t.requires_grad_(True)
-    save_dir(a.out, P)
-    c = CONFIG
+    save_dir(a.out, P, c)
     tokens = torch.randint(0, c["vocab_size"], (a.rows, a.seq), generator=g)
     dl = torch.randn(a.rows, a.seq - 1, generator=g) / (a.rows * a.seq)
     HD = c["head_dim"]
@@ -183,7 +231,7 @@ def main():
     n = len(times)
     med = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
     print(json.dumps({
-        "backend": "torch", "torch": torch.__version__, "blas": blas_in_use(), "threads": a.threads, "rows": a.rows, "seq": a.seq,
+        "backend": "torch", "model_type": c["model_type"], "torch": torch.__version__, "blas": blas_in_use(), "threads": a.threads, "rows": a.rows, "seq": a.seq,
         "steps": a.steps, "params": sum(t.numel() for t in P.values()), "ms_per_step": med, "ms_min": times[0],
         "tokens_per_s": a.rows * a.seq / (med / 1e3),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "weights": a.out,
