@@ -9,19 +9,26 @@
 # reward of the first and last 10 steps and their difference (the gain),
 # then the mean, standard deviation and least gain. LR=0 measures a policy
 # that does not learn (min_lr and the warm-up start are set to 0 with it).
+# STEPS=N runs N steps instead of 40; MODEL=NAME trains another model
+# (policy.model_name), e.g. MODEL=tracegrpo/tiny-qwen3-moe for the sparse
+# model's guard (trainer's TestSparseBuiltinJobLearns).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 first=${1:-1} last=${2:-30} lr=${3:-3e-3}
+steps=${STEPS:-40}
 go build -o bin/train ./cmd/train
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 extra=()
+if [ -n "${MODEL:-}" ]; then
+	extra+=(--set policy.model_name="$MODEL")
+fi
 if [ "$lr" = 0 ]; then
-	extra=(--set policy.megatron_cfg.optimizer.min_lr=0 --set policy.megatron_cfg.scheduler.lr_warmup_init=0)
+	extra+=(--set policy.megatron_cfg.optimizer.min_lr=0 --set policy.megatron_cfg.scheduler.lr_warmup_init=0)
 fi
 one() {
-	bin/train --backend cpu --threads 1 --quiet --out "$tmp/$1" --steps 40 --set grpo.seed="$1" \
-		--set policy.megatron_cfg.optimizer.lr="$lr" --set checkpointing.enabled=false "${extra[@]}"
+	bin/train --backend cpu --threads 1 --quiet --out "$tmp/$1" --steps "$steps" --set grpo.seed="$1" \
+		--set policy.megatron_cfg.optimizer.lr="$lr" --set checkpointing.enabled=false ${extra[@]+"${extra[@]}"}
 }
 for s in $(seq "$first" "$last"); do
 	one "$s" &

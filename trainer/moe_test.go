@@ -59,6 +59,57 @@ func TestSparseBuiltinJob(t *testing.T) {
 	}
 }
 
+// sparseLearnGainMin is the least gain of mean reward (last 10 steps minus
+// first 10) TestSparseBuiltinJobLearns accepts from the sparse model's
+// 40-step run at lr 3e-3. Measured with MODEL=tracegrpo/tiny-qwen3-moe
+// scripts/learning_guard.sh: seeds 1–20 gained 0.198 on average, standard
+// deviation 0.048, least 0.102 (seed 14); at lr 0 seeds 1–6 gained
+// -0.001 ± 0.004. 0.06 is 2.9 standard deviations below the learning runs
+// and 15 above the runs that do not learn.
+const sparseLearnGainMin = 0.06
+
+// sparseLongGainMin is the least gain TRACEGRPO_LONG=1 accepts from the
+// built-in recipe's 300 steps (lr 1e-3) of the sparse model, per seed.
+// Measured with STEPS=300 MODEL=tracegrpo/tiny-qwen3-moe
+// scripts/learning_guard.sh 1 6 1e-3: seeds 1–6 gained 0.521 on average,
+// standard deviation 0.054, least 0.461 (seed 1); seed 42 gained 0.581
+// (0.036 to 0.617). 0.3 is 4 standard deviations below the mean.
+const sparseLongGainMin = 0.3
+
+// TestSparseBuiltinJobLearns: the built-in job learns with the embedded
+// Qwen3-MoE as its policy, sampling with it in-process: the mean reward of
+// the last 10 of 40 steps beats the first 10 by sparseLearnGainMin. With
+// TRACEGRPO_LONG=1 it also runs the built-in recipe as `make run` does
+// (300 steps, lr 1e-3) at seeds 42 (the recipe's), 1 and 2, and wants
+// each to gain sparseLongGainMin; it logs every seed's rewards.
+func TestSparseBuiltinJobLearns(t *testing.T) {
+	out := t.TempDir()
+	mustTrain(t, append([]string{"--out", out, "--quiet", "--steps", "40",
+		"--set", "policy.megatron_cfg.optimizer.lr=3e-3", "--set", "checkpointing.enabled=false"}, moeModel...)...)
+	_, first, last := RewardEnds(metricsNoTimes(t, out))
+	if last-first < sparseLearnGainMin {
+		t.Errorf("mean reward of the first 10 steps %.3f, of the last 10 %.3f: gain %.3f < %.2f, the sparse model did not learn",
+			first, last, last-first, sparseLearnGainMin)
+	}
+	t.Logf("40 steps, seed 42: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f, guard %.2f)", first, last, last-first, sparseLearnGainMin)
+	if os.Getenv("TRACEGRPO_LONG") != "1" {
+		t.Log("the 300-step runs need TRACEGRPO_LONG=1")
+		return
+	}
+	for _, seed := range []string{"42", "1", "2"} {
+		out := t.TempDir()
+		mustTrain(t, append([]string{"--out", out, "--quiet", "--steps", "300", "--set", "grpo.seed=" + seed,
+			"--set", "checkpointing.enabled=false"}, moeModel...)...)
+		ms := metricsNoTimes(t, out)
+		_, first, last := RewardEnds(ms)
+		if len(ms) != 300 || last-first < sparseLongGainMin {
+			t.Errorf("seed %s: %d steps, mean reward of the first 10 %.3f, of the last 10 %.3f: gain %.3f < %.2f",
+				seed, len(ms), first, last, last-first, sparseLongGainMin)
+		}
+		t.Logf("300 steps, seed %s: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f, guard %.2f)", seed, first, last, last-first, sparseLongGainMin)
+	}
+}
+
 // TestSparseFreezeRouter: policy.megatron_cfg.freeze_moe_router keeps the
 // routers' weights as they were while the experts train; without it the
 // routers move.
