@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -59,6 +59,13 @@ bench:
 # install libopenblas0-pthread for a realistic torch (the script says which).
 bench-torch:
 	scripts/bench_compare.sh --threads 2 --steps 5
+
+# The sparse step (Qwen3-MoE, 16 experts, 4 per token) against the dense
+# model of equal active parameters, in tracegrpo and PyTorch (transformers'
+# loop over experts), same weights, one run; prints the ratios. The
+# reference BLAS makes torch slow: small shapes.
+bench-moe:
+	scripts/bench_moe.sh --threads 2 --steps 2 --rows 2 --seq 64
 
 # Op-level CPU kernels against torch (reference BLAS and its bundled oneDNN), 2 threads.
 bench-ops:
