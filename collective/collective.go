@@ -183,6 +183,25 @@ func (g *Gatherer) Bytes(local []byte) ([][]byte, error) {
 	return out, nil
 }
 
+// GathererBytes is what a Gatherer of size ranks holds on its backend once
+// Reserve(n) made room for payloads of n bytes (nothing for one rank).
+func GathererBytes(size, n int) int64 {
+	if size <= 1 {
+		return 0
+	}
+	words := gathererWords(max((n+3)/4, 1))
+	return 4 * int64(words) * int64(1+size)
+}
+
+// gathererWords is the capacity a Gatherer grows to for k words.
+func gathererWords(k int) int {
+	words := 256
+	for words < k {
+		words *= 2
+	}
+	return words
+}
+
 // Reserve grows the buffers to hold payloads of up to n bytes now (with
 // more than one rank), so that gathering them later allocates nothing.
 func (g *Gatherer) Reserve(n int) error {
@@ -196,10 +215,7 @@ func (g *Gatherer) grow(k int) error {
 	if k <= g.words {
 		return nil
 	}
-	words := 256
-	for words < k {
-		words *= 2
-	}
+	words := gathererWords(k)
 	g.Close()
 	src, err := g.mem.Alloc(kernels.I32, words)
 	if err != nil {

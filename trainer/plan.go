@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/checked"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
@@ -403,6 +404,10 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	ws := f.Inputs + f.Rope
 	if req.Workspace != nil {
 		ws += req.Workspace(w)
+	}
+	if world > 1 && pp.optimizer && req.Config != nil {
+		p.add(Component{Name: "rank_exchange", Bytes: collective.GathererBytes(world, gatherReserve),
+			What: "the ranks' exchanges of each step's metrics, errors and checks (the gather buffers reserved at setup)"})
 	}
 	p.add(Component{Name: "workspace", Bytes: ws, What: "token buffers, RoPE tables and the backend's own scratch", Shrink: k["workspace"]})
 	if req.Backend == "cpu" {

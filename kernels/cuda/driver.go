@@ -46,6 +46,7 @@ typedef struct {
 	int (*cuEventRecord)(void*, void*);
 	int (*cuEventSynchronize)(void*);
 	int (*cuEventElapsedTime)(float*, void*, void*);
+	int (*cuStreamWaitEvent)(void*, void*, unsigned);
 	int (*cuModuleLoadDataEx)(void**, const void*, unsigned, int*, void**);
 	int (*cuModuleUnload)(void*);
 	int (*cuModuleGetFunction)(void**, void*, const char*);
@@ -88,6 +89,7 @@ static const tg_sym tg_driver_syms[] = {
 	{"cuEventRecord", offsetof(tg_driver, cuEventRecord)},
 	{"cuEventSynchronize", offsetof(tg_driver, cuEventSynchronize)},
 	{"cuEventElapsedTime", offsetof(tg_driver, cuEventElapsedTime)},
+	{"cuStreamWaitEvent", offsetof(tg_driver, cuStreamWaitEvent)},
 	{"cuModuleLoadDataEx", offsetof(tg_driver, cuModuleLoadDataEx)},
 	{"cuModuleUnload", offsetof(tg_driver, cuModuleUnload)},
 	{"cuModuleGetFunction", offsetof(tg_driver, cuModuleGetFunction)},
@@ -317,6 +319,27 @@ static int tg_event_record(tg_driver* d, void* ctx, void* ev, void* stream) {
 	int r = d->cuCtxSetCurrent(ctx);
 	if (r) return r;
 	return d->cuEventRecord(ev, stream);
+}
+
+static int tg_stream_create(tg_driver* d, void* ctx, void** stream) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuStreamCreate(stream, 0);
+}
+
+static int tg_stream_destroy(tg_driver* d, void* ctx, void* stream) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	return d->cuStreamDestroy(stream);
+}
+
+// tg_stream_after makes stream wait for every operation queued on other
+// so far, through ev (recorded on other, waited for by stream).
+static int tg_stream_after(tg_driver* d, void* ctx, void* stream, void* other, void* ev) {
+	int r = d->cuCtxSetCurrent(ctx);
+	if (r) return r;
+	if ((r = d->cuEventRecord(ev, other))) return r;
+	return d->cuStreamWaitEvent(stream, ev, 0);
 }
 
 static int tg_event_elapsed(tg_driver* d, void* ctx, void* a, void* b, float* ms) {
@@ -809,6 +832,29 @@ func (d *device) elapsed(a, b event) (float32, error) {
 }
 
 func (d *device) errText(code status) string { return d.dr.errText(code) }
+
+// newStream creates a second stream on the device (NCCL's, to overlap
+// collectives with the compute stream).
+func (d *device) newStream() (unsafe.Pointer, error) {
+	var s unsafe.Pointer
+	err := d.dr.check("cuStreamCreate", C.tg_stream_create(d.dr.d, d.ctx, &s))
+	return s, err
+}
+
+// recordOn records e on stream.
+func (d *device) recordOn(e event, stream unsafe.Pointer) error {
+	return d.dr.check("cuEventRecord", C.tg_event_record(d.dr.d, d.ctx, e.p, stream))
+}
+
+func (d *device) destroyStream(s unsafe.Pointer) error {
+	return d.dr.check("cuStreamDestroy", C.tg_stream_destroy(d.dr.d, d.ctx, s))
+}
+
+// streamAfter makes stream wait for everything queued on other so far
+// (ev is recorded on other; it may be recorded again once this returns).
+func (d *device) streamAfter(stream, other unsafe.Pointer, ev event) error {
+	return d.dr.check("cuStreamWaitEvent", C.tg_stream_after(d.dr.d, d.ctx, stream, other, ev.p))
+}
 
 // status is a CUresult or cublasStatus_t; 0 is success.
 type status = C.int

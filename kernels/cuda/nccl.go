@@ -187,6 +187,13 @@ type ncclComm struct {
 	rank, size int
 	one        kernels.Buf // (1) I32 for Barrier
 	closed     bool
+
+	// Overlap (collective.Overlapper): the async collectives run on a
+	// stream of their own, ordered against the compute stream by events
+	// taken from a pool (an event can be recorded again as soon as the
+	// wait on it is queued).
+	stream unsafe.Pointer
+	events []event
 }
 
 // OpenNCCL creates the NCCL communicator of opt.Rank of opt.Size on be's
@@ -328,6 +335,104 @@ func (c *ncclComm) Broadcast(buf kernels.Buf, root int) error {
 	})
 }
 
+// ncclPending is an async collective: done is recorded on the comm
+// stream after it.
+type ncclPending struct {
+	c    *ncclComm
+	done event
+}
+
+// Wait makes the compute stream wait for the collective.
+func (p *ncclPending) Wait() error {
+	c := p.c
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if p.done.p == nil {
+		return nil
+	}
+	err := c.b.d.streamAfter(c.b.d.stream, c.stream, p.done)
+	c.events = append(c.events, p.done)
+	p.done = event{}
+	return err
+}
+
+// event takes an event from the pool (b.mu held).
+func (c *ncclComm) event() (event, error) {
+	if n := len(c.events); n > 0 {
+		e := c.events[n-1]
+		c.events = c.events[:n-1]
+		return e, nil
+	}
+	return c.b.d.newEvent()
+}
+
+// async queues f on the comm stream after everything queued on the
+// compute stream so far, and returns its pending completion.
+func (c *ncclComm) async(what string, dt kernels.DType, f func(t C.int, stream unsafe.Pointer) C.int) (collective.Pending, error) {
+	t, err := ncclType(dt)
+	if err != nil {
+		return nil, err
+	}
+	c.b.mu.Lock()
+	defer c.b.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("cuda: %s after Close", what)
+	}
+	if c.stream == nil {
+		if c.stream, err = c.b.d.newStream(); err != nil {
+			return nil, err
+		}
+	}
+	ready, err := c.event()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.b.d.streamAfter(c.stream, c.b.d.stream, ready); err != nil {
+		return nil, err
+	}
+	c.events = append(c.events, ready) // the wait is queued: it may be recorded again
+	if rc := f(t, c.stream); rc != 0 {
+		return nil, fmt.Errorf("cuda: %s: %s", what, c.lib.errText(rc))
+	}
+	done, err := c.event()
+	if err != nil {
+		return nil, err
+	}
+	if err := c.b.d.recordOn(done, c.stream); err != nil {
+		return nil, err
+	}
+	return &ncclPending{c: c, done: done}, nil
+}
+
+// AllGatherAsync is AllGather on the comm stream (collective.Overlapper).
+func (c *ncclComm) AllGatherAsync(dst, src kernels.Buf) (collective.Pending, error) {
+	if dst.N != src.N*c.size || src.DType != dst.DType {
+		return nil, fmt.Errorf("cuda: all-gather of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.size)
+	}
+	if src.N == 0 {
+		return nil, nil
+	}
+	return c.async("ncclAllGather", src.DType, func(t C.int, stream unsafe.Pointer) C.int {
+		return C.tg_nccl_all_gather(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, stream,
+			C.ulonglong(ptr(src)), C.ulonglong(ptr(dst)), C.size_t(src.N), t)
+	})
+}
+
+// ReduceScatterSumAsync is ReduceScatterSum on the comm stream
+// (collective.Overlapper).
+func (c *ncclComm) ReduceScatterSumAsync(dst, src kernels.Buf) (collective.Pending, error) {
+	if src.N != dst.N*c.size || src.DType != dst.DType {
+		return nil, fmt.Errorf("cuda: reduce-scatter of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, c.size)
+	}
+	if dst.N == 0 {
+		return nil, nil
+	}
+	return c.async("ncclReduceScatter", dst.DType, func(t C.int, stream unsafe.Pointer) C.int {
+		return C.tg_nccl_reduce_scatter(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, stream,
+			C.ulonglong(ptr(src)), C.ulonglong(ptr(dst)), C.size_t(dst.N), t)
+	})
+}
+
 // Barrier is an all-reduce of one int followed by a wait for the stream:
 // NCCL has no barrier of its own.
 func (c *ncclComm) Barrier() error {
@@ -357,6 +462,14 @@ func (c *ncclComm) close(abort bool) error {
 		what, ab = "ncclCommAbort", 1
 	}
 	rc := C.tg_nccl_destroy(c.lib.n, c.b.d.setCtxFn(), c.b.d.ctx, c.comm, ab)
+	for _, e := range c.events {
+		c.b.d.destroyEvent(e)
+	}
+	c.events = nil
+	if c.stream != nil {
+		c.b.d.destroyStream(c.stream)
+		c.stream = nil
+	}
 	c.b.mu.Unlock()
 	if c.one.N > 0 {
 		c.b.Free(c.one)

@@ -139,11 +139,12 @@ func TestNCCLWorldOfOneEmu(t *testing.T) {
 	if shared != 1 {
 		t.Errorf("ShareID called %d times, want 1", shared)
 	}
-	// The fake NCCL has one rank: asking for two fails in ncclCommInitRank,
-	// named with NCCL's own message.
+	// Rank 0 of two whose partner never comes fails in ncclCommInitRank
+	// (the fake's bounded wait), named with NCCL's own message.
 	os.Unsetenv("NCCL_COMM_ID")
+	t.Setenv("FAKENCCL_TIMEOUT_MS", "300")
 	_, err = OpenNCCL(b, NCCLOptions{Lib: emu.nccl, Rank: 0, Size: 2, CommID: "h:1"})
-	if err == nil || !strings.Contains(err.Error(), "ncclCommInitRank (rank 0 of 2") || !strings.Contains(err.Error(), "fake NCCL has one rank") {
-		t.Errorf("two ranks on the fake NCCL: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "ncclCommInitRank (rank 0 of 2") || !strings.Contains(err.Error(), "waited 300 ms for the other ranks") {
+		t.Errorf("two ranks on the fake NCCL, one missing: %v", err)
 	}
 }

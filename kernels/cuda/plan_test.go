@@ -55,6 +55,9 @@ func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend)
 		// Mixed precision: the bf16 paths' scratch (the LM head's bf16 dz
 		// inside the logits chunk) must be in the plan too.
 		{"bf16", []string{"policy.precision=bfloat16"}, false},
+		// Fully sharded on one rank: the shard arenas, the gathered and
+		// gradient slots, the sampler's whole copy.
+		{"sharded", nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			be := open(t)
@@ -64,7 +67,11 @@ func trainPlanEqualsAllocated(t *testing.T, open func(*testing.T) *cuda.Backend)
 			if c.wrap {
 				run = unwrapOnly{be}
 			}
-			tr, err := trainer.New(trainer.Options{Backend: run, Out: t.TempDir(), Steps: 1, Quiet: true, Sets: sets})
+			o := trainer.Options{Backend: run, Out: t.TempDir(), Steps: 1, Quiet: true, Sets: sets}
+			if c.name == "sharded" {
+				o.Shard = trainer.ShardFull
+			}
+			tr, err := trainer.New(o)
 			if err != nil {
 				t.Fatal(err)
 			}
