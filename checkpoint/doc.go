@@ -19,6 +19,14 @@
 // "tracegrpo_format" ("checkpoint-model", "checkpoint-optimizer"),
 // "tracegrpo_version" and "step" in __metadata__.
 //
+// A fully sharded run writes, in place of optimizer.safetensors, one shard
+// file per rank and one index (shards.go has the layout):
+//
+//	<dir>/step_<N>/shards.index.json                    every parameter's pieces (rank, element range)
+//	<dir>/step_<N>/shard-<RRRRR>-of-<WWWWW>.safetensors  a rank's part of each parameter and of its Adam moments
+//
+// Tensors reads either layout by element ranges.
+//
 // # Atomicity
 //
 // Save writes every file into <dir>/.tmp-step_<N>-<random>/, fsyncs each file
