@@ -66,6 +66,13 @@ type Metrics struct {
 	TokensPerS Num        `json:"tokens_per_s"`
 	TimeS      Num        `json:"time_s"`
 	Phases     PhaseTimes `json:"phase_s"`
+
+	// A fully sharded run's collectives this step, on one rank (every
+	// rank runs the same): the bytes of the flats it all-gathered and of
+	// the fp32 gradients it reduce-scattered, as the collectives moved
+	// them (model.CommStats). Absent when unsharded.
+	CommGatherBytes        int64 `json:"comm_gather_bytes,omitempty"`
+	CommReduceScatterBytes int64 `json:"comm_reduce_scatter_bytes,omitempty"`
 }
 
 // PhaseTimes breaks a step's wall time down by phase.

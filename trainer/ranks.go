@@ -73,7 +73,9 @@ type step struct {
 	gTok         float64 // the step's G_tok: every rank's eligible tokens
 	logical      int     // logical rollouts of the step, over every rank
 	microBatches int     // the most micro-batches of any rank
-	stop         bool    // a rank got a stop request while waiting for rollouts
+
+	commGather, commReduce int64 // this rank's collectives of the step (sharded)
+	stop                   bool  // a rank got a stop request while waiting for rollouts
 }
 
 func encode(v any) ([]byte, error) {

@@ -19,6 +19,7 @@ func (t *Trainer) Run() error {
 		step := t.step + 1
 		var ph PhaseTimes
 		sw := newStopwatch()
+		comm0 := t.model.CommStats()
 
 		// 1. Rollouts: run this rank's share of the step's logical rollouts
 		// with the current policy (built-in), or read the ones NeMo Gym
@@ -125,6 +126,8 @@ func (t *Trainer) Run() error {
 		// written under a temporary name, the line appended and synced, and
 		// only then is the checkpoint published, so that whatever moment a
 		// kill comes at, a checkpoint of step N never exists without line N.
+		comm := t.model.CommStats()
+		st.commGather, st.commReduce = comm.GatherBytes-comm0.GatherBytes, comm.ReduceScatterBytes-comm0.ReduceScatterBytes
 		if err := t.finish(step, st, upd, ph, sw); err != nil {
 			return err
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/model"
 )
 
 // stepTensors reads every parameter and moment of run directory out's
@@ -91,6 +92,7 @@ func TestShardedRanksTrainLikeOneProcess(t *testing.T) {
 			}
 			got := metricsNoTimes(t, outs[0])
 			sameData(t, want, got)
+			checkCommBytes(t, n, got)
 			for s := 1; s <= steps; s++ {
 				w, g := stepTensors(t, ref, s), stepTensors(t, outs[0], s)
 				for k := range checkpoint.NumKinds {
@@ -197,5 +199,45 @@ func TestShardedResumeAcrossLayouts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkCommBytes checks each step's counted collectives against the
+// schedule's arithmetic: the gradients are reduce-scattered once per
+// micro-batch (M times the padded fp32 model), and the weights gathered
+// once for the sampler's copy plus, per micro-batch, at most for the
+// old-policy forward, the training forward and the backward, and at least
+// once a step (the update invalidates every gathered group; a group still
+// in its slot is not gathered again, so a model of two layers, which its
+// two layer slots hold, is gathered once): between 2 and 1+3M padded
+// models (everything is fp32 on the CPU).
+func checkCommBytes(t *testing.T, world int, ms []Metrics) {
+	t.Helper()
+	cfg, err := model.ParseConfig(builtinModelConfig, "builtin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := model.NewParamTable(cfg)
+	sh, err := model.NewSharding(&tab, world, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var padded int64
+	for g := range tab.Groups {
+		for f := range model.NumFlats {
+			padded += 4 * int64(sh.Padded(g, f))
+		}
+	}
+	for _, m := range ms {
+		mbs := m.CommReduceScatterBytes / padded
+		if mbs < 1 || m.CommReduceScatterBytes != mbs*padded {
+			t.Errorf("step %d: %d bytes reduce-scattered, not a whole number of padded models (%d bytes)", m.Step, m.CommReduceScatterBytes, padded)
+			continue
+		}
+		lo, hi := 2*padded, (1+3*mbs)*padded
+		if m.CommGatherBytes < lo || m.CommGatherBytes > hi {
+			t.Errorf("step %d: %d bytes gathered over %d micro-batches, want [%d, %d]", m.Step, m.CommGatherBytes, mbs, lo, hi)
+		}
+		t.Logf("step %d: %d micro-batches; gathered %.2f padded models, reduce-scattered %d", m.Step, mbs, float64(m.CommGatherBytes)/float64(padded), mbs)
 	}
 }

@@ -245,7 +245,7 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 
 // metrics assembles the step's metrics line from every rank's share.
 func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, total float64) Metrics {
-	m := Metrics{Step: stepN, Phases: ph, TimeS: Num(total)}
+	m := Metrics{Step: stepN, Phases: ph, TimeS: Num(total), CommGatherBytes: st.commGather, CommReduceScatterBytes: st.commReduce}
 	var rewards []float64
 	var logical, physical, eligible, toks int
 	var entSum, entN, busy, routerSum float64
