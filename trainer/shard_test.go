@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
+	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/model"
 )
@@ -239,5 +240,53 @@ func checkCommBytes(t *testing.T, world int, ms []Metrics) {
 			t.Errorf("step %d: %d bytes gathered over %d micro-batches, want [%d, %d]", m.Step, m.CommGatherBytes, mbs, lo, hi)
 		}
 		t.Logf("step %d: %d micro-batches; gathered %.2f padded models, reduce-scattered %d", m.Step, mbs, float64(m.CommGatherBytes)/float64(padded), mbs)
+	}
+}
+
+// TestShardChoice: --shard wins; otherwise a recipe's FSDP2 switch shards
+// on more than one rank only, and Megatron's distributed optimizer (ZeRO-1,
+// not built) is refused by name on more than one rank and is the plain
+// optimizer on one; a cluster that does not hold the launched ranks names
+// both numbers.
+func TestShardChoice(t *testing.T) {
+	cfg := func(dtensor, megatron, dist bool) *config.Config {
+		var c config.Config
+		c.Policy.DtensorCfg.Enabled = dtensor
+		c.Policy.MegatronCfg.Enabled = megatron
+		c.Policy.MegatronCfg.Optimizer.UseDistributedOptimizer = dist
+		return &c
+	}
+	for _, c := range []struct {
+		name                    string
+		dtensor, megatron, dist bool
+		flag                    string
+		world                   int
+		full                    bool
+		err                     string
+	}{
+		{"fsdp2 recipe, 1 rank", true, false, false, "", 1, false, ""},
+		{"fsdp2 recipe, 8 ranks", true, false, false, "", 8, true, ""},
+		{"megatron recipe", false, true, false, "", 8, false, ""},
+		{"zero-1 on 8 ranks", false, true, true, "", 8, false, "use_distributed_optimizer=true"},
+		{"zero-1 on 1 rank", false, true, true, "", 1, false, ""},
+		{"zero-1, --shard full", false, true, true, "full", 8, true, ""},
+		{"fsdp2, --shard none", true, false, false, "none", 8, false, ""},
+		{"--shard full on 1 rank", false, false, false, "full", 1, true, ""},
+		{"bad flag", false, false, false, "half", 2, false, "--shard \"half\""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			full, _, err := ShardChoice(cfg(c.dtensor, c.megatron, c.dist), c.flag, c.world)
+			if (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) || full != c.full {
+				t.Errorf("ShardChoice = %v, %v; want full %v, error %q", full, err, c.full, c.err)
+			}
+		})
+	}
+	var c config.Config
+	c.Cluster.NumNodes, c.Cluster.GPUsPerNode = 2, 8
+	if err := checkCluster(&c, 16); err != nil {
+		t.Errorf("2 × 8 on 16 ranks: %v", err)
+	}
+	if err := checkCluster(&c, 4); err == nil || !strings.Contains(err.Error(), "= 16 ranks, but the launcher started 4") {
+		t.Errorf("2 × 8 on 4 ranks: %v", err)
 	}
 }
