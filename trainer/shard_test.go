@@ -2,11 +2,14 @@ package trainer
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -288,5 +291,77 @@ func TestShardChoice(t *testing.T) {
 	}
 	if err := checkCluster(&c, 4); err == nil || !strings.Contains(err.Error(), "= 16 ranks, but the launcher started 4") {
 		t.Errorf("2 × 8 on 4 ranks: %v", err)
+	}
+}
+
+// TestShardedSignalStopCheckpoints: a stop request on one rank of a
+// sharded run of two ends both after the step in progress with a
+// checkpoint of that step written by both (a shard file each) and sealed
+// by rank 0, which resumes the run (the stop's checkpoint was rank 0's
+// unsharded save, which read the shard arena as a whole model's).
+func TestShardedSignalStopCheckpoints(t *testing.T) {
+	out := t.TempDir()
+	args := trainArgs(out, 4, "--shard", "full", "--set", "checkpointing.save_period=100")
+	errs, logs := eachLocalRank(t, 2, args, nil, func(r int, tr *Trainer) error {
+		if r == 1 {
+			sigs := make(chan os.Signal, 1)
+			sigs <- syscall.SIGTERM
+			tr.o.Signals = sigs
+			tr.watchSignals()
+			for tr.interrupted() == nil {
+				runtime.Gosched()
+			}
+		}
+		return tr.Run()
+	})
+	for r, err := range errs {
+		if !errors.Is(err, errInterrupted) || !strings.Contains(err.Error(), "after step 1") || !Agreed(err) {
+			t.Fatalf("rank %d: %v, want a stop after step 1 that every rank agrees on\n%s", r, err, logs[r])
+		}
+	}
+	dir := filepath.Join(out, "checkpoints", checkpoint.StepDir(1))
+	man, err := checkpoint.Verify(dir)
+	if err != nil || !man.Sharded() {
+		t.Fatalf("the stop's checkpoint: sharded %v, %v", man.Sharded(), err)
+	}
+	mustRanks(t, 2, append(args, "--resume")...)
+	if ms := metricsNoTimes(t, out); len(ms) != 4 {
+		t.Errorf("%d metric lines after resuming from the stop's checkpoint, want 4", len(ms))
+	}
+}
+
+// TestShardedCheckpointRefusesNonFiniteWeights: a rank whose shard holds a
+// non-finite weight makes every rank refuse the checkpoint, naming the
+// parameter, and nothing is published.
+func TestShardedCheckpointRefusesNonFiniteWeights(t *testing.T) {
+	out := t.TempDir()
+	saveErrs := make([]error, 2)
+	errs, logs := eachLocalRank(t, 2, trainArgs(out, 1, "--shard", "full"), nil, func(r int, tr *Trainer) error {
+		if err := tr.Run(); err != nil {
+			return err
+		}
+		if r == 1 {
+			host, ok := tr.hostView(tr.model.Params())
+			if !ok {
+				return errors.New("the CPU backend has no host view")
+			}
+			pc := tr.model.Sharding().Pieces(tr.model.Table())
+			host[pc[len(pc)-1].At] = float32(math.NaN())
+		}
+		tr.step++
+		_, saveErrs[r] = tr.prepareSharded()
+		return nil
+	})
+	for r := range 2 {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v\n%s", r, errs[r], logs[r])
+		}
+		if e := saveErrs[r]; e == nil || !Agreed(e) || !strings.Contains(e.Error(), "rank 1") || !strings.Contains(e.Error(), "not finite") || !strings.Contains(e.Error(), "model.") {
+			t.Errorf("rank %d: %v, want every rank to refuse, naming rank 1 and the parameter", r, e)
+		}
+	}
+	ents, _ := checkpoint.List(filepath.Join(out, "checkpoints"))
+	if len(ents) != 1 || ents[0].Step != 1 {
+		t.Errorf("checkpoints after the refusal: %v, want step 1's alone", ents)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/collective"
 )
 
@@ -139,7 +140,16 @@ func (t *Trainer) stopOnSignal(sig os.Signal) error {
 	if t.cfg.Checkpointing.Enabled && t.step > 0 {
 		if !t.savesAt(t.step) {
 			var err error
-			if t.rank == 0 {
+			switch {
+			case t.sharded(): // every rank writes its shard
+				var p *checkpoint.Pending
+				if p, err = t.prepareSharded(); err != nil {
+					return fmt.Errorf("%s after step %d: checkpoint: %w", signalName(sig), t.step, err)
+				}
+				if p != nil {
+					_, err = p.Publish()
+				}
+			case t.rank == 0:
 				err = t.save()
 			}
 			if err = t.agree(err); err != nil {
