@@ -445,9 +445,10 @@ func (m *Model) CommStats() CommStats {
 	return m.fs.stats
 }
 
-// weightsView returns where parameter i's weights are read: kind 0 its
-// fp32 values, kind 1 its values in the GEMM precision; and 2 its gradient.
-// It returns the buffer and the parameter's element offset in it.
+// paramBase returns where parameter i's values are: kind 0 its fp32
+// weights, kind 1 its weights in the GEMM precision, kind 2 its gradient;
+// the buffer and the parameter's element offset in it (for a sharded
+// model, its slot's, which hold the group while it is gathered).
 func (m *Model) paramBase(i int, kind int) (kernels.Buf, int) {
 	p := m.table.Params[i]
 	if m.fs == nil {
@@ -490,8 +491,8 @@ func (m *Model) paramBase(i int, kind int) (kernels.Buf, int) {
 	return kernels.Buf{}, 0 // other gathered matrices exist in the GEMM precision only
 }
 
-// ParamsChangedSharded marks every gathered copy of the model's groups
-// stale (the shard weights were written).
+// invalidate marks every gathered copy of m's groups stale (its shard
+// weights were written).
 func (fs *fsdp) invalidate(m *Model) {
 	fs.stale = true
 	for _, s := range fs.wslots {
@@ -647,7 +648,8 @@ func (m *Model) scatterGrads(g int) {
 	r.busy = true
 }
 
-// groups of the model, by role.
+// The groups of the model, by role (newTable's order: embed, the layers,
+// head).
 func (m *Model) embedGroup() int { return 0 }
 func (m *Model) headGroup() int  { return len(m.table.Groups) - 1 }
 func (m *Model) layerGroup(l int) int {
