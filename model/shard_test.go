@@ -118,6 +118,10 @@ func TestShardedMatchesWhole(t *testing.T) {
 	cases = append(cases, tc{"qwen3_untied", kernels.F32, true, false}, tc{"qwen3_untied", kernels.BF16, false, true},
 		tc{"qwen3_tied", kernels.BF16, true, true}, tc{"qwen2_untied", kernels.BF16, false, false})
 	cases = append(cases, tc{"odd", kernels.F32, false, true}, tc{"odd", kernels.BF16, true, false})
+	// Qwen3-MoE: the router and experts are a layer's parameters like any
+	// other (interleaved dense and sparse layers in moe_k8_interleaved).
+	cases = append(cases, tc{"moe_k2_norm", kernels.F32, false, true}, tc{"moe_k8_interleaved", kernels.F32, true, false},
+		tc{"moe_k1", kernels.BF16, false, true})
 	// Sparse layers: the router and every expert are sharded with their
 	// layer's group (dense layers interleaved in moe_k8_interleaved).
 	cases = append(cases, tc{"moe_k8_interleaved", kernels.F32, false, true}, tc{"moe_k2_norm", kernels.BF16, true, false},
