@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -176,14 +175,6 @@ func (t *Trainer) writeShard(tmp string) (checkpoint.FileEntry, error) {
 	var parts []checkpoint.ShardPart
 	for _, pc := range pieces {
 		n := pc.Hi - pc.Lo
-		// A checkpoint never holds non-finite weights or moments (as
-		// prepare): every rank checks its part, and the ranks agree.
-		for k, x := range [][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]} {
-			if i := slices.IndexFunc(x, func(f float32) bool { return math.IsNaN(float64(f)) || math.IsInf(float64(f), 0) }); i >= 0 {
-				return checkpoint.FileEntry{}, fmt.Errorf("step %d: the %s are not finite (%s element %d is %v): no checkpoint is written",
-					t.step, [...]string{"weights", "Adam moments", "Adam moments"}[k], tab.Params[pc.Param].Name, pc.Lo+i, x[i])
-			}
-		}
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
 	}
