@@ -21,10 +21,16 @@ build-nocgo:
 	CGO_ENABLED=0 $(GO) build ./...
 
 # Tools make test installs when missing (scripts/deps.sh): g++ for the CUDA
-# emulator, Open MPI, ptxas, cuobjdump and the nvdisasm it runs. The REQUIRE variables turn a
-# missing emulator, ptxas or mpirun into a failure instead of a silent skip.
+# emulator, Open MPI, procps, and ptxas, cuobjdump and the nvdisasm it runs
+# (into TOOLS). The tests run with PATH cut to TOOLS, Go's bin and the system
+# directories, and take the CUDA tools from TOOLS alone (TRACEGRPO_TOOLS;
+# internal/testtool): a test that needs a program deps.sh does not provide
+# fails, as it would on a bare machine, instead of passing on one where it was
+# installed by hand. The REQUIRE variables turn a missing emulator, ptxas or
+# mpirun into a failure instead of a skip.
 TOOLS       ?= $(CURDIR)/.cache/tools/bin
-TEST_ENV    := PATH="$(TOOLS):$$PATH" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1 TRACEGRPO_REQUIRE_MPI=1
+TEST_PATH   := $(TOOLS):$(shell $(GO) env GOROOT)/bin:/usr/sbin:/usr/bin:/sbin:/bin
+TEST_ENV    := PATH="$(TEST_PATH)" TRACEGRPO_TOOLS="$(TOOLS)" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1 TRACEGRPO_REQUIRE_MPI=1
 
 test: deps
 	$(GO) vet ./...
@@ -119,7 +125,7 @@ ptx-sm90:
 # tensor-core instructions, registers, spills, blocks per SM) with the ptxas
 # and cuobjdump make deps installs; TestSASS checks the file is current.
 sass: deps
-	PATH="$(TOOLS):$$PATH" $(GO) test ./kernels/cuda -count=1 -run '^TestSASS$$' -update-sass
+	$(TEST_ENV) $(GO) test ./kernels/cuda -count=1 -run '^TestSASS$$' -update-sass
 
 # Build what scripts/gpu-check.sh runs on a GPU machine (carry bin/gpu-check there).
 gpu-check-build:

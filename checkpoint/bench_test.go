@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 // benchSizesMB are the state sizes (fp32 weights + 2 moments, in MiB) the
@@ -70,7 +71,7 @@ func dirBytes(b *testing.B, dir string) int64 {
 }
 
 func run(b *testing.B, name string, args ...string) {
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+	if out, err := exec.Command(testtool.Path(b, name, ""), args...).CombinedOutput(); err != nil {
 		b.Fatalf("%s %v: %v: %s", name, args, err, out)
 	}
 }

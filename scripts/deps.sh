@@ -8,6 +8,8 @@
 #                       kernel would go untested
 #   Open MPI            mpirun and libmpi.so.40, for the data-parallel tests
 #                       (Debian package openmpi-bin)
+#   procps              pgrep and kill, which cmd/train's rank-failure test
+#                       runs (Debian's minimal images lack them)
 #   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
 #   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
 #                       runs nvdisasm. Debian ships them only inside
@@ -15,7 +17,14 @@
 #                       dependencies), so this script downloads that one .deb
 #                       (84 MB) and extracts the three static binaries into
 #                       $TOOLS (default .cache/tools/bin), which make test puts
-#                       on PATH. An installed toolkit is used as is.
+#                       on PATH. An installed toolkit is not used: the tests
+#                       take these only from $TOOLS.
+#
+# The two lists below are every program a test runs (internal/testtool reads
+# them: a test asking for a program on neither fails). make test runs the
+# tests with PATH cut to $TOOLS, Go's own bin and the system directories
+# (syspath), so a program installed by hand elsewhere is not found; the
+# system tools are looked for on that same PATH here.
 #
 # Two more sets, for developers, never for make test:
 #   scripts/deps.sh nvcc     nvcc for `make ptx`: the toolkit's nvcc, cicc,
@@ -78,6 +87,14 @@ apt_install() {
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
+# The programs tests run. toolkit_tools come from the nvidia-cuda-toolkit
+# .deb into $TOOLS; system_tools are PROGRAM:DEBIAN-PACKAGE pairs, installed
+# with apt-get into the system directories. One line each (testtool parses
+# them).
+toolkit_tools="ptxas cuobjdump nvdisasm"
+system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash"
+syspath=/usr/sbin:/usr/bin:/sbin:/bin
+
 case $mode in
 golden)
 	need=()
@@ -112,17 +129,26 @@ PROFILE
 esac
 
 need=()
-command -v g++ >/dev/null 2>&1 || need+=(g++)
-command -v mpirun >/dev/null 2>&1 || need+=(openmpi-bin)
+for tp in $system_tools; do
+	if ! PATH=$syspath command -v "${tp%%:*}" >/dev/null 2>&1; then
+		case " ${need[*]} " in *" ${tp#*:} "*) ;; *) need+=("${tp#*:}") ;; esac
+	fi
+done
 if [ ${#need[@]} -gt 0 ]; then
 	apt_install "${need[@]}"
 fi
 
-have_tool() { command -v "$1" >/dev/null 2>&1 || [ -x "$TOOLS/$1" ]; }
-if ! have_tool ptxas || ! have_tool cuobjdump || ! have_tool nvdisasm; then
+missing=()
+for t in $toolkit_tools; do
+	[ -x "$TOOLS/$t" ] || missing+=("$t")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	echo "deps: ${missing[*]} missing from $TOOLS"
 	download nvidia-cuda-toolkit "$tmp"
 	dpkg-deb -x "$tmp"/nvidia-cuda-toolkit_*.deb "$tmp/x"
 	mkdir -p "$TOOLS"
-	install -m 0755 "$tmp/x/usr/bin/ptxas" "$tmp/x/usr/bin/cuobjdump" "$tmp/x/usr/bin/nvdisasm" "$TOOLS/"
-	echo "deps: ptxas, cuobjdump and nvdisasm in $TOOLS"
+	for t in $toolkit_tools; do
+		install -m 0755 "$tmp/x/usr/bin/$t" "$TOOLS/"
+	done
+	echo "deps: $toolkit_tools in $TOOLS"
 fi

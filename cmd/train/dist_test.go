@@ -14,6 +14,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -22,13 +23,7 @@ import (
 // make test sets) without mpirun.
 func mpirunCmd(t *testing.T, n int, args ...string) *exec.Cmd {
 	t.Helper()
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_MPI") == "1" {
-			t.Fatal("TRACEGRPO_REQUIRE_MPI=1 but there is no mpirun on PATH (Debian package openmpi-bin; scripts/deps.sh installs it)")
-		}
-		t.Skip("NOT RUN: no mpirun on PATH (Debian package openmpi-bin)")
-	}
+	path := testtool.Path(t, "mpirun", "TRACEGRPO_REQUIRE_MPI")
 	a, _ := json.Marshal(args)
 	cmd := exec.Command(path, "-np", fmt.Sprint(n), "--allow-run-as-root", "--oversubscribe",
 		"--mca", "btl_vader_single_copy_mechanism", "none", "-x", "TRACEGRPO_CLI_ARGS", os.Args[0], "-test.run=^$")
@@ -224,6 +219,7 @@ func TestMpirunOneRankFailing(t *testing.T) {
 	}
 
 	// A rank killed in the middle of a run ends the job at once.
+	pgrep, kill := testtool.Path(t, "pgrep", "TRACEGRPO_REQUIRE_MPI"), testtool.Path(t, "kill", "TRACEGRPO_REQUIRE_MPI")
 	out = filepath.Join(dir, "killed")
 	cmd = mpirunCmd(t, 2, distArgs(out, 1000000)...)
 	var buf bytes.Buffer
@@ -244,13 +240,13 @@ func TestMpirunOneRankFailing(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// mpirun's children are the ranks: kill one of them.
-	kids, _ := exec.Command("pgrep", "-P", fmt.Sprint(cmd.Process.Pid)).Output()
+	kids, _ := exec.Command(pgrep, "-P", fmt.Sprint(cmd.Process.Pid)).Output()
 	pids := strings.Fields(string(kids))
 	if len(pids) < 2 {
 		cmd.Process.Kill()
 		t.Fatalf("mpirun has %d children: %q", len(pids), kids)
 	}
-	exec.Command("kill", "-9", pids[len(pids)-1]).Run()
+	exec.Command(kill, "-9", pids[len(pids)-1]).Run()
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
@@ -29,13 +30,7 @@ var mpirunArgs = []string{"--allow-run-as-root", "--oversubscribe", "--mca", "bt
 // when $TRACEGRPO_REQUIRE_MPI=1, as make test sets) without Open MPI.
 func Mpirun(t testing.TB, n int, argv ...string) *exec.Cmd {
 	t.Helper()
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_MPI") == "1" {
-			t.Fatal("TRACEGRPO_REQUIRE_MPI=1 but there is no mpirun on PATH (Debian package openmpi-bin; scripts/deps.sh installs it)")
-		}
-		t.Skip("NOT RUN: no mpirun on PATH (Debian package openmpi-bin)")
-	}
+	path := testtool.Path(t, "mpirun", "TRACEGRPO_REQUIRE_MPI")
 	args := append(append([]string{"-np", fmt.Sprint(n)}, mpirunArgs...), argv...)
 	return exec.Command(path, args...)
 }

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 // TestOpenErrors covers the driver binding's failure paths on a machine
@@ -45,10 +47,7 @@ func TestOpenErrors(t *testing.T) {
 // and checks the error names the library and the missing symbol; the same
 // for cuBLAS with the emulator's driver.
 func TestMissingSymbol(t *testing.T) {
-	cc, err := exec.LookPath("gcc")
-	if err != nil {
-		t.Skip("no gcc")
-	}
+	cc := testtool.Path(t, "gcc", requireEmuEnv)
 	dir := t.TempDir()
 	var src strings.Builder
 	for _, s := range []string{"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName",
@@ -65,7 +64,7 @@ func TestMissingSymbol(t *testing.T) {
 	if out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, cfile).CombinedOutput(); err != nil {
 		t.Fatalf("gcc: %v\n%s", err, out)
 	}
-	_, err = Open(Options{DriverLib: lib})
+	_, err := Open(Options{DriverLib: lib})
 	if err == nil || !strings.Contains(err.Error(), lib) || !strings.Contains(err.Error(), "no symbol cuMemcpyDtoDAsync_v2") {
 		t.Errorf("Open with a partial driver: %v; want the path and symbol cuMemcpyDtoDAsync_v2", err)
 	}

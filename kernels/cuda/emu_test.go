@@ -3,6 +3,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
@@ -38,7 +40,11 @@ var emu struct {
 // buildEmu compiles the stand-in libraries once per test binary.
 func buildEmu() (driver, blas string, skip string, err error) {
 	emu.once.Do(func() {
-		cxx, reason := emuCompiler()
+		cxx, reason, err := emuCompiler()
+		if err != nil {
+			emu.err = err
+			return
+		}
 		if reason != "" {
 			emu.skipReason = reason
 			return
@@ -142,7 +148,7 @@ func buildEmuVariant(name string, flags, srcs []string) (driver, blas, skip stri
 	if v, ok := emuVariants.m[name]; ok {
 		return v, blas, "", nil
 	}
-	cxx, _ := emuCompiler()
+	cxx, _, _ := emuCompiler()
 	driver = filepath.Join(filepath.Dir(blas), "libfakecuda-"+name+".so")
 	if err := compileEmuDriver(cxx, filepath.Dir(blas), driver, flags, srcs); err != nil {
 		return "", "", "", err
@@ -159,14 +165,18 @@ var emuVariants struct {
 	m map[string]string
 }
 
-// emuCompiler finds the C++ compiler the emulator is built with, or says
-// why there is none.
-func emuCompiler() (path, reason string) {
-	cxx, err := exec.LookPath("g++")
-	if err != nil {
-		return "", "no g++ on PATH to build the CUDA emulator (Debian package g++)"
+// emuCompiler finds the C++ compiler the emulator is built with
+// (internal/testtool: the g++ scripts/deps.sh installs), or says why there
+// is none (reason), or fails when deps.sh does not provide one (err).
+func emuCompiler() (path, reason string, err error) {
+	cxx, err := testtool.Find("g++")
+	if errors.Is(err, testtool.ErrNotProvided) {
+		return "", "", fmt.Errorf("the CUDA emulator needs g++: %w", err)
 	}
-	return cxx, ""
+	if err != nil {
+		return "", fmt.Sprintf("cannot build the CUDA emulator: %v", err), nil
+	}
+	return cxx, "", nil
 }
 
 // requireEmuEnv makes a missing emulator a failure instead of a skip. make

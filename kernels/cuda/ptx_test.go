@@ -10,10 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 var includeRE = regexp.MustCompile(`(?m)^#include "([^"]+)"`)
@@ -102,44 +106,23 @@ func ptxHeader(path string) (map[string]string, error) {
 }
 
 // TestPTXAssemblesSM90 assembles every committed PTX for Ampere (sm_80, the
-// PTX's own target) and Hopper (sm_90) with ptxas from the CUDA toolkit.
-// make test installs ptxas (scripts/deps.sh) and sets
-// $TRACEGRPO_REQUIRE_PTXAS=1, so that there a missing ptxas fails instead of
+// PTX's own target) and Hopper (sm_90) with ptxas from the CUDA toolkit,
+// and reads the SASS of the tensor-core kernels with cuobjdump (which runs
+// nvdisasm). make test installs the three (scripts/deps.sh) and sets
+// $TRACEGRPO_REQUIRE_PTXAS=1, so that there a missing one fails instead of
 // skipping; elsewhere the skip says what did not run. (TestSASS reads the
 // same assembly.)
 func TestPTXAssemblesSM90(t *testing.T) {
-	ptxTools(t, false)
-	assembleAll(t)
+	ptxas, cuobjdump := ptxTools(t)
+	assembleAll(t, ptxas, cuobjdump)
 }
 
-// ptxTools finds ptxas (and cuobjdump when asked), or skips (fails with
-// $TRACEGRPO_REQUIRE_PTXAS=1, as make test sets).
-func ptxTools(t *testing.T, withCuobjdump bool) (ptxas, cuobjdump string) {
+// ptxTools finds ptxas and cuobjdump where scripts/deps.sh puts them
+// (internal/testtool), or skips (fails with $TRACEGRPO_REQUIRE_PTXAS=1, as
+// make test sets).
+func ptxTools(t *testing.T) (ptxas, cuobjdump string) {
 	t.Helper()
-	tools := []string{"ptxas"}
-	if withCuobjdump {
-		tools = append(tools, "cuobjdump")
-	}
-	var missing []string
-	for _, tool := range tools {
-		p, err := exec.LookPath(tool)
-		if err != nil {
-			missing = append(missing, tool)
-		}
-		if tool == "ptxas" {
-			ptxas = p
-		} else {
-			cuobjdump = p
-		}
-	}
-	if len(missing) > 0 {
-		msg := fmt.Sprintf("no %s (CUDA toolkit) on PATH, so the committed PTX was not assembled for sm_80 and sm_90", strings.Join(missing, " or "))
-		if os.Getenv("TRACEGRPO_REQUIRE_PTXAS") == "1" {
-			t.Fatalf("TRACEGRPO_REQUIRE_PTXAS=1 but %s (scripts/deps.sh installs them)", msg)
-		}
-		t.Skip("NOT RUN: " + msg)
-	}
-	return ptxas, cuobjdump
+	return testtool.Path(t, "ptxas", "TRACEGRPO_REQUIRE_PTXAS"), testtool.Path(t, "cuobjdump", "TRACEGRPO_REQUIRE_PTXAS")
 }
 
 // The architectures every committed PTX is assembled for.
@@ -157,9 +140,9 @@ var assembled struct {
 }
 
 // assembleAll assembles every committed PTX for ptxArchs once per test
-// binary (cuobjdump on sassFiles when it is on PATH) and fails t on an
-// error. The caller has checked the tools with ptxTools.
-func assembleAll(t *testing.T) map[string]map[string]*kernelFacts {
+// binary (cuobjdump on sassFiles) and fails t on an error; the tools are
+// ptxTools'.
+func assembleAll(t *testing.T, ptxas, cuobjdump string) map[string]map[string]*kernelFacts {
 	t.Helper()
 	assembled.once.Do(func() {
 		gens, _ := filepath.Glob("csrc/gen_*.ptx")
@@ -167,8 +150,6 @@ func assembleAll(t *testing.T) map[string]map[string]*kernelFacts {
 			assembled.err = fmt.Errorf("no csrc/gen_*.ptx")
 			return
 		}
-		ptxas, _ := exec.LookPath("ptxas")
-		cuobjdump, _ := exec.LookPath("cuobjdump")
 		dir, err := os.MkdirTemp("", "tracegrpo-sass-")
 		if err != nil {
 			assembled.err = err
@@ -176,24 +157,46 @@ func assembleAll(t *testing.T) map[string]map[string]*kernelFacts {
 		}
 		defer os.RemoveAll(dir)
 		assembled.facts = map[string]map[string]*kernelFacts{}
-		var errs []string
+		// One ptxas per CPU at a time (they take tens of seconds in all).
+		type job struct{ arch, ptx string }
+		var (
+			mu   sync.Mutex
+			errs []string
+			wg   sync.WaitGroup
+		)
+		jobs := make(chan job)
+		for range runtime.NumCPU() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := range jobs {
+					dump := ""
+					if sassFiles[j.ptx] {
+						dump = cuobjdump
+					}
+					facts, err := assemble(ptxas, dump, dir, j.arch, j.ptx)
+					mu.Lock()
+					if err != nil {
+						errs = append(errs, err.Error())
+					}
+					for k, f := range facts {
+						assembled.facts[j.arch][k] = f
+					}
+					mu.Unlock()
+				}
+			}()
+		}
 		for _, arch := range ptxArchs {
 			assembled.facts[arch] = map[string]*kernelFacts{}
+		}
+		for _, arch := range ptxArchs {
 			for _, g := range gens {
-				dump := ""
-				if sassFiles[g] {
-					dump = cuobjdump
-				}
-				facts, err := assemble(ptxas, dump, dir, arch, g)
-				if err != nil {
-					errs = append(errs, err.Error())
-					continue
-				}
-				for k, f := range facts {
-					assembled.facts[arch][k] = f
-				}
+				jobs <- job{arch, g}
 			}
 		}
+		close(jobs)
+		wg.Wait()
+		sort.Strings(errs)
 		if len(errs) > 0 {
 			assembled.err = fmt.Errorf("%s", strings.Join(errs, "\n"))
 		}
@@ -265,7 +268,9 @@ func assemble(ptxas, cuobjdump, dir, arch, ptx string) (map[string]*kernelFacts,
 	for _, f := range facts {
 		f.sassRead = true
 	}
-	sass, err := exec.Command(cuobjdump, "-sass", cubin).CombinedOutput()
+	cmd := exec.Command(cuobjdump, "-sass", cubin)
+	cmd.Env = testtool.Env(cuobjdump) // it runs nvdisasm: only the one deps.sh provides
+	sass, err := cmd.CombinedOutput()
 	if err != nil {
 		return nil, fmt.Errorf("cuobjdump -sass %s: %v\n%s", cubin, err, sass)
 	}

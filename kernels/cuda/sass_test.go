@@ -110,8 +110,8 @@ func groupedIntent(tc bool) sassIntent {
 // two by their registers and shared memory; and csrc/gen_sass.md records
 // exactly these facts (when made by this ptxas version).
 func TestSASS(t *testing.T) {
-	ptxas, _ := ptxTools(t, true)
-	all := assembleAll(t)
+	ptxas, cuobjdump := ptxTools(t)
+	all := assembleAll(t, ptxas, cuobjdump)
 	for _, l := range smArchs {
 		for name, f := range all[l.arch] {
 			if f.spillStores != 0 || f.spillLoads != 0 {
