@@ -4,9 +4,17 @@
 // # Loading
 //
 // Nothing of CUDA is needed to build it. Open dlopens the driver
-// (libcuda.so.1) and cuBLAS (libcublas.so.13, .12 or .11, searched in
-// $TRACEGRPO_CUDA_LIBS, then $LD_LIBRARY_PATH, then the loader's default
-// path) at run time, with prototypes written in this package's cgo preamble.
+// (libcuda.so.1) and cuBLAS (libcublas.so.13, .12 or .11: the newest the
+// driver runs), and OpenNCCL libnccl.so.2, at run time, with prototypes
+// written in this package's cgo preamble. libsearch.go finds them: in
+// $TRACEGRPO_CUDA_LIBS and $LD_LIBRARY_PATH, in the directories NVIDIA's pip
+// wheels install them into (CUDA 13's nvidia/cu13/lib, CUDA 12's
+// nvidia/cublas/lib, nvidia/nccl/lib) under the active virtualenv or conda
+// environment, every python3 on PATH (a virtualenv without VIRTUAL_ENV) and
+// the usual Python installs, in the system's ld paths (/etc/ld.so.conf and
+// the loader's directories) and the CUDA toolkit's; a cuBLAS from a
+// directory is opened after the cuBLASLt beside it. Libraries says which
+// file each came from and what was passed over, and why.
 // The kernels are PTX generated from csrc/*.cu by `make ptx` (nvcc -ptx
 // -arch=sm_80), committed as csrc/gen_*.ptx and embedded; the driver compiles
 // them for the device when the backend opens, so one binary runs on any GPU
@@ -171,11 +179,12 @@ type Options struct {
 	// Device is the CUDA device ordinal.
 	Device int
 	// DriverLib is the driver library to dlopen; empty means
-	// $TRACEGRPO_CUDA_DRIVER, else "libcuda.so.1".
+	// $TRACEGRPO_CUDA_DRIVER, else "libcuda.so.1" through the loader, then
+	// libsearch.go's search.
 	DriverLib string
 	// BlasLib is the cuBLAS library to dlopen; empty means
-	// $TRACEGRPO_CUDA_BLAS, else searching for libcublas.so.13, .12, .11 in
-	// $TRACEGRPO_CUDA_LIBS, $LD_LIBRARY_PATH and the loader's default path.
+	// $TRACEGRPO_CUDA_BLAS, else the newest of libcublas.so.13, .12, .11
+	// the driver runs, found by libsearch.go's search.
 	BlasLib string
 	// Matmul chooses how Matmul, MatmulBackward and TokenLogprob's GEMMs
 	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or

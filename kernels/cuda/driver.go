@@ -140,6 +140,15 @@ int tg_open(const char* path, void* tab, const tg_sym* syms, size_t nsyms, char*
 	return 0;
 }
 
+// tg_preload dlopens path and keeps it loaded (it is never closed), so that
+// a library opened next finds it as a dependency by its soname. 0: ok.
+static int tg_preload(const char* path, char* err, size_t errlen) {
+	if (dlopen(path, RTLD_NOW | RTLD_LOCAL)) return 0;
+	const char* e = dlerror();
+	snprintf(err, errlen, "%s", e ? e : "dlopen failed");
+	return 1;
+}
+
 static const tg_sym* tg_driver_table(size_t* n) {
 	*n = sizeof tg_driver_syms / sizeof tg_driver_syms[0];
 	return tg_driver_syms;
@@ -380,20 +389,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"unsafe"
 )
 
 // driver is a loaded libcuda.
 type driver struct {
-	path string
-	d    *C.tg_driver // C memory
+	path   string
+	choice LibraryChoice
+	d      *C.tg_driver // C memory
 }
 
 // blasLib is a loaded cuBLAS.
 type blasLib struct {
-	path string
-	b    *C.tg_blas // C memory
+	path    string
+	choices []LibraryChoice // cuBLASLt's first, when it was loaded from beside cuBLAS
+	b       *C.tg_blas      // C memory
 }
 
 // loadTable dlopens path and resolves the n symbols at syms (a C tg_sym
@@ -413,81 +425,186 @@ func loadTable(path string, tab, syms unsafe.Pointer, n C.size_t, what string) e
 	}
 }
 
-// libDirs are the directories named by $TRACEGRPO_CUDA_LIBS, then
-// $LD_LIBRARY_PATH, searched first for every CUDA library.
-func libDirs() []string {
-	var dirs []string
-	for _, env := range []string{"TRACEGRPO_CUDA_LIBS", "LD_LIBRARY_PATH"} {
-		for _, d := range filepath.SplitList(os.Getenv(env)) {
-			if d != "" {
-				dirs = append(dirs, d)
+// openLib loads a library into the C function table at tab from the n
+// symbols at syms: explicit when it is not empty (as it is, its error
+// unchanged), else the first of cands that loads. A candidate that fails
+// (missing, another architecture, a dependency missing, a symbol missing)
+// is passed over, and the choice says why (passed starts that list: what
+// the caller left out); prepare, if not nil, runs before each candidate is
+// opened and says what else it loaded. hint ends the error when nothing
+// loads.
+func openLib(spec libSpec, explicit string, cands []libCandidate, passed []string, tab, syms unsafe.Pointer, n C.size_t,
+	prepare func(path string) ([]LibraryChoice, error), hint string) (LibraryChoice, []LibraryChoice, error) {
+	if explicit != "" {
+		c := LibraryChoice{Name: spec.name, Path: explicit, From: "named explicitly"}
+		if err := loadTable(explicit, tab, syms, n, spec.name); err != nil {
+			c.Path, c.Err = "", err
+			return c, nil, err
+		}
+		return c, nil, nil
+	}
+	c := LibraryChoice{Name: spec.name, Passed: passed}
+	var lastErr error
+	onDisk := len(passed) > 0 // a file was found, and not loaded
+	for _, cand := range cands {
+		var pre []LibraryChoice
+		if prepare != nil {
+			var err error
+			if pre, err = prepare(cand.Path); err != nil {
+				c.Passed = append(c.Passed, fmt.Sprintf("%s (%s): %v", cand.Path, cand.From, err))
+				continue
 			}
 		}
+		if err := loadTable(cand.Path, tab, syms, n, spec.name); err != nil {
+			c.Passed = append(c.Passed, fmt.Sprintf("%s (%s): %v", cand.Path, cand.From, err))
+			lastErr = err
+			onDisk = onDisk || strings.Contains(cand.Path, "/")
+			continue
+		}
+		c.Path, c.From = cand.Path, cand.From
+		return c, pre, nil
 	}
-	return dirs
+	if spec.brief && lastErr != nil && !onDisk {
+		// Nothing of the name on disk: one line (what --backend auto prints
+		// on every machine without a GPU).
+		c.Err = fmt.Errorf("%w (nor in the %d directories searched: %s); %s", lastErr, len(hostSearch.dirs(spec)), hostSearch.froms(spec), hint)
+		return c, nil, c.Err
+	}
+	c.Err = fmt.Errorf("cuda: no %s found: no %s loads from the directories searched%s\nnor through the loader's own search; tried:\n  %s\n%s",
+		spec.name, strings.Join(spec.files, ", "), hostSearch.searched(spec), strings.Join(c.Passed, "\n  "), hint)
+	return c, nil, c.Err
 }
 
 func openDriver(path string) (*driver, error) {
 	if path == "" {
 		path = os.Getenv("TRACEGRPO_CUDA_DRIVER")
 	}
-	if path == "" {
-		path = "libcuda.so.1"
-	}
 	d := (*C.tg_driver)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_driver{}))))
 	var nsyms C.size_t
 	syms := C.tg_driver_table(&nsyms)
-	if err := loadTable(path, unsafe.Pointer(d), unsafe.Pointer(syms), nsyms, "CUDA driver"); err != nil {
+	// The loader's own libcuda.so.1 first: on a machine with a driver it
+	// is the right one; the search is for containers whose loader cache
+	// does not list the mounted driver.
+	cands := []libCandidate{{"libcuda.so.1", "the loader's search"}}
+	if path == "" {
+		for _, c := range hostSearch.candidates(driverSpec) {
+			if c.Path != "libcuda.so.1" {
+				cands = append(cands, c)
+			}
+		}
+	}
+	choice, _, err := openLib(driverSpec, path, cands, nil, unsafe.Pointer(d), unsafe.Pointer(syms), nsyms, nil,
+		"no NVIDIA driver on this machine? use --backend cpu, or set TRACEGRPO_CUDA_DRIVER to libcuda.so.1")
+	if err != nil {
 		C.free(unsafe.Pointer(d))
-		if !strings.Contains(path, "/") && !strings.Contains(err.Error(), "no symbol") {
+		if path != "" && !strings.Contains(path, "/") && !strings.Contains(err.Error(), "no symbol") {
 			err = fmt.Errorf("%w (no NVIDIA driver on this machine? use --backend cpu)", err)
 		}
 		return nil, err
 	}
-	return &driver{path: path, d: d}, nil
-}
-
-// blasCandidates lists the cuBLAS paths to try, in order.
-func blasCandidates() []string {
-	dirs := libDirs()
-	var out []string
-	for _, v := range []string{"13", "12", "11"} {
-		name := "libcublas.so." + v
-		for _, d := range dirs {
-			out = append(out, filepath.Join(d, name))
+	if path == "" {
+		choice.From = cands[0].From
+		for _, c := range cands {
+			if c.Path == choice.Path {
+				choice.From = c.From
+			}
 		}
-		out = append(out, name)
 	}
-	return out
+	return &driver{path: choice.Path, choice: choice, d: d}, nil
 }
 
-func openBlas(path string) (*blasLib, error) {
+// openBlas loads cuBLAS: path, else $TRACEGRPO_CUDA_BLAS, else the newest
+// cuBLAS a driver of CUDA version driverVersion (0: unknown) runs, found
+// by libsearch.go's search. A cuBLAS found in a directory is opened after
+// the cuBLASLt beside it, which it needs and whose directory the loader
+// may not search.
+func openBlas(path string, driverVersion int) (*blasLib, error) {
 	if path == "" {
 		path = os.Getenv("TRACEGRPO_CUDA_BLAS")
 	}
-	paths := []string{path}
+	majors := blasMajors(driverVersion)
+	spec := blasSpec(majors)
+	var cands []libCandidate
+	var passed []string
 	if path == "" {
-		paths = blasCandidates()
+		cands = hostSearch.candidates(spec)
+		// A cuBLAS newer than the driver is found but not loaded: say so.
+		for _, m := range []int{13, 12, 11} {
+			if !slices.Contains(majors, m) {
+				for _, c := range hostSearch.candidates(blasSpec([]int{m})) {
+					if strings.Contains(c.Path, "/") {
+						passed = append(passed, fmt.Sprintf("%s (%s): it needs a CUDA %d driver, this one is CUDA %d.%d",
+							c.Path, c.From, m, driverVersion/1000, driverVersion%1000/10))
+					}
+				}
+			}
+		}
+	}
+	prepare := func(p string) ([]LibraryChoice, error) {
+		if !strings.Contains(p, "/") {
+			return nil, nil
+		}
+		lt := filepath.Join(filepath.Dir(p), strings.Replace(filepath.Base(p), "libcublas.", "libcublasLt.", 1))
+		if _, err := os.Stat(lt); err != nil {
+			return nil, nil
+		}
+		clt := C.CString(lt)
+		defer C.free(unsafe.Pointer(clt))
+		var buf [512]C.char
+		if C.tg_preload(clt, &buf[0], C.size_t(len(buf))) != 0 {
+			return nil, fmt.Errorf("load cuBLASLt %q beside it: %s", lt, C.GoString(&buf[0]))
+		}
+		return []LibraryChoice{{Name: "cuBLASLt", Path: lt, From: "beside cuBLAS, loaded first so that cuBLAS finds it"}}, nil
 	}
 	b := (*C.tg_blas)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_blas{}))))
 	var nsyms C.size_t
 	syms := C.tg_blas_table(&nsyms)
-	var errs []string
-	for _, p := range paths {
-		err := loadTable(p, unsafe.Pointer(b), unsafe.Pointer(syms), nsyms, "cuBLAS")
-		if err == nil {
-			return &blasLib{path: p, b: b}, nil
-		}
-		if strings.Contains(err.Error(), "no symbol") {
-			C.free(unsafe.Pointer(b))
-			return nil, err
-		}
-		errs = append(errs, err.Error())
+	choice, pre, err := openLib(spec, path, cands, passed, unsafe.Pointer(b), unsafe.Pointer(syms), nsyms, prepare,
+		"set TRACEGRPO_CUDA_LIBS to the directory holding libcublas.so.N (pip install nvidia-cublas for CUDA 13, nvidia-cublas-cu12 for 12)")
+	if err != nil {
+		C.free(unsafe.Pointer(b))
+		return nil, err
 	}
-	C.free(unsafe.Pointer(b))
-	return nil, fmt.Errorf("cuda: no cuBLAS found (set TRACEGRPO_CUDA_LIBS to the directory holding libcublas.so.N); tried:\n  %s",
-		strings.Join(errs, "\n  "))
+	return &blasLib{path: choice.Path, choices: append(pre, choice), b: b}, nil
 }
+
+// Libraries loads the CUDA driver, cuBLAS (with the cuBLASLt beside it) and
+// NCCL as Open and OpenNCCL would (opt's DriverLib and BlasLib, the
+// environment, then libsearch.go's search), without creating a context,
+// and says which file each came from and what it passed over on the way:
+// scripts/gpu-check.sh's preflight prints it before anything runs.
+func Libraries(opt Options) []LibraryChoice {
+	var out []LibraryChoice
+	dr, err := openDriver(opt.DriverLib)
+	if err != nil {
+		return append(out, LibraryChoice{Name: driverSpec.name, Err: err})
+	}
+	defer C.free(unsafe.Pointer(dr.d))
+	var ver C.int
+	if err := dr.check("cuInit", C.tg_driver_version(dr.d, &ver)); err != nil {
+		dr.choice.Err = err
+	}
+	dr.choice.Name = fmt.Sprintf("CUDA driver (CUDA %d.%d)", int(ver)/1000, int(ver)%1000/10)
+	out = append(out, dr.choice)
+	if bl, err := openBlas(opt.BlasLib, int(ver)); err != nil {
+		out = append(out, LibraryChoice{Name: "cuBLAS", Err: err})
+	} else {
+		out = append(out, bl.choices...)
+		bl.free()
+	}
+	if nl, err := openNCCLLib(""); err != nil {
+		out = append(out, LibraryChoice{Name: "NCCL", Err: err})
+	} else {
+		nl.choice.Name = "NCCL " + ncclVersionString(nl.version)
+		out = append(out, nl.choice)
+		C.free(unsafe.Pointer(nl.n))
+	}
+	return out
+}
+
+// free frees the function table; the library stays loaded (Libraries,
+// tests: an open device keeps its table).
+func (bl *blasLib) free() { C.free(unsafe.Pointer(bl.b)) }
 
 // errText renders a CUresult.
 func (dr *driver) errText(code C.int) string {
@@ -625,7 +742,7 @@ func openDevice(opt Options) (*device, error) {
 	if info.Major < 8 {
 		return nil, fmt.Errorf("cuda: %s has compute capability %d.%d; the kernels need 8.0 or newer", info.Name, info.Major, info.Minor)
 	}
-	bl, err := openBlas(opt.BlasLib)
+	bl, err := openBlas(opt.BlasLib, info.DriverVersion)
 	if err != nil {
 		return nil, err
 	}

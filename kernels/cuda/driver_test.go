@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
@@ -82,12 +83,12 @@ func TestMissingSymbol(t *testing.T) {
 	}
 	t.Setenv("TRACEGRPO_CUDA_LIBS", dir)
 	t.Setenv("LD_LIBRARY_PATH", "")
-	if _, err := openBlas(""); err == nil {
+	if _, err := openBlas("", 0); err == nil {
 		// A real cuBLAS may be installed on this machine: then the search
 		// must have found it by one of the expected names.
 		t.Log("a cuBLAS is installed here; search found one")
-	} else if !strings.Contains(err.Error(), filepath.Join(dir, "libcublas.so.13")) || !strings.Contains(err.Error(), "TRACEGRPO_CUDA_LIBS") {
-		t.Errorf("cuBLAS search error %q does not list %s or mention TRACEGRPO_CUDA_LIBS", err, filepath.Join(dir, "libcublas.so.13"))
+	} else if !strings.Contains(err.Error(), dir+" ($TRACEGRPO_CUDA_LIBS)") || !strings.Contains(err.Error(), "libcublas.so.13") {
+		t.Errorf("cuBLAS search error %q does not list the directory %s ($TRACEGRPO_CUDA_LIBS) or name libcublas.so.13", err, dir)
 	}
 }
 
@@ -108,5 +109,114 @@ func TestDataErrorsReachSync(t *testing.T) {
 	}
 	if err := b.Sync(); err != nil {
 		t.Errorf("second Sync: %v, want nil (the error is cleared)", err)
+	}
+}
+
+// TestOpenBlasSearch runs the cuBLAS search through dlopen: a file that is
+// not a library is passed over with dlopen's reason, a cuBLAS newer than
+// the driver is passed over unopened, and the cuBLAS chosen in a directory
+// is opened after the cuBLASLt beside it; the choices name every path.
+// The emulator's cuBLAS stands in for cuBLAS 12, libm for its cuBLASLt.
+func TestOpenBlasSearch(t *testing.T) {
+	_, blas, skip, err := buildEmu()
+	if skip != "" {
+		skipNoEmu(t, skip)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	libm := "/lib/x86_64-linux-gnu/libm.so.6"
+	if _, err := os.Stat(libm); err != nil {
+		t.Skipf("no %s to stand in for cuBLASLt", libm)
+	}
+	copyFile := func(src, dst string) {
+		t.Helper()
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	junk, good := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(junk, "libcublas.so.12"), []byte("not a library"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(blas, filepath.Join(good, "libcublas.so.12"))
+	copyFile(libm, filepath.Join(good, "libcublasLt.so.12"))
+	copyFile(blas, filepath.Join(good, "libcublas.so.13"))
+	t.Setenv("TRACEGRPO_CUDA_LIBS", junk+":"+good)
+	t.Setenv("TRACEGRPO_CUDA_BLAS", "")
+	t.Setenv("LD_LIBRARY_PATH", "")
+	bl, err := openBlas("", 12080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bl.free()
+	var names, paths []string
+	for _, c := range bl.choices {
+		names, paths = append(names, c.Name), append(paths, c.Path)
+	}
+	if d := cmp.Diff([]string{"cuBLASLt", "cuBLAS"}, names); d != "" {
+		t.Fatalf("libraries loaded (-want +got):\n%s", d)
+	}
+	if d := cmp.Diff([]string{filepath.Join(good, "libcublasLt.so.12"), filepath.Join(good, "libcublas.so.12")}, paths); d != "" {
+		t.Errorf("paths chosen (-want +got):\n%s", d)
+	}
+	passed := strings.Join(bl.choices[1].Passed, "\n")
+	for _, w := range []string{
+		filepath.Join(good, "libcublas.so.13") + " ($TRACEGRPO_CUDA_LIBS): it needs a CUDA 13 driver, this one is CUDA 12.8",
+		filepath.Join(junk, "libcublas.so.12") + " ($TRACEGRPO_CUDA_LIBS): cuda: load cuBLAS",
+	} {
+		if !strings.Contains(passed, w) {
+			t.Errorf("passed over:\n%s\nwant a line with %q", passed, w)
+		}
+	}
+	t.Logf("%s\n%s", bl.choices[0], bl.choices[1])
+}
+
+// TestLibrariesEmu: Libraries reports the libraries the environment names
+// (here the emulator's), with the driver's CUDA version and NCCL's.
+func TestLibrariesEmu(t *testing.T) {
+	drv, blas, skip, err := buildEmu()
+	if skip != "" {
+		skipNoEmu(t, skip)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("TRACEGRPO_CUDA_DRIVER", drv)
+	t.Setenv("TRACEGRPO_CUDA_BLAS", blas)
+	t.Setenv("TRACEGRPO_NCCL_LIB", emu.nccl)
+	var got []string
+	for _, c := range Libraries(Options{}) {
+		got = append(got, c.String())
+	}
+	want := []string{
+		"CUDA driver (CUDA 11.8): " + drv + " (from named explicitly)",
+		"cuBLAS: " + blas + " (from named explicitly)",
+		"NCCL 2.21.5: " + emu.nccl + " (from named explicitly)",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("Libraries (-want +got):\n%s", d)
+	}
+}
+
+// TestLibrariesGPU prints where the driver, cuBLAS (with its cuBLASLt) and
+// NCCL load from on this machine and what the search passed over on the
+// way (scripts/gpu-check.sh's preflight runs it first). Without a driver
+// it skips; with TRACEGRPO_REQUIRE_GPU=1 a library that does not load
+// fails it.
+func TestLibrariesGPU(t *testing.T) {
+	choices := Libraries(Options{})
+	if choices[0].Path == "" && os.Getenv("TRACEGRPO_REQUIRE_GPU") != "1" {
+		t.Skipf("no CUDA driver: %v", choices[0].Err)
+	}
+	for _, c := range choices {
+		t.Logf("library %s", c)
+		if c.Path == "" || c.Err != nil {
+			t.Errorf("%s did not load: %v", c.Name, c.Err)
+		}
 	}
 }

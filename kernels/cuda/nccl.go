@@ -93,9 +93,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
-	"strings"
 	"unsafe"
 
 	"github.com/tracegrpo/tracegrpo/collective"
@@ -112,64 +109,34 @@ const (
 // ncclLib is a loaded NCCL.
 type ncclLib struct {
 	path    string
+	choice  LibraryChoice
 	n       *C.tg_nccl
 	version int
 }
 
-// ncclCandidates lists the NCCL paths to try, in order.
-func ncclCandidates() []string {
-	dirs := libDirs()
-	// pip's nvidia-nccl-cu12/13 wheels install nvidia/nccl/lib/libnccl.so.2
-	// under site-packages; torch finds NCCL there, and so does tracegrpo.
-	var roots []string
-	if v := os.Getenv("VIRTUAL_ENV"); v != "" {
-		roots = append(roots, filepath.Join(v, "lib", "python3*", "site-packages"))
-	}
-	if h, err := os.UserHomeDir(); err == nil {
-		roots = append(roots, filepath.Join(h, ".local", "lib", "python3*", "site-packages"))
-	}
-	roots = append(roots, "/usr/local/lib/python3*/dist-packages", "/usr/local/lib/python3*/site-packages",
-		"/usr/lib/python3/dist-packages", "/opt/conda/lib/python3*/site-packages")
-	for _, r := range roots {
-		matches, _ := filepath.Glob(filepath.Join(r, "nvidia", "nccl", "lib"))
-		sort.Sort(sort.Reverse(sort.StringSlice(matches)))
-		dirs = append(dirs, matches...)
-	}
-	var out []string
-	for _, d := range dirs {
-		out = append(out, filepath.Join(d, "libnccl.so.2"))
-	}
-	return append(out, "libnccl.so.2")
-}
-
+// openNCCLLib loads NCCL: path, else $TRACEGRPO_NCCL_LIB, else the first
+// libnccl.so.2 libsearch.go's search finds that loads (the nvidia-nccl pip
+// wheels' nvidia/nccl/lib under any Python environment included).
 func openNCCLLib(path string) (*ncclLib, error) {
 	if path == "" {
 		path = os.Getenv("TRACEGRPO_NCCL_LIB")
 	}
-	paths := []string{path}
+	var cands []libCandidate
 	if path == "" {
-		paths = ncclCandidates()
+		cands = hostSearch.candidates(ncclSpec)
 	}
 	n := (*C.tg_nccl)(C.calloc(1, C.size_t(unsafe.Sizeof(C.tg_nccl{}))))
 	var nsyms C.size_t
 	syms := C.tg_nccl_table(&nsyms)
-	var errs []string
-	for _, p := range paths {
-		err := loadTable(p, unsafe.Pointer(n), unsafe.Pointer(syms), nsyms, "NCCL")
-		if err == nil {
-			var v C.int
-			C.tg_nccl_version(n, &v)
-			return &ncclLib{path: p, n: n, version: int(v)}, nil
-		}
-		if strings.Contains(err.Error(), "no symbol") {
-			C.free(unsafe.Pointer(n))
-			return nil, err
-		}
-		errs = append(errs, err.Error())
+	choice, _, err := openLib(ncclSpec, path, cands, nil, unsafe.Pointer(n), unsafe.Pointer(syms), nsyms, nil,
+		"pip install nvidia-nccl-cu13 (or nvidia-nccl-cu12), or set TRACEGRPO_NCCL_LIB to libnccl.so.2")
+	if err != nil {
+		C.free(unsafe.Pointer(n))
+		return nil, err
 	}
-	C.free(unsafe.Pointer(n))
-	return nil, fmt.Errorf("cuda: no NCCL found (pip install nvidia-nccl-cu12, or set TRACEGRPO_NCCL_LIB to libnccl.so.2); tried:\n  %s",
-		strings.Join(errs, "\n  "))
+	var v C.int
+	C.tg_nccl_version(n, &v)
+	return &ncclLib{path: choice.Path, choice: choice, n: n, version: int(v)}, nil
 }
 
 func (l *ncclLib) errText(code C.int) string {

@@ -25,7 +25,7 @@ func TestNCCLNotFound(t *testing.T) {
 	t.Setenv("VIRTUAL_ENV", dir)
 	if _, err := OpenNCCL(b, NCCLOptions{Rank: 0, Size: 1, CommID: "127.0.0.1:1"}); err == nil {
 		t.Log("a libnccl.so.2 is installed on this machine's default path")
-	} else if !strings.Contains(err.Error(), dir+"/libnccl.so.2") || !strings.Contains(err.Error(), "nvidia-nccl") {
+	} else if !strings.Contains(err.Error(), dir+" ($TRACEGRPO_CUDA_LIBS)") || !strings.Contains(err.Error(), "nvidia-nccl") {
 		t.Errorf("no NCCL: %v; want the paths tried and the pip package named", err)
 	}
 	for _, c := range []struct{ lib, want string }{

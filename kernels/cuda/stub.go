@@ -13,5 +13,8 @@ func Open(Options) (kernels.Backend, error) { return nil, ErrNotBuilt }
 // Probe reports that this binary has no CUDA support.
 func Probe(Options) (string, error) { return "", ErrNotBuilt }
 
+// Libraries reports that CUDA is not built in.
+func Libraries(Options) []LibraryChoice { return []LibraryChoice{{Name: "CUDA", Err: ErrNotBuilt}} }
+
 // OpenNCCL reports that CUDA is not built in.
 func OpenNCCL(kernels.Backend, NCCLOptions) (collective.Comm, error) { return nil, ErrNotBuilt }
