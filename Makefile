@@ -32,10 +32,19 @@ TOOLS       ?= $(CURDIR)/.cache/tools/bin
 TEST_PATH   := $(TOOLS):$(shell $(GO) env GOROOT)/bin:/usr/sbin:/usr/bin:/sbin:/bin
 TEST_ENV    := PATH="$(TEST_PATH)" TRACEGRPO_TOOLS="$(TOOLS)" TRACEGRPO_REQUIRE_EMU=1 TRACEGRPO_REQUIRE_PTXAS=1 TRACEGRPO_REQUIRE_MPI=1
 
+# The CUDA emulator's schedule seeds kernels/cuda's conformance suite runs
+# under (TestConformanceEmu, one subtest seed=N each): two fixed, and one
+# drawn afresh for every run, printed here, so a failure can be replayed
+# with TRACEGRPO_EMU_SEEDS=N. Set EMU_SEEDS to choose them.
+ifeq ($(origin EMU_SEEDS),undefined)
+EMU_SEEDS := 1 2 $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+
 test: deps
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
-	$(TEST_ENV) $(GO) test ./...
+	@echo "test: the CUDA conformance suite runs on the emulator under schedule seeds $(EMU_SEEDS) (replay one with TRACEGRPO_EMU_SEEDS=N go test ./kernels/cuda -run '^TestConformanceEmu$$')"
+	$(TEST_ENV) TRACEGRPO_EMU_SEEDS="$(EMU_SEEDS)" $(GO) test ./...
 
 deps:
 	TOOLS=$(TOOLS) scripts/deps.sh

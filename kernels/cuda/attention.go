@@ -151,7 +151,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		return
 	}
 	rows := T * NH
-	dotBlocks := max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs))
+	dotBlocks := b.gridBlocks(max(1, min(ceilDiv(rows, threads/32), 32*b.d.info.SMs)))
 	suffix := "" // fp32, or bf16 of another head dimension or an unaligned view
 	if dt == kernels.BF16 {
 		suffix = "_bf16"

@@ -356,7 +356,16 @@ func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) 
 
 // blocks is the grid size of a grid-stride loop over n elements.
 func (b *Backend) blocks(n int) int {
-	return max(1, min((n+threads-1)/threads, 32*b.d.info.SMs))
+	return b.gridBlocks(max(1, min((n+threads-1)/threads, 32*b.d.info.SMs)))
+}
+
+// gridBlocks is a grid-stride kernel's grid of n blocks, capped at
+// Options.maxBlocks when that is set (tests).
+func (b *Backend) gridBlocks(n int) int {
+	if b.opt.maxBlocks > 0 {
+		return min(n, b.opt.maxBlocks)
+	}
+	return n
 }
 
 // elementwise launches a grid-stride kernel over n elements.

@@ -15,6 +15,6 @@ func (b *Backend) CopyCols(dst, src kernels.Buf, R, W, dstStride, srcStride int)
 	}
 	defer b.lock()()
 	// A block per row (striding over rows), its threads over the columns.
-	b.launch("copy_cols_"+dst.DType.String()+"_"+src.DType.String(), min(R, 32*b.d.info.SMs), 1, 1, threads, 0,
+	b.launch("copy_cols_"+dst.DType.String()+"_"+src.DType.String(), b.gridBlocks(min(R, 32*b.d.info.SMs)), 1, 1, threads, 0,
 		pa(dst), pa(src), la(R), la(W), la(dstStride), la(srcStride))
 }

@@ -81,18 +81,27 @@
 // libcuda and cuBLAS with g++ (testdata/emu): the .cu files compile as C++
 // against a small CUDA emulation header and run on fibers, one per CUDA
 // thread, with __syncthreads and warp shuffles as cooperative barriers.
-// Warps run one at a time to their next barrier in a random order and lanes
-// in a random order, so a missing __syncthreads changes results; allocations
+// A launch runs its blocks one at a time in a shuffled order, and each
+// block's warps one at a time to their next barrier in a shuffled order,
+// lanes too, all drawn from $TRACEGRPO_EMU_SEED (TestConformanceEmu runs
+// under each seed of $TRACEGRPO_EMU_SEEDS, and caps grid-stride grids so
+// that blocks loop over several rows), so a missing __syncthreads changes
+// results; shared memory, static and dynamic, is NaN at the start of every
+// block, so a read of a value no thread of the block wrote shows; allocations
 // sit against a guard page, so out-of-bounds accesses crash; launches
 // enforce block, grid and shared-memory limits (above 48 KiB only after
 // cuFuncSetAttribute, up to sm_80's 163 KiB); vector accesses must be
 // aligned. The tensor-core instructions (csrc/mma.cuh: mma.sync m16n8k16
 // bf16, ldmatrix, cp.async) are emulated from the PTX ISA's fragment
-// layouts, the warp's operands gathered at a warp barrier; cp.async leaves
+// layouts, the warp's operands gathered at a warp barrier, summed in fp32
+// steps as the hardware does (never exactly); cp.async leaves
 // its destination NaN until the wait, so a read too early or a buffer
 // refilled while in use shows. TestMMALayoutEmu checks the emulation against
 // a float64 product, TestMMALayoutMutantEmu that a wrong lane mapping fails
-// it, and TestMMALayoutGPU the same kernels against the hardware. The
+// it, and TestMMALayoutGPU the same kernels against the hardware. The fake
+// cuBLAS sums in fp32 and, in TF32 mode, rounds its inputs to 10 mantissa
+// bits, so no tolerance measured on the emulator is tighter than a GPU's
+// rounding allows. The
 // backend opened on the emulator runs the conformance suite
 // (kernels/kerneltest, its reduced shapes), one fp32 and one mixed-precision
 // training step of the tiny models, and the sampler (greedy, top-k and
@@ -103,7 +112,9 @@
 // warp-divergence behaviour of real hardware, PTX JIT, and cuBLAS's own
 // numerics. The *GPU tests run the same checks on device 0 and skip without
 // one (fail, with TRACEGRPO_REQUIRE_GPU=1); scripts/gpu-check.sh runs them
-// there, with the measurements of TestPerfGPU and TestSamplerThroughputGPU.
+// there in stages (a preflight, correctness with compute-sanitizer, then
+// benchmarks), from test binaries built here, and make gpu-check-dry runs
+// that script end to end on the emulator.
 package cuda
 
 import (
@@ -201,4 +212,9 @@ type Options struct {
 	// kernelFiles, when set, limits the embedded PTX files loaded (tests of
 	// an emulator built from some of the kernel sources).
 	kernelFiles []string
+	// maxBlocks, when positive, caps the grid of every grid-stride kernel
+	// (tests: the emulator's conformance run caps it low, so that every
+	// loop over rows or elements runs several times per block, and a
+	// barrier missing between two iterations changes the result).
+	maxBlocks int
 }

@@ -3,6 +3,8 @@
 package cuda
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"strings"
@@ -10,13 +12,46 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
-	"github.com/tracegrpo/tracegrpo/kernels/kerneltest"
 )
 
-// tolMMA: a 16-term dot product of bf16 values (exact products) plus an
-// fp32 addend, accumulated in fp32 by the tensor core (in double, rounded
-// once, by the emulator): a few fp32 ulps of the O(4) sums.
-var tolMMA = kerneltest.Tol{Atol: 1e-5, Rtol: 1e-5}
+// mmaULPs bounds how far mma.sync's D = A·B + C may be from the exact sum,
+// in units of 2^-23·(|c| + Σ|a·b|): the 16 products of bf16 values are
+// exact, and the tensor core adds them and the addend in at most 16 fp32
+// steps, each off by less than one fp32 ulp of the partial sum whether it
+// rounds to nearest (the emulator) or truncates (the hardware aligns the
+// products to the largest exponent and drops the bits below). So the bound
+// holds for any order and grouping of the additions, on either; a wrong
+// fragment layout is off by O(1).
+const mmaULPs = 17
+
+// mmaCompare checks got (16,8) against the exact D = A·B + C (row-major A
+// (16,16), Bt (8,16), C (16,8); rows from 16-zeroRows on take no product)
+// within mmaULPs, and describes the first mismatches ("" when all agree).
+func mmaCompare(A, Bt []float64, C []float32, zeroRows int, got []float32) string {
+	var bad []string
+	worst := 0.0
+	for r := range 16 {
+		for n := range 8 {
+			want, mag := float64(C[r*8+n]), math.Abs(float64(C[r*8+n]))
+			if r < 16-zeroRows {
+				for k := range 16 {
+					want += A[r*16+k] * Bt[n*16+k]
+					mag += math.Abs(A[r*16+k] * Bt[n*16+k])
+				}
+			}
+			bound := mmaULPs * 0x1p-23 * mag
+			d := math.Abs(float64(got[r*8+n]) - want)
+			worst = max(worst, d/bound)
+			if !(d <= bound) && len(bad) < 4 {
+				bad = append(bad, fmt.Sprintf("D[%d][%d] = %g, exact %g (|Δ| %.3g > %.3g)", r, n, got[r*8+n], want, d, bound))
+			}
+		}
+	}
+	if len(bad) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s; the worst is %.3g times the bound", strings.Join(bad, "; "), worst)
+}
 
 // mmaLayoutCheck runs csrc/mma_selftest.cu's kernels on b with random
 // operands and returns a description of every result that disagrees with a
@@ -44,21 +79,6 @@ func mmaLayoutCheck(t *testing.T, b *Backend, seed uint64) string {
 	for i := range C {
 		C[i] = float32(rng.NormFloat64())
 	}
-	want := func(zeroRows int) []float32 {
-		out := make([]float32, 16*8)
-		for r := range 16 {
-			for n := range 8 {
-				s := float64(C[r*8+n])
-				if r < 16-zeroRows {
-					for k := range 16 {
-						s += A[r*16+k] * Bt[n*16+k]
-					}
-				}
-				out[r*8+n] = float32(s)
-			}
-		}
-		return out
-	}
 	alloc := func(dt kernels.DType, n int) kernels.Buf {
 		x, err := b.Alloc(dt, n)
 		if err != nil {
@@ -80,24 +100,63 @@ func mmaLayoutCheck(t *testing.T, b *Backend, seed uint64) string {
 	}()
 	var msgs []string
 	for _, r := range []struct {
-		name string
-		buf  kernels.Buf
-		want []float32
+		name     string
+		buf      kernels.Buf
+		zeroRows int
 	}{
-		{"mma from lane fragments", d, want(0)},
-		{"mma from ldmatrix (cp.async, rows 12-15 zero-filled)", d1, want(4)},
-		{"mma from ldmatrix.trans", d2, want(4)},
+		{"mma from lane fragments", d, 0},
+		{"mma from ldmatrix (cp.async, rows 12-15 zero-filled)", d1, 4},
+		{"mma from ldmatrix.trans", d2, 4},
 	} {
 		got := make([]float32, 128)
 		b.DownloadF32(got, r.buf)
-		if msg := kerneltest.Compare(r.want, got, tolMMA); msg != "" {
+		if err := b.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if msg := mmaCompare(A, Bt, C, r.zeroRows, got); msg != "" {
 			msgs = append(msgs, r.name+": "+msg)
 		}
 	}
+	return strings.Join(msgs, "\n")
+}
+
+// TestMMAAccumulatesFP32Emu: the emulated mma.sync rounds its additions in
+// fp32, as a tensor core does, instead of summing exactly: with the addend
+// 2^24 (whose fp32 ulp is 2) and two products of 1, it gives 2^24, where
+// an exact sum gives 2^24 + 2. The layout check's bound (mmaULPs) is then
+// measured against a rounding emulator, not an exact one.
+func TestMMAAccumulatesFP32Emu(t *testing.T) {
+	b := emuBackend(t, Options{})
+	one := cpu.F32ToBF16(1)
+	aBits, btBits := make([]uint16, 16*16), make([]uint16, 8*16)
+	aBits[0], aBits[1] = one, one   // A row 0: 1, 1, 0, ...
+	btBits[0], btBits[1] = one, one // B column 0: 1, 1, 0, ...
+	C := make([]float32, 16*8)
+	C[0] = 1 << 24
+	alloc := func(dt kernels.DType, n int) kernels.Buf {
+		x, err := b.Alloc(dt, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Free(x) })
+		return x
+	}
+	a, bt, c, d := alloc(kernels.BF16, 256), alloc(kernels.BF16, 128), alloc(F32, 128), alloc(F32, 128)
+	b.UploadBF16(a, aBits)
+	b.UploadBF16(bt, btBits)
+	b.UploadF32(c, C)
+	func() {
+		defer b.lock()()
+		b.launch("mma_selftest_frag", 1, 1, 1, 32, 0, pa(d), pa(a), pa(bt), pa(c))
+	}()
+	got := make([]float32, 128)
+	b.DownloadF32(got, d)
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Join(msgs, "\n")
+	if got[0] != 1<<24 {
+		t.Errorf("mma.sync of 2^24 + 1·1 + 1·1 = %.0f, want %d (fp32 steps; %d is the exact sum)", got[0], 1<<24, 1<<24+2)
+	}
 }
 
 // TestMMALayoutEmu: the emulated mma.sync, ldmatrix and cp.async compute a
@@ -148,6 +207,7 @@ func TestMMALayoutGPU(t *testing.T) {
 		t.Skipf("no CUDA device: %v", err)
 	}
 	defer b.Close()
+	t.Logf("device: %s", b.Info())
 	for seed := range uint64(4) {
 		if msg := mmaLayoutCheck(t, b, seed); msg != "" {
 			t.Errorf("seed %d:\n%s", seed, msg)

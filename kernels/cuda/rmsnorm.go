@@ -56,7 +56,7 @@ func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels
 	if N == 0 {
 		return
 	}
-	G := min(N, normBwdBlocks)
+	G := b.gridBlocks(min(N, normBwdBlocks))
 	defer b.lock()()
 	partial := b.work(workNorm, normWork(N, C))
 	if partial == 0 {

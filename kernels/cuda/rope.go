@@ -26,7 +26,7 @@ func ropeCheck(op string, x, pos, cos, sin kernels.Buf, T, H, HD int) int {
 
 // ropeBlocks is the grid of the warp-per-row rope kernels over T·H rows.
 func (b *Backend) ropeBlocks(T, H int) int {
-	return max(1, min(ceilDiv(T*H, threads/32), 32*b.d.info.SMs))
+	return b.gridBlocks(max(1, min(ceilDiv(T*H, threads/32), 32*b.d.info.SMs)))
 }
 
 func (b *Backend) rope(op string, x, pos, cos, sin kernels.Buf, T, H, HD int, sign float32) {

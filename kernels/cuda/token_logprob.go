@@ -30,7 +30,7 @@ func checkLogprob(op string, hidden, weight, targets kernels.Buf, T, C, V int) k
 }
 
 // rowBlocks is the grid of a one-block-per-row kernel over T rows.
-func (b *Backend) rowBlocks(T int) int { return max(1, min(T, 64*b.d.info.SMs)) }
+func (b *Backend) rowBlocks(T int) int { return b.gridBlocks(max(1, min(T, 64*b.d.info.SMs))) }
 
 // TokenLogprob implements kernels.Ops: logprob, entropy, lse (T) =.
 func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {

@@ -8,6 +8,14 @@
 // an sm_80 block may opt in to) and abort on a barrier deadlock (divergent
 // __syncthreads or a thread exiting while others wait at one).
 //
+// The schedule: a launch runs its blocks one at a time in a shuffled order,
+// and each block's warps and lanes in shuffled orders (run_block), all drawn
+// from one generator that cuInit seeds from $TRACEGRPO_EMU_SEED (default 1),
+// so a seed replays a schedule exactly. Shared memory, static (the
+// tg_emu_smem section, cuda_emu.h) and dynamic, is poisoned (0xFF bytes:
+// NaN as a float, -1 as an int) at the start of every block, so a read of
+// shared memory no thread of the block wrote shows.
+//
 // The warp-level tensor-core instructions (csrc/mma.cuh) are emulated here
 // from the PTX ISA's fragment layouts: each lane deposits its fragments (or
 // ldmatrix row address) in its warp's scratch, the warp meets at a barrier,
@@ -15,6 +23,10 @@
 // scratch is double-buffered by barrier generation, so one barrier per
 // instruction suffices: a lane can write the buffer again only after the
 // next barrier, which every lane reaches after reading this one.
+// mma.sync adds the 16 exact bf16 products and the addend one at a time in
+// fp32, so its rounding is of the hardware's order (the tensor cores align
+// the products to the largest exponent and truncate: at most an fp32 ulp of
+// the largest partial sum per step), never the exact sum a double would give.
 // Built with -DTG_EMU_MMA_MUTANT, the A fragment's lane mapping is wrong on
 // purpose (the layout test must then fail: kernels/cuda's TestMMALayoutEmu).
 #include <sys/mman.h>
@@ -43,6 +55,12 @@ extern const int tg_nkernels;
 
 tg_dim3 threadIdx, blockIdx, blockDim, gridDim;
 char* tg_emu_dyn_smem;
+
+// The linker's bounds of the tg_emu_smem section (every static __shared__
+// variable of the kernels); weak, as a build from kernel sources with none
+// has no such section.
+extern "C" char __start_tg_emu_smem[] __attribute__((weak, visibility("hidden")));
+extern "C" char __stop_tg_emu_smem[] __attribute__((weak, visibility("hidden")));
 
 namespace {
 // A fiber starts through makecontext/swapcontext once per block and then
@@ -202,17 +220,19 @@ void tg_emu_mma_bf16_16816(float acc[4], const unsigned a[4], const unsigned b[2
     B1[2 * q] = lo_f(b1[0]), B1[2 * q + 1] = hi_f(b1[0]);
     B1[2 * q + 8] = lo_f(b1[1]), B1[2 * q + 9] = hi_f(b1[1]);
   }
-  double d0 = 0, d1 = 0, d2 = 0, d3 = 0;  // bf16 products are exact in double
+  // A bf16 product has 16 significant bits, so it is exact in fp32; each
+  // addition rounds to fp32 (the file's header says why).
+  float d0 = acc[0], d1 = acc[1], d2 = acc[2], d3 = acc[3];
   for (int k = 0; k < 16; k++) {
-    d0 += (double)A0[k] * B0[k];
-    d1 += (double)A0[k] * B1[k];
-    d2 += (double)A1[k] * B0[k];
-    d3 += (double)A1[k] * B1[k];
+    d0 += A0[k] * B0[k];
+    d1 += A0[k] * B1[k];
+    d2 += A1[k] * B0[k];
+    d3 += A1[k] * B1[k];
   }
-  acc[0] = (float)(acc[0] + d0);
-  acc[1] = (float)(acc[1] + d1);
-  acc[2] = (float)(acc[2] + d2);
-  acc[3] = (float)(acc[3] + d3);
+  acc[0] = d0;
+  acc[1] = d1;
+  acc[2] = d2;
+  acc[3] = d3;
 }
 
 void tg_emu_ldmatrix(unsigned* r, int num, bool trans, const void* p) {
@@ -264,6 +284,22 @@ void tg_emu_cp_wait(int n) {
   cp_land(f, land);
 }
 
+static uint64_t next_rand() {
+  rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+  return rng_state >> 33;
+}
+
+// shuffle permutes v with the schedule's generator (Fisher-Yates).
+template <class T>
+static void shuffle(std::vector<T>& v) {
+  for (int i = (int)v.size() - 1; i > 0; i--) {
+    int j = (int)(next_rand() % (uint64_t)(i + 1));
+    T tmp = v[i];
+    v[i] = v[j];
+    v[j] = tmp;
+  }
+}
+
 static int run_block(const char* name) {
   blk_arrived = 0;
   memset(warp_arrived, 0, sizeof warp_arrived);
@@ -292,15 +328,6 @@ static int run_block(const char* name) {
   for (int w = 0; w < nwarps; w++) worder[w] = w;
   lorder.resize(32);
   for (int i = 0; i < 32; i++) lorder[i] = i;
-  auto shuffle = [](std::vector<int>& v) {
-    for (int i = (int)v.size() - 1; i > 0; i--) {
-      rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-      int j = (int)((rng_state >> 33) % (uint64_t)(i + 1));
-      int tmp = v[i];
-      v[i] = v[j];
-      v[j] = tmp;
-    }
-  };
   auto runnable = [](int t) {
     return !fibers[t].done && (fibers[t].wait_gen < 0 || (long)blk_gen != fibers[t].wait_gen);
   };
@@ -346,9 +373,23 @@ static std::map<uint64_t, std::pair<char*, size_t>> allocs;  // ptr -> (mapping,
 
 #define API extern "C" __attribute__((visibility("default"))) int
 
+// cuInit (called whenever the backend opens or probes the device) restarts
+// the schedule from $TRACEGRPO_EMU_SEED, default 1: the block, warp and
+// lane orders of everything a backend runs follow from the seed alone.
 API cuInit(unsigned) {
-  // TRACEGRPO_EMU_SEED varies the warp and lane orders (default fixed).
-  if (const char* seed = getenv("TRACEGRPO_EMU_SEED")) rng_state ^= strtoull(seed, nullptr, 10) * 0x9e3779b97f4a7c15ull;
+  uint64_t seed = 1;
+  if (const char* s = getenv("TRACEGRPO_EMU_SEED")) {
+    char* end;
+    seed = strtoull(s, &end, 10);
+    if (*s == 0 || *end != 0) {
+      fprintf(stderr, "fakecuda: TRACEGRPO_EMU_SEED=%s is not a decimal number\n", s);
+      return 1;  // CUDA_ERROR_INVALID_VALUE
+    }
+  }
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull;  // splitmix64: nearby seeds, unrelated states
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  rng_state = z ^ (z >> 31);
   return 0;
 }
 API cuDriverGetVersion(int* v) {
@@ -520,14 +561,24 @@ API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
   gridDim = {gx, gy, gz};
   cur_fn = k->fn;
   cur_params = params;
+  // The blocks in a shuffled order: a kernel whose blocks depend on each
+  // other's order (a GPU runs them in any order, and at once) changes its
+  // result.
+  static std::vector<tg_dim3> order;
+  order.clear();
   for (unsigned z = 0; z < gz; z++)
     for (unsigned y = 0; y < gy; y++)
-      for (unsigned x = 0; x < gx; x++) {
-        memset(dyn_buf, 0xFF, smem + 16);  // NaN: unwritten shared memory shows up
-        tg_emu_dyn_smem = dyn_buf;
-        blockIdx = {x, y, z};
-        run_block(k->name);
-      }
+      for (unsigned x = 0; x < gx; x++) order.push_back({x, y, z});
+  shuffle(order);
+  const size_t static_smem = __start_tg_emu_smem ? (size_t)(__stop_tg_emu_smem - __start_tg_emu_smem) : 0;
+  for (const tg_dim3& blk : order) {
+    // NaN: shared memory no thread of this block wrote shows up.
+    memset(dyn_buf, 0xFF, smem + 16);
+    if (static_smem) memset(__start_tg_emu_smem, 0xFF, static_smem);
+    tg_emu_dyn_smem = dyn_buf;
+    blockIdx = blk;
+    run_block(k->name);
+  }
   return 0;
 }
 API cuGetErrorString(int code, const char** s) {
