@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -136,9 +136,21 @@ ptx-sm90:
 sass: deps
 	$(TEST_ENV) $(GO) test ./kernels/cuda -count=1 -run '^TestSASS$$' -update-sass
 
-# Build what scripts/gpu-check.sh runs on a GPU machine (carry bin/gpu-check there).
+# Build what scripts/gpu-check.sh runs on a GPU machine, stripped, into
+# bin/gpu-check (carry that folder there); prints its size, fails above 48 MiB.
 gpu-check-build:
 	scripts/gpu-check.sh --build
+
+# scripts/gpu-check.sh end to end on the CPU emulator (bin/gpu-check-emu):
+# every stage and part as on a GPU, with the emulator's libraries, reduced
+# shapes and no compute-sanitizer; prints each stage's time against its
+# budget, and the budgets' sum (at most 7 minutes). Writes GPU_CHECK_OUT.
+GPU_CHECK_OUT ?= /tmp/tracegrpo-gpu-check-dry
+gpu-check-dry: gpu-check-build
+	rm -rf bin/gpu-check-emu $(GPU_CHECK_OUT)
+	cd kernels/cuda && TRACEGRPO_EMU_KEEP=$(CURDIR)/bin/gpu-check-emu $(GO) test -count=1 -run '^TestEmuSmoke$$' .
+	GPU_CHECK_PYTHON=$(PYTHON) scripts/gpu-check.sh --dry $(GPU_CHECK_OUT)
+	@echo "gpu-check-dry: $$(ls $(GPU_CHECK_OUT) | wc -l) files in $(GPU_CHECK_OUT) (the device returns 8 at most):"; ls -l $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf bin

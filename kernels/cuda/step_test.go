@@ -185,8 +185,8 @@ func compareSteps(t *testing.T, want, got stepResult, sparse bool) {
 			t.Errorf("tiny-model step %s: %s", c.name, msg)
 		}
 		frac, abs, rel := kerneltest.Used(c.want, c.got, c.tol)
-		t.Logf("tiny-model step %s: max abs err %.3g, max rel err %.3g: %.3g%% of the tolerance (atol %g, rtol %g)",
-			c.name, abs, rel, 100*frac, c.tol.Atol, c.tol.Rtol)
+		t.Logf("tiny-model step %s (%s): max abs err %.3g, max rel err %.3g: %.3g%% of the tolerance (atol %g, rtol %g)",
+			c.name, t.Name(), abs, rel, 100*frac, c.tol.Atol, c.tol.Rtol)
 	}
 	if d := math.Abs(got.loss-want.loss) / math.Abs(want.loss); d > tolStepLoss {
 		t.Errorf("tiny-model step loss: got %.8g want %.8g (rel err %.3g)", got.loss, want.loss, d)
@@ -278,7 +278,7 @@ func compareBF16Steps(t *testing.T, table model.ParamTable, want, got stepResult
 			t.Errorf("bf16 step gradient of %s: ‖Δg‖/‖g‖ = %.3g > %g", p.Name, r, tol.GradNorm)
 		}
 	}
-	t.Logf("bf16 step: worst ‖Δg‖/‖g‖ %.3g of %g; loss reference %.8g, this %.8g", worst, tol.GradNorm, want.loss, got.loss)
+	t.Logf("bf16 step (%s): worst ‖Δg‖/‖g‖ %.3g of %g; loss reference %.8g, this %.8g", t.Name(), worst, tol.GradNorm, want.loss, got.loss)
 }
 
 // TestTinyStepBF16Emu: the mixed-precision step (bf16 weight copy, GEMM and
