@@ -219,7 +219,7 @@ func TestMpirunOneRankFailing(t *testing.T) {
 	}
 
 	// A rank killed in the middle of a run ends the job at once.
-	pgrep, kill := testtool.Path(t, "pgrep", "TRACEGRPO_REQUIRE_MPI"), testtool.Path(t, "kill", "TRACEGRPO_REQUIRE_MPI")
+	pgrep, kill := procTools(t)
 	out = filepath.Join(dir, "killed")
 	cmd = mpirunCmd(t, 2, distArgs(out, 1000000)...)
 	var buf bytes.Buffer

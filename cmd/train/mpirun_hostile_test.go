@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 // mpirunDeadline bounds how long a stopped or failing mpirun job may take
@@ -43,16 +45,26 @@ func (s *syncBuffer) String() string {
 
 // mpirunJob is a running mpirun job of this test binary as train.
 type mpirunJob struct {
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	done chan struct{} // closed when mpirun has exited
+	cmd         *exec.Cmd
+	out         *syncBuffer
+	done        chan struct{} // closed when mpirun has exited
+	pgrep, kill string        // procps's, as scripts/deps.sh provides them
+}
+
+// procTools are the pgrep and kill the rank-killing tests run (procps,
+// through internal/testtool: a skip, or a failure under make test, when
+// they are missing).
+func procTools(t *testing.T) (pgrep, kill string) {
+	t.Helper()
+	return testtool.Path(t, "pgrep", "TRACEGRPO_REQUIRE_MPI"), testtool.Path(t, "kill", "TRACEGRPO_REQUIRE_MPI")
 }
 
 func startMpirun(t *testing.T, n int, env []string, args ...string) *mpirunJob {
 	t.Helper()
+	pgrep, kill := procTools(t)
 	cmd := mpirunCmd(t, n, args...)
 	cmd.Env = append(cmd.Env, env...)
-	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), pgrep: pgrep, kill: kill}
 	cmd.Stdout, cmd.Stderr = j.out, j.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -79,7 +91,7 @@ func (j *mpirunJob) ranks(t *testing.T, n int) map[int]int {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		out := map[int]int{}
-		kids, _ := exec.Command("pgrep", "-P", fmt.Sprint(j.cmd.Process.Pid)).Output()
+		kids, _ := exec.Command(j.pgrep, "-P", fmt.Sprint(j.cmd.Process.Pid)).Output()
 		for _, f := range strings.Fields(string(kids)) {
 			var pid int
 			fmt.Sscan(f, &pid)
@@ -105,9 +117,9 @@ func (j *mpirunJob) ranks(t *testing.T, n int) map[int]int {
 }
 
 func (j *mpirunJob) killAll() {
-	kids, _ := exec.Command("pgrep", "-P", fmt.Sprint(j.cmd.Process.Pid)).Output()
+	kids, _ := exec.Command(j.pgrep, "-P", fmt.Sprint(j.cmd.Process.Pid)).Output()
 	for _, f := range strings.Fields(string(kids)) {
-		exec.Command("kill", "-9", f).Run()
+		exec.Command(j.kill, "-9", f).Run()
 	}
 	j.cmd.Process.Kill()
 }
@@ -252,13 +264,8 @@ type mpirunRank struct {
 // working directory.
 func mpirunEach(t *testing.T, ranks []mpirunRank) *mpirunJob {
 	t.Helper()
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		if os.Getenv("TRACEGRPO_REQUIRE_MPI") == "1" {
-			t.Fatal("TRACEGRPO_REQUIRE_MPI=1 but there is no mpirun on PATH")
-		}
-		t.Skip("NOT RUN: no mpirun on PATH (Debian package openmpi-bin)")
-	}
+	path := testtool.Path(t, "mpirun", "TRACEGRPO_REQUIRE_MPI")
+	pgrep, kill := procTools(t)
 	argv := []string{"--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"}
 	for i, r := range ranks {
 		if i > 0 {
@@ -273,7 +280,7 @@ func mpirunEach(t *testing.T, ranks []mpirunRank) *mpirunJob {
 	}
 	cmd := exec.Command(path, argv...)
 	cmd.Env = os.Environ()
-	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), pgrep: pgrep, kill: kill}
 	cmd.Stdout, cmd.Stderr = j.out, j.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

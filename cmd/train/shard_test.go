@@ -280,12 +280,13 @@ func TestMpirunShardedKillMidCheckpoint(t *testing.T) {
 // there (false: the job ended or the checkpoint finished first).
 func waitMidCheckpoint(t *testing.T, out string, cmd *exec.Cmd, done chan error) bool {
 	t.Helper()
+	pgrep, kill := procTools(t)
 	dir := filepath.Join(out, "checkpoints")
 	deadline := time.Now().Add(time.Minute)
 	var pids []string
 	for time.Now().Before(deadline) {
 		if len(pids) < 2 {
-			kids, _ := exec.Command("pgrep", "-P", fmt.Sprint(cmd.Process.Pid)).Output()
+			kids, _ := exec.Command(pgrep, "-P", fmt.Sprint(cmd.Process.Pid)).Output()
 			pids = strings.Fields(string(kids))
 		}
 		ents, _ := os.ReadDir(dir)
@@ -302,7 +303,7 @@ func waitMidCheckpoint(t *testing.T, out string, cmd *exec.Cmd, done chan error)
 			inner, _ := os.ReadDir(filepath.Join(dir, e.Name()))
 			for _, f := range inner {
 				if strings.HasPrefix(f.Name(), "shard-") && len(pids) >= 2 {
-					exec.Command("kill", "-9", pids[len(pids)-1]).Run()
+					exec.Command(kill, "-9", pids[len(pids)-1]).Run()
 					_, err := os.Stat(filepath.Join(dir, e.Name()))
 					return err == nil
 				}
