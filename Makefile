@@ -36,6 +36,10 @@ TEST_ENV    := PATH="$(TEST_PATH)" TRACEGRPO_TOOLS="$(TOOLS)" TRACEGRPO_REQUIRE_
 # under (TestConformanceEmu, one subtest seed=N each): two fixed, and one
 # drawn afresh for every run, printed here, so a failure can be replayed
 # with TRACEGRPO_EMU_SEEDS=N. Set EMU_SEEDS to choose them.
+# go test's limit per package: kernels/cuda runs the emulator for minutes (its
+# conformance suite three times), and on a loaded 2-core machine it ran past
+# Go's default 10 minutes; CI's whole run must stay under 20.
+TEST_TIMEOUT ?= 20m
 ifeq ($(origin EMU_SEEDS),undefined)
 EMU_SEEDS := 1 2 $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif
@@ -44,7 +48,7 @@ test: deps
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
 	@echo "test: the CUDA conformance suite runs on the emulator under schedule seeds $(EMU_SEEDS) (replay one with TRACEGRPO_EMU_SEEDS=N go test ./kernels/cuda -run '^TestConformanceEmu$$')"
-	$(TEST_ENV) TRACEGRPO_EMU_SEEDS="$(EMU_SEEDS)" $(GO) test ./...
+	$(TEST_ENV) TRACEGRPO_EMU_SEEDS="$(EMU_SEEDS)" $(GO) test -timeout $(TEST_TIMEOUT) ./...
 
 deps:
 	TOOLS=$(TOOLS) scripts/deps.sh
