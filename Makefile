@@ -131,8 +131,8 @@ ptx:
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC) NVFLAGS="-O3 -std=c++14 -allow-unsupported-compiler"
 
 # Assemble every committed PTX for Hopper (needs ptxas from the CUDA toolkit).
-ptx-sm90:
-	$(MAKE) -C kernels/cuda/csrc sm90
+ptx-sm90: deps
+	$(MAKE) -C kernels/cuda/csrc sm90 PTXAS=$(TOOLS)/ptxas
 
 # Rewrite kernels/cuda/csrc/gen_sass.md (the SASS facts of the committed PTX:
 # tensor-core instructions, registers, spills, blocks per SM) with the ptxas
