@@ -130,7 +130,7 @@ ptx:
 	CUDA_HOME=$(CUDA_HOME) scripts/deps.sh nvcc
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC) NVFLAGS="-O3 -std=c++14 -allow-unsupported-compiler"
 
-# Assemble every committed PTX for Hopper (needs ptxas from the CUDA toolkit).
+# Assemble every committed PTX for Hopper with the ptxas deps.sh provides.
 ptx-sm90: deps
 	$(MAKE) -C kernels/cuda/csrc sm90 PTXAS=$(TOOLS)/ptxas
 
