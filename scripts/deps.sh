@@ -10,6 +10,8 @@
 #                       (Debian package openmpi-bin)
 #   procps              pgrep and kill, which cmd/train's rank-failure test
 #                       runs (Debian's minimal images lack them)
+#   git, tar            trainer's count of a NeMo RL clone's recipes (run only
+#                       with TRACEGRPO_NEMORL_REPO set)
 #   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
 #   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
 #                       runs nvdisasm. Debian ships them only inside
@@ -92,7 +94,7 @@ trap 'rm -rf "$tmp"' EXIT
 # with apt-get into the system directories. One line each (testtool parses
 # them).
 toolkit_tools="ptxas cuobjdump nvdisasm"
-system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash"
+system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar"
 syspath=/usr/sbin:/usr/bin:/sbin:/bin
 
 case $mode in

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -217,15 +218,28 @@ func TestNeMoRLMirrorThreeClasses(t *testing.T) {
 		rev = "HEAD"
 	}
 	dir := t.TempDir()
-	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %q archive %q | tar -x -C %q", repo, rev, dir))
-	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("git archive %s: %v\n%s", rev, err, out)
+	git, tar := testtool.Path(t, "git", ""), testtool.Path(t, "tar", "")
+	archive := exec.Command(git, "-C", repo, "archive", rev)
+	extract := exec.Command(tar, "-x", "-C", dir)
+	var stderr strings.Builder
+	archive.Stderr, extract.Stderr = &stderr, &stderr
+	pipe, err := archive.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	extract.Stdin = pipe
+	if err := archive.Start(); err != nil {
+		t.Fatal(err)
+	}
+	xerr := extract.Run()
+	if aerr := archive.Wait(); aerr != nil || xerr != nil {
+		t.Fatalf("git archive %s | tar -x: %v, %v\n%s", rev, aerr, xerr, stderr.String())
 	}
 	recipes, err := grpoConfigs(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, _ := exec.Command("git", "-C", repo, "rev-parse", rev).Output()
+	id, _ := exec.Command(git, "-C", repo, "rev-parse", rev).Output()
 	t.Logf("NVIDIA-NeMo/RL %s = %s", rev, strings.TrimSpace(string(id)))
 	counts, _ := recipeCounts(t, dir, recipes)
 	if counts[recipeWrong] != 0 {

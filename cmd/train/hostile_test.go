@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 // hostileDeadline bounds every hostile case: a refusal is immediate, so
@@ -35,7 +36,7 @@ func refused(t *testing.T, code int, env []string, want []string, args ...string
 	// Under a 4 GiB address-space limit, a read without a bound ends in
 	// the Go runtime's out-of-memory crash at once, not after the machine
 	// (shared by others) has given it all its memory.
-	cmd := exec.CommandContext(ctx, "sh", "-c", `ulimit -v 4194304 && exec "$0" -test.run='^$'`, os.Args[0])
+	cmd := exec.CommandContext(ctx, testtool.Path(t, "sh", ""), "-c", `ulimit -v 4194304 && exec "$0" -test.run='^$'`, os.Args[0])
 	cmd.Env = append(trainCommand(args...).Env, env...)
 	var stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr

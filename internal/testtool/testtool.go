@@ -86,25 +86,31 @@ func ParseLists(text string) (Lists, error) {
 	return l, nil
 }
 
-// depsLists reads scripts/deps.sh of the module the test runs in (found
-// by walking up from the working directory to go.mod).
+// moduleRoot is the directory of the go.mod above the working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("testtool: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// depsLists reads scripts/deps.sh of the module the test runs in.
 func depsLists() (Lists, error) {
 	lists.once.Do(func() {
-		dir, err := os.Getwd()
+		dir, err := moduleRoot()
 		if err != nil {
 			lists.err = err
 			return
-		}
-		for {
-			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				break
-			}
-			parent := filepath.Dir(dir)
-			if parent == dir {
-				lists.err = errors.New("testtool: no go.mod above the working directory")
-				return
-			}
-			dir = parent
 		}
 		text, err := os.ReadFile(filepath.Join(dir, "scripts", "deps.sh"))
 		if err != nil {

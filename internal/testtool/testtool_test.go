@@ -2,9 +2,15 @@ package testtool
 
 import (
 	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -126,4 +132,105 @@ func TestFind(t *testing.T) {
 	if _, _, err := find(l, "gone"); err == nil || !strings.Contains(err.Error(), "Debian package gonepkg") {
 		t.Errorf("gone: %v, want its package named", err)
 	}
+}
+
+// TestTestsNameOnlyListedPrograms reads every test file of the module: a
+// test starts a program through Path (or Find), never by a name of its own
+// (exec.Command("git", ...) would find whatever the machine has), and each
+// name given to Path or Find is on one of deps.sh's lists. It covers the
+// tests that CI skips too (those behind an environment variable), which
+// the run-time check reaches only when they run.
+func TestTestsNameOnlyListedPrograms(t *testing.T) {
+	l, err := depsLists()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := 0
+	var bad []string
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); path != root && (strings.HasPrefix(n, ".") || n == "testdata" || n == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		files++
+		rel, _ := filepath.Rel(root, path)
+		bad = append(bad, unlistedPrograms(t, l, path, rel)...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 50 {
+		t.Fatalf("read %d test files under %s; the walk missed the module", files, root)
+	}
+	for _, b := range bad {
+		t.Error(b)
+	}
+}
+
+// unlistedPrograms returns, for one test file, each program started by a
+// literal name and each literal name given to Path or Find that deps.sh
+// does not list.
+func unlistedPrograms(t *testing.T, l Lists, path, rel string) []string {
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bad []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		call, ok := n.(*ast.CallExpr)
+		if !ok {
+			return true
+		}
+		sel, ok := call.Fun.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		pkg, ok := sel.X.(*ast.Ident)
+		if !ok {
+			return true
+		}
+		arg := -1
+		switch {
+		case pkg.Name == "exec" && sel.Sel.Name == "Command":
+			arg = 0
+		case pkg.Name == "exec" && sel.Sel.Name == "CommandContext":
+			arg = 1
+		case pkg.Name == "testtool" && sel.Sel.Name == "Path":
+			arg = 1
+		case pkg.Name == "testtool" && sel.Sel.Name == "Find":
+			arg = 0
+		default:
+			return true
+		}
+		if arg >= len(call.Args) {
+			return true
+		}
+		lit, ok := call.Args[arg].(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING {
+			return true
+		}
+		name, _ := strconv.Unquote(lit.Value)
+		at := fmt.Sprintf("%s:%d", rel, fset.Position(lit.Pos()).Line)
+		if pkg.Name == "exec" {
+			bad = append(bad, fmt.Sprintf("%s: exec.%s(%q): take the program from testtool.Path, which checks that scripts/deps.sh provides it", at, sel.Sel.Name, name))
+		} else if _, _, err := find(l, name); errors.Is(err, ErrNotProvided) {
+			bad = append(bad, fmt.Sprintf("%s: %v", at, err))
+		}
+		return true
+	})
+	return bad
 }
