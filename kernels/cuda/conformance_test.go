@@ -23,18 +23,28 @@ import (
 //
 // It runs once per emulator schedule seed (emuSeeds: the block, warp and
 // lane orders and so which interleavings a missing barrier exposes), each
-// on a backend of its own, as subtest seed=N; make test runs three.
+// on a backend of its own, as subtest seed=N; make test runs three. The
+// first seed runs the reduced suite, the others its schedule subset.
 func TestConformanceEmu(t *testing.T) {
 	seeds, err := emuSeeds()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, seed := range seeds {
+	for i, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Setenv(emuSeedEnv, strconv.FormatUint(seed, 10))
-			t.Logf("emulator schedule seed %d; replay with %s=%d go test ./kernels/cuda -run '^TestConformanceEmu$'", seed, emuSeedsEnv, seed)
+			// The first seed runs the reduced suite, the others its
+			// schedule subset (kerneltest.Options.Schedule): every case, the
+			// slow three on fewer shapes, so that three seeds cost about
+			// two runs, not three.
+			opt := kerneltest.Options{Reduced: true, Schedule: i > 0}
+			replay := fmt.Sprintf("%s=%d", emuSeedsEnv, seed)
+			if opt.Schedule {
+				replay = fmt.Sprintf("%s=\"1 %d\"", emuSeedsEnv, seed)
+			}
+			t.Logf("emulator schedule seed %d (schedule subset: %v); replay with %s go test ./kernels/cuda -run '^TestConformanceEmu$'", seed, opt.Schedule, replay)
 			b := emuBackend(t, Options{LogitsScratch: 37 * 64, DecodeSplit: 32, maxBlocks: 3})
-			kerneltest.RunOptions(t, func() kernels.Backend { return noClose{b} }, kerneltest.Options{Reduced: true})
+			kerneltest.RunOptions(t, func() kernels.Backend { return noClose{b} }, opt)
 		})
 	}
 }

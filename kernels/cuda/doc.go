@@ -86,8 +86,10 @@
 // lanes too, all drawn from $TRACEGRPO_EMU_SEED (TestConformanceEmu runs
 // under each seed of $TRACEGRPO_EMU_SEEDS, and caps grid-stride grids so
 // that blocks loop over several rows), so a missing __syncthreads changes
-// results; shared memory, static and dynamic, is NaN at the start of every
-// block, so a read of a value no thread of the block wrote shows; allocations
+// results; shared memory, static (wherever declared: a kernel, an inline
+// function, a template; the build links them into one section) and
+// dynamic, is NaN at the start of every block, so a read of a value no
+// thread of the block wrote shows; allocations
 // sit against a guard page, so out-of-bounds accesses crash; launches
 // enforce block, grid and shared-memory limits (above 48 KiB only after
 // cuFuncSetAttribute, up to sm_80's 163 KiB); vector accesses must be

@@ -132,34 +132,35 @@ func TestEmuSchedule(t *testing.T) {
 	}
 }
 
-// TestEmuSharedPoison: every block starts with its static and dynamic
-// shared memory poisoned (NaN), though the blocks before it, run on the
-// same memory, wrote 1.0 there.
+// TestEmuSharedPoison: every block starts with its shared memory poisoned
+// (NaN), though the blocks before it, run on the same memory, wrote 1.0
+// there: static in a kernel, in an inline device function and in a
+// template (which g++ gives COMDAT groups: emuSmemScript), and dynamic.
 func TestEmuSharedPoison(t *testing.T) {
 	b, err := probeBackend(t, "1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const blocks, bx = 8, 64
-	out, _ := b.Alloc(F32, 2*blocks*bx)
+	const blocks, bx, words = 8, 64, 4 // words: EMU_PROBE_SMEM_WORDS of probe.cu
+	kinds := [words]string{"static", "dynamic", "inline function's static", "template's static"}
+	out, _ := b.Alloc(F32, words*blocks*bx)
 	defer b.Free(out)
 	func() {
 		defer b.lock()()
 		b.launch("emu_probe_smem", blocks, 1, 1, bx, 4*bx, pa(out))
 	}()
-	got := make([]float32, 2*blocks*bx)
+	got := make([]float32, words*blocks*bx)
 	b.DownloadF32(got, out)
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
 	for i, v := range got {
 		if math.Float32bits(v) != 0xffffffff {
-			kind := [2]string{"static", "dynamic"}[i%2]
 			t.Fatalf("block %d thread %d read %v from its %s shared memory before writing it, want the poison (bits 0xffffffff)",
-				i/2/bx, i/2%bx, v, kind)
+				i/words/bx, i/words%bx, v, kinds[i%words])
 		}
 	}
-	t.Logf("%d blocks × %d threads saw only poison in static and dynamic shared memory", blocks, bx)
+	t.Logf("%d blocks × %d threads saw only poison in %s shared memory", blocks, bx, strings.Join(kinds[:], ", "))
 }
 
 // TestEmuCatchesMissingBarrier: with a barrier taken out of a real kernel

@@ -86,6 +86,25 @@ func buildEmu() (driver, blas string, skip string, err error) {
 
 var emuCommonFlags = []string{"-std=c++17", "-O2", "-U_FORTIFY_SOURCE", "-shared", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-w"}
 
+// emuSmemScript is the linker script fragment that gathers every
+// zero-initialised function-local static of the kernels' object (cuda_emu.h
+// makes __shared__ static; -fdata-sections gives each its own section,
+// .bss._ZZ..., in a COMDAT group when it sits in an inline function or a
+// template) into one section, tg_emu_smem, which the launch poisons at the
+// start of every block. A section attribute in cuda_emu.h cannot: g++
+// ignores it on a template's static, and refuses to mix an inline
+// function's (COMDAT) with a kernel's ("section type conflict").
+// fakecuda.cpp's own statics are in another object and stay out.
+const emuSmemScript = `SECTIONS {
+  tg_emu_smem : {
+    __start_tg_emu_smem = .;
+    *%s(.bss._ZZ*)
+    __stop_tg_emu_smem = .;
+  }
+}
+INSERT AFTER .data;
+`
+
 // compileEmuDriver builds the stand-in libcuda at out from the kernel
 // sources srcs (csrc/*.cu) with extra g++ flags, writing its kernel table
 // into dir.
@@ -127,10 +146,26 @@ extern const tg_kernel tg_kernels[] = {
 	}
 	emuDir, _ := filepath.Abs("testdata/emu")
 	csrc, _ := filepath.Abs("csrc")
-	args := append(append(append([]string{}, emuCommonFlags...), flags...), "-include", filepath.Join(emuDir, "cuda_emu.h"), "-I", csrc, "-I", emuDir,
-		filepath.Join(emuDir, "fakecuda.cpp"), kfile, "-o", out)
-	if out, err := exec.Command(cxx, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("g++ %s: %v\n%s", strings.Join(args, " "), err, out)
+	base := strings.TrimSuffix(out, ".so")
+	kobj, dobj, script := base+"-kernels.o", base+"-driver.o", base+"-smem.ld"
+	if err := os.WriteFile(script, []byte(fmt.Sprintf(emuSmemScript, filepath.Base(kobj))), 0o644); err != nil {
+		return err
+	}
+	var compile []string
+	for _, f := range emuCommonFlags {
+		if f != "-shared" {
+			compile = append(compile, f)
+		}
+	}
+	compile = append(append(compile, flags...), "-include", filepath.Join(emuDir, "cuda_emu.h"), "-I", csrc, "-I", emuDir, "-c")
+	for _, step := range [][]string{
+		append(append([]string{}, compile...), filepath.Join(emuDir, "fakecuda.cpp"), "-o", dobj),
+		append(append([]string{}, compile...), "-fdata-sections", kfile, "-o", kobj),
+		append(append([]string{}, emuCommonFlags...), dobj, kobj, "-Wl,-T,"+script, "-o", out),
+	} {
+		if msg, err := exec.Command(cxx, step...).CombinedOutput(); err != nil {
+			return fmt.Errorf("g++ %s: %v\n%s", strings.Join(step, " "), err, msg)
+		}
 	}
 	return nil
 }

@@ -335,6 +335,9 @@ var cases = []testCase{
 				if (i+j)%2 == 1 && h.HD == 128 {
 					continue // keep the suite fast: HD=128 on half the packings
 				}
+				if s.schedule && (i+j)%2 == 1 {
+					continue // another schedule: half the pairs, every packing and head shape once at least
+				}
 				sq, cuP, T := seqs(s, lens)
 				if j%2 == 1 {
 					sq.MaxLen = T // a loose bound (the model may pass its configured maximum)
@@ -376,13 +379,14 @@ var cases = []testCase{
 			NH, NKV, HD   int
 			misaligned    bool
 			long, reduced bool // a long shape; kept when Options.Reduced
+			schedule      bool // kept when Options.Schedule: crosses 64-row tiles, both head dimensions
 		}
 		shapes := []shape{
 			{lens: []int{1}, NH: 4, NKV: 2, HD: 64, reduced: true},
 			{lens: []int{37}, NH: 2, NKV: 1, HD: 128, reduced: true},
 			{lens: []int{5, 1, 17, 33, 2}, NH: 4, NKV: 2, HD: 64},
-			{lens: []int{70, 3, 130}, NH: 2, NKV: 1, HD: 128, reduced: true},
-			{lens: []int{64, 65, 63, 128}, NH: 6, NKV: 3, HD: 64, reduced: true},
+			{lens: []int{70, 3, 130}, NH: 2, NKV: 1, HD: 128, reduced: true, schedule: true},
+			{lens: []int{64, 65, 63, 128}, NH: 6, NKV: 3, HD: 64, reduced: true, schedule: true},
 			{lens: []int{3, 1, 2, 4, 1, 1, 3, 2, 4, 1, 2, 3, 1, 4, 2, 1, 3, 1, 2, 2}, NH: 4, NKV: 4, HD: 128},
 			{lens: []int{37, 20}, NH: 4, NKV: 2, HD: 40, reduced: true},                   // widened: HD 40
 			{lens: []int{37, 20}, NH: 4, NKV: 2, HD: 64, misaligned: true, reduced: true}, // widened: unaligned views
@@ -394,7 +398,7 @@ var cases = []testCase{
 			{lens: []int{4096}, NH: 8, NKV: 2, HD: 128, long: true},
 		}
 		for _, h := range shapes {
-			if s.reduced && !h.reduced {
+			if s.reduced && !h.reduced || s.schedule && (h.long || !h.schedule) {
 				continue
 			}
 			sq, cuP, T := seqs(s, h.lens)
@@ -717,6 +721,9 @@ var cases = []testCase{
 		Vs, B := []int{1, 7, 1000, 3001}, 12
 		if s.reduced {
 			Vs, B = []int{1, 7, 1000}, 8
+		}
+		if s.schedule {
+			Vs = []int{7, 1000} // one warp's row, and rows of many warps
 		}
 		for _, V := range Vs {
 			z := make([]float32, B*V)

@@ -104,6 +104,14 @@ type Options struct {
 	// real head dimensions) to a few, for backends that run slowly (the
 	// CUDA emulator runs every GPU thread as a fiber on one CPU core).
 	Reduced bool
+	// Schedule is for a run that repeats one already made in full, under
+	// another schedule of the backend's threads (the CUDA emulator's
+	// seeds): every case runs, but the three that take most of the time
+	// (Attention, AttentionBF16, SampleTokens) keep their shapes that cross
+	// tiles, warps and blocks and drop the rest (AttentionBF16's long
+	// ones among them), so that more schedules cost less. Use it with
+	// Reduced.
+	Schedule bool
 }
 
 // Run checks every op of the backends newBackend returns against
@@ -122,7 +130,7 @@ func RunOptions(t *testing.T, newBackend func() kernels.Backend, opt Options) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(len(c.name)), 0x7eace))
-			s := &suite{t: t, ref: ref, dut: dut, rng: rng, reduced: opt.Reduced}
+			s := &suite{t: t, ref: ref, dut: dut, rng: rng, reduced: opt.Reduced, schedule: opt.Schedule}
 			defer s.freeAll()
 			c.run(s)
 			s.syncBoth()
@@ -160,6 +168,7 @@ type suite struct {
 	rng      *rand.Rand
 	bufs     []*pairBuf
 	reduced  bool // Options.Reduced
+	schedule bool // Options.Schedule
 	aligned  bool // the next allocations start 16-byte aligned
 }
 

@@ -3,9 +3,12 @@
 // Each CUDA thread of a block is a ucontext fiber on one OS thread;
 // __syncthreads and the warp shuffles are cooperative barriers. Blocks run
 // one after another, in a shuffled order, so __shared__ (static here) is
-// one copy that every block reuses: the variables sit in one section,
-// tg_emu_smem, which the launch poisons (0xFF bytes: NaN, -1) at the start
-// of every block, as a GPU's shared memory holds whatever was there.
+// one copy that every block reuses: the build (emu_test.go's emuSmemScript)
+// links every zero-initialised function-local static of the kernels,
+// wherever it is declared (a kernel, an inline function, a template), into
+// one section, tg_emu_smem, which the launch poisons (0xFF bytes: NaN, -1)
+// at the start of every block, as a GPU's shared memory holds whatever was
+// there.
 // Used only by kernels/cuda's emulator test (emu_test.go): it checks the
 // kernels' logic and indexing, not GPU timing or memory-model behaviour.
 #pragma once
@@ -18,7 +21,7 @@
 #define __device__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static __attribute__((section("tg_emu_smem")))
+#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define TG_INF INFINITY
 #define TG_DYN_SMEM(T, name) T* name = (T*)tg_emu_dyn_smem

@@ -56,9 +56,9 @@ extern const int tg_nkernels;
 tg_dim3 threadIdx, blockIdx, blockDim, gridDim;
 char* tg_emu_dyn_smem;
 
-// The linker's bounds of the tg_emu_smem section (every static __shared__
-// variable of the kernels); weak, as a build from kernel sources with none
-// has no such section.
+// The bounds of the tg_emu_smem section (every static __shared__ variable
+// of the kernels), which emu_test.go's linker script defines; weak, so that
+// a build without that script still links (and poisons none).
 extern "C" char __start_tg_emu_smem[] __attribute__((weak, visibility("hidden")));
 extern "C" char __stop_tg_emu_smem[] __attribute__((weak, visibility("hidden")));
 
