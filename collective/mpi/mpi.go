@@ -31,7 +31,6 @@ typedef struct {
 	int (*Comm_size)(tg_h, int*);
 	int (*Allreduce)(const void*, void*, int, tg_h, tg_h, tg_h);
 	int (*Reduce_scatter_block)(const void*, void*, int, tg_h, tg_h, tg_h);
-	int (*Allgather)(const void*, int, tg_h, void*, int, tg_h, tg_h);
 	int (*Bcast)(void*, int, tg_h, int, tg_h);
 	int (*Sendrecv)(const void*, int, tg_h, int, int, void*, int, tg_h, int, int, tg_h, void*);
 	int (*Barrier)(tg_h);
@@ -48,7 +47,6 @@ static const struct { const char* name; size_t off; } tg_mpi_syms[] = {
 	{"MPI_Comm_size", offsetof(tg_mpi, Comm_size)},
 	{"MPI_Allreduce", offsetof(tg_mpi, Allreduce)},
 	{"MPI_Reduce_scatter_block", offsetof(tg_mpi, Reduce_scatter_block)},
-	{"MPI_Allgather", offsetof(tg_mpi, Allgather)},
 	{"MPI_Bcast", offsetof(tg_mpi, Bcast)},
 	{"MPI_Sendrecv", offsetof(tg_mpi, Sendrecv)},
 	{"MPI_Barrier", offsetof(tg_mpi, Barrier)},
@@ -127,8 +125,24 @@ static int tg_reduce_scatter_ring(tg_mpi* m, const float* src, float* dst, float
 	return 0;
 }
 
-static int tg_allgather(tg_mpi* m, const void* src, void* dst, int n, int i32) {
-	return m->Allgather(src, n, tg_type(m, i32), dst, n, tg_type(m, i32), m->world);
+// tg_allgather_ring gathers every rank's n elements of kind (see tg_type)
+// into dst in rank order over a ring of MPI_Sendrecv: size-1 steps, each
+// passing on the block received last, straight into its place in dst.
+// Open MPI's own MPI_Allgather picks Bruck's algorithm for some world
+// sizes (3 ranks), where every rank but 0 allocates a temporary as large
+// as dst: memory no plan counts.
+static int tg_allgather_ring(tg_mpi* m, const void* src, void* dst, int n, int kind, int rank, int size) {
+	size_t bytes = (size_t)n * (kind == 2 ? 1 : 4);
+	char* d = dst;
+	memmove(d + (size_t)rank * bytes, src, bytes);
+	int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+	for (int s = 0; s < size - 1; s++) {
+		int sb = (rank - s + size) % size, rb = (rank - s - 1 + size) % size;
+		int r = m->Sendrecv(d + (size_t)sb * bytes, n, tg_type(m, kind), next, 8,
+			d + (size_t)rb * bytes, n, tg_type(m, kind), prev, 8, m->world, (void*)0);
+		if (r) return r;
+	}
+	return 0;
 }
 static int tg_bcast(tg_mpi* m, void* buf, int n, int i32, int root) {
 	return m->Bcast(buf, n, tg_type(m, i32), root, m->world);
@@ -323,6 +337,8 @@ func (c *comm) ReduceScatterSum(dst, src kernels.Buf) error {
 // block of the largest reduce-scatter so far.
 func (c *comm) ScratchBytes() int64 { return 4 * int64(cap(c.scratch)) }
 
+// AllGather gathers over a ring of MPI_Sendrecv (tg_allgather_ring): it
+// needs no memory beyond dst, whatever the world size.
 func (c *comm) AllGather(dst, src kernels.Buf) error {
 	if dst.N != src.N*lib.size || src.DType != dst.DType {
 		return fmt.Errorf("mpi: all-gather of %d × %s into %d × %s over %d ranks", src.N, src.DType, dst.N, dst.DType, lib.size)
@@ -342,7 +358,9 @@ func (c *comm) AllGather(dst, src kernels.Buf) error {
 	if n > math.MaxInt32 {
 		return fmt.Errorf("mpi: MPI_Allgather of %d bytes exceeds MPI's int count", n)
 	}
-	return c.call("MPI_Allgather", func() C.int { return C.tg_allgather(lib.m, s, d, C.int(n), k) })
+	return c.call("MPI_Sendrecv (all-gather ring)", func() C.int {
+		return C.tg_allgather_ring(lib.m, s, d, C.int(n), k, C.int(lib.rank), C.int(lib.size))
+	})
 }
 
 func (c *comm) Broadcast(buf kernels.Buf, root int) error {

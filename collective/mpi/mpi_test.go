@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/internal/meminfo"
 	"github.com/tracegrpo/tracegrpo/internal/testtool"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
@@ -161,6 +162,29 @@ func TestRankCollectives(t *testing.T) {
 		if g[3*s] != int32(s) || g[3*s+1] != int32(10*s) || g[3*s+2] != -1 {
 			t.Fatalf("all-gather: %v", g)
 		}
+	}
+	// A large fp32 all-gather (a sharded layer's weights) is exact and
+	// needs no memory beyond its two buffers: Open MPI's own algorithm for
+	// three ranks (Bruck's) has every rank but 0 allocate a temporary of
+	// the gathered size, which no memory plan counts.
+	const big = 2 << 20 // 8 MiB a rank
+	bigSrc, bigDst := alloc(kernels.F32, big), alloc(kernels.F32, big*n)
+	for i := range b.F32(bigSrc) {
+		b.F32(bigSrc)[i] = float32(r*big + i)
+	}
+	clear(b.F32(bigDst)) // touched: its pages are in the RSS before the gather
+	_, peak0, ok := meminfo.Self()
+	if err := c.AllGather(bigDst, bigSrc); err != nil {
+		t.Fatal(err)
+	}
+	_, peak1, _ := meminfo.Self()
+	for i, x := range b.F32(bigDst) {
+		if x != float32(i) {
+			t.Fatalf("fp32 all-gather [%d] = %v, want %d", i, x, i)
+		}
+	}
+	if grew := peak1 - peak0; ok && grew > int64(4*big*n)/4 {
+		t.Errorf("rank %d: the all-gather of %d MiB raised the peak RSS by %d MiB: memory beyond its buffers", r, 4*big*n>>20, grew>>20)
 	}
 	// bf16 is gathered as bytes (the sharded model's weights).
 	h16, g16 := alloc(kernels.BF16, 5), alloc(kernels.BF16, 5*n)
