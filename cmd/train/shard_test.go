@@ -14,6 +14,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/model"
 )
 
 // Fully sharded data parallel under Open MPI (--shard full). CI keeps each
@@ -180,6 +181,9 @@ func TestMpirunShardedBenchModel(t *testing.T) {
 		}
 		t.Logf("%d ranks sharded: largest weight difference %.3g (bound %g); model state %.1f MiB a rank; comm %.1f MiB gathered + %.1f MiB reduce-scattered a step; peak RSS %v MiB, plans %v MiB; %.0f ms a step",
 			n, d, benchTol, r.ModelStateMiB, r.CommGatherMiB, r.CommReduceMiB, r.PeakRSSRanksMiB, r.PlanRanksMiB, r.MsPerStep)
+		if g, rs := commTheoryMiB(t, cfg, n); math.Abs(r.CommGatherMiB-g) > 1e-9*g || math.Abs(r.CommReduceMiB-rs) > 1e-9*rs {
+			t.Errorf("%d ranks: a step gathered %.6f MiB and reduce-scattered %.6f, the schedule says %.6f and %.6f", n, r.CommGatherMiB, r.CommReduceMiB, g, rs)
+		}
 		if got, w := r.ModelStateMiB, one.ModelStateMiB/float64(n); got < w || got > w*1.02+0.1 {
 			t.Errorf("%d ranks: model state %.2f MiB per rank, want 1/%d of %.2f (+ padding)", n, got, n, one.ModelStateMiB)
 		}
@@ -189,6 +193,38 @@ func TestMpirunShardedBenchModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// commTheoryMiB is what one forward and backward of a fully sharded model
+// (fp32 on the CPU, resharded after forward) moves on each rank, from its
+// parameter table: the forward gathers every group (padded to W shards);
+// the backward gathers every layer again but the last two, which are still
+// in their two slots; the reduce-scatter takes every group's fp32
+// gradients once.
+func commTheoryMiB(t *testing.T, cfgPath string, world int) (gather, reduce float64) {
+	t.Helper()
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := model.ParseConfig(b, cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := model.NewParamTable(cfg)
+	sh, err := model.NewSharding(&tab, world, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var all, again int64
+	for g, grp := range tab.Groups {
+		n := int64(sh.Padded(g, model.FlatMatrix) + sh.Padded(g, model.FlatVector))
+		all += n
+		if grp.Layer >= 0 && grp.Layer < cfg.NumHiddenLayers-2 {
+			again += n
+		}
+	}
+	return float64(4*(all+again)) / (1 << 20), float64(4*all) / (1 << 20)
 }
 
 // TestMpirunShardedResume: a sharded checkpoint of 2 ranks resumes on 3,
