@@ -35,9 +35,10 @@ TEST_ENV    := PATH="$(TEST_PATH)" TRACEGRPO_TOOLS="$(TOOLS)" TRACEGRPO_REQUIRE_
 # The CUDA emulator's schedule seeds kernels/cuda's conformance suite runs
 # under (TestConformanceEmu, one subtest seed=N each): two fixed, and one
 # drawn afresh for every run, printed here, so a failure can be replayed
-# with TRACEGRPO_EMU_SEEDS=N. Set EMU_SEEDS to choose them.
+# (each subtest logs the TRACEGRPO_EMU_SEEDS that replays it; seeds after the
+# first run the suite's schedule subset). Set EMU_SEEDS to choose them.
 # go test's limit per package: kernels/cuda runs the emulator for minutes (its
-# conformance suite three times), and on a loaded 2-core machine it ran past
+# conformance suite under three seeds), and on a loaded 2-core machine it ran past
 # Go's default 10 minutes; CI's whole run must stay under 20.
 TEST_TIMEOUT ?= 20m
 ifeq ($(origin EMU_SEEDS),undefined)
@@ -47,7 +48,7 @@ endif
 test: deps
 	$(GO) vet ./...
 	CGO_ENABLED=0 $(GO) build ./...
-	@echo "test: the CUDA conformance suite runs on the emulator under schedule seeds $(EMU_SEEDS) (replay one with TRACEGRPO_EMU_SEEDS=N go test ./kernels/cuda -run '^TestConformanceEmu$$')"
+	@echo "test: the CUDA conformance suite runs on the emulator under schedule seeds $(EMU_SEEDS) (the first runs the reduced suite, the others its schedule subset; a failing subtest logs the TRACEGRPO_EMU_SEEDS that replays it)"
 	$(TEST_ENV) TRACEGRPO_EMU_SEEDS="$(EMU_SEEDS)" $(GO) test -timeout $(TEST_TIMEOUT) ./...
 
 deps:
