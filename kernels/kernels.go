@@ -239,6 +239,18 @@ type Ops interface {
 	// AttentionBackward: dq (T,NH,HD) =, dk (T,NKV,HD) =, dv (T,NKV,HD) =.
 	// dout, out, q, k and v are F32|BF16, same; dq, dk, dv and lse are F32.
 	AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buf, seqs Seqs, NH, NKV, HD int)
+	// TreeAttention: causal grouped-query attention over a packed token tree
+	// (Tree), scale 1/sqrt(HD): a query of segment s sees its ancestors'
+	// tokens, root first, then its own segment's up to itself. Query head h
+	// reads key/value head h/(NH/NKV). out (T,NH,HD) =; lse (T,NH) =.
+	// q, k and v are F32|BF16, same; out is F32|BF16; lse is F32.
+	TreeAttention(out, lse, q, k, v Buf, tree Tree, NH, NKV, HD int)
+	// TreeAttentionBackward: dq (T,NH,HD) =, dk (T,NKV,HD) =,
+	// dv (T,NKV,HD) =. A key's dk and dv sum the contributions of every query
+	// that sees it (its segment's later queries and all its descendants'),
+	// in an order fixed by the tree's shape: the result is deterministic.
+	// dout, out, q, k and v are F32|BF16, same; dq, dk, dv and lse are F32.
+	TreeAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v Buf, tree Tree, NH, NKV, HD int)
 	// AttentionDecode: one query per sequence against a KV cache.
 	// out (B,NH,HD) = attention of q (B,NH,HD) over kc, vc (B,Tmax,NKV,HD),
 	// rows [0, lens[b]) of sequence b (the current token's k/v already written).

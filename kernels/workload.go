@@ -5,13 +5,14 @@ package kernels
 // backend's PlanWorkspace): the memory plan counts it without running
 // anything.
 type Workload struct {
-	GEMMs      []GEMM    // Matmul shapes
-	Heads      []Head    // TokenLogprob shapes
-	RowNorms   []RowNorm // RMSNorm shapes
-	Biases     []GEMM    // BiasBackward (T, OC); C unused
-	Attention  []Attn    // Attention shapes
-	Decode     []Decode  // AttentionDecode shapes
-	SumSquares []int     // SumSquares lengths
+	GEMMs      []GEMM     // Matmul shapes
+	Heads      []Head     // TokenLogprob shapes
+	RowNorms   []RowNorm  // RMSNorm shapes
+	Biases     []GEMM     // BiasBackward (T, OC); C unused
+	Attention  []Attn     // Attention shapes
+	Trees      []TreeAttn // TreeAttention shapes
+	Decode     []Decode   // AttentionDecode shapes
+	SumSquares []int      // SumSquares lengths
 	// Grouped are GroupedMatmul shapes (sparse layers); Routes are the
 	// routers' ExpertRoute shapes.
 	Grouped []GroupedGEMM
@@ -55,6 +56,14 @@ type RowNorm struct {
 type Attn struct {
 	T, NH, NKV, HD, MaxLen int
 	Backward               bool
+}
+
+// TreeAttn is a TreeAttention of T packed tokens in segments of at most
+// MaxLen tokens and contexts of at most MaxCtx; Backward: its
+// TreeAttentionBackward runs too.
+type TreeAttn struct {
+	T, NH, NKV, HD, MaxLen, MaxCtx int
+	Backward                       bool
 }
 
 // Decode is an AttentionDecode of B sequences over a cache of Tmax rows.

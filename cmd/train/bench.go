@@ -497,6 +497,12 @@ func (p *timedBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seq
 func (p *timedBackend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	p.time("AttentionBackward", func() { p.Backend.AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, seqs, NH, NKV, HD) })
 }
+func (p *timedBackend) TreeAttention(out, lse, q, k, v kernels.Buf, tree kernels.Tree, NH, NKV, HD int) {
+	p.time("TreeAttention", func() { p.Backend.TreeAttention(out, lse, q, k, v, tree, NH, NKV, HD) })
+}
+func (p *timedBackend) TreeAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, tree kernels.Tree, NH, NKV, HD int) {
+	p.time("TreeAttentionBackward", func() { p.Backend.TreeAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, tree, NH, NKV, HD) })
+}
 func (p *timedBackend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH, NKV, HD int) {
 	p.time("AttentionDecode", func() { p.Backend.AttentionDecode(out, q, kc, vc, lens, B, Tmax, NH, NKV, HD) })
 }

@@ -134,26 +134,33 @@ const attnQBlock = 48
 // over keys [0, i1), a masked softmax per row (saving lse), O = P·V by gemm.
 func attnForwardBlock32(ws *wscratch, out, lse, q, k, v []float32, s0, i0, i1, h, NH, NKV, HD int) {
 	kvh := h / (NH / NKV)
-	qb, nk := i1-i0, i1
+	attnRowsForward(ws, out[((s0+i0)*NH+h)*HD:], lse[(s0+i0)*NH+h:], q[((s0+i0)*NH+h)*HD:],
+		k[(s0*NKV+kvh)*HD:], v[(s0*NKV+kvh)*HD:], NKV*HD, i0, i1-i0, NH, HD)
+}
+
+// attnRowsForward computes qb query rows of one head whose context starts at
+// krow, vrow (rows ldkv apart): query r sees keys [0, c0+r] (c0 is the first
+// query's position in the context). S = Q·Kᵀ by gemm over keys [0, c0+qb),
+// a masked softmax per row (saving lse), O = P·V by gemm. qrow and o are the
+// first query's rows (NH·HD apart), lse its entry (NH apart). Attention and
+// TreeAttention both run it, so a query's sums are the same terms in the
+// same order whichever packs it.
+func attnRowsForward(ws *wscratch, o, lse, qrow, krow, vrow []float32, ldkv, c0, qb, NH, HD int) {
+	nk := c0 + qb
 	scale := 1 / float32(sqrtF(float64(HD)))
 	S := ws.get(slotAttnS, qb*nk)
-	qrow := q[((s0+i0)*NH+h)*HD:]
-	krow := k[(s0*NKV+kvh)*HD:]
-	vrow := v[(s0*NKV+kvh)*HD:]
-	gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, NKV*HD, S, nk, false)
+	gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, ldkv, S, nk, false)
 	inv := ws.get(slotAttnAux, qb)
 	for r := 0; r < qb; r++ {
-		i := i0 + r
 		row := S[r*nk : (r+1)*nk]
-		valid := row[:i+1]
+		valid := row[:c0+r+1]
 		m := maxF32(valid) * scale
 		sum := expScaleShift(valid, scale, m)
-		clear(row[i+1:])
+		clear(row[c0+r+1:])
 		inv[r] = 1 / sum
-		lse[(s0+i)*NH+h] = m + float32(logF(float64(sum)))
+		lse[r*NH] = m + float32(logF(float64(sum)))
 	}
-	o := out[((s0+i0)*NH+h)*HD:]
-	gemm(ws, false, false, qb, HD, nk, S, nk, vrow, NKV*HD, o, NH*HD, false)
+	gemm(ws, false, false, qb, HD, nk, S, nk, vrow, ldkv, o, NH*HD, false)
 	for r := 0; r < qb; r++ {
 		scaleRange(o[r*NH*HD:r*NH*HD+HD], inv[r])
 	}

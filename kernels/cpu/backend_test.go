@@ -166,6 +166,35 @@ func opCases(scale int) []opCase {
 			}
 			return outputs(e, "out", out, "lse", lse, "dq", dq, "dk", dk, "dv", dv)
 		}},
+		{"tree attention", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
+			// Segments longer than a query block, shared by several
+			// descendants, at depth 3.
+			tr := testTree{offs: []int32{0, int32(50 * scale), int32(50*scale + 7), int32(50*scale + 70), int32(50*scale + 75), int32(50*scale + 75 + 9*scale)},
+				parent: []int32{-1, 0, 1, 0, -1}}
+			tr.ends = []int32{tr.offs[4], tr.offs[3], tr.offs[3], tr.offs[4], tr.offs[5]}
+			tr.maxLen, tr.maxCtx = max(63, 50*scale), 50*scale+70
+			NH, NKV, HD := 4, 2, 12
+			T := tr.T()
+			q, k, v := round32(randVec(r, T*NH*HD, 1)), round32(randVec(r, T*NKV*HD, 1)), round32(randVec(r, T*NKV*HD, 1))
+			dout := round32(randVec(r, T*NH*HD, 1))
+			tree := tr.upload(e)
+			out, lse := e.zeros(T*NH*HD), e.zeros(T*NH)
+			dq, dk, dv := e.f32(randVec(r, T*NH*HD, 1)), e.f32(randVec(r, T*NKV*HD, 1)), e.f32(randVec(r, T*NKV*HD, 1))
+			qb, kb, vb := e.f32(q), e.f32(k), e.f32(v)
+			e.b.TreeAttention(out, lse, qb, kb, vb, tree, NH, NKV, HD)
+			e.b.TreeAttentionBackward(dq, dk, dv, e.f32(dout), out, lse, qb, kb, vb, tree, NH, NKV, HD)
+			e.sync()
+			if check {
+				wout, wlse := treeAttn64(tr, q, k, v, NH, NKV, HD)
+				wdq, wdk, wdv, _, _ := treeAttnBwd64(tr, dout, wout, wlse, q, k, v, NH, NKV, HD)
+				checkClose(e.t, "out", e.get(out), wout, f32Atol, f32Rtol)
+				checkClose(e.t, "lse", e.get(lse), wlse, f32Atol, f32Rtol)
+				checkClose(e.t, "dq", e.get(dq), wdq, f32Atol, f32Rtol)
+				checkClose(e.t, "dk", e.get(dk), wdk, f32Atol*4, f32Rtol)
+				checkClose(e.t, "dv", e.get(dv), wdv, f32Atol*4, f32Rtol)
+			}
+			return outputs(e, "out", out, "lse", lse, "dq", dq, "dk", dk, "dv", dv)
+		}},
 		{"swiglu", func(e *env, r *rand.Rand, check bool) map[string][]float32 {
 			N := 20000*scale + 7
 			g, u, d := round32(randVec(r, N, 8)), round32(randVec(r, N, 2)), round32(randVec(r, N, 1))
@@ -302,6 +331,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 	q, k, v := e.f32(randVec(r, T*NH*HD, 1)), e.f32(randVec(r, T*NKV*HD, 1)), e.f32(randVec(r, T*NKV*HD, 1))
 	ao, lse, dq, dk, dv := e.zeros(T*NH*HD), e.zeros(T*NH), e.zeros(T*NH*HD), e.zeros(T*NKV*HD), e.zeros(T*NKV*HD)
 	seqs := e.seqs([]int{10, 30})
+	tree := testTree{offs: []int32{0, 10, 25, 40}, parent: []int32{-1, 0, 0}, ends: []int32{40, 25, 40}, maxLen: 15, maxCtx: 25}.upload(e)
 	pos := e.i32(make([]int32, T))
 	rc, rs := e.ropeTables(1, HD, 1e4)
 	rstd, wn := e.zeros(T), e.f32(randVec(r, C, 1))
@@ -323,6 +353,8 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.BiasBackward(wn.Slice(0, OC/2), o, 2*T, OC/2)
 		e.b.Attention(ao, lse, q, k, v, seqs, NH, NKV, HD)
 		e.b.AttentionBackward(dq, dk, dv, ao, ao, lse, q, k, v, seqs, NH, NKV, HD)
+		e.b.TreeAttention(ao, lse, q, k, v, tree, NH, NKV, HD)
+		e.b.TreeAttentionBackward(dq, dk, dv, ao, ao, lse, q, k, v, tree, NH, NKV, HD)
 		e.b.SwiGLU(ao, q, q, T*NH*HD)
 		e.b.TokenLogprob(lp, ent, lse2, x, wv, tb, T, C, V, 1)
 		e.b.TokenLogprobBackward(dx, dwv, lp, x, wv, tb, lse2, T, C, V, 1)

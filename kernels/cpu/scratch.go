@@ -23,6 +23,8 @@ const (
 	slotAttnAux
 	slotLogits
 	slotRow
+	slotTreeK // TreeAttention's gathered context keys
+	slotTreeV // and values
 	numSlots
 )
 
@@ -40,6 +42,7 @@ const (
 	sharedPackA        // parallelGemm's packed op(A)
 	sharedDZ           // TokenLogprobBackward's dz chunk
 	sharedRMS          // RMSNormBackward's dweight partial sums
+	sharedAttnD        // TreeAttentionBackward's rowsum(dout∘out)
 	numShared
 )
 

@@ -17,6 +17,11 @@ type tasks struct {
 	bias       biasTask
 	attn       attnTask
 	attnBlocks []attnBlock
+	tree       treeTask
+	treeItems  []treeItem
+	treeChains [][]int32 // per worker
+	treeAnc    []int32
+	treePos    []int32
 	decode     decodeTask
 	tlp        tlpTask
 	router     routerTask

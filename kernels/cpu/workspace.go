@@ -18,7 +18,7 @@ func (b *Backend) PlanWorkspace(w kernels.Workload) int64 { return PlanWorkspace
 // planScratch returns the bytes of the shared scratch w needs and the bound
 // of one worker's.
 func planScratch(w kernels.Workload) (shared, perWorker int64) {
-	var packA, packB, dz, rms, partials, maxLen int
+	var packA, packB, dz, rms, partials, maxLen, treeCtx, attnD int
 	gemm := func(M, N, K int) {
 		pa, pb := gemmShared(M, N, K)
 		packA, packB = max(packA, pa), max(packB, pb)
@@ -61,13 +61,23 @@ func planScratch(w kernels.Workload) (shared, perWorker int64) {
 	for _, d := range w.Decode {
 		maxLen = max(maxLen, d.Tmax)
 	}
+	for _, a := range w.Trees {
+		// A query block's scores over its whole context, and the
+		// gathered context's keys and values.
+		maxLen = max(maxLen, a.MaxCtx)
+		treeCtx = max(treeCtx, 2*a.MaxCtx*a.HD)
+		if a.Backward {
+			attnD = max(attnD, a.T*a.NH)
+		}
+	}
 	worker := (tileM+gemmMR-1)/gemmMR*gemmMR*gemmKC + // packA
 		gemmNC*gemmKC + // packB
 		gemmMR*gemmNR + // tile
 		2*attnQBlock*maxLen + attnQBlock + // attention scores, probabilities
-		tlpRowBlock*tlpVChunk + max(elemGrain, tlpVChunk) // logits rows, a row
+		tlpRowBlock*tlpVChunk + max(elemGrain, tlpVChunk) + // logits rows, a row
+		treeCtx // a tree's gathered context
 	worker += worker / 4
-	return 4*int64(packA+packB+dz+rms) + 8*int64(partials), 4 * int64(worker)
+	return 4*int64(packA+packB+dz+rms+attnD) + 8*int64(partials), 4 * int64(worker)
 }
 
 // scratchBytes returns the bytes the backend's scratch holds now: shared

@@ -272,6 +272,7 @@ var flagNames = []struct {
 	{16, "Attention: cu_seqlens does not run from 0 to T, or a sequence is longer than Seqs.MaxLen or negative (outputs unspecified)"},
 	{32, "Rope: a position is outside the cos/sin tables (that row was left unchanged)"},
 	{64, "ExpertRoute: an expert id is outside [0, E) (routed to expert 0)"},
+	{128, "TreeAttention: the tree breaks a rule of kernels.Tree (offsets, parents, ends, MaxLen or MaxCtx; outputs unspecified)"},
 }
 
 // Sync implements kernels.Memory: it waits for the stream and returns the

@@ -82,8 +82,17 @@ var sassIntents = map[string]sassIntent{
 	"attention_bwd_dq_tc_hd128":      tcIntent("dq", 128),
 	"attention_bwd_dkdv_tc_hd64":     tcIntent("dkdv", 64),
 	"attention_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
-	"mma_selftest_frag":              {tensorCores: true, threads: 32},
-	"mma_selftest_ldmatrix":          {tensorCores: true, threads: 32},
+	// Tree attention's tensor-core kernels: the same tiles.
+	"tree_fwd_tc_hd64_bf16out":  tcIntent("fwd", 64),
+	"tree_fwd_tc_hd64_f32out":   tcIntent("fwd", 64),
+	"tree_fwd_tc_hd128_bf16out": tcIntent("fwd", 128),
+	"tree_fwd_tc_hd128_f32out":  tcIntent("fwd", 128),
+	"tree_bwd_dq_tc_hd64":       tcIntent("dq", 64),
+	"tree_bwd_dq_tc_hd128":      tcIntent("dq", 128),
+	"tree_bwd_dkdv_tc_hd64":     tcIntent("dkdv", 64),
+	"tree_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
+	"mma_selftest_frag":         {tensorCores: true, threads: 32},
+	"mma_selftest_ldmatrix":     {tensorCores: true, threads: 32},
 	// The LM head's own kernels: memory-bound reductions over each fp32
 	// logits chunk (its GEMMs are cuBLAS's, whose SASS is not ours).
 	"logprob_chunk":          {threads: threads},

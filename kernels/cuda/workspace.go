@@ -112,6 +112,11 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 			need(workAttnD, attnDWork(a.T, a.NH))
 		}
 	}
+	for _, a := range w.Trees {
+		if a.Backward {
+			need(workAttnD, attnDWork(a.T, a.NH))
+		}
+	}
 	for _, d := range w.Decode {
 		_, nsplit := decodeSplits(opt.DecodeSplit, d.Tmax)
 		need(workDecode, decodeWork(d.B, d.NH, d.HD, nsplit))

@@ -53,6 +53,7 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 #define TG_ERR_DECODELEN 8 // attention_decode: lens[b] outside [1, Tmax]
 #define TG_ERR_SEQS 16     // attention: cu_seqlens not 0..T, or a length < 0 or > Seqs.MaxLen
 #define TG_ERR_ROPEPOS 32  // rope: a position outside the cos/sin tables' [0, P)
+#define TG_ERR_TREE 128    // tree_attention: a tree that breaks a rule of kernels.Tree (64: expert_route.cu's TG_ERR_EXPERT)
 
 // Grid-stride loop over [0, n) with a 64-bit index.
 #define TG_FOR(i, n)                                                        \
