@@ -132,6 +132,7 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 		}
 	}
 	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, S, maxLen, 1/temperature
+	m.lastTree = false
 	m.ws.last = m // the staged inputs and, next, the activations are this model's
 	copy(m.hTokens, tokens)
 	copy(m.hCu, cu)
@@ -186,8 +187,13 @@ func (m *Model) embed() {
 	m.b.Embedding(m.la[0].x.Slice(0, T*C), m.wte, m.tokens.Slice(0, T), T, C)
 }
 
-// head queues the LM head over the final normed hidden states.
+// head queues the LM head over the final normed hidden states (a tree's:
+// over its pairs, headTree).
 func (m *Model) head() {
+	if m.lastTree {
+		m.headTree()
+		return
+	}
 	T := m.lastT
 	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHeadW,
 		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
@@ -260,7 +266,7 @@ func (m *Model) layerBody(l int) {
 	eps := c.RMSNormEps
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	cos, sin, _ := m.ropeTables()
-	pos, seqs := m.pos.Slice(0, T), m.seqs()
+	pos := m.pos.Slice(0, T)
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
 	qkv := tc(m.qkvOut, qkvN)
@@ -282,7 +288,7 @@ func (m *Model) layerBody(l int) {
 	b.CopyCols(v, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
 	m.ropeTo(q, q32, pos, cos, sin, T, NH, HD)
 	m.ropeTo(k, k32, pos, cos, sin, T, NKV, HD)
-	b.Attention(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v, seqs, NH, NKV, HD)
+	m.attend(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v)
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
 	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
@@ -329,7 +335,7 @@ func (m *Model) layerTail(l int) {
 	}
 	xf := tc(m.xf, C)
 	mlpOut(xf)
-	m.addThenNorm(xf, tc(m.lnf, C), m.rstdf.Slice(0, T), xf, xmid, m.norm, T, C)
+	m.finalNorm(xf, xmid)
 }
 
 // Backward accumulates into Grads the gradient of L with respect to every
@@ -344,6 +350,19 @@ func (m *Model) Backward(dlogprob []float32) error {
 		return ErrNoForward
 	}
 	T := m.lastT
+	if m.lastTree {
+		// One gradient per pair, as ForwardTree returned them.
+		if len(dlogprob) != m.lastP {
+			return fmt.Errorf("model: backward: dlogprob has %d entries, the tree forward had %d pairs", len(dlogprob), m.lastP)
+		}
+		if T == 0 && m.fs == nil {
+			return nil
+		}
+		if m.lastP > 0 {
+			m.b.UploadF32(m.dlp.Slice(0, m.lastP), dlogprob)
+		}
+		return m.runBackward()
+	}
 	if len(dlogprob) != T {
 		return fmt.Errorf("model: backward: dlogprob has %d entries, the forward had %d tokens", len(dlogprob), T)
 	}
@@ -359,6 +378,12 @@ func (m *Model) Backward(dlogprob []float32) error {
 		m.hDlp[hi-1] = 0
 	}
 	m.b.UploadF32(m.dlp.Slice(0, T), m.hDlp[:T])
+	return m.runBackward()
+}
+
+// runBackward queues the backward pass from the uploaded dlp (and the
+// sparse layers' auxiliary loss gradient) and waits for it.
+func (m *Model) runBackward() error {
 	m.uploadAuxGrad()
 	m.backward()
 	if err := m.commErr(); err != nil {
@@ -398,8 +423,13 @@ func (m *Model) gemmGrad(g, w kernels.Buf) kernels.Buf {
 }
 
 // backwardHead queues the LM head's and the final norm's backward, leaving
-// the gradient of the last layer's output in dx.
+// the gradient of the last layer's output in dx (a tree's: from its pairs,
+// backwardHeadTree).
 func (m *Model) backwardHead() {
+	if m.lastTree {
+		m.backwardHeadTree()
+		return
+	}
 	b, c := m.b, m.cfg
 	T, C := m.lastT, c.HiddenSize
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
@@ -422,7 +452,7 @@ func (m *Model) backwardLayer(l int) {
 	qkvN := qn + 2*kn
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	cos, sin, _ := m.ropeTables()
-	pos, seqs := m.pos.Slice(0, T), m.seqs()
+	pos := m.pos.Slice(0, T)
 	dx, dln := tc(m.dx, C), tc(m.dln, C)
 	a, w, dw, gw := &m.la[l], &m.layers[l], &m.dlayers[l], &m.gw[l]
 	if m.opt.Recompute {
@@ -450,8 +480,8 @@ func (m *Model) backwardLayer(l int) {
 	b.Fill(datt, 0)
 	b.MatmulBackward(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
-	b.AttentionBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
-		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn), seqs, NH, NKV, HD)
+	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
+		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
 	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
 	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
 	if c.QKNorm() {

@@ -43,6 +43,11 @@ type Options struct {
 	// Megatron's freeze_moe_router does (requires_grad = False on the
 	// router weight).
 	FreezeRouter bool
+	// Tree sizes the buffers ForwardTree needs beyond Forward's: the final
+	// layer's output gathered for the LM head's pairs (MaxTokens rows of
+	// C floats) and the tree's parents, subtree ends and pair rows (I32).
+	// MaxSeqs then bounds a tree's segments.
+	Tree bool
 }
 
 // MaxTokens is the most tokens a micro-batch (Options.MaxTokens), a
@@ -200,8 +205,12 @@ type Model struct {
 	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
 	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
 	dgate, dup, dh      kernels.Buf // (T,I)
-	tokens, pos, target kernels.Buf // (T) I32
-	cu                  kernels.Buf // (S+1) I32
+	tokens, pos, target kernels.Buf // (T) I32; target holds a tree's pair labels (P)
+	cu                  kernels.Buf // (S+1) I32: sequence offsets, or a tree's segment offsets
+	// Packed trees (Options.Tree): the pairs' final-layer rows, the tree.
+	xfP                  kernels.Buf // (T,C) F32: xf's rows of the pairs (P ≤ T)
+	treeParent, treeEnds kernels.Buf // (S) I32
+	pairIdx              kernels.Buf // (T) I32: the pairs' rows (P ≤ T)
 
 	// Sparse layers' scratch (N = T·K): the router's logits, the gathered
 	// input rows, the experts' gate|up output (and packed gradients), and
@@ -226,6 +235,8 @@ type Model struct {
 
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32
+	hParent, hEnds, hAnc, hIdx  []int32 // trees only
+	hStack                      []int32
 	hLp, hEnt, hDlp             []float32
 	outLp, outEnt               []float32
 
@@ -233,6 +244,8 @@ type Model struct {
 	lastT, lastS, lastMaxLen int
 	lastInvTemp              float32
 	haveForward              bool
+	lastTree                 bool // the last forward was ForwardTree
+	lastP, lastMaxCtx        int  // its pairs and longest context
 }
 
 // ErrForwardOnly is returned by Backward on a forward-only model.
@@ -379,6 +392,10 @@ func (m *Model) hostStaging() {
 	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
+	if m.opt.Tree {
+		m.hParent, m.hEnds, m.hAnc, m.hIdx = make([]int32, S), make([]int32, S), make([]int32, S), make([]int32, T)
+		m.hStack = make([]int32, 0, S)
+	}
 }
 
 // views cuts the parameter (and gradient) views out of the arenas, or of
@@ -717,6 +734,12 @@ func (m *Model) layoutActs() *actPlan {
 	p.i.add(&m.pos, T)
 	p.i.add(&m.target, T)
 	p.i.add(&m.cu, S+1)
+	if m.opt.Tree {
+		f.add(&m.xfP, T*C)
+		p.i.add(&m.treeParent, S)
+		p.i.add(&m.treeEnds, S)
+		p.i.add(&m.pairIdx, T)
+	}
 	p.after = func() {
 		for l := range m.la {
 			if share {

@@ -28,6 +28,10 @@ func (m *Model) workload(backward bool) kernels.Workload {
 		RowNorms:  []kernels.RowNorm{{N: T, C: C, Backward: backward}},
 		Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), Backward: backward}},
 	}
+	if m.opt.Tree {
+		// A context may run to MaxSeqLen tokens.
+		w.Trees = []kernels.TreeAttn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), MaxCtx: m.opt.MaxSeqLen, Backward: backward}}
+	}
 	if c.SparseLayers() < c.NumHiddenLayers {
 		w.GEMMs = append(w.GEMMs, kernels.GEMM{T: T, C: C, OC: 2 * I, Backward: backward},
 			kernels.GEMM{T: T, C: I, OC: C, Backward: backward})

@@ -64,17 +64,18 @@ func testConfig(t testing.TB, variant string) Config {
 
 // TestPlanEqualsAllocations: PlanModel and PlanReference report exactly
 // the bytes New and NewReference allocate, for every architecture,
-// precision and checkpointing choice; a reference allocates its weights
-// only.
+// precision, checkpointing choice and with or without packed trees; a
+// reference allocates its weights only.
 func TestPlanEqualsAllocations(t *testing.T) {
 	cb := cpu.New(1)
 	defer cb.Close()
 	for _, v := range append(slices.Clone(precisionVariants), "moe_k8_interleaved", "moe_k2_norm") {
 		cfg := testConfig(t, v)
 		for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
-			for _, re := range []bool{false, true} {
-				opt := Options{MaxTokens: 48, MaxSeqs: 5, MaxSeqLen: 40, Recompute: re, Precision: prec}
-				tag := fmt.Sprintf("%s %s recompute=%v", v, prec, re)
+			for i, re := range []bool{false, true, false, true} {
+				tree := i >= 2 // shared-prefix trees: their extra buffers
+				opt := Options{MaxTokens: 48, MaxSeqs: 5, MaxSeqLen: 40, Recompute: re, Precision: prec, Tree: tree}
+				tag := fmt.Sprintf("%s %s recompute=%v tree=%v", v, prec, re, tree)
 				b := newCounting(cb, NewParamTable(cfg).Total)
 				m, err := New(b, cfg, opt)
 				if err != nil {

@@ -26,7 +26,8 @@ chunks with activation checkpointing (the same math, less memory).
 golden_rope.json holds inv_freq and float32 cos/sin at large positions for
 plain and llama3-scaled RoPE, written from transformers' formulas.
 
-Run: /usr/bin/python3 scripts/golden_model.py   (or `make golden`)
+Run: /usr/bin/python3 scripts/golden_model.py   (or `make golden`); GOLDEN_VARIANTS=name,...
+regenerates some variants alone (the same bytes: each variant has its own seed).
 """
 import json
 import math
@@ -67,8 +68,31 @@ VARIANTS = [
     # Llama 3.1 (factor 8, untied, F32) and Llama 3.2 (factor 32, tied, BF16).
     ("llama31_long", "llama", False, "F32", 500000.0, LLAMA31_SCALING, LONG_DIMS, [32775, 6]),
     ("llama32_long", "llama", True, "BF16", 500000.0, LLAMA32_SCALING, LONG_DIMS, [32775, 6]),
+    # Sequences that share prefixes, as a GRPO step's traces do (shared_batch);
+    # each runs alone here, and tracegrpo's token-trie packing
+    # (model.ForwardTree) must give these unshared values.
+    ("qwen3_shared", "qwen3", True, "F32", 1000000.0, None, {}, "shared"),
 ]
 SEQ_LENS = [7, 1, 12, 5, 9]
+
+
+def shared_batch(g, V):
+    """Token sequences sharing prefixes: four generations of one prompt (two
+    of them equal, one a prefix of another), a sequence that leaves the prompt
+    early, and an agent rollout of three turns that branches at each turn."""
+    def toks(n):
+        return torch.randint(0, V, (n,), generator=g).tolist()
+    prompt = toks(9)
+    a = prompt + toks(6)
+    same = prompt + toks(3)
+    seqs = [prompt + toks(4), a, same, list(same), a[:12], prompt[:4] + toks(5)]
+    turn1 = toks(5) + toks(3)
+    for b1 in range(2):
+        turn2 = turn1 + toks(2) + toks(3)
+        seqs.append(turn2)
+        for b2 in range(2):
+            seqs.append(turn2 + toks(2) + toks(2 + b1 + b2))
+    return seqs
 TEMPERATURE = 0.7
 ARCH_CLASS = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 
@@ -327,7 +351,10 @@ def main():
     meta = {"format": "pt", "golden_script": "scripts/golden_model.py", "golden_seed": str(SEED),
             "golden_torch": torch.__version__}
     rope_cases = []
+    only = [v for v in os.environ.get("GOLDEN_VARIANTS", "").split(",") if v]
     for vi, (name, model_type, tied, storage, theta, scaling, overrides, seq_lens) in enumerate(VARIANTS):
+        if only and name not in only:
+            continue  # GOLDEN_VARIANTS=a,b regenerates those alone (the same bytes: each has its own seed)
         g = torch.Generator().manual_seed(SEED + vi)
         cfg = base_config(model_type, tied, theta, scaling, overrides)
         seq_lens = seq_lens or SEQ_LENS
@@ -355,7 +382,12 @@ def main():
 
         P = {k: v.double().clone().requires_grad_(True) for k, v in stored.items()}
         V = cfg["vocab_size"]
-        tokens = torch.randint(0, V, (sum(seq_lens),), generator=g)
+        if seq_lens == "shared":
+            seqs = shared_batch(g, V)
+            seq_lens = [len(x) for x in seqs]
+            tokens = torch.tensor([t for x in seqs for t in x], dtype=torch.int64)
+        else:
+            tokens = torch.randint(0, V, (sum(seq_lens),), generator=g)
         cu = [0]
         for n in seq_lens:
             cu.append(cu[-1] + n)

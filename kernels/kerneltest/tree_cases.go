@@ -87,7 +87,7 @@ var treeCases = []testCase{
 		// trees for slow backends).
 		n, maxT := 8, 400
 		if s.reduced {
-			n, maxT = 5, 250
+			n, maxT = 5, 160
 		}
 		for i := range n {
 			depth, branch := 1+i%5, 1+s.rng.IntN(8)
