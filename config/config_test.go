@@ -549,3 +549,27 @@ func TestActivationCheckpointingAndPrecision(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedPrefixKey: policy.shared_prefix, tracegrpo's own key, is auto
+// unless a recipe or --set says off; any other value is refused by name.
+func TestSharedPrefixKey(t *testing.T) {
+	for _, c := range []struct {
+		sets []string
+		on   bool
+		bad  bool
+	}{
+		{nil, true, false},
+		{[]string{"policy.shared_prefix=off"}, false, false},
+		{[]string{"policy.shared_prefix=auto"}, true, false},
+		{[]string{"policy.shared_prefix=on"}, false, true},
+	} {
+		l := mustLoad(t, []string{"testdata/grpo_math_1B_megatron.yaml"}, c.sets...)
+		on, err := l.Config.SharedPrefixOn()
+		switch {
+		case c.bad && (err == nil || !strings.Contains(err.Error(), "policy.shared_prefix")):
+			t.Errorf("%v: %v, want an error naming policy.shared_prefix", c.sets, err)
+		case !c.bad && (err != nil || on != c.on):
+			t.Errorf("%v: %v, %v; want %v", c.sets, on, err, c.on)
+		}
+	}
+}

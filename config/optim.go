@@ -315,6 +315,26 @@ func (c *Config) ActivationCheckpointing() (on bool, key string) {
 	return c.Policy.DtensorCfg.ActivationCheckpointing, "policy.dtensor_cfg.activation_checkpointing"
 }
 
+// The values of policy.shared_prefix.
+const (
+	SharedPrefixAuto = "auto"
+	SharedPrefixOff  = "off"
+)
+
+// SharedPrefixOn reads policy.shared_prefix: true for "auto" (pack the
+// traces of each micro-batch as a token trie, computing shared prefixes
+// once), false for "off". Any other value is refused by name.
+func (c *Config) SharedPrefixOn() (bool, error) {
+	switch p := c.Policy.SharedPrefix; p {
+	case SharedPrefixAuto:
+		return true, nil
+	case SharedPrefixOff:
+		return false, nil
+	default:
+		return false, fmt.Errorf("config: policy.shared_prefix=%q: want auto (shared prefixes computed once) or off (every trace packed alone)", p)
+	}
+}
+
 // Precisions tracegrpo trains in (policy.precision).
 const (
 	PrecisionFloat32  = "float32"

@@ -114,6 +114,12 @@ type Policy struct {
 	// key at its top level (as NeMo RL passes it to AutoConfig.from_pretrained):
 	// a key here replaces the file's value. Empty and null mean none.
 	HFConfigOverrides map[string]any `yaml:"hf_config_overrides"`
+	// SharedPrefix is tracegrpo's own key (NeMo RL has none like it):
+	// "auto" packs each micro-batch's traces as a token trie, computing
+	// every shared prefix once; "off" packs each trace as its own sequence.
+	// The loss, its gradient and every metric are the same either way
+	// (within floating-point summation order). See SharedPrefixOn.
+	SharedPrefix string `yaml:"shared_prefix"`
 }
 
 // Schedulers is policy.scheduler. A nil list prints as null, an empty one
@@ -321,7 +327,8 @@ func Default() Config {
 				{Name: TorchConstantLR, Kwargs: &SchedulerKwargs{Factor: f64(1.0), TotalIters: i64(10000000000)}},
 				{Milestones: []int64{50}},
 			},
-			Generation: Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512},
+			Generation:   Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512},
+			SharedPrefix: SharedPrefixAuto,
 		},
 		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3)},
 		Env: Env{

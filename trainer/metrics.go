@@ -51,6 +51,11 @@ type Metrics struct {
 	PrevLogprobMaxDiff Num `json:"prev_logprob_max_diff"`
 	// TrainTokens counts the tokens of the rows that ran (valid rows).
 	TrainTokens int `json:"train_tokens"`
+	// ComputedTokens counts the tokens the model ran per training pass:
+	// TrainTokens with policy.shared_prefix=off, each shared prefix once
+	// with auto. PrefixReuse is TrainTokens / ComputedTokens.
+	ComputedTokens int `json:"computed_tokens"`
+	PrefixReuse    Num `json:"prefix_reuse"`
 
 	MaskReasons map[string]int `json:"mask_reasons,omitempty"`
 

@@ -45,6 +45,9 @@ type Options struct {
 	// NoReshard keeps each layer's gathered weights from its forward
 	// through its backward (--reshard-after-forward=false).
 	NoReshard bool
+	// SharedPrefix sets policy.shared_prefix ("auto" or "off"; "": the
+	// config's, auto by default).
+	SharedPrefix string
 
 	// SaveCaptures writes the built-in job's captures to Out/captures (or
 	// env.nemo_gym.token_id_capture.dir) instead of keeping them in memory.
@@ -88,6 +91,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	f := fs.VarPF((*negBool)(&o.NoReshard), "reshard-after-forward", "", "with --shard full: gather each layer's weights again for its backward (two layers gathered at a time); false keeps every layer gathered from forward through backward (more memory, less communication)")
 	f.NoOptDefVal = "true"
 	f.DefValue = "true"
+	fs.StringVar(&o.SharedPrefix, "shared-prefix", "", "auto: pack each micro-batch's traces as a token trie, so that every shared prefix "+
+		"(a task group's prompt, a rollout's earlier turns) is computed once, forward and backward; off: pack every trace as its own sequence. "+
+		"Sets policy.shared_prefix (default auto); the loss, its gradient and the metrics are the same either way, up to floating-point summation order")
 }
 
 // negBool is a bool flag stored negated (so that the zero value of the

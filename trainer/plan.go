@@ -150,7 +150,9 @@ type runShape struct {
 	samplerB, samplerL int
 }
 
-func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (runShape, error) {
+// sparse: the model has sparse (MoE) layers, whose traces are never packed
+// as token tries (see sharedFor).
+func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bool) (runShape, error) {
 	var s runShape
 	fromFlags := rows > 0 || seq > 0 // plan's --rows and --seq: usage errors
 	rowsKey, seqKey := "--rows", "--seq"
@@ -182,7 +184,12 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 	ckpt, s.ckptKey = c.ActivationCheckpointing()
 	T := rows * seq
 	s.rows, s.seq = rows, seq
-	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32,
+	shared, err := c.SharedPrefixOn()
+	if err != nil {
+		return s, err
+	}
+	shared = shared && !sparse
+	s.opt = model.Options{MaxTokens: T, MaxSeqs: T/2 + 1, Recompute: ckpt, Precision: kernels.F32, Tree: shared,
 		FreezeRouter: c.Policy.MegatronCfg.Enabled && c.Policy.MegatronCfg.FreezeMoERouter}
 	if s.precision == config.PrecisionBFloat16 && (backend != "cpu" || cpuMixedPrecision) {
 		s.opt.Precision = kernels.BF16
@@ -197,7 +204,7 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin bool) (run
 // PlanRun returns the memory plan of a train run.
 func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	c := req.Config
-	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin)
+	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, req.Model.Sparse())
 	if err != nil {
 		return nil, err
 	}

@@ -34,9 +34,9 @@ func (p *progressLine) step(m Metrics) {
 	if m.SkippedUpdate {
 		skipped = " | UPDATE SKIPPED (non-finite gradient)"
 	}
-	fmt.Fprintf(p.w, "step %*d/%d | reward %.3f ± %.3f | loss %+.4f | grad %.3f | lr %.2e | rows %d+%d pad, %d traces, %d masked | %d tok, %.0f tok/s | %.2fs, eta %v%s\n",
+	fmt.Fprintf(p.w, "step %*d/%d | reward %.3f ± %.3f | loss %+.4f | grad %.3f | lr %.2e | rows %d+%d pad, %d traces, %d masked | %d tok, %.0f tok/s, reuse %.2fx | %.2fs, eta %v%s\n",
 		len(fmt.Sprint(p.total)), m.Step, p.total, m.RewardMean, m.RewardStd, m.Loss, m.GradNorm, m.LR,
-		m.PhysicalRows, m.PaddingRows, m.Traces, m.MaskedRollouts, m.EligibleTokens, m.TokensPerS, m.TimeS, eta, skipped)
+		m.PhysicalRows, m.PaddingRows, m.Traces, m.MaskedRollouts, m.EligibleTokens, m.TokensPerS, m.PrefixReuse, m.TimeS, eta, skipped)
 }
 
 // progressDone prints the run's summary.

@@ -63,6 +63,7 @@ type post struct {
 	// tokens times its loss, and those tokens.
 	RouterLossSum  float64
 	RouterTokens   int
+	ComputedTokens int     // tokens through the model: each shared prefix once under policy.shared_prefix=auto
 	Logprob, Train float64 // this rank's phase seconds
 }
 

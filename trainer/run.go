@@ -53,7 +53,9 @@ func (t *Trainer) Run() error {
 				err = fmt.Errorf("step %d: %w", step, err)
 			} else {
 				my = myShard(logical, fins, batch)
-				mbs = t.pack(batch)
+				if mbs, err = t.pack(batch); err != nil {
+					err = fmt.Errorf("step %d: pack: %w", step, err)
+				}
 				my.MicroBatches = len(mbs)
 				my.Input = t.source.stepInput()
 			}

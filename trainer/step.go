@@ -6,6 +6,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/gym"
+	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
@@ -64,8 +65,9 @@ func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRo
 	return logical, fins, nil
 }
 
-// microBatch is a packed token stream of whole rows: row r of the batch
-// occupies tokens[off[j]:off[j+1]] where rows[j] = r.
+// microBatch is one forward and backward pass: whole rows packed as a token
+// stream (row r of the batch occupies tokens[cu[j]:cu[j+1]] where rows[j] =
+// r), or, with policy.shared_prefix=auto, as a token trie (tree).
 type microBatch struct {
 	rows   []int
 	tokens []int32
@@ -74,24 +76,56 @@ type microBatch struct {
 	// only ones whose log-probabilities the loss, the KL and the metrics
 	// read, so the LM head runs nowhere else.
 	need []bool
+	// tree packs rows (tree.Rows) as a token trie: each shared prefix once,
+	// the LM head over (row, label) pairs (grpo.PackedTree). nil for a
+	// packed stream.
+	tree *grpo.PackedTree
+}
+
+// computed is the tokens the micro-batch runs through the model.
+func (mb *microBatch) computed() int {
+	if mb.tree != nil {
+		return len(mb.tree.Tokens)
+	}
+	return len(mb.tokens)
 }
 
 // pack packs the rows that train (valid rows) into micro-batches of at most
-// max_total_sequence_length × train_micro_batch_size tokens, in row order.
+// max_total_sequence_length × train_micro_batch_size computed tokens.
 // Inert rows (masked, invalid or overlong) cost no compute: their loss and
 // gradient are exactly zero (sample mask 0), so they are not run. (Padding
 // rows are only counted, never built: see the trainer's batch options.)
-func (t *Trainer) pack(b *grpo.Batch) []microBatch {
-	var out []microBatch
-	cur := microBatch{cu: []int32{0}}
+//
+// With policy.shared_prefix=off each row is its own sequence, in row order.
+// With auto the rows are packed as token tries (grpo.PackTrees): the budget
+// counts computed tokens, each shared prefix once, and a tree larger than
+// it is split at branch points.
+func (t *Trainer) pack(b *grpo.Batch) ([]microBatch, error) {
+	var rows []int
 	for r := range b.Rows {
-		row := &b.Rows[r]
-		if !row.Valid {
+		if !b.Rows[r].Valid {
 			if !computeInertRows {
 				continue
 			}
 			inertRowsRun++
 		}
+		rows = append(rows, r)
+	}
+	if t.shared {
+		trees, err := grpo.PackTrees(b, rows, grpo.TreeLimits{MaxTokens: t.maxTokens, MaxSegs: t.maxSegs})
+		if err != nil {
+			return nil, err
+		}
+		out := make([]microBatch, len(trees))
+		for i := range trees {
+			out[i] = microBatch{rows: trees[i].Rows, tree: &trees[i]}
+		}
+		return out, nil
+	}
+	var out []microBatch
+	cur := microBatch{cu: []int32{0}}
+	for _, r := range rows {
+		row := &b.Rows[r]
 		n := len(row.TokenIDs)
 		if len(cur.tokens)+n > t.maxTokens && len(cur.rows) > 0 {
 			out = append(out, cur)
@@ -107,7 +141,7 @@ func (t *Trainer) pack(b *grpo.Batch) []microBatch {
 	if len(cur.rows) > 0 {
 		out = append(out, cur)
 	}
-	return out
+	return out, nil
 }
 
 // computeInertRows makes pack run inert rows too, counting them in
@@ -134,6 +168,33 @@ func rowSlices(buf [][]float64, b *grpo.Batch) [][]float64 {
 	return buf
 }
 
+// forward runs model m over a micro-batch and writes each of its rows'
+// log-probabilities (and entropies into ent, unless nil) per position:
+// needed positions get theirs, every other one 0.
+func (t *Trainer) forward(m *model.Model, mb microBatch, lp, ent [][]float64) error {
+	if mb.tree == nil {
+		l, e, err := m.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
+		if err != nil {
+			return err
+		}
+		scatter(lp, mb, l)
+		if ent != nil {
+			scatter(ent, mb, e)
+		}
+		return nil
+	}
+	pt := mb.tree
+	l, e, err := m.ForwardTree(model.Tree{Tokens: pt.Tokens, Segs: pt.Segs, Parent: pt.Parent, Rows: pt.PairRows, Labels: pt.PairLabels}, t.temp)
+	if err != nil {
+		return err
+	}
+	scatterPairs(lp, mb, l)
+	if ent != nil {
+		scatterPairs(ent, mb, e)
+	}
+	return nil
+}
+
 // logprobs runs the previous policy (the current weights, before this step's
 // update) over every micro-batch without gradient, and the frozen reference
 // policy when the loss has a KL penalty.
@@ -143,17 +204,13 @@ func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		t.rowLPRef = rowSlices(t.rowLPRef, b)
 	}
 	for _, mb := range mbs {
-		lp, _, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
-		if err != nil {
+		if err := t.forward(t.model, mb, t.rowLPOld, nil); err != nil {
 			return err
 		}
-		scatter(t.rowLPOld, mb, lp)
 		if t.ref != nil {
-			lp, _, err := t.ref.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
-			if err != nil {
+			if err := t.forward(t.ref, mb, t.rowLPRef, nil); err != nil {
 				return err
 			}
-			scatter(t.rowLPRef, mb, lp)
 		}
 	}
 	return nil
@@ -169,12 +226,37 @@ func scatter(dst [][]float64, mb microBatch, v []float32) {
 	}
 }
 
+// scatterPairs copies a tree's per-pair values to its rows' positions (0 at
+// the positions no pair gives).
+func scatterPairs(dst [][]float64, mb microBatch, v []float32) {
+	for j, r := range mb.rows {
+		for i, p := range mb.tree.Pair[j] {
+			dst[r][i] = 0
+			if p >= 0 {
+				dst[r][i] = float64(v[p])
+			}
+		}
+	}
+}
+
+// rowPost is one row's share of a rank's post: its loss sums, the sum and
+// count of its entropies over eligible tokens, and max |lp − lp_old| there.
+type rowPost struct {
+	sums       grpo.LossSums
+	entSum     float64
+	entN       float64
+	maxOldDiff float64
+	ran        bool
+}
+
 // train runs forward, the loss with the step's global G_tok (all ranks'
 // eligible tokens), and backward for every micro-batch; gradients accumulate
 // in the model's gradient arena. It returns this rank's loss sums, the sum
 // and count of entropies over eligible tokens, and max |lp − lp_old| over
 // them (the training forward against the no-gradient forward of the same
-// weights: 0 unless the forward is not deterministic).
+// weights: 0 unless the forward is not deterministic). Each row's sums are
+// computed alone and added in row order, so they do not depend on how the
+// rows were packed into micro-batches (streams or tries, of any size).
 //
 // A sparse model's load-balancing loss enters the step's loss as the
 // token-weighted mean of its micro-batches' losses over every rank
@@ -190,64 +272,108 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	t.rowDLP = rowSlices(t.rowDLP, b)
+	if cap(t.rowPosts) < len(b.Rows) {
+		t.rowPosts = make([]rowPost, len(b.Rows))
+	}
+	t.rowPosts = t.rowPosts[:len(b.Rows)]
+	clear(t.rowPosts)
+	if cap(t.lossRows) < 1 {
+		t.lossRows = make([]grpo.LossRow, 1)
+	}
 	for _, mb := range mbs {
-		lp, ent, err := t.model.ForwardMasked(mb.tokens, mb.cu, t.temp, mb.need)
-		if err != nil {
+		if err := t.forward(t.model, mb, t.rowLP, t.rowEnt); err != nil {
 			return out, err
 		}
-		scatter(t.rowLP, mb, lp)
-		scatter(t.rowEnt, mb, ent)
-		rows := t.lossRows[:0]
+		out.ComputedTokens += mb.computed()
 		for _, r := range mb.rows {
 			row := &b.Rows[r]
 			var ref []float64
 			if t.ref != nil {
 				ref = t.rowLPRef[r]
 			}
-			rows = append(rows, row.LossRow(t.rowLP[r], t.rowLPOld[r], ref, t.rowDLP[r]))
+			one := t.lossRows[:1]
+			one[0] = row.LossRow(t.rowLP[r], t.rowLPOld[r], ref, t.rowDLP[r])
+			sums, err := grpo.Loss(one, gTok, &t.lossOpt)
+			if err != nil {
+				return out, err
+			}
+			rp := rowPost{sums: sums, ran: true}
 			if row.SampleMask > 0 {
 				for i, m := range row.TokenMask {
 					if m != 0 {
-						out.EntSum += t.rowEnt[r][i]
-						out.EntN++
-						out.MaxOldDiff = math.Max(out.MaxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
+						rp.entSum += t.rowEnt[r][i]
+						rp.entN++
+						rp.maxOldDiff = math.Max(rp.maxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
 					}
 				}
 			}
+			t.rowPosts[r] = rp
 		}
-		t.lossRows = rows
 		if aux, ok := t.model.RouterLoss(); ok {
-			out.RouterLossSum += float64(len(mb.tokens)) * aux
-			out.RouterTokens += len(mb.tokens)
-			t.model.SetRouterLossWeight(float32(t.routerLossCoef * float64(len(mb.tokens)) / float64(max(stepTokens, 1))))
+			n := mb.computed() // sparse models are never packed as tries: the tokens of the micro-batch
+			out.RouterLossSum += float64(n) * aux
+			out.RouterTokens += n
+			t.model.SetRouterLossWeight(float32(t.routerLossCoef * float64(n) / float64(max(stepTokens, 1))))
 		}
-		sums, err := grpo.Loss(rows, gTok, &t.lossOpt)
-		if err != nil {
+		if err := t.model.Backward(t.dlogprobOf(mb)); err != nil {
 			return out, err
 		}
-		out.Sums.Add(sums)
+	}
+	for _, rp := range t.rowPosts {
+		if rp.ran {
+			out.Sums.Add(rp.sums)
+			out.EntSum, out.EntN = out.EntSum+rp.entSum, out.EntN+rp.entN
+			out.MaxOldDiff = math.Max(out.MaxOldDiff, rp.maxOldDiff)
+		}
+	}
+	return out, nil
+}
+
+// dlogprobOf returns dL/dlogprob for a micro-batch's backward from its rows'
+// gradients: per packed token for a stream; per pair for a tree, where a
+// pair read by several rows (a shared position, e.g. two equal generations)
+// gets the sum of their gradients, added in the tree's row order.
+func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
+	if mb.tree == nil {
 		if cap(t.dlogprob) < len(mb.tokens) {
 			t.dlogprob = make([]float32, len(mb.tokens))
 		}
 		d := t.dlogprob[:len(mb.tokens)]
-		for j := range mb.rows {
+		for j, r := range mb.rows {
 			off := int(mb.cu[j])
-			for i, g := range rows[j].DLP {
+			for i, g := range t.rowDLP[r] {
 				d[off+i] = float32(g)
 			}
 		}
-		if err := t.model.Backward(d); err != nil {
-			return out, err
+		return d
+	}
+	P := len(mb.tree.PairRows)
+	if cap(t.dpair) < P {
+		t.dpair = make([]float64, P)
+	}
+	if cap(t.dlogprob) < P {
+		t.dlogprob = make([]float32, P)
+	}
+	sum, d := t.dpair[:P], t.dlogprob[:P]
+	clear(sum)
+	for j, r := range mb.rows {
+		for i, p := range mb.tree.Pair[j] {
+			if p >= 0 {
+				sum[p] += t.rowDLP[r][i]
+			}
 		}
 	}
-	return out, nil
+	for p, g := range sum {
+		d[p] = float32(g)
+	}
+	return d
 }
 
 // metrics assembles the step's metrics line from every rank's share.
 func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, total float64) Metrics {
 	m := Metrics{Step: stepN, Phases: ph, TimeS: Num(total), CommGatherBytes: st.commGather, CommReduceScatterBytes: st.commReduce}
 	var rewards []float64
-	var logical, physical, eligible, toks int
+	var logical, physical, eligible, toks, computed int
 	var entSum, entN, busy, routerSum float64
 	routerTokens := 0
 	sums := grpo.NewLossSums()
@@ -273,6 +399,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		m.InvalidRollouts += s.Invalid
 		p := st.posts[r]
 		sums.Add(p.Sums)
+		computed += p.ComputedTokens
 		entSum, entN = entSum+p.EntSum, entN+p.EntN
 		routerSum, routerTokens = routerSum+p.RouterLossSum, routerTokens+p.RouterTokens
 		m.PrevLogprobMaxDiff = Num(math.Max(float64(m.PrevLogprobMaxDiff), p.MaxOldDiff))
@@ -301,7 +428,10 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		m.RouterAuxLoss = &v
 	}
 	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
-	m.TrainTokens = toks
+	m.TrainTokens, m.ComputedTokens = toks, computed
+	if computed > 0 {
+		m.PrefixReuse = Num(float64(toks) / float64(computed))
+	}
 	if busy > 0 {
 		m.TokensPerS = Num(float64(toks) / busy)
 	}

@@ -278,13 +278,16 @@ func TestMicroBatchSizeDoesNotChangeTheUpdate(t *testing.T) {
 
 // TestInertRowsContributeNothing: running the inert rows of an external
 // step (masked, invalid and overlong rollouts: the gym fixture has each)
-// changes neither the metrics nor the update, bit for bit.
+// changes neither the metrics nor the update, bit for bit, when every row is
+// its own sequence. (Packed in a token trie, an inert [pad, pad] row can
+// split a trace's segment, which moves the gradient's summation order:
+// TestSharedPrefixGivesTheSameStep bounds that.)
 func TestInertRowsContributeNothing(t *testing.T) {
 	dir := t.TempDir()
 	recs, caps := gymFixture(t, dir)
 	run := func(out string) {
 		mustTrain(t, append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps,
-			"--set", "checkpointing.save_period=1"}, externalSets...)...)
+			"--set", "checkpointing.save_period=1", "--shared-prefix", "off"}, externalSets...)...)
 	}
 	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
 	run(a)
@@ -294,7 +297,14 @@ func TestInertRowsContributeNothing(t *testing.T) {
 	if inertRowsRun == 0 {
 		t.Fatal("no inert row ran: the test shows nothing")
 	}
-	sameMetrics(t, metricsNoTimes(t, a), metricsNoTimes(t, b))
+	ma, mb := metricsNoTimes(t, a), metricsNoTimes(t, b)
+	for i := range mb { // the inert rows ran: they are computed tokens
+		if mb[i].ComputedTokens <= ma[i].ComputedTokens {
+			t.Errorf("step %d: %d tokens computed with the inert rows, %d without", mb[i].Step, mb[i].ComputedTokens, ma[i].ComputedTokens)
+		}
+		mb[i].ComputedTokens, mb[i].PrefixReuse = ma[i].ComputedTokens, ma[i].PrefixReuse
+	}
+	sameMetrics(t, ma, mb)
 	if d, where := maxAbsDiff(weights(t, a, 1), weights(t, b, 1)); d != 0 {
 		t.Errorf("running %d inert rows changed the update by %.3g at %s", inertRowsRun, d, where)
 	}
@@ -791,4 +801,35 @@ func TestSamplerSlotsDoNotChangeTheRun(t *testing.T) {
 	if d, name := maxAbsDiff(weights(t, full, 2), weights(t, few, 2)); d != 0 {
 		t.Fatalf("weights differ by %g (%s)", d, name)
 	}
+}
+
+// TestSharedPrefixGivesTheSameStep: a step of the built-in job with its
+// traces packed as token tries (policy.shared_prefix=auto) against every
+// trace packed alone (off), on the same rollouts: every metric but the
+// computed tokens, prefix_reuse and the gradient norm is the same bit for
+// bit (the log-probabilities are, and each row's loss sums are added in row
+// order either way); the gradient differs only by summation order, so the
+// updated weights agree within updateAtol; and the tries computed fewer
+// tokens than the traces hold.
+func TestSharedPrefixGivesTheSameStep(t *testing.T) {
+	on, off := t.TempDir(), t.TempDir()
+	mustTrain(t, trainArgs(on, 1, append(sameUpdateSets, "--set", "checkpointing.save_period=1", "--shared-prefix", "auto")...)...)
+	mustTrain(t, trainArgs(off, 1, append(sameUpdateSets, "--set", "checkpointing.save_period=1", "--set", "policy.shared_prefix=off")...)...)
+	a, b := metricsNoTimes(t, on)[0], metricsNoTimes(t, off)[0]
+	if !(a.PrefixReuse > 1.2) || b.PrefixReuse != 1 || a.ComputedTokens >= b.ComputedTokens || a.TrainTokens != b.TrainTokens {
+		t.Errorf("prefix_reuse %v with sharing (%d of %d tokens computed), %v without (%d): want > 1.2 and 1",
+			a.PrefixReuse, a.ComputedTokens, a.TrainTokens, b.PrefixReuse, b.ComputedTokens)
+	}
+	if d := math.Abs(float64(a.GradNorm-b.GradNorm)) / float64(b.GradNorm); d > 1e-5 {
+		t.Errorf("grad norm %v with sharing, %v without", a.GradNorm, b.GradNorm)
+	}
+	reuse, computed := a.PrefixReuse, a.ComputedTokens
+	a.ComputedTokens, a.PrefixReuse, a.GradNorm = b.ComputedTokens, b.PrefixReuse, b.GradNorm
+	sameMetrics(t, []Metrics{b}, []Metrics{a})
+	d, where := maxAbsDiff(weights(t, on, 1), weights(t, off, 1))
+	if d > updateAtol {
+		t.Errorf("weights after the step with and without shared prefixes differ by %.3g at %s", d, where)
+	}
+	t.Logf("prefix_reuse %.3f (%d trace tokens, %d computed); largest weight difference %.3g (bound %g)",
+		reuse, a.TrainTokens, computed, d, updateAtol)
 }

@@ -69,7 +69,9 @@ type Trainer struct {
 	batchOpt  grpo.BatchOptions
 	builder   string
 	temp      float32
-	maxTokens int // tokens of one packed micro-batch
+	maxTokens int  // tokens of one packed micro-batch
+	maxSegs   int  // segments of one packed tree
+	shared    bool // policy.shared_prefix: micro-batches are token tries
 	// routerLossCoef weighs a sparse model's load-balancing loss in the
 	// step's loss (0: not part of it; see newModels).
 	routerLossCoef float64
@@ -108,7 +110,9 @@ type Trainer struct {
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
 	lossRows                                  []grpo.LossRow
+	rowPosts                                  []rowPost
 	dlogprob                                  []float32
+	dpair                                     []float64
 }
 
 // initSource says where the initial weights came from, so that a resumed run
@@ -319,7 +323,11 @@ func (t *Trainer) setupFiles() error {
 		ckpt = "on"
 	}
 	_, key := c.ActivationCheckpointing()
-	t.logf("compute: %s on %s, activation checkpointing %s (%s), %d tokens per micro-batch", precisionName(mo.Precision), t.be.Name(), ckpt, key, mo.MaxTokens)
+	pack := "each trace its own sequence (policy.shared_prefix=off)"
+	if t.shared {
+		pack = "token tries, every shared prefix once (policy.shared_prefix=auto)"
+	}
+	t.logf("compute: %s on %s, activation checkpointing %s (%s), %d tokens per micro-batch packed as %s", precisionName(mo.Precision), t.be.Name(), ckpt, key, mo.MaxTokens, pack)
 	return nil
 }
 
@@ -392,6 +400,13 @@ func checkStepCount(c *config.Config, flagSteps int) error {
 // loadConfig reads the recipe, applies --set and --steps, and names the run.
 func (t *Trainer) loadConfig() error {
 	sets := append([]string(nil), t.o.Sets...)
+	switch t.o.SharedPrefix {
+	case "":
+	case config.SharedPrefixAuto, config.SharedPrefixOff:
+		sets = append(sets, "policy.shared_prefix="+t.o.SharedPrefix)
+	default:
+		return fmt.Errorf("%w: --shared-prefix %q: want auto or off", ErrUsage, t.o.SharedPrefix)
+	}
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
@@ -450,11 +465,17 @@ func (t *Trainer) newModels() error {
 		t.logf("note: %s", n)
 	}
 	t.sparseSettings()
-	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "")
+	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())
 	if err != nil {
 		return err
 	}
-	t.maxTokens = sh.opt.MaxTokens
+	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
+	if on, _ := c.SharedPrefixOn(); on && !t.shared {
+		// The load-balancing loss of a sparse model averages the routing of
+		// every token of a micro-batch, each shared token once per trace
+		// that holds it: a trie, computing it once, would change that loss.
+		t.logf("note: policy.shared_prefix=auto: a sparse (MoE) model's load-balancing loss counts each routed token once per trace, so its traces are packed alone")
+	}
 	if c.Policy.MaxTotalSequenceLength > t.modelCfg.MaxPositionEmbeddings && t.modelCfg.MaxPositionEmbeddings > 0 {
 		t.logf("note: policy.max_total_sequence_length=%d exceeds the model's max_position_embeddings=%d",
 			c.Policy.MaxTotalSequenceLength, t.modelCfg.MaxPositionEmbeddings)

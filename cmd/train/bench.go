@@ -61,7 +61,7 @@ type benchResult struct {
 }
 
 func runBench(args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("bench", "train bench --model CONFIG.json --rows R --seq T [--steps N] [--backend B]", stdout)
+	fs := newFlags("bench", "train bench --model CONFIG.json (--rows R --seq T | --tree P,K,S [--shared-prefix auto|off|both]) [--steps N] [--backend B]", stdout)
 	cfgPath := fs.String("model", "", "HF config.json of the model to time")
 	rows := fs.Int("rows", 8, "packed sequences per step")
 	seq := fs.Int("seq", 256, "tokens per sequence")
@@ -81,10 +81,15 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	lr := fs.Float64("lr", 1e-6, "AdamW's learning rate (weight decay 0.01 on matrices, betas 0.9/0.999, no clipping)")
 	eps := fs.Float64("eps", 1e-8, "AdamW's eps")
 	save := fs.String("save", "", "write the final weights as Hugging Face safetensors into this directory (with --shard full the ranks stream them through rank 0)")
+	tree := fs.String("tree", "", "time a tree of traces instead of random rows: P,K,S is a GRPO group (K responses of S tokens sharing a P-token prompt); "+
+		"P,K1,S1,K2,S2,... nests levels (an agent's turns, each branching K ways). The responses carry the loss; see --shared-prefix")
+	shared := fs.String("shared-prefix", "both", "with --tree: auto packs the traces as token tries (every shared prefix computed once), off packs each trace as its own sequence, "+
+		"both times off then auto in the same process and prints their ratio")
+	mbTokens := fs.Int("mb-tokens", 0, "with --tree: computed tokens per micro-batch, the same for both modes (0: the whole trie's, so that auto needs one micro-batch)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 {
+	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 || *mbTokens < 0 {
 		return fmt.Errorf("%w: bench needs --model and positive --rows, --seq, --steps", errUsage)
 	}
 	if T, ok := checked.Mul(int64(*rows), int64(*seq)); !ok || T > model.MaxTokens {
@@ -92,6 +97,18 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	if *shard != "full" && *shard != "none" {
 		return fmt.Errorf("%w: bench: --shard %q: want full or none", errUsage, *shard)
+	}
+	var modes []string
+	switch *shared {
+	case "both":
+		modes = []string{"off", "auto"}
+	case "auto", "off":
+		modes = []string{*shared}
+	default:
+		return fmt.Errorf("%w: bench: --shared-prefix %q: want auto, off or both", errUsage, *shared)
+	}
+	if *tree == "" && (fs.Changed("shared-prefix") || fs.Changed("mb-tokens")) {
+		return fmt.Errorf("%w: bench: --shared-prefix and --mb-tokens go with --tree", errUsage)
 	}
 	if *precision != "float32" && *precision != "bfloat16" {
 		return fmt.Errorf("%w: bench: --precision %q: want float32 or bfloat16", errUsage, *precision)
@@ -138,6 +155,25 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	}
 	defer l.close()
 	res.Ranks = l.Size
+	if *tree != "" {
+		if l.Size > 1 {
+			return fmt.Errorf("%w: bench: --tree runs in one process (%d ranks)", errUsage, l.Size)
+		}
+		a := treeBenchArgs{spec: *tree, modes: modes, mbTokens: *mbTokens, steps: *steps, seed: *seed, lr: *lr, eps: *eps, recompute: *recompute,
+			prec: kernels.F32, precisionName: "float32", cfg: cfg, cfgPath: *cfgPath, weights: *weights, be: be, threads: res.Threads,
+			stdout: stdout, stderr: stderr}
+		if *precision == "bfloat16" {
+			if be.Name() == "cuda" {
+				a.prec, a.precisionName = kernels.BF16, "bfloat16"
+			} else {
+				fmt.Fprintf(stderr, "bench: note: --precision bfloat16: the %s backend computes in fp32 (mixed precision runs on cuda)\n", be.Name())
+			}
+		}
+		if *profile {
+			return fmt.Errorf("%w: bench: --profile times rows × seq steps; it does not go with --tree", errUsage)
+		}
+		return runTreeBench(a)
+	}
 	var prof *timedBackend
 	if *profile {
 		prof = newTimedBackend(be)

@@ -151,3 +151,10 @@ func Self() (rss, peak int64, ok bool) {
 	}
 	return rss, peak, rss > 0
 }
+
+// ResetPeak sets this process's peak resident memory (VmHWM) back to its
+// resident memory now (Linux: "5" written to /proc/self/clear_refs), so
+// that Self's peak measures from here on; ok is false where it cannot.
+func ResetPeak() (ok bool) {
+	return os.WriteFile(filepath.Join(root, "proc/self/clear_refs"), []byte("5"), 0) == nil
+}
