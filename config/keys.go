@@ -193,6 +193,8 @@ var keyRules = []KeyRule{
 	{Key: "policy.max_grad_norm", Class: Used},
 	{Key: "policy.precision", Class: Used},
 	{Key: "policy.hf_config_overrides", Class: Used},
+	// tracegrpo's own key (not NeMo RL's): shared-prefix token tries, auto or off.
+	{Key: "policy.shared_prefix", Class: Used},
 	{Key: "policy.is_vlm", Class: Refused, Guard: true, Example: "true",
 		Why: "vision-language models"},
 	{Key: "policy.router_replay.enabled", Class: Refused, Guard: true, Example: "true",
