@@ -71,6 +71,7 @@ func (t *Trainer) startIdentity() ([]identityItem, error) {
 	add(true, "--save-captures", strconv.FormatBool(o.SaveCaptures))
 	add(true, "--shard", o.Shard)
 	add(true, "--reshard-after-forward", strconv.FormatBool(!o.NoReshard))
+	add(true, "--shared-prefix", o.SharedPrefix)
 	if _, ok := t.source.(*builtinSource); ok {
 		add(true, "--tasks", strings.Join(o.Tasks, ","))
 	}
