@@ -297,11 +297,7 @@ func TestPackTrees(t *testing.T) {
 					t.Errorf("micro-batch %d ends before row %d, which fits it", k-1, first)
 				}
 			}
-			var one []int
-			for _, i := range idx {
-				one = append(one, i)
-			}
-			whole := BuildTree(b, one)
+			whole := BuildTree(b, idx)
 			if big, _ := PackTrees(b, idx, TreeLimits{MaxTokens: 1 << 20, MaxSegs: 1 << 20}); len(big) != 1 || len(big[0].Tokens) != len(whole.Tokens) {
 				t.Errorf("an unbounded budget packs %d trees, want 1 of %d tokens", len(big), len(whole.Tokens))
 			}

@@ -32,7 +32,7 @@ func parseTreeSpec(s string) (treeSpec, error) {
 	var sp treeSpec
 	f := strings.Split(s, ",")
 	if len(f) < 3 || len(f)%2 == 0 {
-		return sp, fmt.Errorf("%w: --tree %q: want P,K,S (K children of S tokens under a P-token root) or P,K1,S1,K2,S2,...", errUsage, s)
+		return sp, fmt.Errorf("%w: --tree %q: want P,K,S (K children of S tokens under a P-token root) or P,K1,S1,K2,S2 and so on", errUsage, s)
 	}
 	n := make([]int, len(f))
 	for i, x := range f {
