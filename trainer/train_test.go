@@ -833,3 +833,26 @@ func TestSharedPrefixGivesTheSameStep(t *testing.T) {
 	t.Logf("prefix_reuse %.3f (%d trace tokens, %d computed); largest weight difference %.3g (bound %g)",
 		reuse, a.TrainTokens, computed, d, updateAtol)
 }
+
+// TestSharedPrefixShapes: policy.shared_prefix=auto builds the model for
+// token trees, off does not, and a sparse model's traces are never packed as
+// tries (its load-balancing loss counts each token once per trace).
+func TestSharedPrefixShapes(t *testing.T) {
+	for _, c := range []struct {
+		set    string
+		sparse bool
+		tree   bool
+	}{{"policy.shared_prefix=auto", false, true}, {"policy.shared_prefix=off", false, false}, {"policy.shared_prefix=auto", true, false}} {
+		ld, _, err := LoadRecipe(nil, []string{c.set})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sh, err := shapeOf(&ld.Config, "cpu", 0, 0, true, c.sparse)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sh.opt.Tree != c.tree {
+			t.Errorf("%s, sparse %v: Options.Tree %v, want %v", c.set, c.sparse, sh.opt.Tree, c.tree)
+		}
+	}
+}

@@ -135,7 +135,7 @@ func TestTreeStepEmu(t *testing.T) {
 	emu := cuda.EmuBackend(t, cuda.Options{})
 	const v = "qwen3_tied"
 	f32 := treeStep(t, emu, v, kernels.F32)
-	compareSteps(t, treeStep(t, ref, v, kernels.F32), f32)
+	compareSteps(t, treeStep(t, ref, v, kernels.F32), f32, false)
 	stepsEqual(t, f32, treeStep(t, emu, v, kernels.F32))
 	cfg, err := model.LoadConfig("../../model/testdata/" + v + "/config.json")
 	if err != nil {
@@ -146,7 +146,7 @@ func TestTreeStepEmu(t *testing.T) {
 	compareBF16Steps(t, table, treeStep(t, ref, v, kernels.BF16), bf16, tolBF16Step)
 	compareBF16Steps(t, table, f32, bf16, tolBF16VsFP32)
 	stepsEqual(t, bf16, treeStep(t, emu, v, kernels.BF16))
-	compareSteps(t, treeStep(t, ref, "qwen2_untied", kernels.F32), treeStep(t, emu, "qwen2_untied", kernels.F32))
+	compareSteps(t, treeStep(t, ref, "qwen2_untied", kernels.F32), treeStep(t, emu, "qwen2_untied", kernels.F32), false)
 }
 
 // TestTreeStepGPU: TestTreeStepEmu on CUDA device 0 (skips without one,
@@ -157,7 +157,7 @@ func TestTreeStepGPU(t *testing.T) {
 	defer ref.Close()
 	for _, v := range []string{"qwen3_tied", "qwen2_untied"} {
 		t.Run(v, func(t *testing.T) {
-			compareSteps(t, treeStep(t, ref, v, kernels.F32), treeStep(t, be, v, kernels.F32))
+			compareSteps(t, treeStep(t, ref, v, kernels.F32), treeStep(t, be, v, kernels.F32), false)
 			cfg, err := model.LoadConfig("../../model/testdata/" + v + "/config.json")
 			if err != nil {
 				t.Fatal(err)
