@@ -93,7 +93,9 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	f.DefValue = "true"
 	fs.StringVar(&o.SharedPrefix, "shared-prefix", "", "auto: pack each micro-batch's traces as a token trie, so that every shared prefix "+
 		"(a task group's prompt, a rollout's earlier turns) is computed once, forward and backward; off: pack every trace as its own sequence. "+
-		"Sets policy.shared_prefix (default auto); the loss, its gradient and the metrics are the same either way, up to floating-point summation order")
+		"Sets policy.shared_prefix (default auto); the loss, its gradient and the metrics are the same either way, up to floating-point summation order. "+
+		"Sparse (MoE) models fall back to off under auto (their load-balancing loss counts a shared token once per trace; the run says so at start); "+
+		"data-parallel ranks, sharded (--shard full) or not, each pack their own rows as tries")
 }
 
 // negBool is a bool flag stored negated (so that the zero value of the
