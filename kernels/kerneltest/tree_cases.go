@@ -84,12 +84,16 @@ var treeCases = []testCase{
 	{"TreeAttention", func(s *suite) {
 		// Random trees of depth 1 to 5 and branching 1 to 8, fp32
 		// operands, the head shapes of Attention's case (fewer and smaller
-		// trees for slow backends).
+		// trees for slow backends; under Options.Schedule, a rerun under
+		// another schedule, the trees of depth 1, 3 and 5).
 		n, maxT := 8, 400
 		if s.reduced {
 			n, maxT = 5, 160
 		}
 		for i := range n {
+			if s.schedule && i%2 == 1 {
+				continue
+			}
 			depth, branch := 1+i%5, 1+s.rng.IntN(8)
 			seg := []int{3, 20, 70}[s.rng.IntN(3)]
 			if depth*branch > 12 {
@@ -120,21 +124,23 @@ var treeCases = []testCase{
 		// bf16 q, k, v: the tensor-core kernels at head dimensions 64 and
 		// 128 (segments that cross their 64-row tiles, GQA), then the
 		// widening fallbacks (another head dimension, unaligned views).
+		// Under Options.Schedule only the tensor-core shapes run: their
+		// tiles, warps and blocks are what another schedule reorders.
 		type shape struct {
-			depth, branch, seg, maxT int
-			NH, NKV, HD              int
-			misaligned, reduced      bool
+			depth, branch, seg, maxT      int
+			NH, NKV, HD                   int
+			misaligned, reduced, schedule bool
 		}
 		shapes := []shape{
-			{depth: 2, branch: 8, seg: 40, maxT: 400, NH: 4, NKV: 2, HD: 64, reduced: true},
-			{depth: 5, branch: 2, seg: 70, maxT: 500, NH: 2, NKV: 1, HD: 128, reduced: true},
+			{depth: 2, branch: 8, seg: 40, maxT: 400, NH: 4, NKV: 2, HD: 64, reduced: true, schedule: true},
+			{depth: 5, branch: 2, seg: 70, maxT: 500, NH: 2, NKV: 1, HD: 128, reduced: true, schedule: true},
 			{depth: 3, branch: 3, seg: 150, maxT: 700, NH: 6, NKV: 3, HD: 64},
 			{depth: 4, branch: 4, seg: 10, maxT: 300, NH: 4, NKV: 4, HD: 128},
 			{depth: 3, branch: 3, seg: 20, maxT: 200, NH: 4, NKV: 2, HD: 40, reduced: true},                   // widened: HD 40
 			{depth: 3, branch: 3, seg: 20, maxT: 200, NH: 4, NKV: 2, HD: 64, misaligned: true, reduced: true}, // widened: unaligned views
 		}
 		for _, h := range shapes {
-			if s.reduced && !h.reduced {
+			if s.reduced && !h.reduced || s.schedule && !h.schedule {
 				continue
 			}
 			tr := newRandomTree(s.rng, h.depth, h.branch, h.seg, h.maxT)
