@@ -183,6 +183,11 @@ func (g *Gatherer) Bytes(local []byte) ([][]byte, error) {
 	return out, nil
 }
 
+// HostAllReduceChunk is the most fp32 elements of scratch a host
+// all-reduce over Open MPI (collective/mpi) keeps: its ring moves each
+// block (1/W of the buffer) in pieces of at most this many (1 MiB).
+const HostAllReduceChunk = 1 << 18
+
 // GathererBytes is what a Gatherer of size ranks holds on its backend once
 // Reserve(n) made room for payloads of n bytes (nothing for one rank).
 func GathererBytes(size, n int) int64 {

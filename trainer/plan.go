@@ -360,6 +360,10 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 		case req.Backend == "cuda" && world > 1:
 			p.Notes = append(p.Notes, "NCCL's own buffers (NCCL_BUFFSIZE, 4 MiB by default, per channel and peer) are not in this plan")
 		}
+	} else if req.Backend == "cpu" && world > 1 {
+		piece := min((table.Total+world-1)/world, collective.HostAllReduceChunk)
+		p.add(Component{Name: "collective_scratch", Bytes: 4 * int64(piece),
+			What: "Open MPI: the gradients' all-reduce ring's receive piece"})
 	}
 	what := fmt.Sprintf("%d tokens per micro-batch", opt.MaxTokens)
 	if opt.Recompute {

@@ -141,8 +141,10 @@ const benchTol = 1e-6
 // 3 ranks (each taking a share of the rows) ends its steps with the
 // weights one process gets for all the rows (within benchTol), bit for bit
 // the same when run again on 3, with a model state per rank of 1/W and
-// every rank's peak RSS (and the one process's) within 10% of its plan. TRACEGRPO_LONG=1 runs the bench model itself on 2, 3 and 4 ranks
-// (the memory figures of the README come from it).
+// every rank's peak RSS (and the one process's) within 10% of its plan.
+// TRACEGRPO_LONG=1 runs the bench model itself on 2, 3 and 4 ranks, and
+// unsharded on as many too (its all-reduce within the plan as well); the
+// memory figures of the README come from it.
 func TestMpirunShardedBenchModel(t *testing.T) {
 	long := os.Getenv("TRACEGRPO_LONG") == "1"
 	cfg := benchJSON(t, !long)
@@ -190,6 +192,21 @@ func TestMpirunShardedBenchModel(t *testing.T) {
 		for rk, rss := range r.PeakRSSRanksMiB {
 			if plan := r.PlanRanksMiB[rk]; math.Abs(rss-plan) > 0.1*plan {
 				t.Errorf("%d ranks, rank %d: peak RSS %.1f MiB, plan %.1f MiB: more than 10%% apart", n, rk, rss, plan)
+			}
+		}
+		if !long {
+			continue
+		}
+		whole := filepath.Join(dir, fmt.Sprint(n, "-whole"))
+		r = benchLine(t, mustMpirun(t, n, args(whole, "--shard", "none")...))
+		d, where = maxDiff(want, hfWeights(t, whole))
+		if d > benchTol || math.IsNaN(d) {
+			t.Errorf("%d ranks unsharded: bench weights differ from one process by %.3g at %s", n, d, where)
+		}
+		t.Logf("%d ranks unsharded: largest weight difference %.3g; peak RSS %v MiB, plans %v MiB", n, d, r.PeakRSSRanksMiB, r.PlanRanksMiB)
+		for rk, rss := range r.PeakRSSRanksMiB {
+			if plan := r.PlanRanksMiB[rk]; math.Abs(rss-plan) > 0.1*plan {
+				t.Errorf("%d ranks unsharded, rank %d: peak RSS %.1f MiB, plan %.1f MiB: more than 10%% apart", n, rk, rss, plan)
 			}
 		}
 	}

@@ -125,6 +125,44 @@ static int tg_reduce_scatter_ring(tg_mpi* m, const float* src, float* dst, float
 	return 0;
 }
 
+// tg_allreduce_ring sums buf (n floats) over the ranks in place along a
+// ring: a reduce-scatter of size blocks (block b is [b·n/size,
+// (b+1)·n/size)), in step s each rank sending its running sum of block
+// (r−s) mod size to the next rank and adding the previous one's sum of
+// block (r−s−1) mod size to its own; then an all-gather of the summed
+// blocks, each received straight into its place. Every step moves its
+// block in pieces of at most chunk floats (the same count of pieces on
+// every rank), so the only scratch is chunk floats (tmp), where Open MPI's
+// own algorithms allocate a temporary of up to the whole buffer. Each
+// element is summed once, in one order, and every rank gets its bits.
+static int tg_allreduce_ring(tg_mpi* m, float* buf, int n, float* tmp, int chunk, int rank, int size) {
+	int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+#define TG_LO(b) ((int)((long long)(b) * n / size))
+	int pieces = ((n + size - 1) / size + chunk - 1) / chunk;
+	for (int s = 0; s < size - 1; s++) {
+		int sb = ((rank - s) % size + size) % size, rb = ((rank - s - 1) % size + size) % size;
+		int slo = TG_LO(sb), sn = TG_LO(sb + 1) - slo, rlo = TG_LO(rb), rn = TG_LO(rb + 1) - rlo;
+		for (int p = 0; p < pieces; p++) {
+			int off = p * chunk;
+			int sc = sn - off, rc = rn - off;
+			sc = sc < 0 ? 0 : sc > chunk ? chunk : sc;
+			rc = rc < 0 ? 0 : rc > chunk ? chunk : rc;
+			int r = m->Sendrecv(buf + slo + (sc ? off : 0), sc, m->f32, next, 9, tmp, rc, m->f32, prev, 9, m->world, (void*)0);
+			if (r) return r;
+			float* d = buf + rlo + off;
+			for (int i = 0; i < rc; i++) d[i] += tmp[i];
+		}
+	}
+	for (int s = 0; s < size - 1; s++) {
+		int sb = ((rank + 1 - s) % size + size) % size, rb = ((rank - s) % size + size) % size;
+		int r = m->Sendrecv(buf + TG_LO(sb), TG_LO(sb + 1) - TG_LO(sb), m->f32, next, 10,
+			buf + TG_LO(rb), TG_LO(rb + 1) - TG_LO(rb), m->f32, prev, 10, m->world, (void*)0);
+		if (r) return r;
+	}
+#undef TG_LO
+	return 0;
+}
+
 // tg_allgather_ring gathers every rank's n elements of kind (see tg_type)
 // into dst in rank order over a ring of MPI_Sendrecv: size-1 steps, each
 // passing on the block received last, straight into its place in dst.
@@ -245,6 +283,7 @@ func errText(m *C.tg_mpi, code C.int) string {
 type comm struct {
 	b       *cpu.Backend
 	scratch []float32 // the reduce-scatter ring's received block
+	chunk   []float32 // the all-reduce ring's received piece
 }
 
 func (c *comm) Rank() int    { return lib.rank }
@@ -298,12 +337,24 @@ func (c *comm) call(what string, f func() C.int) error {
 	return nil
 }
 
+// AllReduceSum sums F32 over a ring of MPI_Sendrecv (tg_allreduce_ring:
+// scratch of one block, at most collective.HostAllReduceChunk floats,
+// which the comm keeps) and I32 with MPI_Allreduce.
 func (c *comm) AllReduceSum(buf kernels.Buf) error {
 	p, k, err := c.host(buf, "MPI_Allreduce")
 	if err != nil || buf.N == 0 {
 		return err
 	}
-	return c.call("MPI_Allreduce", func() C.int { return C.tg_allreduce(lib.m, p, C.int(buf.N), k) })
+	if k != 0 || lib.size == 1 {
+		return c.call("MPI_Allreduce", func() C.int { return C.tg_allreduce(lib.m, p, C.int(buf.N), k) })
+	}
+	if piece := min((buf.N+lib.size-1)/lib.size, collective.HostAllReduceChunk); cap(c.chunk) < piece {
+		c.chunk = make([]float32, piece)
+	}
+	tmp := unsafe.Pointer(&c.chunk[0])
+	return c.call("MPI_Sendrecv (all-reduce ring)", func() C.int {
+		return C.tg_allreduce_ring(lib.m, (*C.float)(p), C.int(buf.N), (*C.float)(tmp), C.int(cap(c.chunk)), C.int(lib.rank), C.int(lib.size))
+	})
 }
 
 // ReduceScatterSum sums F32 over a ring of MPI_Sendrecv (see
@@ -334,8 +385,8 @@ func (c *comm) ReduceScatterSum(dst, src kernels.Buf) error {
 }
 
 // ScratchBytes is the host memory the comm keeps for its collectives: one
-// block of the largest reduce-scatter so far.
-func (c *comm) ScratchBytes() int64 { return 4 * int64(cap(c.scratch)) }
+// block of the largest reduce-scatter so far, and the all-reduce's piece.
+func (c *comm) ScratchBytes() int64 { return 4 * int64(cap(c.scratch)+cap(c.chunk)) }
 
 // AllGather gathers over a ring of MPI_Sendrecv (tg_allgather_ring): it
 // needs no memory beyond dst, whatever the world size.

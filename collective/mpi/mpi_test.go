@@ -186,6 +186,29 @@ func TestRankCollectives(t *testing.T) {
 	if grew := peak1 - peak0; ok && grew > int64(4*big*n)/4 {
 		t.Errorf("rank %d: the all-gather of %d MiB raised the peak RSS by %d MiB: memory beyond its buffers", r, 4*big*n>>20, grew>>20)
 	}
+	// A large fp32 all-reduce (a whole model's gradients, unsharded data
+	// parallel): its ring moves blocks of several pieces, and it needs no
+	// memory beyond the buffer and the comm's piece of scratch.
+	const huge = 3<<20 + 7 // 12 MiB; blocks of 1M+2 and 1M+3 floats, four pieces each
+	hugeBuf := alloc(kernels.F32, huge)
+	hv := b.F32(hugeBuf)
+	for i := range hv {
+		hv[i] = float32(i%1000) + float32(r)/4
+	}
+	_, peak0, ok = meminfo.Self()
+	if err := c.AllReduceSum(hugeBuf); err != nil {
+		t.Fatal(err)
+	}
+	_, peak1, _ = meminfo.Self()
+	for i, x := range hv {
+		want := float32(n*(i%1000)) + float32(n*(n-1))/8 // exact in float32
+		if x != want {
+			t.Fatalf("all-reduce of %d floats [%d] = %v, want %v", huge, i, x, want)
+		}
+	}
+	if grew := peak1 - peak0; ok && grew > 4*huge/4 {
+		t.Errorf("rank %d: the all-reduce of %d MiB raised the peak RSS by %d MiB: memory beyond its buffer", r, 4*huge>>20, grew>>20)
+	}
 	// bf16 is gathered as bytes (the sharded model's weights).
 	h16, g16 := alloc(kernels.BF16, 5), alloc(kernels.BF16, 5*n)
 	for i := range b.BF16(h16) {
