@@ -1,17 +1,9 @@
 package trainer
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"math"
-	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 
-	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
@@ -42,44 +34,8 @@ const (
 // computed than trace tokens) and off alike.
 func TestSharedPrefixGRPOGolden(t *testing.T) {
 	const dir = "testdata/shared_grpo"
-	raw, err := os.ReadFile(filepath.Join(dir, "golden.json"))
-	if err != nil {
-		t.Fatalf("%v (regenerate with: make golden, or /usr/bin/python3 scripts/golden_shared_grpo.py)", err)
-	}
-	var g moeGolden
-	if err := json.Unmarshal(raw, &g); err != nil {
-		t.Fatal(err)
-	}
-	if len(g.Steps) != 2 {
-		t.Fatalf("the golden has %d steps, want 2", len(g.Steps))
-	}
 	tmp := t.TempDir()
-	caps, steps := filepath.Join(tmp, "captures"), filepath.Join(tmp, "steps")
-	if err := os.MkdirAll(steps, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	w, err := gym.NewWriter(caps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.SetFsync(false)
-	for s, st := range g.Steps {
-		var recs bytes.Buffer
-		for _, r := range st.Rollouts {
-			rid := fmt.Sprintf("shared-%d-%d-%d", s+1, r.Task, r.Index)
-			if err := w.Put(gym.NewCallEntry(rid, "c1", "m", r.Prompt, r.Generation, r.GenLP, "", "")); err != nil {
-				t.Fatal(err)
-			}
-			if err := w.Freeze(rid); err != nil && !errors.Is(err, gym.ErrFrozen) {
-				t.Fatal(err)
-			}
-			fmt.Fprintf(&recs, `{"_ng_task_index": %d, "_ng_rollout_index": %d, "_ng_rollout_id": %q, "reward": %v, "response": {"id": "r"}}`+"\n",
-				r.Task, r.Index, rid, r.Reward)
-		}
-		if err := os.WriteFile(filepath.Join(steps, fmt.Sprintf("step_%d.jsonl", s+1)), recs.Bytes(), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	g, caps, steps := loadGRPOGolden(t, dir, "scripts/golden_shared_grpo.py", tmp)
 	gold, err := safetensors.Open(filepath.Join(dir, "golden.safetensors"))
 	if err != nil {
 		t.Fatal(err)
@@ -88,22 +44,7 @@ func TestSharedPrefixGRPOGolden(t *testing.T) {
 	for _, mode := range []string{"auto", "off"} {
 		t.Run(mode, func(t *testing.T) {
 			out := filepath.Join(tmp, "run-"+mode)
-			args := []string{"--out", out, "--steps", "2", "--quiet", "--rollouts", steps, "--captures", caps, "--init-from", dir,
-				"--set", "checkpointing.save_period=1", "--shared-prefix", mode}
-			for _, k := range slices.Sorted(func(yield func(string) bool) {
-				for k := range g.Sets {
-					if !yield(k) {
-						return
-					}
-				}
-			}) {
-				args = append(args, "--set", fmt.Sprintf("%s=%v", k, g.Sets[k]))
-			}
-			mustTrain(t, args...)
-			ms := metricsNoTimes(t, out)
-			if len(ms) != 2 {
-				t.Fatalf("%d metric lines, want 2", len(ms))
-			}
+			ms := trainGRPOGolden(t, g, dir, caps, steps, out, "--shared-prefix", mode)
 			for s, want := range g.Steps {
 				m := ms[s]
 				if m.EligibleTokens != want.EligibleTokens || m.TrainTokens != want.TrainTokens {
@@ -116,38 +57,13 @@ func TestSharedPrefixGRPOGolden(t *testing.T) {
 					t.Errorf("step %d: %d computed tokens for %d trace tokens with sharing off", s+1, m.ComputedTokens, m.TrainTokens)
 				}
 				t.Logf("step %d: %d trace tokens, %d computed (prefix_reuse %.3f)", s+1, m.TrainTokens, m.ComputedTokens, float64(m.PrefixReuse))
-				for _, c := range []struct {
-					name      string
-					got, want float64
-				}{
+				checkGoldenMetrics(t, s+1, sharedGoldenMetricRtol, []goldenMetric{
 					{"loss", float64(m.Loss), want.Loss},
 					{"kl", float64(m.KL), want.KL},
 					{"grad_norm", float64(m.GradNorm), want.GradNorm},
 					{"lr", float64(m.LR), want.LR},
-				} {
-					d := math.Abs(c.got - c.want)
-					if !(d <= sharedGoldenMetricRtol*math.Max(math.Abs(c.want), 1e-3)) {
-						t.Errorf("step %d: %s %.9g, the golden's %.9g", s+1, c.name, c.got, c.want)
-					}
-					t.Logf("step %d: %s %.9g (golden %.9g, |Δ| %.3g)", s+1, c.name, c.got, c.want, d)
-				}
-				got := weights(t, out, s+1)
-				worst, where := 0.0, ""
-				for name, x := range got {
-					y := make([]float32, len(x))
-					if err := gold.ReadF32(fmt.Sprintf("step%d.%s", s+1, name), y); err != nil {
-						t.Fatal(err)
-					}
-					for i := range x {
-						if d := math.Abs(float64(x[i]) - float64(y[i])); d > worst || d != d {
-							worst, where = d, fmt.Sprintf("%s[%d]: %g vs %g", name, i, x[i], y[i])
-						}
-					}
-				}
-				if !(worst <= sharedGoldenWeightAtol) {
-					t.Errorf("step %d: weights differ from the golden by %.3g at %s (bound %g)", s+1, worst, where, sharedGoldenWeightAtol)
-				}
-				t.Logf("step %d: %d tensors, largest weight difference from the golden %.3g (bound %g)", s+1, len(got), worst, sharedGoldenWeightAtol)
+				})
+				checkGoldenWeights(t, gold, out, s+1, sharedGoldenWeightAtol)
 			}
 		})
 	}
