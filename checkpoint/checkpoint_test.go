@@ -184,6 +184,54 @@ func TestRoundTripRandom(t *testing.T) {
 	}
 }
 
+// TestRetentionCrashMidDelete stops retention's deletion of the oldest
+// checkpoint after its first file, as a crash would: the error is
+// returned, and every step_N directory left still loads, the deleted
+// step's half-removed files being out of sight under a .trash- name that
+// the next save clears.
+func TestRetentionCrashMidDelete(t *testing.T) {
+	dir := t.TempDir()
+	for step := int64(1); step <= 3; step++ {
+		mustSave(t, dir, testState(step, 64), SaveOptions{KeepTopK: 3})
+	}
+	crash := errors.New("crashed mid-delete")
+	removeAll = func(p string) error {
+		if err := os.Remove(filepath.Join(p, ModelFile)); err != nil {
+			return err
+		}
+		return crash
+	}
+	_, err := Save(dir, testState(4, 64), SaveOptions{KeepTopK: 3})
+	removeAll = os.RemoveAll
+	if !errors.Is(err, crash) {
+		t.Fatalf("save whose retention crashed: %v, want %v", err, crash)
+	}
+	steps, err := List(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, e := range steps {
+		got = append(got, e.Step)
+		if _, err := Load(e.Path, LoadOptions{}); err != nil {
+			t.Errorf("%s after a crash mid-delete: %v", filepath.Base(e.Path), err)
+		}
+	}
+	if diff := cmp.Diff([]int64{4, 3, 2}, got); diff != "" {
+		t.Errorf("steps after a crash mid-delete (-want +got):\n%s", diff)
+	}
+	mustSave(t, dir, testState(5, 64), SaveOptions{KeepTopK: 3})
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), trashPrefix) {
+			t.Errorf("the next save left %s", e.Name())
+		}
+	}
+}
+
 func TestRetentionAndLatest(t *testing.T) {
 	dir := t.TempDir()
 	for step := int64(1); step <= 6; step++ {

@@ -546,7 +546,14 @@ func removeLeftovers(dir string) error {
 	return nil
 }
 
-// retain keeps the newest keep complete checkpoints.
+// removeAll deletes a checkpoint directory that retention or a replacing
+// save has moved aside; a variable so that a test can stop a deletion
+// midway, as a crash would.
+var removeAll = os.RemoveAll
+
+// retain keeps the newest keep complete checkpoints. Each old one is renamed
+// aside before it is deleted, so a crash mid-delete never leaves a step_N
+// that is half gone.
 func retain(dir string, keep int) error {
 	steps, err := List(dir)
 	if err != nil {
@@ -567,7 +574,7 @@ func retain(dir string, keep int) error {
 		if err := os.Rename(e.Path, trash); err != nil {
 			return fmt.Errorf("checkpoint: retention: %w", err)
 		}
-		if err := os.RemoveAll(trash); err != nil {
+		if err := removeAll(trash); err != nil {
 			return fmt.Errorf("checkpoint: retention: %w", err)
 		}
 	}
