@@ -61,9 +61,16 @@ func procTools(t *testing.T) (pgrep, kill string) {
 
 func startMpirun(t *testing.T, n int, env []string, args ...string) *mpirunJob {
 	t.Helper()
-	pgrep, kill := procTools(t)
 	cmd := mpirunCmd(t, n, args...)
 	cmd.Env = append(cmd.Env, env...)
+	return runMpirun(t, cmd)
+}
+
+// runMpirun starts cmd (an mpirun) as a job whose output is kept, and
+// kills whatever of it is still running when the test ends.
+func runMpirun(t *testing.T, cmd *exec.Cmd) *mpirunJob {
+	t.Helper()
+	pgrep, kill := procTools(t)
 	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), pgrep: pgrep, kill: kill}
 	cmd.Stdout, cmd.Stderr = j.out, j.out
 	if err := cmd.Start(); err != nil {
@@ -265,7 +272,6 @@ type mpirunRank struct {
 func mpirunEach(t *testing.T, ranks []mpirunRank) *mpirunJob {
 	t.Helper()
 	path := testtool.Path(t, "mpirun", "TRACEGRPO_REQUIRE_MPI")
-	pgrep, kill := procTools(t)
 	argv := []string{"--allow-run-as-root", "--oversubscribe", "--mca", "btl_vader_single_copy_mechanism", "none"}
 	for i, r := range ranks {
 		if i > 0 {
@@ -280,24 +286,7 @@ func mpirunEach(t *testing.T, ranks []mpirunRank) *mpirunJob {
 	}
 	cmd := exec.Command(path, argv...)
 	cmd.Env = os.Environ()
-	j := &mpirunJob{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{}), pgrep: pgrep, kill: kill}
-	cmd.Stdout, cmd.Stderr = j.out, j.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		cmd.Wait()
-		close(j.done)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-j.done:
-		default:
-			j.killAll()
-			<-j.done
-		}
-	})
-	return j
+	return runMpirun(t, cmd)
 }
 
 // TestMpirunRanksAgreeAtStart (issue 26, item 1) under mpirun: ranks
