@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/internal/randtree"
 )
 
 // testTree is a tree's host arrays.
@@ -23,30 +24,10 @@ type testTree struct {
 func (tr testTree) T() int  { return int(tr.offs[len(tr.offs)-1]) }
 func (tr testTree) NS() int { return len(tr.parent) }
 
-// randTree returns a random forest of 1..3 roots in depth-first preorder:
-// segments of 1..maxSeg tokens, each node below depth maxDepth with 0..maxBranch
-// children.
+// randTree returns randtree.Random's forest as a testTree.
 func randTree(r *rand.Rand, maxDepth, maxBranch, maxSeg int) testTree {
-	tr := testTree{offs: []int32{0}}
-	var grow func(parent int32, depth, ctx int)
-	grow = func(parent int32, depth, ctx int) {
-		s := int32(len(tr.parent))
-		n := 1 + r.IntN(maxSeg)
-		tr.parent = append(tr.parent, parent)
-		tr.ends = append(tr.ends, 0)
-		tr.offs = append(tr.offs, tr.offs[s]+int32(n))
-		tr.maxLen, tr.maxCtx = max(tr.maxLen, n), max(tr.maxCtx, ctx+n)
-		if depth < maxDepth {
-			for range r.IntN(maxBranch + 1) {
-				grow(s, depth+1, ctx+n)
-			}
-		}
-		tr.ends[s] = tr.offs[len(tr.parent)]
-	}
-	for range 1 + r.IntN(3) {
-		grow(-1, 1, 0)
-	}
-	return tr
+	tr := randtree.Random(r, maxDepth, maxBranch, maxSeg)
+	return testTree{offs: tr.Offs, parent: tr.Parent, ends: tr.Ends, maxLen: tr.MaxLen, maxCtx: tr.MaxCtx}
 }
 
 // context returns the tokens segment s's queries see, in context order: its

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/internal/randtree"
 )
 
 // The tolerances of TreeAttention. A query sees its whole context
@@ -26,37 +27,18 @@ var (
 	TolTreeAttentionBF16Grad = Tol{Atol: 4e-2, Rtol: 2e-2}
 )
 
-// randomTree is a random forest of 1..3 roots in depth-first preorder:
-// segments of 1..maxSeg tokens, each node above depth maxDepth with
-// 0..maxBranch children; the host arrays and sizes of a kernels.Tree.
+// randomTree is the host arrays and sizes of a kernels.Tree.
 type randomTree struct {
 	offs, parent, ends []int32
 	maxLen, maxCtx     int
 }
 
+// newRandomTree draws randtree.Random's forests until one has at most maxT
+// tokens.
 func newRandomTree(r *rand.Rand, maxDepth, maxBranch, maxSeg, maxT int) randomTree {
 	for {
-		tr := randomTree{offs: []int32{0}}
-		var grow func(parent int32, depth, ctx int)
-		grow = func(parent int32, depth, ctx int) {
-			s := int32(len(tr.parent))
-			n := 1 + r.IntN(maxSeg)
-			tr.parent = append(tr.parent, parent)
-			tr.ends = append(tr.ends, 0)
-			tr.offs = append(tr.offs, tr.offs[s]+int32(n))
-			tr.maxLen, tr.maxCtx = max(tr.maxLen, n), max(tr.maxCtx, ctx+n)
-			if depth < maxDepth {
-				for range r.IntN(maxBranch + 1) {
-					grow(s, depth+1, ctx+n)
-				}
-			}
-			tr.ends[s] = tr.offs[len(tr.parent)]
-		}
-		for range 1 + r.IntN(3) {
-			grow(-1, 1, 0)
-		}
-		if int(tr.offs[len(tr.parent)]) <= maxT {
-			return tr
+		if tr := randtree.Random(r, maxDepth, maxBranch, maxSeg); tr.T() <= maxT {
+			return randomTree{offs: tr.Offs, parent: tr.Parent, ends: tr.Ends, maxLen: tr.MaxLen, maxCtx: tr.MaxCtx}
 		}
 	}
 }
