@@ -94,7 +94,7 @@ func TestGoldenBF16(t *testing.T) {
 
 			b := cpu.New(2)
 			defer b.Close()
-			plain := runGoldenStep(t, v, g, b)
+			plain := runGoldenStep(t, v, g, b, nil)
 			compareRel(t, "logprob", plain.lp, g.f32(t, "logprob"), bf16FlipLogprobTol)
 			compareRel(t, "entropy", plain.ent, g.f32(t, "entropy"), bf16FlipEntropyTol)
 			compareRel(t, "loss", plain.loss, g.f32(t, "loss"), bf16FlipLogprobTol)
@@ -111,7 +111,7 @@ func TestGoldenBF16(t *testing.T) {
 
 			fb := &flipBackend{Backend: cpu.New(2), t: t, g: g, layers: testConfig(t, v).NumHiddenLayers}
 			defer fb.Close()
-			forced := runGoldenStep(t, v, g, fb)
+			forced := runGoldenStep(t, v, g, fb, nil)
 			fb.checkCalls()
 			compareClose(t, "forced logprob", forced.lp, g.f32(t, "logprob"), bf16ForcedLogprobAtol, bf16ForcedLogprobRtol)
 			compareClose(t, "forced entropy", forced.ent, g.f32(t, "entropy"), bf16ForcedLogprobAtol, bf16ForcedLogprobRtol)
@@ -154,16 +154,24 @@ func checkBF16Golden(t *testing.T, g, fp32 golden) {
 	}
 }
 
+// goldenStep is one forward and backward of the golden batch: the
+// logprobs, entropies, loss and gradients, and a sparse model's
+// load-balancing loss (router).
 type goldenStep struct {
 	lp, ent, loss, grads []float32
+	router               float32
 }
 
 // runGoldenStep runs the golden batch forward and backward on b under BF16.
-func runGoldenStep(t *testing.T, variant string, g golden, b kernels.Backend) goldenStep {
+// For a sparse model the loss includes the load-balancing loss when the
+// variant turns it on, and its routes are checked against the golden on
+// ref (b's CPU backend) when ref is given.
+func runGoldenStep(t *testing.T, variant string, g golden, b kernels.Backend, ref *cpu.Backend) goldenStep {
 	t.Helper()
 	tokens, cu := g.i32(t, "tokens"), g.i32(t, "cu_seqlens")
 	coef := g.f32(t, "coef")
-	m, err := New(b, testConfig(t, variant), Options{MaxTokens: 40, MaxSeqs: 8, Precision: kernels.BF16})
+	cfg := testConfig(t, variant)
+	m, err := New(b, cfg, Options{MaxTokens: 40, MaxSeqs: 8, Precision: kernels.BF16})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,10 +183,18 @@ func runGoldenStep(t *testing.T, variant string, g golden, b kernels.Backend) go
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := goldenStep{lp: slices.Clone(lp), ent: slices.Clone(ent), grads: make([]float32, m.Table().Total)}
+	if ref != nil {
+		checkRoutes(t, m, ref, g)
+	}
+	aux, _ := m.RouterLoss()
+	res := goldenStep{lp: slices.Clone(lp), ent: slices.Clone(ent), grads: make([]float32, m.Table().Total), router: float32(aux)}
 	var loss float64
 	for i := range lp {
 		loss += float64(coef[i]) * float64(lp[i])
+	}
+	if cfg.MoE.OutputRouterLogits {
+		loss += cfg.MoE.RouterAuxLossCoef * aux
+		m.SetRouterLossWeight(float32(cfg.MoE.RouterAuxLossCoef))
 	}
 	res.loss = []float32{float32(loss)}
 	m.ZeroGrad()

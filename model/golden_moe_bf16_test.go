@@ -2,7 +2,6 @@ package model
 
 import (
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -32,7 +31,7 @@ func TestGoldenMoEBF16(t *testing.T) {
 
 			b := cpu.New(2)
 			defer b.Close()
-			plain := runMoEStep(t, v, g, b, nil)
+			plain := runGoldenStep(t, v, g, b, nil)
 			compareRel(t, "logprob", plain.lp, g.f32(t, "logprob"), bf16FlipLogprobTol)
 			compareRel(t, "entropy", plain.ent, g.f32(t, "entropy"), bf16FlipEntropyTol)
 			compareRel(t, "loss", plain.loss, g.f32(t, "loss"), bf16FlipLogprobTol)
@@ -42,7 +41,7 @@ func TestGoldenMoEBF16(t *testing.T) {
 
 			fb := newMoEFlipBackend(t, g, cfg)
 			defer fb.Close()
-			forced := runMoEStep(t, v, g, fb, fb.flipBackend.Backend)
+			forced := runGoldenStep(t, v, g, fb, fb.flipBackend.Backend)
 			fb.checkCalls()
 			compareClose(t, "forced logprob", forced.lp, g.f32(t, "logprob"), bf16ForcedLogprobAtol, bf16ForcedLogprobRtol)
 			compareClose(t, "forced entropy", forced.ent, g.f32(t, "entropy"), bf16ForcedLogprobAtol, bf16ForcedLogprobRtol)
@@ -61,55 +60,6 @@ func TestGoldenMoEBF16(t *testing.T) {
 			}
 		})
 	}
-}
-
-type moeStep struct {
-	goldenStep
-	router float32
-}
-
-// runMoEStep runs the golden batch forward and backward under BF16 on b
-// (routes checked against the golden on ref, b's CPU backend, when given).
-func runMoEStep(t *testing.T, variant string, g golden, b kernels.Backend, ref *cpu.Backend) moeStep {
-	t.Helper()
-	tokens, cu := g.i32(t, "tokens"), g.i32(t, "cu_seqlens")
-	coef := g.f32(t, "coef")
-	cfg := testConfig(t, variant)
-	m, err := New(b, cfg, Options{MaxTokens: 40, MaxSeqs: 8, Precision: kernels.BF16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if err := m.LoadHF(filepath.Join("testdata", variant)); err != nil {
-		t.Fatal(err)
-	}
-	lp, ent, err := m.Forward(tokens, cu, g.f32(t, "temperature")[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ref != nil {
-		checkRoutes(t, m, ref, g)
-	}
-	aux, _ := m.RouterLoss()
-	res := moeStep{goldenStep: goldenStep{lp: slices.Clone(lp), ent: slices.Clone(ent), grads: make([]float32, m.Table().Total)}, router: float32(aux)}
-	var loss float64
-	for i := range lp {
-		loss += float64(coef[i]) * float64(lp[i])
-	}
-	if cfg.MoE.OutputRouterLogits {
-		loss += cfg.MoE.RouterAuxLossCoef * aux
-		m.SetRouterLossWeight(float32(cfg.MoE.RouterAuxLossCoef))
-	}
-	res.loss = []float32{float32(loss)}
-	m.ZeroGrad()
-	if err := m.Backward(coef); err != nil {
-		t.Fatal(err)
-	}
-	b.DownloadF32(res.grads, m.Grads())
-	if err := b.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	return res
 }
 
 // moeFlipBackend is flipBackend for a model with sparse layers: it names
