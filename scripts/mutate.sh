@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/mutate.sh: the mutation check, run by `make mutate` (not in CI).
 #
-# Plants each known bug of a mutant list (default scripts/mutants.txt) in
+# Plants each known bug of a mutant list (default scripts/mutants.txt, then scripts/mutants/*.txt) in
 # turn, runs the tests of the packages it touches, restores the file, and
 # prints how many the suite catches, per package. A survivor is a bug the
 # suite lets through: write the test that catches it, or, when the change is

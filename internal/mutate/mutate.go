@@ -5,8 +5,10 @@
 //
 // # The list
 //
-// The bugs ("mutants") are listed in a text file (scripts/mutants.txt),
-// each an exact text replacement in one file of the repository:
+// The bugs ("mutants") are listed in text files (scripts/mutants.txt and
+// every scripts/mutants/*.txt, one per area of work, read in name order by
+// ReadLists; a name must be unique across all of them), each an exact text
+// replacement in one file of the repository:
 //
 //	# A comment line. Blank lines are ignored.
 //	mutant: trainer/weights-hash-drops-tail
@@ -74,6 +76,7 @@ type Mutant struct {
 	Skip     string   // go test -skip regexp ("": none)
 	Survives string   // why surviving is correct ("": it must be caught)
 	Line     int      // where the mutant starts in the list
+	List     string   // the list's path, relative to the root (set by ReadLists)
 }
 
 // ListError is a defect of the mutant list: its file, line and what is
@@ -85,6 +88,55 @@ type ListError struct {
 }
 
 func (e *ListError) Error() string { return fmt.Sprintf("%s:%d: %s", e.File, e.Line, e.Msg) }
+
+// DefaultLists are the lists `make mutate` and TestListApplies read, as
+// patterns relative to the repository root.
+var DefaultLists = []string{"scripts/mutants.txt", "scripts/mutants/*.txt"}
+
+// ReadLists reads and parses the lists that the patterns (relative to root,
+// filepath.Glob syntax) name, in pattern order and, within a pattern, in name
+// order. A pattern with no wildcard must name an existing file; a name given
+// twice, in one list or across two, is a ListError.
+func ReadLists(root string, patterns ...string) ([]Mutant, error) {
+	var out []Mutant
+	where := map[string]string{}
+	for _, pat := range patterns {
+		files := []string{pat}
+		if strings.ContainsAny(pat, "*?[") {
+			m, err := filepath.Glob(filepath.Join(root, pat))
+			if err != nil {
+				return nil, fmt.Errorf("mutate: list pattern %q: %w", pat, err)
+			}
+			files = files[:0]
+			for _, f := range m {
+				rel, err := filepath.Rel(root, f)
+				if err != nil {
+					return nil, err
+				}
+				files = append(files, filepath.ToSlash(rel))
+			}
+		}
+		for _, rel := range files {
+			data, err := os.ReadFile(filepath.Join(root, rel))
+			if err != nil {
+				return nil, fmt.Errorf("mutate: %w", err)
+			}
+			ms, err := Parse(rel, data)
+			if err != nil {
+				return nil, err
+			}
+			for _, m := range ms {
+				if prev, dup := where[m.Name]; dup {
+					return nil, &ListError{File: rel, Line: m.Line, Msg: fmt.Sprintf("mutant %q is already listed in %s", m.Name, prev)}
+				}
+				where[m.Name] = fmt.Sprintf("%s:%d", rel, m.Line)
+				m.List = rel
+				out = append(out, m)
+			}
+		}
+	}
+	return out, nil
+}
 
 // Parse reads a mutant list (name is the list's path, for errors).
 func Parse(name string, data []byte) ([]Mutant, error) {
@@ -201,6 +253,15 @@ func Parse(name string, data []byte) ([]Mutant, error) {
 	return out, nil
 }
 
+// where names the mutant's place in its list: "list:line", or "list line N"
+// when it was parsed alone.
+func (m Mutant) where() string {
+	if m.List == "" {
+		return fmt.Sprintf("list line %d", m.Line)
+	}
+	return fmt.Sprintf("%s:%d", m.List, m.Line)
+}
+
 // ErrNotOnce is wrapped by Check and Apply when a mutant's from text does
 // not occur exactly once in its file.
 var ErrNotOnce = errors.New("mutate: the from text does not occur exactly once")
@@ -211,11 +272,11 @@ func Check(root string, m Mutant) ([]byte, error) {
 	path := filepath.Join(root, filepath.FromSlash(m.File))
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("mutant %s (list line %d): %w", m.Name, m.Line, err)
+		return nil, fmt.Errorf("mutant %s (%s): %w", m.Name, m.where(), err)
 	}
 	if c := bytes.Count(data, []byte(m.From)); c != 1 {
-		return nil, fmt.Errorf("mutant %s (list line %d): %w: %s holds it %d times; update the mutant's from: to the code as it is now",
-			m.Name, m.Line, ErrNotOnce, m.File, c)
+		return nil, fmt.Errorf("mutant %s (%s): %w: %s holds it %d times; update the mutant's from: to the code as it is now",
+			m.Name, m.where(), ErrNotOnce, m.File, c)
 	}
 	return data, nil
 }

@@ -104,6 +104,48 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// TestReadListsJoinsAndRefusesDuplicates: the lists a pattern names are read
+// in name order after the plain ones, each mutant keeps its list's path for
+// its messages, and a name listed in two files is refused naming both.
+func TestReadListsJoinsAndRefusesDuplicates(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, name string) {
+		t.Helper()
+		p := filepath.Join(root, filepath.FromSlash(rel))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		body := "mutant: " + name + "\nfile: a.go\nwhy: w\nfrom: x\nto: y\n"
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("scripts/mutants.txt", "a/base")
+	write("scripts/mutants/b.txt", "b/two")
+	write("scripts/mutants/a.txt", "a/one")
+	ms, err := ReadLists(root, DefaultLists...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.Name+"@"+m.where())
+	}
+	want := []string{"a/base@scripts/mutants.txt:1", "a/one@scripts/mutants/a.txt:1", "b/two@scripts/mutants/b.txt:1"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ReadLists (-want +got):\n%s", diff)
+	}
+	write("scripts/mutants/c.txt", "b/two")
+	_, err = ReadLists(root, DefaultLists...)
+	var le *ListError
+	if !errors.As(err, &le) || le.File != "scripts/mutants/c.txt" || !strings.Contains(err.Error(), "scripts/mutants/b.txt:1") {
+		t.Errorf("a name in two lists: %v, want a ListError of scripts/mutants/c.txt naming scripts/mutants/b.txt:1", err)
+	}
+	if _, err := ReadLists(root, "scripts/missing.txt"); err == nil {
+		t.Error("a named list that does not exist was accepted")
+	}
+}
+
 // TestListApplies: every mutant of scripts/mutants.txt applies to the code
 // as it is: its from: text occurs exactly once in its file. When code a
 // mutant plants its bug in changes, this fails here (in CI), not months
@@ -113,16 +155,12 @@ func TestListApplies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := os.ReadFile(filepath.Join(root, "scripts", "mutants.txt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := Parse("scripts/mutants.txt", data)
+	ms, err := ReadLists(root, DefaultLists...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ms) < 25 {
-		t.Errorf("scripts/mutants.txt lists %d mutants, want at least 25", len(ms))
+		t.Errorf("the lists %v hold %d mutants, want at least 25", DefaultLists, len(ms))
 	}
 	for _, m := range ms {
 		if _, err := Check(root, m); err != nil {
@@ -276,9 +314,9 @@ func TestSummary(t *testing.T) {
 			true, []string{"mutation score: 2 of 2 caught", "  a                        1/1", "  b                        1/1",
 				"survived as the list expects: b/2: the same constant"}},
 		{"a survivor", []Result{r("a/1", "a", Caught, ""), r("a/2", "a", Survived, "")},
-			false, []string{"mutation score: 1 of 2 caught", "  a                        1/2", "survived: a/2 (a/x.go, line 7): why a/2"}},
+			false, []string{"mutation score: 1 of 2 caught", "  a                        1/2", "survived: a/2 (a/x.go; list line 7): why a/2"}},
 		{"an invalid mutant", []Result{r("a/1", "a", Caught, ""), r("a/2", "a", Invalid, "")},
-			false, []string{"mutation score: 1 of 1 caught", "invalid (does not build): a/2 (a/x.go, line 7)"}},
+			false, []string{"mutation score: 1 of 1 caught", "invalid (does not build): a/2 (a/x.go; list line 7)"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var b bytes.Buffer

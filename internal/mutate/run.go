@@ -358,9 +358,9 @@ func Summary(w io.Writer, rs []Result) (ok bool) {
 	for _, r := range rs {
 		switch r.Outcome {
 		case Survived:
-			fmt.Fprintf(w, "survived: %s (%s, line %d): %s\n", r.Mutant.Name, r.Mutant.File, r.Mutant.Line, r.Mutant.Why)
+			fmt.Fprintf(w, "survived: %s (%s; %s): %s\n", r.Mutant.Name, r.Mutant.File, r.Mutant.where(), r.Mutant.Why)
 		case Invalid:
-			fmt.Fprintf(w, "invalid (does not build): %s (%s, line %d)\n", r.Mutant.Name, r.Mutant.File, r.Mutant.Line)
+			fmt.Fprintf(w, "invalid (does not build): %s (%s; %s)\n", r.Mutant.Name, r.Mutant.File, r.Mutant.where())
 		case Expected:
 			fmt.Fprintf(w, "survived as the list expects: %s: %s\n", r.Mutant.Name, r.Mutant.Survives)
 		}

@@ -12,8 +12,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,7 +21,7 @@ import (
 )
 
 func main() {
-	list := flag.String("list", "scripts/mutants.txt", "the mutant list, relative to the repository root")
+	list := flag.String("list", "", "one mutant list, relative to the repository root (default: scripts/mutants.txt and every scripts/mutants/*.txt)")
 	run := flag.String("run", "", "only the mutants whose names match this regular expression")
 	check := flag.Bool("check", false, "only check that every mutant applies (its from: text occurs once); run no tests")
 	timeout := flag.Duration("timeout", 10*time.Minute, "go test -timeout for each package")
@@ -40,13 +40,12 @@ func mainErr(list, run string, check bool, timeout time.Duration, verbose bool) 
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	path := filepath.Join(root, list)
-	data, err := os.ReadFile(path)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "mutate: %v\n", err)
-		return 2
+	lists := mutate.DefaultLists
+	if list != "" {
+		lists = []string{list}
 	}
-	ms, err := mutate.Parse(list, data)
+	list = strings.Join(lists, " ")
+	ms, err := mutate.ReadLists(root, lists...)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "mutate: %v\n", err)
 		return 2
