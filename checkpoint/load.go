@@ -46,7 +46,8 @@ type LoadOptions struct {
 }
 
 // Verify checks the checkpoint at path against its DONE marker and manifest
-// (sizes and sha256 of every file) and returns the manifest.
+// (sizes and sha256 of every file), and a sharded one's files against each
+// other (OpenTensors), and returns the manifest.
 func Verify(path string) (Manifest, error) {
 	man, err := checkStructure(path)
 	if err != nil {
@@ -64,6 +65,15 @@ func Verify(path string) (Manifest, error) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return Manifest{}, err
+	}
+	if man.Sharded() {
+		// Every file matches the manifest; the shards must also belong
+		// together (OpenTensors checks them against each other).
+		t, err := OpenTensors(path)
+		if err != nil {
+			return Manifest{}, err
+		}
+		t.Close()
 	}
 	return man, nil
 }

@@ -1,11 +1,16 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/model"
 )
 
 // meter is a backend (the CPU's underneath) that counts the bytes it holds
@@ -180,5 +185,91 @@ func TestPlanEqualsAllocated(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFitWorldSearches (issue 34): the smallest fully sharded world size
+// whose plan fits a per-rank memory is found by a search (a bisection over
+// W: under 2 + log2(4096) plans), not by a plan of every W from 1 to 4096,
+// and it is the one a plan of every W finds (checked up to 64 ranks over
+// many memory sizes, among them the plans' own totals, where one byte
+// decides). When even the most ranks do not fit because of the parts that
+// ranks do not shrink, the refusal says so at once and names them.
+func TestFitWorldSearches(t *testing.T) {
+	mc, err := model.LoadConfig("../model/testdata/published/llama-3.2-1b.config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ld, _, err := LoadRecipe(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := func(w kernels.Workload) int64 { return cuda.PlanWorkspace(w, cuda.Options{}) }
+	plan := func(world int, shard bool) *MemPlan {
+		t.Helper()
+		p, err := PlanRun(PlanRequest{Config: &ld.Config, Model: mc, ModelName: "llama-3.2-1b", Backend: "cuda", Workspace: ws,
+			Rows: 1, Seq: 256, World: world, Shard: shard})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	one := plan(1, false)
+	defer func(n int) { maxFitWorld = n }(maxFitWorld)
+	maxFitWorld = 64
+	totals := make([]int64, maxFitWorld+1) // every W's sharded plan, for the brute force
+	for w := 1; w <= maxFitWorld; w++ {
+		totals[w] = plan(w, true).TotalBytes
+	}
+	smallest := func(free int64) int {
+		for w := 1; w <= maxFitWorld; w++ {
+			if totals[w] <= free {
+				return w
+			}
+		}
+		return 0
+	}
+	frees := []int64{totals[maxFitWorld] - 1, one.TotalBytes + 1}
+	for w := 1; w <= maxFitWorld; w++ {
+		frees = append(frees, totals[w], totals[w]-1, totals[w]+1)
+	}
+	rng := rand.New(rand.NewPCG(34, 3))
+	for range 100 {
+		frees = append(frees, totals[maxFitWorld]+rng.Int64N(totals[1]-totals[maxFitWorld]))
+	}
+	for _, free := range frees {
+		before := planRuns.Load()
+		w, q, ok := one.FitWorld(free)
+		made := planRuns.Load() - before
+		want := smallest(free)
+		if ok != (want > 0) || w != want || (ok && q.TotalBytes != totals[w]) {
+			t.Fatalf("FitWorld(%d) = %d ranks (ok %v); a plan of every W up to %d finds %d", free, w, ok, maxFitWorld, want)
+		}
+		if made > 2+6 {
+			t.Fatalf("FitWorld(%d) made %d plans, want at most %d (a bisection over 64 world sizes)", free, made, 2+6)
+		}
+	}
+	maxFitWorld = 4096
+	before := planRuns.Load()
+	if w, _, ok := one.FitWorld(totals[3]); !ok || w != smallest(totals[3]) {
+		t.Fatalf("FitWorld over 4096 ranks: %d, %v; want %d", w, ok, smallest(totals[3]))
+	}
+	if made := planRuns.Load() - before; made > 2+12 {
+		t.Fatalf("FitWorld over 4096 world sizes made %d plans, want at most 14", made)
+	}
+	// Less than the activations alone: no number of ranks fits, said with
+	// two plans.
+	var acts int64
+	for _, c := range one.Components {
+		if c.Name == "activations" {
+			acts = c.Bytes
+		}
+	}
+	before = planRuns.Load()
+	err = one.Check(acts-1, "--memory")
+	if made := planRuns.Load() - before; !errors.Is(err, ErrWontFit) || !strings.Contains(err.Error(), "does not fit on any number of ranks") ||
+		!strings.Contains(err.Error(), "activations") || made > 2 {
+		t.Fatalf("Check(%d bytes, below the activations' %d) after %d plans: %v; want it to say no number of ranks fits, naming the activations, after at most 2 plans",
+			acts-1, acts, made, err)
 	}
 }
