@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/bench"
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -114,11 +115,11 @@ func benchJSON(t *testing.T, small bool) string {
 }
 
 // benchLine parses bench's JSON line from its output.
-func benchLine(t *testing.T, out string) benchResult {
+func benchLine(t *testing.T, out string) bench.Result {
 	t.Helper()
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "{") {
-			var r benchResult
+			var r bench.Result
 			if err := json.Unmarshal([]byte(l), &r); err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +127,7 @@ func benchLine(t *testing.T, out string) benchResult {
 		}
 	}
 	t.Fatalf("no JSON line in bench's output:\n%s", out)
-	return benchResult{}
+	return bench.Result{}
 }
 
 // benchTol bounds the bench model's weights after its steps against one
