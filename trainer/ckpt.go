@@ -3,6 +3,8 @@ package trainer
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +25,24 @@ import (
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
+
+// newRunID is the id of a run that starts at step 0: the first 16 bytes,
+// in hex, of the sha256 of its identity (the effective config, the
+// initial weights, the data), so that runs that would train differently
+// have different ids, and two runs of one identity (which train the same
+// bits) write the same checkpoints.
+func (t *Trainer) newRunID() (string, error) {
+	id, err := t.identity()
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16]), nil
+}
 
 // runIdentity is what a resumed run must share with the run it continues,
 // saved as trainer_state.json's config.
@@ -256,6 +276,9 @@ func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
 		return err
 	}
 	t.step, t.consumed = int(st.Trainer.Step), st.Trainer.ConsumedRollouts
+	if st.Trainer.RunID != "" { // else a checkpoint of an older tracegrpo: the run takes a new id
+		t.runID = st.Trainer.RunID
+	}
 	t.logf("resumed from %s (step %d, %d logical rollouts consumed)", res.Path, t.step, t.consumed)
 	return nil
 }
