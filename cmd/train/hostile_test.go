@@ -431,3 +431,30 @@ func TestLyingSafetensorsHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestLongValuesCutInMessages (issue 34): a message quotes at most a few
+// hundred bytes of a value a user gave, then says its length, whichever
+// package wrote it: a 120 KB launcher variable, flag values and a config
+// value. The whole of stderr stays short.
+func TestLongValuesCutInMessages(t *testing.T) {
+	long := strings.Repeat("7x", 60_000) // 120,000 bytes
+	out := t.TempDir()
+	for _, c := range []struct {
+		name string
+		code int
+		env  []string
+		args []string
+	}{
+		{"a launcher variable", 1, []string{"RANK=" + long, "WORLD_SIZE=2"}, []string{"--out", filepath.Join(out, "a"), "--steps", "1"}},
+		{"plan --memory", 2, nil, []string{"plan", "--memory", long}},
+		{"export --dtype", 2, nil, []string{"export", out, "--out", filepath.Join(out, "x"), "--dtype", long}},
+		{"a model name", 1, nil, []string{"--out", filepath.Join(out, "b"), "--steps", "1", "--set", "policy.model_name=" + long}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			msg := refused(t, c.code, c.env, []string{"(120000 bytes)"}, c.args...)
+			if len(msg) > 4096 {
+				t.Errorf("%d bytes of messages for a 120 KB value:\n%.2000s", len(msg), msg)
+			}
+		})
+	}
+}
