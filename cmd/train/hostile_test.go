@@ -458,3 +458,29 @@ func TestLongValuesCutInMessages(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchFlagMessages (issue 34): a bad bench count is a usage error
+// (exit 2) naming that flag alone: --mb-tokens -5 used to blame --rows,
+// --seq and --steps, and a --mb-tokens past what a micro-batch can hold
+// failed with exit 1 naming model.Options.MaxTokens; a --tree whose
+// product is too large is refused before it is built.
+func TestBenchFlagMessages(t *testing.T) {
+	cfg := "../../model/testdata/qwen3_untied/config.json"
+	for _, c := range []struct {
+		args []string
+		want string
+		not  []string
+	}{
+		{[]string{"--tree", "1,2,3", "--mb-tokens", "-5"}, "--mb-tokens -5", []string{"--rows", "--seq", "--steps"}},
+		{[]string{"--tree", "1,2,3", "--mb-tokens", "4294967296"}, "--mb-tokens 4294967296", []string{"MaxTokens", "--rows"}},
+		{[]string{"--steps", "0"}, "--steps 0", []string{"--rows", "--seq", "--mb-tokens"}},
+		{[]string{"--tree", "1,1048576,1048576"}, "1048576 traces, 1099512676352 trace tokens", nil},
+	} {
+		msg := refused(t, 2, nil, []string{c.want}, append([]string{"bench", "--model", cfg}, c.args...)...)
+		for _, n := range c.not {
+			if strings.Contains(msg, n) {
+				t.Errorf("bench %v: the message names %s:\n%s", c.args, n, msg)
+			}
+		}
+	}
+}
