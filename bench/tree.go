@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
-	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
