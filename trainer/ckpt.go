@@ -3,6 +3,8 @@ package trainer
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +26,24 @@ import (
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
+// newRunID is the id of a run that starts at step 0: the first 16 bytes,
+// in hex, of the sha256 of its identity (the effective config, the
+// initial weights, the data), so that runs that would train differently
+// have different ids, and two runs of one identity (which train the same
+// bits) write the same checkpoints.
+func (t *Trainer) newRunID() (string, error) {
+	id, err := t.identity()
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16]), nil
+}
+
 // runIdentity is what a resumed run must share with the run it continues,
 // saved as trainer_state.json's config.
 type runIdentity struct {
@@ -35,6 +55,12 @@ type runIdentity struct {
 	// checkpoints of a tracegrpo from before keyed streams have none (their
 	// sequential streams were saved in trainer_state.json's rng).
 	Streams string `json:"random_streams"`
+	// Rounding and Kernels are the backend's rounding path and kernel path
+	// (kernels.Numerics) where it has them. They are not compared: a resume
+	// on another kind of host keeps working, and says how its rounding
+	// differs (noteNumerics).
+	Rounding string `json:"rounding_path,omitempty"`
+	Kernels  string `json:"kernel_path,omitempty"`
 }
 
 // streamsScheme is Streams of this version: rollout.Streams, keyed by (seed,
@@ -49,6 +75,9 @@ func (t *Trainer) identity() (runIdentity, error) {
 	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts, Streams: streamsScheme}
 	if t.o.Rollouts == "" {
 		id.Tasks = t.o.Tasks
+	}
+	if n, ok := t.be.(kernels.Numerics); ok {
+		id.Rounding, id.Kernels = n.RoundingPath(), n.KernelPath()
 	}
 	return id, nil
 }
@@ -247,6 +276,9 @@ func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
 		return err
 	}
 	t.step, t.consumed = int(st.Trainer.Step), st.Trainer.ConsumedRollouts
+	if st.Trainer.RunID != "" { // else a checkpoint of an older tracegrpo: the run takes a new id
+		t.runID = st.Trainer.RunID
+	}
 	t.logf("resumed from %s (step %d, %d logical rollouts consumed)", res.Path, t.step, t.consumed)
 	return nil
 }
@@ -309,7 +341,24 @@ func (t *Trainer) checkIdentity(raw json.RawMessage) error {
 		}
 		return fmt.Errorf("resume: this run differs from the checkpoint's (resume it with the same recipe, --set values and flags):%s", buf.String())
 	}
+	t.noteNumerics(saved, cur)
 	return nil
+}
+
+// noteNumerics says how this run's rounding compares with the checkpoint's:
+// a changed rounding path (another kind of host, or TRACEGRPO_CPU_SIMD)
+// keeps training, but no longer bit for bit as the uninterrupted run would.
+func (t *Trainer) noteNumerics(saved, cur runIdentity) {
+	switch {
+	case cur.Rounding == "" || saved.Rounding == cur.Rounding && saved.Kernels == cur.Kernels:
+	case saved.Rounding == "":
+		t.logf("resume: the checkpoint records no rounding path (another backend, or an older tracegrpo, wrote it); this run's is %s (%s)", cur.Rounding, cur.Kernels)
+	case saved.Rounding != cur.Rounding:
+		t.logf("resume: the rounding path changed: the checkpoint was written on %s (%s), this run computes on %s (%s); training continues, but not bit-identical to an uninterrupted run",
+			saved.Rounding, saved.Kernels, cur.Rounding, cur.Kernels)
+	default:
+		t.logf("resume: the kernels changed (checkpoint: %s; now: %s) but the rounding path is the same (%s): results stay bit-identical", saved.Kernels, cur.Kernels, cur.Rounding)
+	}
 }
 
 func orNone(s string) string {
