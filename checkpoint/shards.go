@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
@@ -594,13 +595,14 @@ func orAbsent(s string) string {
 	return s
 }
 
-// quoteCut returns s for a message, cut to its first 200 bytes with its
-// length when longer (a file's metadata can hold anything).
+// quoteCut returns s for a message: as it is, or quoted and cut after
+// quote.Max bytes with its length when longer (a file's metadata can hold
+// anything).
 func quoteCut(s string) string {
-	if len(s) <= 200 {
+	if len(s) <= quote.Max {
 		return s
 	}
-	return fmt.Sprintf("%s... (%d bytes)", s[:200], len(s))
+	return quote.Cut(s)
 }
 
 // crcsOf decodes tensor tn's block CRCs (size bytes of data).

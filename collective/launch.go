@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 )
 
 // Launch is what the launcher told this process: its rank, the world size,
@@ -156,7 +158,7 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 func envInt(name, s string) (int, error) {
 	v, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil {
-		return 0, fmt.Errorf("dist: %s=%q: want an integer", name, s)
+		return 0, fmt.Errorf("dist: %s=%s: want an integer", name, quote.Cut(s))
 	}
 	return v, nil
 }

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -406,12 +407,19 @@ type metricsFile interface {
 
 // openMetrics opens metrics.jsonl for appending. On resume it first drops
 // the lines of steps after the checkpoint (a crashed attempt logged them;
-// they are about to be re-run).
+// they are about to be re-run), and warns, even under --quiet, when the
+// steps up to the checkpoint lack lines (the file was truncated, edited or
+// replaced): their metrics are lost, and the log would have a gap.
 func (t *Trainer) openMetrics() error {
-	path := filepath.Join(t.out, "metrics.jsonl")
+	path := filepath.Join(t.out, metricsFileName)
 	if t.o.Resume {
-		if err := truncateMetrics(path, t.step); err != nil {
+		missing, err := truncateMetrics(path, t.step)
+		if err != nil {
 			return err
+		}
+		if len(missing) > 0 {
+			fmt.Fprintf(t.o.Log, "train: warning: resume: %s has no line for %s of the %d steps before the checkpoint: their metrics are lost, and the log continues from step %d without them\n",
+				path, stepRanges(missing), t.step, t.step+1)
 		}
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -422,15 +430,19 @@ func (t *Trainer) openMetrics() error {
 	return nil
 }
 
-func truncateMetrics(path string, keep int) error {
+// truncateMetrics keeps the lines of steps 1..keep of the metrics log at
+// path and returns
+// the steps in 1..keep it has no line for.
+func truncateMetrics(path string, keep int) ([]int, error) {
 	data, err := inputfile.ReadFile(path, inputfile.Metrics)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		data, err = nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var out bytes.Buffer
+	seen := make(map[int]bool)
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -440,16 +452,57 @@ func truncateMetrics(path string, keep int) error {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			// A torn last line from a crash is dropped; anything else is an error.
 			if !bytes.HasSuffix(data, sc.Bytes()) {
-				return fmt.Errorf("resume: %s:%d: %w", path, line, err)
+				return nil, fmt.Errorf("resume: %s:%d: %w", path, line, err)
 			}
 			continue
 		}
 		if m.Step <= keep {
 			out.Write(sc.Bytes())
 			out.WriteByte('\n')
+			seen[m.Step] = true
 		}
 	}
-	return atomicfile.WriteFile(path, out.Bytes())
+	var missing []int
+	for s := 1; s <= keep; s++ {
+		if !seen[s] {
+			missing = append(missing, s)
+		}
+	}
+	if data == nil {
+		return missing, nil
+	}
+	return missing, atomicfile.WriteFile(path, out.Bytes())
+}
+
+// stepRanges writes sorted steps as "steps 2-4, 7" (the first 20 ranges,
+// then how many more steps).
+func stepRanges(steps []int) string {
+	var parts []string
+	more := 0
+	for i := 0; i < len(steps); {
+		j := i
+		for j+1 < len(steps) && steps[j+1] == steps[j]+1 {
+			j++
+		}
+		switch {
+		case len(parts) == 20:
+			more += j - i + 1
+		case j > i:
+			parts = append(parts, fmt.Sprintf("%d-%d", steps[i], steps[j]))
+		default:
+			parts = append(parts, fmt.Sprint(steps[i]))
+		}
+		i = j + 1
+	}
+	what := "step "
+	if len(steps) > 1 {
+		what = "steps "
+	}
+	s := what + strings.Join(parts, ", ")
+	if more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Sprintf("%s (%d)", s, len(steps))
 }
 
 // log appends the step's metrics line, synced to disk when sync is set (a

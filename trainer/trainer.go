@@ -167,6 +167,9 @@ func New(o Options) (_ *Trainer, err error) {
 	if err := t.agree(t.setupRunDir()); err != nil {
 		return nil, err
 	}
+	if err := t.agree(t.checkOutWritable()); err != nil {
+		return nil, err
+	}
 	if err := t.agree(t.setupPolicy()); err != nil {
 		return nil, err
 	}
