@@ -58,12 +58,17 @@ for r in $(seq 1 "$ROUNDS"); do
   out=$(env "${torch_env[@]}" "$PYTHON" scripts/bench_torch.py --out "$DIR/model" "${torch_args[@]}" $PROFILE)
   echo "$out"
   echo "{\"round\": $r, \"run\": \"torch\", \"result\": $out}" >>"$lines"
+  chosen=
   for p in auto $PATHS; do
+    [ "$p" != "$chosen" ] || continue # the chosen path ran as auto
     simd=()
     [ "$p" = auto ] || simd=(TRACEGRPO_CPU_SIMD="$p")
     out=$(env -u LD_LIBRARY_PATH "${simd[@]}" "$DIR/train" "${ours_args[@]}" $PROFILE)
     echo "$out"
     echo "{\"round\": $r, \"run\": \"$p\", \"result\": $out}" >>"$lines"
+    if [ "$p" = auto ]; then
+      chosen=$(printf '%s' "$out" | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin).get("kernel_path", "").split(" ")[0])')
+    fi
   done
 done
 $PYTHON - "$lines" "$THREADS" <<'PY'
