@@ -32,7 +32,7 @@ func (b *Backend) SampleTokens(tokens, logprobs, logits, u kernels.Buf, B, V int
 	}
 	defer b.lock()()
 	b.launch("sample_tokens", B, 1, 1, sampleThreads, 0,
-		pa(tokens), pa(logprobs), pa(logits), pa(u), ia(V), fa(p.Temperature), ia(p.TopK), fa(p.TopP))
+		pa(tokens), pa(logprobs), pa(logits), pa(u), ia(V), fa(p.Temperature), ia(p.TopK), fa(float32(p.TopP)))
 }
 
 // maxGridX is the largest grid x a launch may ask for.
