@@ -33,7 +33,8 @@ import (
 // deterministic in any order, and within V·2⁻⁴⁰ of the real sum, where
 // torch's float32 softmax and cumsum are within about √V·2⁻²⁴), so a row
 // whose cumulative probability lands within that distance of
-// float32(1 − TopP) may keep one token more or less than torch.
+// float32(1 − TopP) may keep one token more or less than torch. The
+// comparisons are exact integer ones against ⌊float32(1 − TopP)·S⌋.
 //
 // The kept set is described by a Cut; the selection is a radix select
 // over the logits' order-preserving 32-bit keys, 8 bits a pass: counts
@@ -148,8 +149,9 @@ func FilterCut(z []float32, f TopKTopP, sc *FilterScratch) Cut {
 			S += FixedWeight(x, zmax)
 		}
 	}
-	thr := float64(float64(f.Threshold()) * float64(S)) // float64(): no fused multiply-add
-	var below uint64                                    // weight of K1 strictly below the prefix
+	// An integer sum exceeds Threshold·S exactly when it exceeds its floor.
+	thr := uint64(float64(f.Threshold()) * float64(S))
+	var below uint64 // weight of K1 strictly below the prefix
 	var prefix, mask uint32
 	for shift := 24; shift >= 0; shift -= 8 {
 		clear(sc.mass[:])
@@ -159,7 +161,7 @@ func FilterCut(z []float32, f TopKTopP, sc *FilterScratch) Cut {
 			}
 		}
 		d := 0
-		for ; d < 256 && !(float64(below+sc.mass[d]) > thr); d++ {
+		for ; d < 256 && !(below+sc.mass[d] > thr); d++ {
 			below += sc.mass[d]
 		}
 		if d == 256 { // the whole of K1 is at most thr·S (rounding, or TopP ≤ 0): keep the last
@@ -168,10 +170,7 @@ func FilterCut(z []float32, f TopKTopP, sc *FilterScratch) Cut {
 		prefix |= uint32(d) << shift
 		mask |= 0xff << shift
 	}
-	b := prefix
-	w := FixedWeight(KeyValue(b), zmax)
-	r := int(math.Floor((thr - float64(below)) / float64(w))) // ties at b before the first kept one
-	return Cut{Key: b, ID: nthID(z, b, max(r, 0))}
+	return Cut{Key: prefix, ID: tieCut(z, prefix, below, FixedWeight(KeyValue(prefix), zmax), thr)}
 }
 
 // lastID is the highest id whose key is k.
@@ -184,16 +183,15 @@ func lastID(z []float32, k uint32) int32 {
 	return 0
 }
 
-// nthID is the id of the r-th (0-based) token whose key is k, in id order
-// (the last one if there are fewer).
-func nthID(z []float32, k uint32, r int) int32 {
+// tieCut is the first token with key k, in id order, at which below plus
+// w per token with key k so far exceeds thr (the last one if none does).
+func tieCut(z []float32, k uint32, below, w, thr uint64) int32 {
 	last := int32(0)
 	for i, x := range z {
 		if Key(x) == k {
-			if r == 0 {
+			if below += w; below > thr {
 				return int32(i)
 			}
-			r--
 			last = int32(i)
 		}
 	}

@@ -82,12 +82,12 @@ func refCut(z []float32, f TopKTopP) []bool {
 		for _, i := range order[lo:] {
 			S += FixedWeight(z[i], zmax)
 		}
-		thr := float64(float64(f.Threshold()) * float64(S))
+		thr := uint64(float64(f.Threshold()) * float64(S))
 		var acc uint64
 		j := lo
 		for ; j < V-1; j++ {
 			acc += FixedWeight(z[order[j]], zmax)
-			if float64(acc) > thr {
+			if acc > thr {
 				break
 			}
 		}

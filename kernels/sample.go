@@ -35,7 +35,7 @@ func SampleRow(z []float32, u float64, sp SampleParams, zs []float32, sc *Filter
 			sum += math.Exp(float64(x) - float64(zmax))
 		}
 	}
-	target := float64(u * float64(S))
+	target := uint64(u * float64(S)) // an integer sum exceeds u·S exactly when it exceeds this
 	var acc uint64
 	last := -1
 	for i, x := range zs {
@@ -44,7 +44,7 @@ func SampleRow(z []float32, u float64, sp SampleParams, zs []float32, sc *Filter
 		}
 		acc += FixedWeight(x, zmax)
 		last = i
-		if float64(acc) > target {
+		if acc > target {
 			break
 		}
 	}
