@@ -82,7 +82,11 @@ type Backend struct {
 	sampleZ       []float32               // SampleTokens' scaled logits (V)
 	filterScratch []kernels.FilterScratch // the filter's histograms, per worker
 	routerDL      [][]float64             // RouterTopKBackward's row of dlogits, per worker (E)
+	routerChoice  [][]float32             // the sigmoid router's choice scores, per worker (E)
 	routeCursor   []int32                 // ExpertRoute's cursor per expert (E)
+	ssmWork       []*ssmWork[float32]     // SSMScan's per-worker scratch, for ssmShape
+	ssmShape      kernels.Scan
+	ssmBC         []float32 // SSMScanBackward's per-head dB, dC (T,MH,2,DS)
 }
 
 // DefaultThreads is the thread count New(0) uses: runtime.GOMAXPROCS(0).
