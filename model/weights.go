@@ -28,7 +28,9 @@ const (
 
 // InitRandom sets every weight matrix to N(0, InitStd²), every norm weight
 // to 1 and every bias to 0, from a PCG seeded with seed (HF's _init_weights
-// for these models). It stages initChunk values at a time, in the order the
+// for these models); a Mamba-2 mixer's A_log, dt_bias and conv weight as
+// transformers' NemotronH _init_weights and PyTorch's Conv1d draw them
+// (Param.Init), its selection biases 0. It stages initChunk values at a time, in the order the
 // generator draws them, so a model of any size needs 4 MiB of host memory
 // beyond what its memory plan counts (staging a whole embedding of a
 // Llama-3.2-1B held 1 GiB that the plan did not).
@@ -39,12 +41,28 @@ func (m *Model) InitRandom(seed uint64) {
 		largest = max(largest, p.N)
 	}
 	host := make([]float32, min(largest, initChunk))
+	mc := m.cfg.Mamba
 	for i, p := range m.table.Params {
 		lo, hi, at := m.Owned(i) // a sharded model draws every value and keeps its own
 		for off := 0; off < p.N; off += len(host) {
 			dst := host[:min(len(host), p.N-off)]
 			switch {
-			case p.Bias:
+			case p.Init == InitALog:
+				for i := range dst {
+					dst[i] = float32(math.Log(float64(off + i + 1)))
+				}
+			case p.Init == InitDtBias:
+				lmin, lmax := math.Log(mc.TimeStepMin), math.Log(mc.TimeStepMax)
+				for i := range dst {
+					dt := math.Max(math.Exp(r.Float64()*(lmax-lmin)+lmin), mc.TimeStepFloor)
+					dst[i] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)
+				}
+			case p.Init == InitConv:
+				bound := 1 / math.Sqrt(float64(p.Shape[len(p.Shape)-1]))
+				for i := range dst {
+					dst[i] = float32((2*r.Float64() - 1) * bound)
+				}
+			case p.Bias || p.Buffer:
 				clear(dst)
 			case len(p.Shape) == 1:
 				for i := range dst {
