@@ -149,12 +149,11 @@ type hybridActs struct {
 	// MoE: the latent input, the experts' up output and its squared ReLU,
 	// their outputs, the shared expert's up output and its squared ReLU
 	// (the router's are in layerActs.moe).
-	lat      kernels.Buf // (T,Lat) w
-	eup, eh  kernels.Buf // (N,Im) w
-	ey       kernels.Buf // (N,In)
-	sup, sh  kernels.Buf // (T,Ish) w
-	combW    kernels.Buf // (T,Lat) w: the routed experts' sum, fc2's input
-	attnKind bool        // cut for an attention block (q, k, v, att, lse in layerActs)
+	lat     kernels.Buf // (T,Lat) w
+	eup, eh kernels.Buf // (N,Im) w
+	ey      kernels.Buf // (N,In)
+	sup, sh kernels.Buf // (T,Ish) w
+	combW   kernels.Buf // (T,Lat) w: the routed experts' sum, fc2's input
 }
 
 // hybridScratch are a hybrid model's buffers shared by every block (one
