@@ -35,6 +35,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	precision := fs.String("precision", "float32", "float32, or bfloat16: mixed precision (cuda; the CPU computes in fp32 and says so)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
 	distMode := fs.String("dist", "auto", "data parallel under torchrun/srun/mpirun: the rows are split among the ranks and the gradients all-reduced (auto, none, mpi, nccl)")
+	rankTimeout := addRankTimeout(fs)
 	shard := fs.String("shard", "none", "full: shard the weights, gradients and Adam moments over the ranks (fully sharded data parallel); none: every rank holds the whole model")
 	noReshard := false
 	rf := fs.VarPF(newNegBool(&noReshard), "reshard-after-forward", "", "with --shard full: gather each layer again for its backward (false: keep every layer gathered)")
@@ -120,7 +121,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("%w: --backend: expected cpu or cuda, found %q", errUsage, *backend)
 	}
-	if err := l.openComm(*distMode, env.Backend); err != nil {
+	if err := l.openComm(*distMode, env.Backend, *rankTimeout); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer l.close()
