@@ -85,12 +85,14 @@ var ErrRankTimeout = errors.New("dist: a rank went silent")
 
 // SilentError is the error of rank's collective what that waited timeout
 // for the ranks in silent, which how ("did not answer a roll call within
-// 1s") says what they did not do (none: every rank answered, so the
-// collectives no longer match).
+// 1s") says what they did not do (none: every rank answered after all).
 func SilentError(rank int, timeout time.Duration, what string, silent []int, how string) error {
 	if len(silent) == 0 {
-		return fmt.Errorf("%w: rank %d waited %v in %s (--rank-timeout), yet every rank answered: the ranks are in different collectives (a tracegrpo bug)",
-			ErrRankTimeout, rank, timeout, what)
+		// Open MPI continues a stopped rank (SIGCONT) before it kills it, so
+		// a roll call taken while another rank ends the job can find every
+		// rank answering.
+		return fmt.Errorf("%w: rank %d waited %v in %s (--rank-timeout), and then every rank answered its roll call: a rank was stopped or hung "+
+			"and has gone on (or another rank is ending the job); every rank stops", ErrRankTimeout, rank, timeout, what)
 	}
 	names := make([]string, len(silent))
 	for i, r := range silent {

@@ -48,7 +48,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	shared := fs.String("shared-prefix", "both", "with --tree: auto packs the traces as token tries (every shared prefix computed once), off packs each trace as its own sequence, "+
 		"both times off then auto in the same process and prints their ratio")
 	mbTokens := fs.Int("mb-tokens", 0, "with --tree: computed tokens per micro-batch, the same for both modes (0: the smallest that holds the whole trie, "+
-		"its computed tokens or its LM-head rows when more, so that auto needs one micro-batch)")
+		"its computed tokens or its loss tokens when more, so that auto needs one micro-batch)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
