@@ -24,8 +24,15 @@ type tasks struct {
 	treePos    []int32
 	decode     decodeTask
 	tlp        tlpTask
+	tlpFilter  tlpFilterTask
 	router     routerTask
 	gather     gatherTask
 	combine    combineTask
 	bad        []int
+	conv       convTask
+	convPrev   []int32   // Conv1D's context links (T)
+	convIdx    [][]int32 // per worker: a token's taps (KW)
+	relu2      relu2Task
+	gatedNorm  gatedNormTask
+	ssm        ssmTask
 }
