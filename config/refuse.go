@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -100,14 +101,25 @@ func (l *Loaded) IsRefused(k KeyInfo) bool {
 	return k.Class == Refused && k.Rule != nil && !k.Rule.Guard && !k.Rule.Neutral.Accepts(k.Value, l.root)
 }
 
+// maxWarnings is the number of unknown keys Warnings names one by one.
+const maxWarnings = 20
+
 // Warnings are the keys in no class that loading accepted (in sections that
-// carry no training math), one line each.
+// carry no training math), one line each: the first maxWarnings, then one
+// line counting the rest (train config --keys lists every one).
 func (l *Loaded) Warnings() []string {
 	var out []string
+	n := 0
 	for _, k := range l.Keys {
-		if k.Class == Unclassified {
+		if k.Class != Unclassified {
+			continue
+		}
+		if n++; n <= maxWarnings {
 			out = append(out, fmt.Sprintf("%s: %s: %s", k.Where, k.Path, k.Why))
 		}
+	}
+	if n > maxWarnings {
+		out = append(out, fmt.Sprintf("... and %d more unknown keys (the first %d are shown; train config --keys lists them all)", n-maxWarnings, maxWarnings))
 	}
 	return out
 }
@@ -129,7 +141,11 @@ func flowText(n *yaml.Node) string {
 	}
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > maxFlowText {
-		s = s[:maxFlowText] + "..."
+		n := maxFlowText
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = fmt.Sprintf("%s... (%d bytes)", s[:n], len(s))
 	}
 	return s
 }

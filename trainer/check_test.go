@@ -79,7 +79,6 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		{"on-policy distillation", []string{"on_policy_distillation={enabled: true}"}, "on_policy_distillation"},
 		{"reward penalties", []string{"reward_penalties.penalize_empty_final_answer=true"}, "reward_penalties.penalize_empty_final_answer"},
 		{"minus_baseline", []string{"grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.minus_baseline=true"}, "grpo.adv_estimator.minus_baseline"},
-		{"zero-variance filtering", []string{"++grpo.zero_variance_prompt_filtering=true"}, "grpo.zero_variance_prompt_filtering"},
 		{"optimizer state dtype", []string{"++policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16"}, "policy.optimizer.kwargs.exp_avg_dtype"},
 		{"master weights", []string{"++policy.optimizer.kwargs.master_weights=false"}, "policy.optimizer.kwargs.master_weights"},
 		{"Megatron master params", []string{"policy.megatron_cfg.optimizer.params_dtype=bfloat16"}, "policy.megatron_cfg.optimizer.params_dtype"},
@@ -95,6 +94,31 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		}
 	}
 	t.Logf("%d refused keys of the table, each refused by name", n)
+}
+
+// TestCheckAcceptsKeysNeMoRLIgnores: keys NeMo RL's Python never reads
+// (gen_nemorl_keys.tsv, from scripts/nemorl_schema.py), and
+// policy.megatron_cfg.train_iters, which its GRPO setup overwrites before
+// use, cannot change what NeMo RL trains: Check accepts them at any value,
+// and each is Ignored with that reason (issue 32).
+func TestCheckAcceptsKeysNeMoRLIgnores(t *testing.T) {
+	for _, c := range []struct{ key, value, why string }{
+		{"grpo.penalize_invalid_tool_call", "true", "never reads it"},
+		{"grpo.penalize_malformed_thinking", "true", "never reads it"},
+		{"grpo.zero_variance_prompt_filtering", "true", "never reads it"},
+		{"grpo.use_best_at_k", "true", "never reads it"},
+		{"grpo.use_combined_training", "true", "never reads it"},
+		{"policy.megatron_cfg.train_iters", "100000", "overwrites it before the policy sees it"},
+	} {
+		over := "++" + c.key + "=" + c.value
+		if keys := refusedKeys(t, over); len(keys) != 0 {
+			t.Errorf("%s: refused for %v", over, keys)
+		}
+		cls, r, _ := config.Classify(c.key, nil)
+		if cls != config.Ignored || r == nil || !strings.Contains(r.Why, c.why) {
+			t.Errorf("%s: class %v (%+v); want Ignored, saying %q", c.key, cls, r, c.why)
+		}
+	}
 }
 
 // TestCheckNeutralValuesAccepted: the values of the refused keys that ask
