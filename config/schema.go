@@ -258,8 +258,8 @@ type TokenIDCapture struct {
 // files of the metrics under log_dir (a relative log_dir is under the run
 // directory). Its other back ends are listed at start as not written.
 type Logger struct {
-	LogDir             string `yaml:"log_dir"`
-	TensorboardEnabled bool   `yaml:"tensorboard_enabled"`
+	LogDir             OptionalString `yaml:"log_dir"`
+	TensorboardEnabled bool           `yaml:"tensorboard_enabled"`
 }
 
 // Cluster is `cluster:`.

@@ -15,11 +15,17 @@ const todaysRecipe = "../config/testdata/nemo-rl/examples/configs/grpo_math_1B.y
 // any other error).
 func refusedKeys(t *testing.T, overrides ...string) []string {
 	t.Helper()
+	return refusedKeysFor(t, config.ExpertsUnknown, overrides...)
+}
+
+// refusedKeysFor is refusedKeys for a model with or without experts.
+func refusedKeysFor(t *testing.T, experts config.Experts, overrides ...string) []string {
+	t.Helper()
 	ld, err := config.LoadSources(config.Sources{Files: []string{todaysRecipe}, Overrides: append(append([]string{}, multiTraceOptIn...), overrides...)})
 	if err != nil {
 		t.Fatalf("%v: %v", overrides, err)
 	}
-	refused, other := config.SplitRefusals(Check(ld, 0))
+	refused, other := config.SplitRefusals(CheckFor(ld, 0, experts))
 	if len(other) > 0 {
 		t.Fatalf("%v: errors that name no refused key: %v", overrides, other)
 	}
@@ -56,7 +62,18 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 			over = append(over, "++"+r.Also)
 		}
 		t.Run(r.Key, func(t *testing.T) {
-			keys := refusedKeys(t, over...)
+			experts := config.ExpertsUnknown
+			if r.MoEOnly {
+				// A key that configures experts changes nothing on a dense
+				// model: refused for a sparse one only.
+				experts = config.ExpertsSome
+				for _, e := range []config.Experts{config.ExpertsNone, config.ExpertsUnknown} {
+					if keys := refusedKeysFor(t, e, over...); len(keys) != 0 {
+						t.Errorf("%v on a model with experts %v: refused for %v", over, e, keys)
+					}
+				}
+			}
+			keys := refusedKeysFor(t, experts, over...)
 			for _, k := range keys {
 				if k == key || strings.HasPrefix(k, key+".") {
 					return
