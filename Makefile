@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -58,6 +58,13 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
+
+# Rewrite the generated parts of README.md and docs/*.md (between
+# <!-- gen: NAME --> and <!-- end gen: NAME -->) from the commands that print
+# them, in a scratch copy of the repository (internal/docs; docs/testing.md).
+# internal/docs's TestGenerated, in make test, fails while one is stale.
+docs:
+	$(TEST_ENV) $(GO) test ./internal/docs -count=1 -run '^TestGenerated$$' -update
 
 # Each fuzz target for FUZZTIME (go test runs one target at a time).
 fuzz:

@@ -191,3 +191,59 @@ func TestRunRowsProfile(t *testing.T) {
 		}
 	}
 }
+
+// TestTreeSpecCapsTheProduct (issue 34): a --tree whose traces or trace
+// tokens (the product of its fields: every trace holds its whole path) pass
+// the caps is refused before anything is built, naming both counts and
+// both caps, however the product is reached (a wide level, a deep binary
+// tree whose count no int64 holds); a tree at the caps is accepted.
+func TestTreeSpecCapsTheProduct(t *testing.T) {
+	deep := "1" + strings.Repeat(",2,1", 500)
+	for _, c := range []struct {
+		spec string
+		want []string // "" when accepted
+	}{
+		{"1,65536,255", nil}, // 65536 traces of 256 tokens: both at the caps
+		{"255,256,1,256,1", []string{"65536 traces", "16842752 trace tokens"}}, // 257 tokens a trace
+		{"1,65537,1", []string{"65537 traces", "131074 trace tokens"}},
+		{"1,65536,256", []string{"65536 traces", "16842752 trace tokens"}},
+		{"1,1048576,1048576", []string{"1048576 traces", "1099512676352 trace tokens"}},
+		{deep, []string{"3.27e+150 traces", "1.64e+153 trace tokens", "(2001 bytes)"}},
+	} {
+		_, err := parseTreeSpec(c.spec)
+		switch {
+		case c.want == nil && err != nil:
+			t.Errorf("--tree %s at the caps: %v", c.spec, err)
+		case c.want != nil:
+			if !errors.Is(err, trainer.ErrUsage) {
+				t.Errorf("--tree %.40s: %v, want a usage error", c.spec, err)
+				continue
+			}
+			for _, w := range append(c.want, "at most 65536 traces and 16777216 trace tokens") {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("--tree %.40s: %v\nwant it to say %q", c.spec, err, w)
+				}
+			}
+		}
+	}
+}
+
+// TestTreeDefaultBudgetIsOneMicroBatch (issue 34): without --mb-tokens,
+// auto packs the whole trie in one micro-batch, as --help says, also for a
+// tree of many short traces under one prompt, whose LM-head rows outnumber
+// its computed tokens (1,2000,1 used 32 micro-batches).
+func TestTreeDefaultBudgetIsOneMicroBatch(t *testing.T) {
+	for _, spec := range []string{"1,2000,1", "3,40,1,5,1", "8,3,4,2,3", "1,1,1", "16,64,2"} {
+		out, _ := run(t, func(env Env) error {
+			return RunTree(env, Tree{Common: Common{Model: tiny(t), ModelName: tinyModel, Steps: 1, Seed: 5, LR: 1e-3, Eps: 1e-8},
+				Spec: spec, Modes: []string{"auto"}})
+		})
+		var r TreeResult
+		if err := json.Unmarshal([]byte(strings.TrimSpace(out)), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.MicroBatches != 1 {
+			t.Errorf("--tree %s: %d micro-batches of %d tokens (%d computed, %d loss tokens), want 1", spec, r.MicroBatches, r.MicroTokens, r.ComputedTokens, r.LossTokens)
+		}
+	}
+}

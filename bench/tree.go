@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
@@ -44,7 +46,40 @@ func parseTreeSpec(s string) (treeSpec, error) {
 	for i := 1; i < len(n); i += 2 {
 		sp.levels = append(sp.levels, [2]int{n[i], n[i+1]})
 	}
+	// The rows are built whole (every trace holds its path's tokens): the
+	// product of the fields, not each field, decides their size.
+	traces, tokens := sp.size()
+	if traces.Cmp(big.NewInt(MaxTreeTraces)) > 0 || tokens.Cmp(big.NewInt(MaxTreeTokens)) > 0 {
+		return sp, fmt.Errorf("%w: --tree %s: %s traces, %s trace tokens; bench builds at most %d traces and %d trace tokens (each trace holds its whole path): fewer levels or smaller branching",
+			trainer.ErrUsage, quote.Cut(s), count(traces), count(tokens), MaxTreeTraces, MaxTreeTokens)
+	}
 	return sp, nil
+}
+
+// The most traces, and trace tokens (the rows' tokens: each trace holds its
+// whole root-to-leaf path), that bench --tree builds.
+const (
+	MaxTreeTraces = 1 << 16
+	MaxTreeTokens = 1 << 24
+)
+
+// size is the tree's number of traces (the product of the branchings) and
+// of trace tokens (traces × a path's length), exactly.
+func (sp treeSpec) size() (traces, tokens *big.Int) {
+	traces, path := big.NewInt(1), big.NewInt(int64(sp.root))
+	for _, l := range sp.levels {
+		traces.Mul(traces, big.NewInt(int64(l[0])))
+		path.Add(path, big.NewInt(int64(l[1])))
+	}
+	return traces, new(big.Int).Mul(traces, path)
+}
+
+// count writes n in full, or as 3.27e+150 when it has more than 18 digits.
+func count(n *big.Int) string {
+	if n.IsInt64() && n.Int64() < 1e18 {
+		return n.String()
+	}
+	return new(big.Float).SetInt(n).Text('g', 3)
 }
 
 // rows returns the synthetic step of a tree spec: one row per root-to-leaf
@@ -146,14 +181,6 @@ func RunTree(env Env, a Tree) error {
 		longest = max(longest, len(b.Rows[i].TokenIDs))
 		trace += len(b.Rows[i].TokenIDs)
 	}
-	whole := grpo.BuildTree(b, idx)
-	budget := a.MBTokens
-	if budget == 0 {
-		budget = len(whole.Tokens)
-	}
-	if budget < longest {
-		return fmt.Errorf("%w: bench: --mb-tokens %d: a trace of the tree has %d tokens", trainer.ErrUsage, budget, longest)
-	}
 	// dL/dlogprob at every loss position, the same in both modes.
 	r := rand.New(rand.NewPCG(a.Seed, 4))
 	coef := make([][]float32, len(b.Rows))
@@ -166,6 +193,18 @@ func RunTree(env Env, a Tree) error {
 				loss++
 			}
 		}
+	}
+	whole := grpo.BuildTree(b, idx)
+	budget := a.MBTokens
+	if budget == 0 {
+		// The smallest budget that packs the whole trie in one micro-batch:
+		// its computed tokens, or the traces' loss positions (LM-head
+		// pairs, counted per trace) when there are more: many short traces
+		// under one prefix.
+		budget = max(len(whole.Tokens), loss)
+	}
+	if budget < longest {
+		return fmt.Errorf("%w: bench: --mb-tokens %d: a trace of the tree has %d tokens", trainer.ErrUsage, budget, longest)
 	}
 	prec, precName := a.precision(env.Backend, env.Stderr)
 	var res []TreeResult
@@ -213,7 +252,9 @@ func treeBenchMode(env Env, a Tree, prec kernels.DType, precName string, b *grpo
 	var mbs []micro
 	maxSeqs := 1
 	if mode == "auto" {
-		maxSegs := budget // every segment has a token
+		// Every segment has a token, so a micro-batch has at most budget;
+		// PackTrees counts two a row (its bound), so room for every row's.
+		maxSegs := max(budget, 2*len(idx))
 		trees, err := grpo.PackTrees(b, idx, grpo.TreeLimits{MaxTokens: budget, MaxSegs: maxSegs})
 		if err != nil {
 			return res, fmt.Errorf("bench: %w", err)

@@ -134,7 +134,7 @@ func (w *walker) untyped(k, c *yaml.Node, p string) {
 		// would be silently unused there.
 		nested := strings.Join(splitPath(p), ": {") + ": ..." + strings.Repeat("}", strings.Count(p, "."))
 		w.fail(k, "key %s holds a dot: OmegaConf keeps it as one key of that name, not as the nested key %s, and NeMo RL reads only the nested one, so this value would have no effect; write it nested (%s) or as the override %s=...",
-			quote(k.Value), p, nested, p)
+			quoted(k.Value), p, nested, p)
 		return
 	}
 	if k.Value == "_override_" {

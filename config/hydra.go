@@ -73,15 +73,15 @@ func parseOverride(s string) (*hydraOverride, error) {
 	}
 	key, val, hasVal := strings.Cut(rest, "=")
 	if strings.ContainsAny(key, "/@") {
-		return nil, fmt.Errorf("override %s: %s names a Hydra config group or package; NeMo RL recipes have none (write key.path=value)", quote(s), quote(key))
+		return nil, fmt.Errorf("override %s: %s names a Hydra config group or package; NeMo RL recipes have none (write key.path=value)", quoted(s), quoted(key))
 	}
 	if !hydraKey.MatchString(key) {
-		return nil, fmt.Errorf("override %s: want key.path=value (+key=value adds a key, ++key=value adds or changes, ~key deletes), found the key %s", quote(s), quote(key))
+		return nil, fmt.Errorf("override %s: want key.path=value (+key=value adds a key, ++key=value adds or changes, ~key deletes), found the key %s", quoted(s), quoted(key))
 	}
 	o.key = key
 	if !hasVal {
 		if o.op != hydraDelete {
-			return nil, fmt.Errorf("override %s: want key.path=value (~%s deletes the key)", quote(s), clip(key))
+			return nil, fmt.Errorf("override %s: want key.path=value (~%s deletes the key)", quoted(s), clip(key))
 		}
 		return o, nil
 	}
@@ -94,7 +94,7 @@ func parseOverride(s string) (*hydraOverride, error) {
 	}
 	v, ext, err := p.value()
 	if err != nil {
-		return nil, fmt.Errorf("override %s: %w", quote(s), err)
+		return nil, fmt.Errorf("override %s: %w", quoted(s), err)
 	}
 	o.value, o.extend = v, ext
 	return o, nil
@@ -108,7 +108,7 @@ type hparser struct {
 }
 
 func (p *hparser) errf(format string, args ...any) error {
-	return fmt.Errorf("%s at offset %d of the value %s", fmt.Sprintf(format, args...), p.i, quote(p.s))
+	return fmt.Errorf("%s at offset %d of the value %s", fmt.Sprintf(format, args...), p.i, quoted(p.s))
 }
 
 func (p *hparser) skipWS() {
@@ -144,9 +144,9 @@ func (p *hparser) value() (*yaml.Node, bool, error) {
 	p.skipWS()
 	if p.i < len(p.s) && p.s[p.i] == ',' {
 		if strings.Contains(p.s, "${") {
-			return nil, false, fmt.Errorf("%s: an interpolation holding braces or commas must be quoted, as Hydra requires: 'key=\"%s\"'", quote(p.s), clip(p.s))
+			return nil, false, fmt.Errorf("%s: an interpolation holding braces or commas must be quoted, as Hydra requires: 'key=\"%s\"'", quoted(p.s), clip(p.s))
 		}
-		return nil, false, fmt.Errorf("%s is a sweep (Hydra's multirun: several runs); tracegrpo runs one configuration. For a list write [%s], for a string quote it: '%s'", quote(p.s), clip(p.s), clip(p.s))
+		return nil, false, fmt.Errorf("%s is a sweep (Hydra's multirun: several runs); tracegrpo runs one configuration. For a list write [%s], for a string quote it: '%s'", quoted(p.s), clip(p.s), clip(p.s))
 	}
 	if p.i != len(p.s) {
 		return nil, false, p.errf("unexpected %q", p.s[p.i])

@@ -297,7 +297,7 @@ func checkNode(name string, n *yaml.Node, budget *int, depth int) error {
 				return fmt.Errorf("config: %s:%d: unsupported mapping key %s", name, k.Line, describe(k))
 			}
 			if seen[k.Value] {
-				return fmt.Errorf("config: %s:%d: duplicate key %s", name, k.Line, quote(k.Value))
+				return fmt.Errorf("config: %s:%d: duplicate key %s", name, k.Line, quoted(k.Value))
 			}
 			seen[k.Value] = true
 			if err := checkNode(name, n.Content[i+1], budget, depth+1); err != nil {
@@ -324,7 +324,7 @@ func describe(n *yaml.Node) string {
 		if n.Tag == "!!null" {
 			return "null"
 		}
-		return quote(n.Value)
+		return quoted(n.Value)
 	}
 	return "an unsupported YAML node"
 }

@@ -57,7 +57,7 @@ func toPy(n *yaml.Node) (pyval, error) {
 	case "!!bool":
 		b, err := strconv.ParseBool(n.Value)
 		if err != nil {
-			return pyval{}, fmt.Errorf("bad boolean %s", quote(n.Value))
+			return pyval{}, fmt.Errorf("bad boolean %s", quoted(n.Value))
 		}
 		return pyval{kind: pyBool, b: b}, nil
 	case "!!int":
@@ -69,7 +69,7 @@ func toPy(n *yaml.Node) (pyval, error) {
 	case "!!float":
 		f, err := parseYAMLFloat(n.Value)
 		if err != nil {
-			return pyval{}, fmt.Errorf("bad float %s", quote(n.Value))
+			return pyval{}, fmt.Errorf("bad float %s", quoted(n.Value))
 		}
 		return pyval{kind: pyFloat, f: f}, nil
 	}

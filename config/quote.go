@@ -2,35 +2,27 @@ package config
 
 import (
 	"fmt"
-	"strconv"
 	"unicode/utf8"
+
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 )
 
-// maxQuoted bounds a value quoted in an error message: a 120 KB value
-// (an environment variable, a generated override) is cut, with its length.
-const maxQuoted = 256
+// Values quoted in the loader's messages are cut as internal/quote cuts
+// them (a 120 KB value would bury the message): quoted by quoted, and
+// unquoted (a key path, an override's text) by clip.
 
-// clip is s cut at maxQuoted bytes (at a rune boundary), with its length
-// said when cut.
+// quoted is s quoted as %q quotes it, cut after quote.Max bytes with its
+// length.
+func quoted(s string) string { return quote.Cut(s) }
+
+// clip is s cut after quote.Max bytes (at a rune boundary) with its length.
 func clip(s string) string {
-	if len(s) <= maxQuoted {
+	if len(s) <= quote.Max {
 		return s
 	}
-	return s[:cutAt(s)] + fmt.Sprintf("... (%d bytes)", len(s))
-}
-
-// quote is s quoted as %q quotes it, cut as clip cuts it.
-func quote(s string) string {
-	if len(s) <= maxQuoted {
-		return strconv.Quote(s)
-	}
-	return strconv.Quote(s[:cutAt(s)]) + fmt.Sprintf("... (%d bytes)", len(s))
-}
-
-func cutAt(s string) int {
-	n := maxQuoted
+	n := quote.Max
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
-	return n
+	return fmt.Sprintf("%s… (%d bytes)", s[:n], len(s))
 }

@@ -222,7 +222,7 @@ func (l *Loaded) OtherLoggers() []string {
 		case ok && on:
 			out = append(out, fmt.Sprintf("logger.%s is true: tracegrpo does not write that back end (metrics.jsonl has every metric; logger.tensorboard_enabled writes TensorBoard event files)", k))
 		case !ok && v.Kind == yaml.ScalarNode && strings.Contains(v.Value, "${"):
-			out = append(out, fmt.Sprintf("logger.%s is %s: tracegrpo does not write that back end", k, quote(v.Value)))
+			out = append(out, fmt.Sprintf("logger.%s is %s: tracegrpo does not write that back end", k, quoted(v.Value)))
 		}
 	}
 	return out

@@ -41,10 +41,10 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 	path, val, ok := strings.Cut(s, "=")
 	path = strings.TrimSpace(path)
 	if !ok || path == "" || strings.Contains(path, "..") || strings.HasPrefix(path, ".") || strings.HasSuffix(path, ".") {
-		return fmt.Errorf("config: --set %s: want key.path=value", quote(s))
+		return fmt.Errorf("config: --set %s: want key.path=value", quoted(s))
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("config: --set %s: not valid UTF-8", quote(s))
+		return fmt.Errorf("config: --set %s: not valid UTF-8", quoted(s))
 	}
 	n, err := setValue(path, val)
 	if err != nil {
@@ -60,7 +60,7 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 		case yaml.SequenceNode:
 			i, ok := index(seg)
 			if !ok || i >= len(cur.Content) {
-				return fmt.Errorf("config: --set %s: %s: no list element %s", clip(s), clip(strings.Join(segs[:k], ".")), quote(seg))
+				return fmt.Errorf("config: --set %s: %s: no list element %s", clip(s), clip(strings.Join(segs[:k], ".")), quoted(seg))
 			}
 			if last {
 				cur.Content[i] = n
@@ -144,10 +144,10 @@ func parseValue(val string) (*yaml.Node, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal([]byte(val), &doc); err != nil {
-		return nil, fmt.Errorf("value %s is not YAML: %w", quote(val), err)
+		return nil, fmt.Errorf("value %s is not YAML: %w", quoted(val), err)
 	}
 	if len(doc.Content) != 1 {
-		return nil, fmt.Errorf("value %s is not one YAML value", quote(val))
+		return nil, fmt.Errorf("value %s is not one YAML value", quoted(val))
 	}
 	if err := checkTree("--set", doc.Content[0]); err != nil {
 		return nil, err

@@ -46,12 +46,24 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		"P,K1,S1,K2,S2,... nests levels (an agent's turns, each branching K ways). The responses carry the loss; see --shared-prefix")
 	shared := fs.String("shared-prefix", "both", "with --tree: auto packs the traces as token tries (every shared prefix computed once), off packs each trace as its own sequence, "+
 		"both times off then auto in the same process and prints their ratio")
-	mbTokens := fs.Int("mb-tokens", 0, "with --tree: computed tokens per micro-batch, the same for both modes (0: the whole trie's, so that auto needs one micro-batch)")
+	mbTokens := fs.Int("mb-tokens", 0, "with --tree: computed tokens per micro-batch, the same for both modes (0: the smallest that holds the whole trie, "+
+		"its computed tokens or its LM-head rows when more, so that auto needs one micro-batch)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
-	if *cfgPath == "" || *rows <= 0 || *seq <= 0 || *steps <= 0 || *mbTokens < 0 {
-		return fmt.Errorf("%w: bench needs --model and positive --rows, --seq, --steps", errUsage)
+	if *cfgPath == "" {
+		return fmt.Errorf("%w: bench needs --model CONFIG.json", errUsage)
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"rows", *rows}, {"seq", *seq}, {"steps", *steps}} {
+		if f.v <= 0 {
+			return fmt.Errorf("%w: bench: --%s %d: want a positive count", errUsage, f.name, f.v)
+		}
+	}
+	if *mbTokens < 0 || *mbTokens > model.MaxTokens {
+		return fmt.Errorf("%w: bench: --mb-tokens %d: want 0 (the whole trie's) or a count of tokens up to %d", errUsage, *mbTokens, model.MaxTokens)
 	}
 	if T, ok := checked.Mul(int64(*rows), int64(*seq)); !ok || T > model.MaxTokens {
 		return fmt.Errorf("%w: bench: --rows %d × --seq %d tokens: more than %d in one step (token positions and offsets are int32)", errUsage, *rows, *seq, model.MaxTokens)

@@ -28,4 +28,10 @@ type tasks struct {
 	gather     gatherTask
 	combine    combineTask
 	bad        []int
+	conv       convTask
+	convPrev   []int32   // Conv1D's context links (T)
+	convIdx    [][]int32 // per worker: a token's taps (KW)
+	relu2      relu2Task
+	gatedNorm  gatedNormTask
+	ssm        ssmTask
 }
