@@ -155,6 +155,3 @@ func (s *suggester) nearest(p string) string {
 	s.n++
 	return Nearest(p)
 }
-
-// levenshtein is the edit distance of a and b.
-func levenshtein(a, b string) int { return nearest.Distance(a, b) }
