@@ -141,7 +141,7 @@ func (s *builtinSource) start(t *Trainer) error {
 		return err
 	}
 	opt := model.SampleOptions{
-		Temperature: float32(g.Temperature), TopP: float32(g.TopP), MaxNewTokens: g.MaxNewTokens,
+		Temperature: float32(g.Temperature), TopP: g.TopP, MaxNewTokens: g.MaxNewTokens,
 		StopTokens: []int32{rollout.EOS},
 		// More calls in a round than slots decode in turn, each finished
 		// slot taking the next waiting prompt: the batch stays full. Every

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -76,6 +77,7 @@ func init() {
 	register(Generator{Name: "recipe-counts", From: "train config --check's checks (trainer.Check) on config/testdata/nemo-rl", Gen: genRecipeCounts})
 	register(Generator{Name: "plans-recipes", From: "train plan --config RECIPE --model CONFIG --rollouts x --world-size W --shard full|none --json", Gen: genRecipePlans})
 	register(Generator{Name: "plan-moe", From: "train plan --config grpo-qwen3-30ba3b-8n8g-megatron.yaml --model qwen3-30b-a3b --world-size 8|16 --shard full --json", Gen: genMoEPlan})
+	register(Generator{Name: "model-caps", From: "package model's size caps (model.MaxLayers, ..., model.MaxTokens)", Gen: genModelCaps})
 	register(Generator{Name: "gymdiff-traces", From: "train traces on gym/testdata/gymdiff (its stderr)", Gen: genGymdiffTraces})
 }
 
@@ -289,6 +291,17 @@ func genModelsTable(e *Env) (string, error) {
 		return "", fmt.Errorf("%s holds a %s config, which train does not list as a family", published, f)
 	}
 	return b.String(), nil
+}
+
+// genModelCaps states the sizes model.Config.Validate refuses beyond.
+func genModelCaps(*Env) (string, error) {
+	return wrap(fmt.Sprintf("%s layers, hidden size %s, intermediate size %s, %s heads (and key-value heads) of at most %s "+
+		"dimensions, a vocabulary of %s, %s experts a layer and %s in all; a micro-batch "+
+		"(`train_micro_batch_size × max_total_sequence_length`, or `--rows × --seq`) holds at most %s tokens (positions "+
+		"and offsets are int32).",
+		comma(model.MaxLayers), comma(model.MaxHiddenSize), comma(model.MaxIntermediateSize), comma(model.MaxHeads),
+		comma(model.MaxHeadDim), comma(model.MaxVocabSize), comma(model.MaxExperts), comma(model.MaxExpertMLPs),
+		comma(model.MaxTokens))), nil
 }
 
 // ---- recipes ------------------------------------------------------------

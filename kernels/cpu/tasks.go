@@ -24,6 +24,7 @@ type tasks struct {
 	treePos    []int32
 	decode     decodeTask
 	tlp        tlpTask
+	tlpFilter  tlpFilterTask
 	router     routerTask
 	gather     gatherTask
 	combine    combineTask
