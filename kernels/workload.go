@@ -59,10 +59,13 @@ type GEMM struct {
 }
 
 // Head is a TokenLogprob over T rows of width C and a vocabulary of V;
-// Backward: its TokenLogprobBackward runs too.
+// Backward: its TokenLogprobBackward runs too. Filtered: the head runs
+// under a top-k/top-p filter (FilteredHead), on BF16 operands if BF16.
 type Head struct {
 	T, C, V  int
 	Backward bool
+	Filtered bool
+	BF16     bool
 }
 
 // RowNorm is an RMSNorm of N rows of C; Backward: its backward runs too.
