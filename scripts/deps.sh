@@ -35,8 +35,10 @@
 #                            libdevice and nvidia-cuda-dev's headers extracted
 #                            into $CUDA_HOME (default .cache/cuda); nothing is
 #                            installed with dpkg
-#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy and
-#                            python3-omegaconf, the independent references
+#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy,
+#                            python3-omegaconf, python3-protobuf and
+#                            python3-crcmod (the TensorBoard event file's
+#                            reference), the independent references
 #                            `make golden` runs
 #   scripts/deps.sh bench    python3-torch and libopenblas0-pthread, the
 #                            PyTorch that `make bench-torch` times (with
@@ -105,7 +107,7 @@ syspath=/usr/sbin:/usr/bin:/sbin:/bin
 
 case $mode in
 golden | bench)
-	pkgs="python3-torch python3-numpy python3-omegaconf"
+	pkgs="python3-torch python3-numpy python3-omegaconf python3-protobuf python3-crcmod"
 	[ "$mode" = golden ] || pkgs="python3-torch libopenblas0-pthread"
 	need=()
 	for p in $pkgs; do
