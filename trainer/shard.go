@@ -177,6 +177,9 @@ func (t *Trainer) writeShard(tmp string) (checkpoint.FileEntry, error) {
 		n := pc.Hi - pc.Lo
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
+		if !t.cfg.SavesOptimizer() { // checkpointing.save_optimizer false: weights only
+			parts[len(parts)-1].Values[checkpoint.KindExpAvg], parts[len(parts)-1].Values[checkpoint.KindExpAvgSq] = nil, nil
+		}
 	}
 	return checkpoint.WriteShard(tmp, t.rank, t.comm.Size(), int64(t.step), parts)
 }
@@ -255,6 +258,9 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 			continue
 		}
 		for k := range checkpoint.NumKinds {
+			if st.Trainer.NoOptimizer && k != checkpoint.KindWeights {
+				continue // the fresh optimizer's zero moments
+			}
 			if inPlace[k] {
 				if err := tens.Read(p.Name, k, int64(lo), hosts[k][at:at+hi-lo]); err != nil {
 					return fmt.Errorf("resume: %w", err)
@@ -304,6 +310,7 @@ func (t *Trainer) trainerState() (checkpoint.TrainerState, error) {
 	var ts checkpoint.TrainerState
 	var err error
 	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
+	ts.NoOptimizer = !t.cfg.SavesOptimizer()
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
 		return ts, err
 	}

@@ -57,6 +57,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	steps := fs.Int("steps", 0, "the last step to generate (default grpo.max_num_steps)")
 	wait := fs.Duration("wait", 10*time.Minute, "how long to wait for each weights directory")
 	stale := fs.Int("stale", 0, "serve the weights of this many steps too early (to see a trainer refuse stale rollouts)")
+	noSidecar := fs.Bool("no-sidecar", false, "write no step_<N>.meta.json (a generator that does not state its policy version: the trainer warns once and checks nothing)")
 	one := fs.Int("step", 0, "collect this one step only, from W/step_<N-1>, writing its records to --records")
 	records := fs.String("records", "", "with --step: the file the step's records are written to")
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
@@ -80,7 +81,7 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	be := cpu.New(*threads)
 	defer be.Close()
 	g, err := fakegen.New(fakegen.Options{Config: &ld.Config, Tasks: ts, Weights: *weights, Rollouts: *rollouts,
-		Captures: *captures, Backend: be, Wait: *wait, Stale: *stale, Log: stderr})
+		Captures: *captures, Backend: be, Wait: *wait, Stale: *stale, NoSidecar: *noSidecar, Log: stderr})
 	if err != nil {
 		return fmt.Errorf("generate: %w", err)
 	}

@@ -45,8 +45,11 @@ type Options struct {
 	// the ones it should (tests: a generator that fell behind). Its
 	// sidecars say so, and a trainer refuses them.
 	Stale int
-	Log   io.Writer     // one line per step (nil: none)
-	Stop  <-chan struct{} // ends a wait (nil: never)
+	// NoSidecar writes step files without their sidecar, as a generator
+	// that does not state its policy version does.
+	NoSidecar bool
+	Log       io.Writer       // one line per step (nil: none)
+	Stop      <-chan struct{} // ends a wait (nil: never)
 }
 
 // Generator writes step files.
@@ -133,7 +136,11 @@ func (g *Generator) Step(step int) error {
 	if err != nil {
 		return err
 	}
-	if err := loop.WriteStep(g.o.Rollouts, int64(step), recs, &meta); err != nil {
+	side := &meta
+	if g.o.NoSidecar {
+		side = nil
+	}
+	if err := loop.WriteStep(g.o.Rollouts, int64(step), recs, side); err != nil {
 		return err
 	}
 	fmt.Fprintf(g.o.Log, "generate: %s: %d rollouts from %s (sha256 %s…)\n", loop.StepFile(g.o.Rollouts, int64(step)),
