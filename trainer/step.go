@@ -129,7 +129,6 @@ func reasonCounts(counts map[string]int) string {
 	return strings.Join(parts, ", ")
 }
 
-
 // microBatch is one forward and backward pass: whole rows packed as a token
 // stream (row r of the batch occupies tokens[cu[j]:cu[j+1]] where rows[j] =
 // r), or, with policy.shared_prefix=auto, as a token trie (tree).
