@@ -107,8 +107,9 @@ type Trainer struct {
 	loaded                 *config.Loaded // the recipe as read, for the effective config
 
 	// step state
-	step     int   // GRPO steps completed
-	consumed int64 // logical rollouts consumed
+	step     int    // GRPO steps completed
+	consumed int64  // logical rollouts consumed
+	runID    string // the run's id (checkpoint.TrainerState.RunID), rank 0's in a save
 
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
@@ -171,6 +172,9 @@ func New(o Options) (_ *Trainer, err error) {
 		return nil, err
 	}
 	if err := t.agree(t.setupRunDir()); err != nil {
+		return nil, err
+	}
+	if err := t.agree(t.checkOutWritable()); err != nil {
 		return nil, err
 	}
 	if err := t.agree(t.setupPolicy()); err != nil {
@@ -293,6 +297,10 @@ func (t *Trainer) setupPolicy() error {
 	}
 	t.streams = rollout.Streams{Seed: uint64(c.GRPO.Seed)}
 	if err := t.source.start(t); err != nil {
+		return err
+	}
+	var err error
+	if t.runID, err = t.newRunID(); err != nil {
 		return err
 	}
 	if t.resumeFrom != "" {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -47,8 +48,11 @@ func main() {
 
 // run runs the command args names. Every write to stdout is checked: a
 // command whose output could not be written (a full disk, a closed pipe)
-// fails with exit status 1, whatever it returned.
+// fails with exit status 1, whatever it returned. What it writes to stderr
+// (errors, warnings, logs) quotes no value longer than quote.Max bytes: a
+// longer one is cut, with its length.
 func run(args []string, stdout, stderr io.Writer) int {
+	stderr = quote.Writer{W: stderr} // a quoted value in a message is cut at quote.Max bytes, with its length
 	out := &checkedWriter{w: stdout}
 	code := dispatch(args, out, stderr)
 	if out.err != nil && code == 0 {

@@ -11,7 +11,8 @@ package cpu
 // matmul.go) keep the packed B block in L2 and one packed A panel in L1.
 //
 // Each C element is the sum over K blocks, in order, of a k-ordered sum inside
-// the kernel: the order depends only on K and the kernel chosen at start-up.
+// the kernel: the order depends only on K, the rounding only on the rounding
+// path of the kernel chosen at start-up (simd.go).
 
 const (
 	gemmMR = 12
@@ -28,7 +29,9 @@ type microKernel func(k int, a, b, c *float32, ldc int, acc int)
 // kernel12x32 is the micro-kernel in use (see simd.go).
 var kernel12x32 microKernel = kernel12x32Go
 
-// kernel12x32Go is the portable micro-kernel.
+// kernel12x32Go is the portable micro-kernel. The conversion in the inner
+// loop rounds each product before the sum, so that no compiler fuses them
+// (arm64, GOAMD64=v3 would): rounding path go is the same everywhere.
 func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 	as := unsafeSlice(a, k*gemmMR)
 	bs := unsafeSlice(b, k*gemmNR)
@@ -41,7 +44,7 @@ func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 			ar := ap[r]
 			tr := &t[r]
 			for j := range tr {
-				tr[j] += ar * bp[j]
+				tr[j] += float32(ar * bp[j])
 			}
 		}
 	}
