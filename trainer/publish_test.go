@@ -158,3 +158,140 @@ func TestWaitSaysWhatItWaitsFor(t *testing.T) {
 		t.Errorf("phase_s wait %v, rollout %v: want the 0.7s wait apart from the reading", p.Wait, p.Rollout)
 	}
 }
+
+// TestDiskPlanMatchesFiles: train plan's disk figures are the sizes of the
+// files a run writes: a weights directory's model.safetensors in its dtype
+// and a checkpoint's model and optimizer files, byte for byte.
+func TestDiskPlanMatchesFiles(t *testing.T) {
+	for _, dtype := range []string{"bfloat16", "float32"} {
+		dir := t.TempDir()
+		out, w := filepath.Join(dir, "run"), filepath.Join(dir, "weights")
+		args := trainArgs(out, 1, "--weights-out", w, "--weights-dtype", dtype)
+		mustTrain(t, args...)
+		ld, _, err := LoadRecipe(nil, append(setsOf(args), "policy.generation.weights_dtype="+dtype))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mc, _, err := ModelConfig(&ld.Config, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := PlanDisk(&ld.Config, mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := func(path string) int64 {
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return st.Size()
+		}
+		ck := filepath.Join(out, "checkpoints", "step_1")
+		for _, c := range []struct {
+			what      string
+			plan, got int64
+		}{
+			{"weights " + dtype, d.Weights, size(filepath.Join(loop.WeightsDir(w, 1), loop.ModelFile))},
+			{"checkpoint weights", d.CheckpointWeights, size(filepath.Join(ck, "model.safetensors"))},
+			{"checkpoint moments", d.CheckpointMoments, size(filepath.Join(ck, "optimizer.safetensors"))},
+		} {
+			if c.plan != c.got {
+				t.Errorf("%s: planned %d bytes, the run wrote %d", c.what, c.plan, c.got)
+			}
+		}
+	}
+}
+
+// setsOf returns the --set values of args.
+func setsOf(args []string) []string {
+	var out []string
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] == "--set" {
+			out = append(out, args[i+1])
+		}
+	}
+	return out
+}
+
+// TestSidecarsChecked: in the trainer (one process, --weights-out), a step
+// file whose sidecar names weights other than the ones published for the
+// step before is refused before it trains, naming the file and both hashes;
+// a step without a sidecar after one that had one is refused; and a
+// resumed run republishes the weights of the step it resumes at before it
+// waits.
+func TestSidecarsChecked(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	b, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := func(out, rdir, w, wait string, extra ...string) []string {
+		return append(append([]string{"--out", filepath.Join(dir, out), "--rollouts", rdir, "--captures", caps, "--wait", wait,
+			"--weights-out", filepath.Join(dir, w), "--max-masked-fraction", "1"}, externalSets...), extra...)
+	}
+	other := strings.Repeat("0", 64)
+
+	t.Run("other weights", func(t *testing.T) {
+		rdir := filepath.Join(dir, "r1")
+		os.Mkdir(rdir, 0o755)
+		loop.WriteStep(rdir, 1, b, &loop.Meta{PolicyStep: 0, WeightsSHA256: other})
+		msg := failTrain(t, args("a", rdir, "w1", "0", "--steps", "1")...)
+		want := fmt.Sprintf("%s: weights_sha256 is %s, but the trainer published step_0's model.safetensors with sha256 %s",
+			loop.MetaFile(rdir, 1), other, fileSHA256(t, filepath.Join(dir, "w1", "step_0", loop.ModelFile)))
+		if !strings.Contains(msg, want) {
+			t.Errorf("message lacks %q:\n%s", want, msg)
+		}
+	})
+
+	t.Run("a sidecar, then none", func(t *testing.T) {
+		rdir := filepath.Join(dir, "r2")
+		os.Mkdir(rdir, 0o755)
+		w := filepath.Join(dir, "w2")
+		// Step 1 with the right sidecar: the trainer publishes step_0 first,
+		// so the test writes step 1 once it is there.
+		done := make(chan error, 1)
+		go func() {
+			d, err := loop.WaitDone(w, 0, time.Minute, 10*time.Millisecond, nil)
+			if err == nil {
+				m, _ := d.File(loop.ModelFile)
+				err = loop.WriteStep(rdir, 1, b, &loop.Meta{PolicyStep: 0, WeightsSHA256: m.SHA256})
+			}
+			if err == nil {
+				err = loop.WriteStep(rdir, 2, b, nil)
+			}
+			done <- err
+		}()
+		msg := failTrain(t, args("b", rdir, "w2", "1m", "--steps", "2")...)
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if want := "step_2.jsonl has no sidecar step_2.meta.json, though the step files before it had one"; !strings.Contains(msg, want) {
+			t.Errorf("message lacks %q:\n%s", want, msg)
+		}
+	})
+
+	t.Run("resume republishes", func(t *testing.T) {
+		out, w := filepath.Join(dir, "c"), filepath.Join(dir, "w3")
+		mustTrain(t, trainArgs(out, 2, "--weights-out", w, "--set", "checkpointing.save_period=1", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=3")...)
+		before := fileSHA256(t, filepath.Join(w, "step_2", loop.ModelFile))
+		os.RemoveAll(filepath.Join(w, "step_2"))
+		mustTrain(t, trainArgs(out, 3, "--weights-out", w, "--resume", "--set", "checkpointing.save_period=1", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=3")...)
+		if got := fileSHA256(t, filepath.Join(w, "step_2", loop.ModelFile)); got != before {
+			t.Errorf("the resumed run republished step_2 with sha256 %s, the first run %s", got, before)
+		}
+		if _, err := loop.Verify(filepath.Join(w, "step_3")); err != nil {
+			t.Error(err)
+		}
+	})
+}
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	_, s, err := loop.HashFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

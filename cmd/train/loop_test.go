@@ -223,6 +223,7 @@ func TestLoopProtocol(t *testing.T) {
 				t.Errorf("message lacks %q:\n%s", w, msg)
 			}
 		}
+		t.Logf("refused: %s", strings.TrimSpace(msg))
 	})
 
 	t.Run("no sidecar", func(t *testing.T) {

@@ -70,6 +70,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	f := fs.VarPF(newNegBool(&o.NoReshard), "reshard-after-forward", "", "with --shard full: layers gathered again for backward (false: every layer kept gathered)")
 	f.NoOptDefVal, f.DefValue = "true", "true"
 	memory := fs.String("memory", "", "check the plan against this much memory per rank (e.g. 80G) and name the smallest fully sharded world size that fits")
+	writeRate := fs.String("write-rate", "1G", "the disk plan's write rate, bytes a second (e.g. 2G): the time each step's weights and checkpoints take")
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
@@ -128,10 +129,19 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		}
 		fit = p.Check(n, "--memory")
 	}
+	rate, err := trainer.ParseBytes(*writeRate)
+	if err != nil || rate <= 0 {
+		return fmt.Errorf("%w: plan: --write-rate %q: want a positive size a second, e.g. 2G", errUsage, *writeRate)
+	}
+	disk, err := trainer.PlanDisk(&ld.Config, mc)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		fmt.Fprintf(stdout, "%s\n", p.JSON())
 	} else {
 		p.WriteText(stdout)
+		disk.WriteText(stdout, rate)
 	}
 	if fit != nil {
 		return fit
