@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -176,7 +177,7 @@ func TestRunRowsProfile(t *testing.T) {
 	calls := map[string]int{}
 	for _, l := range strings.Split(errs, "\n") {
 		f := strings.Fields(l)
-		if len(f) == 5 && strings.HasSuffix(f[4], "%") {
+		if len(f) >= 5 && strings.HasSuffix(f[4], "%") {
 			n, err := strconv.Atoi(f[1])
 			if err == nil {
 				calls[f[0]] = n
@@ -244,6 +245,27 @@ func TestTreeDefaultBudgetIsOneMicroBatch(t *testing.T) {
 		}
 		if r.MicroBatches != 1 {
 			t.Errorf("--tree %s: %d micro-batches of %d tokens (%d computed, %d loss tokens), want 1", spec, r.MicroBatches, r.MicroTokens, r.ComputedTokens, r.LossTokens)
+		}
+	}
+}
+
+func TestMedianMin(t *testing.T) {
+	for _, c := range []struct {
+		times   []float64
+		med, lo float64
+	}{
+		{[]float64{3}, 3, 3},
+		{[]float64{5, 1, 3}, 3, 1},
+		{[]float64{4, 1, 3, 2}, 2.5, 1},
+		{[]float64{9, 9, 1, 1}, 5, 1},
+	} {
+		in := slices.Clone(c.times)
+		med, lo := medianMin(in)
+		if med != c.med || lo != c.lo {
+			t.Errorf("medianMin(%v) = %v, %v; want %v, %v", c.times, med, lo, c.med, c.lo)
+		}
+		if !slices.Equal(in, c.times) {
+			t.Errorf("medianMin(%v) reordered its input to %v", c.times, in)
 		}
 	}
 }

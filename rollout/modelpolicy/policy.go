@@ -28,7 +28,7 @@ type Policy struct {
 // stream, so the samples do not depend on the slot count).
 func Options(g config.Generation) model.SampleOptions {
 	opt := model.SampleOptions{
-		Temperature: float32(g.Temperature), TopP: float32(g.TopP), MaxNewTokens: g.MaxNewTokens,
+		Temperature: float32(g.Temperature), TopP: g.TopP, MaxNewTokens: g.MaxNewTokens,
 		StopTokens: []int32{rollout.EOS},
 		Refill:     true,
 	}
