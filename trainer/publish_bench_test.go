@@ -52,7 +52,9 @@ func BenchmarkWeightsOutAgainstCheckpoint(b *testing.B) {
 		b.Fatal(err)
 	}
 	for _, p := range m.Table().Params {
-		spec := func(n string) safetensors.Spec { return safetensors.Spec{Name: n, DType: safetensors.F32, Shape: p.Shape} }
+		spec := func(n string) safetensors.Spec {
+			return safetensors.Spec{Name: n, DType: safetensors.F32, Shape: p.Shape}
+		}
 		st.Model = append(st.Model, checkpoint.Tensor{Spec: spec(p.Name), F32: host[p.Offset : p.Offset+p.N]})
 		st.Optimizer = append(st.Optimizer, checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg"), F32: zeros[p.Offset : p.Offset+p.N]},
 			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg_sq"), F32: zeros[p.Offset : p.Offset+p.N]})
