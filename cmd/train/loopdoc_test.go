@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -72,30 +71,5 @@ func TestGymSampleTrains(t *testing.T) {
 	if m.LogicalRollouts != 5 || m.MaskedRollouts != 0 || m.Traces != 5 || calls != 7 || m.EligibleTokens != gen || float64(m.Loss) == 0 {
 		t.Errorf("the sample trained %d rollouts (%d masked %v), %d traces, %d eligible tokens of %d generated over %d calls, loss %v",
 			m.LogicalRollouts, m.MaskedRollouts, m.MaskReasons, m.Traces, m.EligibleTokens, gen, calls, m.Loss)
-	}
-}
-
-// TestLoopDocPlan: docs/loop.md's disk figures at 8B are what its train plan
-// command prints.
-func TestLoopDocPlan(t *testing.T) {
-	args := repoPaths(docCommand(t, "docs/loop.md", "## What a step costs at 8B", "bin/train plan"))
-	var stdout, stderr bytes.Buffer
-	if code := run(args, &stdout, &stderr); code != 0 {
-		t.Fatalf("plan: exit %d\n%s", code, stderr.String())
-	}
-	doc, err := os.ReadFile("../../docs/loop.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, plan, _ := strings.Cut(stdout.String(), "disk plan:")
-	n := 0
-	for _, line := range strings.Split(strings.TrimSpace("disk plan:"+plan), "\n") {
-		if !strings.Contains(string(doc), line+"\n") {
-			t.Errorf("docs/loop.md lacks plan's line:\n%s", line)
-		}
-		n++
-	}
-	if n != 4 {
-		t.Errorf("%d disk plan lines, want 4:\n%s", n, stdout.String())
 	}
 }
