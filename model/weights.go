@@ -28,7 +28,9 @@ const (
 
 // InitRandom sets every weight matrix to N(0, InitStd²), every norm weight
 // to 1 and every bias to 0, from a PCG seeded with seed (HF's _init_weights
-// for these models). It stages initChunk values at a time, in the order the
+// for these models); a Mamba-2 mixer's A_log, dt_bias and conv weight as
+// transformers' NemotronH _init_weights and PyTorch's Conv1d draw them
+// (Param.Init), its selection biases 0. It stages initChunk values at a time, in the order the
 // generator draws them, so a model of any size needs 4 MiB of host memory
 // beyond what its memory plan counts (staging a whole embedding of a
 // Llama-3.2-1B held 1 GiB that the plan did not).
@@ -39,12 +41,28 @@ func (m *Model) InitRandom(seed uint64) {
 		largest = max(largest, p.N)
 	}
 	host := make([]float32, min(largest, initChunk))
+	mc := m.cfg.Mamba
 	for i, p := range m.table.Params {
 		lo, hi, at := m.Owned(i) // a sharded model draws every value and keeps its own
 		for off := 0; off < p.N; off += len(host) {
 			dst := host[:min(len(host), p.N-off)]
 			switch {
-			case p.Bias:
+			case p.Init == InitALog:
+				for i := range dst {
+					dst[i] = float32(math.Log(float64(off + i + 1)))
+				}
+			case p.Init == InitDtBias:
+				lmin, lmax := math.Log(mc.TimeStepMin), math.Log(mc.TimeStepMax)
+				for i := range dst {
+					dt := math.Max(math.Exp(r.Float64()*(lmax-lmin)+lmin), mc.TimeStepFloor)
+					dst[i] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)
+				}
+			case p.Init == InitConv:
+				bound := 1 / math.Sqrt(float64(p.Shape[len(p.Shape)-1]))
+				for i := range dst {
+					dst[i] = float32((2*r.Float64() - 1) * bound)
+				}
+			case p.Bias || p.Buffer:
 				clear(dst)
 			case len(p.Shape) == 1:
 				for i := range dst {
@@ -85,10 +103,13 @@ func (m *Model) SetParamsHost(host []float32) error {
 	return nil
 }
 
-// ignoredTensors are HF tensors that carry no weights (old Llama checkpoints
-// store the rotary inverse frequencies).
-func ignoredTensor(name string) bool {
-	return strings.HasSuffix(name, ".rotary_emb.inv_freq")
+// ignoredTensor reports HF tensors that carry no weights of the model (old
+// Llama checkpoints store the rotary inverse frequencies) or that
+// transformers does not load: a Nemotron-H checkpoint's multi-token
+// prediction layers (NemotronHPreTrainedModel's
+// _keys_to_ignore_on_load_unexpected, mtp.*).
+func (m *Model) ignoredTensor(name string) bool {
+	return strings.HasSuffix(name, ".rotary_emb.inv_freq") || (m.cfg.Hybrid() && strings.HasPrefix(name, "mtp."))
 }
 
 // LoadHF reads dir/model.safetensors (or the shards of
@@ -118,7 +139,7 @@ func (m *Model) LoadHF(dir string) error {
 	}
 	tiedHead := false
 	for _, ti := range set.Tensors() {
-		if _, ok := m.table.Lookup(ti.Name); ok || used[ti.Name] || ignoredTensor(ti.Name) {
+		if _, ok := m.table.Lookup(ti.Name); ok || used[ti.Name] || m.ignoredTensor(ti.Name) {
 			continue
 		}
 		if ti.Name == "lm_head.weight" && m.cfg.TieWordEmbeddings {
@@ -199,16 +220,26 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		return nil
 	}
 	for i, p := range m.table.Params {
-		if ti, ok := set.Tensor(p.Name); ok {
-			if err := check(p.Name, ti, p.Shape); err != nil {
+		name := p.Name
+		if _, ok := set.Tensor(name); !ok && m.cfg.Hybrid() && strings.HasPrefix(name, "backbone.") {
+			name = "model." + strings.TrimPrefix(name, "backbone.") // transformers' in-memory name
+		}
+		if ti, ok := set.Tensor(name); ok {
+			if err := check(name, ti, p.Shape); err != nil {
 				return nil, nil, err
 			}
-			srcs[i] = source{tensor: p.Name}
+			srcs[i] = source{tensor: name}
+			used[name] = true
+		}
+	}
+	if m.cfg.Hybrid() {
+		if err := m.stackedExperts(set, srcs, used, check); err != nil {
+			return nil, nil, err
 		}
 	}
 	C, E, Im := m.cfg.HiddenSize, m.cfg.MoE.NumExperts, m.cfg.MoE.IntermediateSize
 	for l, li := range m.lidx {
-		if li.router < 0 {
+		if li.router < 0 || m.cfg.Hybrid() {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
@@ -248,7 +279,10 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		if srcs[i].tensor != "" {
 			continue
 		}
-		if l, ok := expertLayer(m.lidx, i); ok {
+		if l, ok := expertLayer(m.lidx, i); ok && m.cfg.Hybrid() {
+			return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json; or transformers' stacked backbone.layers.%d.mixer.experts.up_proj and down_proj)",
+				set.Source(), p.Name, p.Shape, l)
+		} else if ok {
 			pre := fmt.Sprintf("model.layers.%d.", l)
 			return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json; or transformers v5's fused %s and %s)",
 				set.Source(), p.Name, p.Shape, fusedGateUp(pre), fusedDown(pre))
@@ -256,6 +290,49 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json)", set.Source(), p.Name, p.Shape)
 	}
 	return srcs, used, nil
+}
+
+// stackedExperts finds a hybrid model's experts stored as transformers
+// holds them in memory (NemotronHExperts: mixer.experts.up_proj
+// (E, Im, In) and mixer.experts.down_proj (E, In, Im), under backbone. or
+// model.); a block holds one layout.
+func (m *Model) stackedExperts(set *safetensors.Set, srcs []source, used map[string]bool,
+	check func(string, safetensors.TensorInfo, []int) error) error {
+	E, Im, In := m.cfg.MoE.NumExperts, m.cfg.MoE.IntermediateSize, m.cfg.expertIn()
+	for l, li := range m.lidx {
+		if li.router < 0 {
+			continue
+		}
+		for _, pre := range []string{"backbone.", "model."} {
+			up, hasUp := set.Tensor(fmt.Sprintf("%slayers.%d.mixer.experts.up_proj", pre, l))
+			dn, hasDown := set.Tensor(fmt.Sprintf("%slayers.%d.mixer.experts.down_proj", pre, l))
+			if !hasUp && !hasDown {
+				continue
+			}
+			for i := li.eguFirst; i <= li.edownLast; i++ {
+				if srcs[i].tensor != "" {
+					return fmt.Errorf("model: load %s: block %d stores its experts both per expert (mixer.experts.N.*_proj.weight) and stacked (mixer.experts.up_proj, down_proj): expected one layout", set.Source(), l)
+				}
+			}
+			if !hasUp || !hasDown {
+				return fmt.Errorf("model: load %s: block %d stores its experts stacked but has only one of %sLAYER.mixer.experts.up_proj and down_proj", set.Source(), l, pre)
+			}
+			if err := check(up.Name, up, []int{E, Im, In}); err != nil {
+				return err
+			}
+			if err := check(dn.Name, dn, []int{E, In, Im}); err != nil {
+				return err
+			}
+			used[up.Name], used[dn.Name] = true, true
+			for i := li.eguFirst; i <= li.eguLast; i++ {
+				srcs[i] = source{tensor: up.Name, off: (i - li.eguFirst) * Im * In}
+			}
+			for i := li.edownFirst; i <= li.edownLast; i++ {
+				srcs[i] = source{tensor: dn.Name, off: (i - li.edownFirst) * In * Im}
+			}
+		}
+	}
+	return nil
 }
 
 // expertLayer returns the layer of an expert weight's table index.
@@ -373,10 +450,7 @@ func (m *Model) WriteHF(out io.Writer, dtype safetensors.DType, meta map[string]
 	if meta == nil {
 		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
 	}
-	specs := make([]safetensors.Spec, len(m.table.Params))
-	for i, p := range m.table.Params {
-		specs[i] = safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape}
-	}
+	specs := m.saveSpecs(dtype)
 	if m.fs != nil {
 		return m.writeSharded(out, specs, meta)
 	}
@@ -400,6 +474,21 @@ func (m *Model) WriteHF(out io.Writer, dtype safetensors.DType, meta map[string]
 		}
 	}
 	return w.Close()
+}
+
+// saveSpecs are the tensors WriteHF writes: every parameter in dtype, the
+// buffers (Nemotron-H's e_score_correction_bias) in fp32 whatever it is,
+// as transformers keeps them (_keep_in_fp32_modules_strict).
+func (m *Model) saveSpecs(dtype safetensors.DType) []safetensors.Spec {
+	specs := make([]safetensors.Spec, len(m.table.Params))
+	for i, p := range m.table.Params {
+		dt := dtype
+		if p.Buffer {
+			dt = safetensors.F32
+		}
+		specs[i] = safetensors.Spec{Name: p.Name, DType: dt, Shape: p.Shape}
+	}
+	return specs
 }
 
 // writeSharded is WriteHF of a sharded model.

@@ -37,8 +37,10 @@
 #                            libdevice and nvidia-cuda-dev's headers extracted
 #                            into $CUDA_HOME (default .cache/cuda); nothing is
 #                            installed with dpkg
-#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy and
-#                            python3-omegaconf, the independent references
+#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy,
+#                            python3-omegaconf, python3-protobuf and
+#                            python3-crcmod (the TensorBoard event file's
+#                            reference), the independent references
 #                            `make golden` runs
 #
 # It needs root (or sudo) only when something is missing. It prints what it
@@ -104,7 +106,7 @@ syspath=/usr/sbin:/usr/bin:/sbin:/bin
 case $mode in
 golden)
 	need=()
-	for p in python3-torch python3-numpy python3-omegaconf; do
+	for p in python3-torch python3-numpy python3-omegaconf python3-protobuf python3-crcmod; do
 		dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 	done
 	[ ${#need[@]} = 0 ] || apt_install "${need[@]}"

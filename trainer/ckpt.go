@@ -535,6 +535,9 @@ func (t *Trainer) log(m Metrics, sync bool) error {
 			return fmt.Errorf("metrics: %w", err)
 		}
 	}
+	if err := t.tbLog(m, sync); err != nil {
+		return err
+	}
 	t.progress.step(m)
 	return nil
 }

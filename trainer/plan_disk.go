@@ -46,8 +46,12 @@ func PlanDisk(c *config.Config, mc model.Config) (DiskPlan, error) {
 	specs := func(dt safetensors.DType, suffixes ...string) []safetensors.Spec {
 		var s []safetensors.Spec
 		for _, p := range tab.Params {
+			pdt := dt
+			if p.Buffer { // kept in fp32 whatever the dtype, as the writers keep it
+				pdt = safetensors.F32
+			}
 			for _, suf := range suffixes {
-				s = append(s, safetensors.Spec{Name: p.Name + suf, DType: dt, Shape: p.Shape})
+				s = append(s, safetensors.Spec{Name: p.Name + suf, DType: pdt, Shape: p.Shape})
 			}
 		}
 		return s

@@ -115,6 +115,11 @@ func (s *builtinSource) start(t *Trainer) error {
 		s.captureDir = filepath.Join(t.out, "captures")
 	}
 	if s.captureDir != "" { // else next makes each step's in-memory store
+		// A directory outside the run directory (the spec §9 block's
+		// /shared/gym-capture) is never created implicitly.
+		if err := mkdirUnder(s.captureDir, t.out, "env.nemo_gym.token_id_capture.dir"); err != nil {
+			return err
+		}
 		var err error
 		if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
 			return err

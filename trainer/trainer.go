@@ -13,6 +13,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/internal/inputfile"
+	"github.com/tracegrpo/tracegrpo/internal/tfevents"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
@@ -97,7 +98,8 @@ type Trainer struct {
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
-	metricsFile metricsFile // metrics.jsonl, open for appending (rank 0)
+	metricsFile metricsFile      // metrics.jsonl, open for appending (rank 0)
+	tb          *tfevents.Writer // TensorBoard events (rank 0, logger.tensorboard_enabled)
 	progress    *progressLine
 	unlock      func() // releases the run directory's lock
 
@@ -201,8 +203,14 @@ func (t *Trainer) setupConfig() error {
 		return err
 	}
 	c := &t.cfg
-	// The same refusals train config --check makes.
-	if err := Check(t.loaded, o.Steps); err != nil {
+	// The same refusals train config --check makes; the model decides the
+	// keys that configure experts (a model that cannot be resolved fails
+	// in setupPolicy, naming why).
+	experts := config.ExpertsUnknown
+	if mc, _, err := resolveModel(c, o.InitFrom); err == nil {
+		experts = ExpertsOf(mc)
+	}
+	if err := CheckFor(t.loaded, o.Steps, experts); err != nil {
 		return err
 	}
 	t.maxSteps = c.GRPO.MaxNumSteps
@@ -324,6 +332,9 @@ func (t *Trainer) setupFiles() error {
 			return err
 		}
 	}
+	if err := t.openLoggers(); err != nil {
+		return err
+	}
 	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
 		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
 			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
@@ -369,6 +380,9 @@ func precisionName(p kernels.DType) string {
 func (t *Trainer) Close() {
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
+	}
+	if t.tb != nil {
+		t.tb.Close()
 	}
 	if t.source != nil {
 		t.source.close()
@@ -455,7 +469,7 @@ func (t *Trainer) loadConfig() error {
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("ignored keys (engines tracegrpo does not run; train config --keys says why): %s", strings.Join(ld.Ignored, ", "))
+		t.logf("%d keys ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", len(ld.Ignored))
 	}
 	for _, w := range ld.Warnings() {
 		// Said even under --quiet: a key the run does not use.
@@ -502,6 +516,9 @@ func (t *Trainer) newModels() error {
 	}
 	for _, n := range t.modelCfg.Notes {
 		t.logf("note: %s", n)
+	}
+	if err := CheckModel(t.modelCfg, t.o.Rollouts == ""); err != nil {
+		return err
 	}
 	t.sparseSettings()
 	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())
