@@ -370,130 +370,33 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 }
 
 // SaveHFWith is SaveHFAs with meta as the file's __metadata__ (nil: format
-// "pt" with FormatName and FormatVersion), for a checkpoint's own.
+// "pt" with FormatName and FormatVersion), for a checkpoint's own. A sharded
+// model's save is a collective (see WriteHF): every rank calls it, and rank
+// 0 writes the files.
 func (m *Model) SaveHFWith(dir string, dtype safetensors.DType, meta map[string]string) error {
-	if meta == nil {
-		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
-	}
-	torchName := map[safetensors.DType]string{safetensors.F32: "float32", safetensors.BF16: "bfloat16", safetensors.F16: "float16"}[dtype]
-	if torchName == "" {
-		return fmt.Errorf("model: save: dtype %s: expected F32, BF16 or F16", dtype)
-	}
-	if m.fs != nil {
-		return m.saveSharded(dir, dtype, torchName, meta)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	specs := m.saveSpecs(dtype)
-	largest := 0
-	for _, p := range m.table.Params {
-		largest = max(largest, p.N)
-	}
-	host := make([]float32, largest)
-	err := safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, func(w *safetensors.Writer) error {
-		for _, t := range w.Tensors() {
-			p, _ := m.table.Lookup(t.Name)
-			m.b.DownloadF32(host[:p.N], m.params.Slice(p.Offset, p.N))
-			if err := m.b.Sync(); err != nil {
-				return err
-			}
-			if err := w.WriteF32(t.Name, host[:p.N]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	cfgJSON, err := m.cfg.JSON(torchName)
+	torchName, err := torchDType(dtype)
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), cfgJSON); err != nil {
-		return fmt.Errorf("model: %w", err)
-	}
-	return nil
-}
-
-// saveSpecs are the tensors SaveHF writes: every parameter in dtype, the
-// buffers (Nemotron-H's e_score_correction_bias) in fp32 whatever it is,
-// as transformers keeps them (_keep_in_fp32_modules_strict).
-func (m *Model) saveSpecs(dtype safetensors.DType) []safetensors.Spec {
-	specs := make([]safetensors.Spec, len(m.table.Params))
-	for i, p := range m.table.Params {
-		dt := dtype
-		if p.Buffer {
-			dt = safetensors.F32
-		}
-		specs[i] = safetensors.Spec{Name: p.Name, DType: dt, Shape: p.Shape}
-	}
-	return specs
-}
-
-// saveSharded is SaveHFAs of a sharded model, a collective: the ranks
-// gather one group at a time, in the file's tensor order, and rank 0
-// streams each tensor into its writer, so no rank holds more than one
-// group. The file is the one a model holding every weight writes, byte for
-// byte.
-func (m *Model) saveSharded(dir string, dtype safetensors.DType, torchName string, meta map[string]string) error {
-	rank0 := m.fs.sh.Rank == 0
-	var werr error // rank 0's own failure: it keeps gathering with the others
+	rank0 := m.fs == nil || m.fs.sh.Rank == 0
+	var f *atomicfile.File
+	var werr error // rank 0's own failure: under sharding it keeps gathering with the others
 	if rank0 {
-		werr = os.MkdirAll(dir, 0o755)
-	}
-	specs := m.saveSpecs(dtype)
-	order, err := safetensors.NewWriter(io.Discard, specs, meta)
-	if err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	var groups []int
-	var runs [][]int
-	for _, t := range order.Tensors() {
-		i := m.table.byName[t.Name]
-		g := m.table.Params[i].Group
-		if len(groups) == 0 || groups[len(groups)-1] != g {
-			groups, runs = append(groups, g), append(runs, nil)
+		if werr = os.MkdirAll(dir, 0o755); werr == nil {
+			f, werr = atomicfile.Create(filepath.Join(dir, safetensors.SingleFileName))
 		}
-		runs[len(runs)-1] = append(runs[len(runs)-1], i)
 	}
-	var host []float32
-	if rank0 {
-		host = make([]float32, initChunk)
+	if werr != nil && m.fs == nil {
+		return fmt.Errorf("model: save: %w", werr)
 	}
-	called := false
-	write := func(w *safetensors.Writer) error {
-		called = true
-		k := 0
-		err := m.gatherGroups(groups, func(g int, mat, vec kernels.Buf) {
-			run := runs[k]
-			k++
-			if w == nil || werr != nil {
-				return
-			}
-			for _, i := range run {
-				p := m.table.Params[i]
-				src := mat
-				if p.Flat == FlatVector {
-					src = vec
-				}
-				for off := 0; off < p.N && werr == nil; off += len(host) {
-					n := min(len(host), p.N-off)
-					m.b.DownloadF32(host[:n], src.Slice(p.FlatOffset+off, n))
-					if werr = m.b.Sync(); werr == nil {
-						werr = w.WriteF32(p.Name, host[:n])
-					}
-				}
-			}
-		})
-		return errors.Join(err, werr)
+	var w io.Writer
+	if f != nil {
+		defer f.Abort()
+		w = f
 	}
-	if rank0 && werr == nil {
-		err = safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, write)
-	}
-	if !called { // every rank gathers, whatever rank 0 met
-		err = errors.Join(err, werr, write(nil))
+	err = errors.Join(werr, m.WriteHF(w, dtype, meta))
+	if err == nil && f != nil {
+		err = f.Commit()
 	}
 	if err != nil {
 		return fmt.Errorf("model: save: %w", err)
@@ -509,4 +412,133 @@ func (m *Model) saveSharded(dir string, dtype safetensors.DType, torchName strin
 		return fmt.Errorf("model: %w", err)
 	}
 	return nil
+}
+
+// HFConfigJSON is the config.json of the model's weights saved in dtype
+// (its torch_dtype), as SaveHFAs writes it.
+func (m *Model) HFConfigJSON(dtype safetensors.DType) ([]byte, error) {
+	torchName, err := torchDType(dtype)
+	if err != nil {
+		return nil, err
+	}
+	return m.cfg.JSON(torchName)
+}
+
+func torchDType(dtype safetensors.DType) (string, error) {
+	torchName := map[safetensors.DType]string{safetensors.F32: "float32", safetensors.BF16: "bfloat16", safetensors.F16: "float16"}[dtype]
+	if torchName == "" {
+		return "", fmt.Errorf("model: save: dtype %s: expected F32, BF16 or F16", dtype)
+	}
+	return torchName, nil
+}
+
+// WriteHF streams the weights to out as one safetensors file: HF names,
+// rounded to dtype (F32, BF16 or F16), with meta as its __metadata__ (nil:
+// format "pt" with FormatName and FormatVersion). One tensor, or one chunk
+// of one, is on the host at a time.
+//
+// For a sharded model it is a collective: every rank calls it, and the ranks
+// gather one group at a time, in the file's tensor order, while rank 0
+// streams each tensor into out (the other ranks pass nil), so no rank holds
+// more than one group. The bytes are those a model holding every weight
+// writes. A rank 0 with a nil out (it could not open its file) still takes
+// part in every gather, so that no rank waits for it.
+func (m *Model) WriteHF(out io.Writer, dtype safetensors.DType, meta map[string]string) error {
+	if _, err := torchDType(dtype); err != nil {
+		return err
+	}
+	if meta == nil {
+		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
+	}
+	specs := m.saveSpecs(dtype)
+	if m.fs != nil {
+		return m.writeSharded(out, specs, meta)
+	}
+	w, err := safetensors.NewWriter(out, specs, meta)
+	if err != nil {
+		return err
+	}
+	largest := 0
+	for _, p := range m.table.Params {
+		largest = max(largest, p.N)
+	}
+	host := make([]float32, largest)
+	for _, t := range w.Tensors() {
+		p, _ := m.table.Lookup(t.Name)
+		m.b.DownloadF32(host[:p.N], m.params.Slice(p.Offset, p.N))
+		if err := m.b.Sync(); err != nil {
+			return err
+		}
+		if err := w.WriteF32(t.Name, host[:p.N]); err != nil {
+			return err
+		}
+	}
+	return w.Close()
+}
+
+// saveSpecs are the tensors WriteHF writes: every parameter in dtype, the
+// buffers (Nemotron-H's e_score_correction_bias) in fp32 whatever it is,
+// as transformers keeps them (_keep_in_fp32_modules_strict).
+func (m *Model) saveSpecs(dtype safetensors.DType) []safetensors.Spec {
+	specs := make([]safetensors.Spec, len(m.table.Params))
+	for i, p := range m.table.Params {
+		dt := dtype
+		if p.Buffer {
+			dt = safetensors.F32
+		}
+		specs[i] = safetensors.Spec{Name: p.Name, DType: dt, Shape: p.Shape}
+	}
+	return specs
+}
+
+// writeSharded is WriteHF of a sharded model.
+func (m *Model) writeSharded(out io.Writer, specs []safetensors.Spec, meta map[string]string) error {
+	rank0 := m.fs.sh.Rank == 0
+	order, err := safetensors.NewWriter(io.Discard, specs, meta)
+	if err != nil {
+		return err
+	}
+	var groups []int
+	var runs [][]int
+	for _, t := range order.Tensors() {
+		i := m.table.byName[t.Name]
+		g := m.table.Params[i].Group
+		if len(groups) == 0 || groups[len(groups)-1] != g {
+			groups, runs = append(groups, g), append(runs, nil)
+		}
+		runs[len(runs)-1] = append(runs[len(runs)-1], i)
+	}
+	var w *safetensors.Writer
+	var werr error // rank 0's own failure: it keeps gathering with the others
+	var host []float32
+	if rank0 && out != nil {
+		w, werr = safetensors.NewWriter(out, specs, meta)
+		host = make([]float32, initChunk)
+	}
+	k := 0
+	err = m.gatherGroups(groups, func(g int, mat, vec kernels.Buf) {
+		run := runs[k]
+		k++
+		if w == nil || werr != nil {
+			return
+		}
+		for _, i := range run {
+			p := m.table.Params[i]
+			src := mat
+			if p.Flat == FlatVector {
+				src = vec
+			}
+			for off := 0; off < p.N && werr == nil; off += len(host) {
+				n := min(len(host), p.N-off)
+				m.b.DownloadF32(host[:n], src.Slice(p.FlatOffset+off, n))
+				if werr = m.b.Sync(); werr == nil {
+					werr = w.WriteF32(p.Name, host[:n])
+				}
+			}
+		}
+	})
+	if err == nil && werr == nil && w != nil {
+		werr = w.Close()
+	}
+	return errors.Join(err, werr)
 }
