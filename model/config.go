@@ -58,6 +58,8 @@ type Config struct {
 	// mixers.
 	Layers []LayerKind
 	Mamba  MambaConfig
+	// MTP is a hybrid model's multi-token prediction (config_mtp.go).
+	MTP MTP
 
 	// Form records how config.json stated RoPE and the dtype, so that JSON
 	// writes them back the same way.
@@ -346,7 +348,7 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return c.validateMTP()
 }
 
 // validateUniform checks the sizes of the families whose every layer is

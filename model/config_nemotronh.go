@@ -333,14 +333,8 @@ func (c *Config) parseNemotronH(cr configReader) error {
 			return err
 		}
 	}
-	var mtp int
-	if name := r.key("num_nextn_predict_layers"); r.has(name) {
-		if _, err := r.intf(name, false, &mtp); err != nil {
-			return err
-		}
-	}
-	if mtp > 0 {
-		c.Notes = append(c.Notes, fmt.Sprintf("%s: num_nextn_predict_layers %d: the multi-token prediction layers are not part of transformers' NemotronHForCausalLM forward; their weights (mtp.*) are skipped at load and not saved", r.name, mtp))
+	if err := c.parseMTP(r.configReader); err != nil {
+		return err
 	}
 	if c.MoE.Groups > 1 && c.MoE.TopGroups > 0 && c.MoE.TopK/c.MoE.TopGroups != 2 {
 		c.Notes = append(c.Notes, fmt.Sprintf("%s: n_group %d, topk_group %d: a group scores the sum of its top 2 experts, as transformers' NemotronHMoE does; Megatron-Core's group_limited_topk sums the top num_experts_per_tok/topk_group = %d and masks with −inf, not 0",

@@ -190,7 +190,7 @@ func TestNemotronHRefusals(t *testing.T) {
 // other group scoring are named.
 func TestNemotronHNotes(t *testing.T) {
 	for _, c := range []struct{ keys, want string }{
-		{`"num_nextn_predict_layers":2`, "num_nextn_predict_layers 2: the multi-token prediction layers are not part of transformers' NemotronHForCausalLM forward"},
+		{`"num_nextn_predict_layers":2`, "num_nextn_predict_layers 2: multi-token prediction layers (no mtp_hybrid_override_pattern, mtp.layers.*): trained, as Megatron-Core trains them, when policy.megatron_cfg.mtp_num_layers > 0; otherwise skipped at load"},
 		{`"n_routed_experts":8,"n_group":2,"topk_group":1,"num_experts_per_tok":3`, "Megatron-Core's group_limited_topk sums the top num_experts_per_tok/topk_group = 3"},
 		{`"rope_theta":10000,"n_shared_experts":1`, "n_shared_experts, rope_theta not used"},
 	} {

@@ -31,6 +31,12 @@ func (m *Model) Forward(tokens []int32, cuSeqlens []int32, temperature float32) 
 // Backward then ignores dlogprob at those positions. Use it to skip prompt
 // and tool-output tokens that carry no loss.
 func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool) (logprob, entropy []float32, err error) {
+	return m.forwardMasked(tokens, cuSeqlens, temperature, need, false)
+}
+
+// forwardMasked is ForwardMasked, running the multi-token prediction
+// depths too when withMTP (ForwardMTP).
+func (m *Model) forwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool, withMTP bool) (logprob, entropy []float32, err error) {
 	T := len(tokens)
 	if need != nil && len(need) != T {
 		m.haveForward = false
@@ -50,8 +56,14 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		}
 		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
+	if withMTP {
+		m.stageMTP(tokens, cuSeqlens, need)
+	}
 	m.forward()
 	b := m.b
+	if withMTP {
+		m.queueMTPDownloads(T)
+	}
 	if T > 0 {
 		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
 		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
@@ -133,6 +145,9 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 	}
 	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, S, maxLen, 1/temperature
 	m.lastTree = false
+	if m.mtp != nil {
+		m.mtp.active, m.mtp.grads = false, false
+	}
 	m.ws.last = m // the staged inputs and, next, the activations are this model's
 	copy(m.hTokens, tokens)
 	copy(m.hCu, cu)
@@ -164,6 +179,7 @@ func (m *Model) forward() {
 	}
 	m.forwardBody(nil)
 	m.head()
+	m.mtpForward()
 	m.haveForward = true
 }
 
@@ -173,6 +189,7 @@ func (m *Model) forward() {
 // Options.Recompute they are overwritten by the next layer).
 func (m *Model) forwardBody(after func(l int)) {
 	m.embed()
+	m.mtpEmbed()
 	m.norm1(0)
 	for l := range m.la {
 		m.layerForward(l, true)
@@ -413,6 +430,7 @@ func (m *Model) backward() {
 		m.shardedBackward()
 		return
 	}
+	m.mtpBackward()
 	m.backwardHead()
 	for l := len(m.la) - 1; l >= 0; l-- {
 		m.backwardLayer(l)
@@ -446,6 +464,7 @@ func (m *Model) backwardHead() {
 	b.Fill(tc(m.dlnf, C), 0)
 	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHeadW,
 		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
+	m.mtpHiddenGrad(tc(m.dlnf, C))
 	b.Fill(dx, 0)
 	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
 }
@@ -523,4 +542,5 @@ func (m *Model) backwardLayer(l int) {
 func (m *Model) backwardEmbed() {
 	T, C := m.lastT, m.cfg.HiddenSize
 	m.b.EmbeddingBackward(m.dwte, m.dx.Slice(0, T*C), m.tokens.Slice(0, T), T, C)
+	m.mtpEmbedGrad()
 }

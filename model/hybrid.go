@@ -28,75 +28,19 @@ import (
 // newHybridTable lays out a hybrid model's parameters with the Hub's names.
 func newHybridTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 	C, V := cfg.HiddenSize, cfg.VocabSize
-	NH, NKV, HD := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim
-	mc, e := cfg.Mamba, cfg.MoE
 	t := ParamTable{byName: map[string]int{}}
 	var ti tableIdx
 	t.beginGroup("embed", -1)
 	ti.wte = t.add("backbone.embeddings.weight", true, V, C)
 	layers := make([]layerIdx, cfg.NumHiddenLayers)
 	for l := range layers {
-		p := fmt.Sprintf("backbone.layers.%d.", l)
 		t.beginGroup(fmt.Sprintf("layers.%d", l), l)
-		li := &layers[l]
-		*li = noLayer()
-		li.ln1 = t.add(p+"norm.weight", false, C)
-		m := p + "mixer."
-		switch cfg.Layers[l] {
-		case LayerMamba:
-			li.inProj = t.add(m+"in_proj.weight", true, mc.InProj(), C)
-			li.conv = t.addFlat(m+"conv1d.weight", true, FlatVector, mc.CD(), 1, mc.ConvKernel)
-			t.Params[li.conv].Init = InitConv
-			if mc.ConvBias {
-				li.convBias = t.addBias(m+"conv1d.bias", mc.CD())
-			}
-			li.dtBias = t.add(m+"dt_bias", false, mc.Heads)
-			t.Params[li.dtBias].Init = InitDtBias
-			li.aLog = t.add(m+"A_log", false, mc.Heads)
-			t.Params[li.aLog].Init = InitALog
-			li.dD = t.add(m+"D", false, mc.Heads)
-			li.mnorm = t.add(m+"norm.weight", false, mc.DI())
-			li.outProj = t.add(m+"out_proj.weight", true, C, mc.DI())
-		case LayerAttention:
-			li.q = t.add(m+"q_proj.weight", true, NH*HD, C)
-			li.k = t.add(m+"k_proj.weight", true, NKV*HD, C)
-			li.v = t.add(m+"v_proj.weight", true, NKV*HD, C)
-			li.o = t.add(m+"o_proj.weight", true, C, NH*HD)
-		case LayerMLP:
-			li.up = t.add(m+"up_proj.weight", true, cfg.IntermediateSize, C)
-			li.down = t.add(m+"down_proj.weight", true, C, cfg.IntermediateSize)
-		case LayerMoE:
-			li.router = t.addFlat(m+"gate.weight", true, FlatVector, e.NumExperts, C)
-			t.Params[li.router].Router = true
-			li.ebias = t.add(m+"gate.e_score_correction_bias", false, e.NumExperts)
-			t.Params[li.ebias].Buffer = true
-			in := C
-			if e.LatentSize > 0 {
-				in = e.LatentSize
-				li.fc1 = t.add(m+"fc1_latent_proj.weight", true, in, C)
-				li.fc2 = t.add(m+"fc2_latent_proj.weight", true, C, in)
-			}
-			for k := range e.NumExperts {
-				i := t.add(fmt.Sprintf("%sexperts.%d.up_proj.weight", m, k), true, e.IntermediateSize, in)
-				if k == 0 {
-					li.eguFirst = i
-				}
-			}
-			li.eguLast = len(t.Params) - 1
-			for k := range e.NumExperts {
-				i := t.add(fmt.Sprintf("%sexperts.%d.down_proj.weight", m, k), true, in, e.IntermediateSize)
-				if k == 0 {
-					li.edownFirst = i
-				}
-			}
-			li.edownLast = len(t.Params) - 1
-			li.shUp = t.add(m+"shared_experts.up_proj.weight", true, e.SharedSize, C)
-			li.shDown = t.add(m+"shared_experts.down_proj.weight", true, C, e.SharedSize)
-		}
-		if li.q >= 0 && (li.k != li.q+1 || li.v != li.k+1) {
+		layers[l] = addHybridBlock(&t, cfg, fmt.Sprintf("backbone.layers.%d.", l), cfg.Layers[l])
+		if li := layers[l]; li.q >= 0 && (li.k != li.q+1 || li.v != li.k+1) {
 			panic(fmt.Sprintf("model: layer %d: q, k and v must be adjacent in the parameter table", l))
 		}
 	}
+	ti.mtp = addMTPTable(&t, cfg)
 	t.beginGroup("head", -1)
 	ti.norm = t.add("backbone.norm_f.weight", false, C)
 	ti.lmHead = -1
@@ -104,6 +48,70 @@ func newHybridTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		ti.lmHead = t.add("lm_head.weight", true, V, C)
 	}
 	return t, ti, layers
+}
+
+// addHybridBlock declares one block of kind k under the prefix p
+// ("backbone.layers.N." or an MTP block's "mtp.layers.N.") in the group
+// begun last: its norm and its mixer's parameters, with the Hub's names.
+func addHybridBlock(t *ParamTable, cfg Config, p string, k LayerKind) layerIdx {
+	C := cfg.HiddenSize
+	NH, NKV, HD := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.HeadDim
+	mc, e := cfg.Mamba, cfg.MoE
+	li := noLayer()
+	li.ln1 = t.add(p+"norm.weight", false, C)
+	m := p + "mixer."
+	switch k {
+	case LayerMamba:
+		li.inProj = t.add(m+"in_proj.weight", true, mc.InProj(), C)
+		li.conv = t.addFlat(m+"conv1d.weight", true, FlatVector, mc.CD(), 1, mc.ConvKernel)
+		t.Params[li.conv].Init = InitConv
+		if mc.ConvBias {
+			li.convBias = t.addBias(m+"conv1d.bias", mc.CD())
+		}
+		li.dtBias = t.add(m+"dt_bias", false, mc.Heads)
+		t.Params[li.dtBias].Init = InitDtBias
+		li.aLog = t.add(m+"A_log", false, mc.Heads)
+		t.Params[li.aLog].Init = InitALog
+		li.dD = t.add(m+"D", false, mc.Heads)
+		li.mnorm = t.add(m+"norm.weight", false, mc.DI())
+		li.outProj = t.add(m+"out_proj.weight", true, C, mc.DI())
+	case LayerAttention:
+		li.q = t.add(m+"q_proj.weight", true, NH*HD, C)
+		li.k = t.add(m+"k_proj.weight", true, NKV*HD, C)
+		li.v = t.add(m+"v_proj.weight", true, NKV*HD, C)
+		li.o = t.add(m+"o_proj.weight", true, C, NH*HD)
+	case LayerMLP:
+		li.up = t.add(m+"up_proj.weight", true, cfg.IntermediateSize, C)
+		li.down = t.add(m+"down_proj.weight", true, C, cfg.IntermediateSize)
+	case LayerMoE:
+		li.router = t.addFlat(m+"gate.weight", true, FlatVector, e.NumExperts, C)
+		t.Params[li.router].Router = true
+		li.ebias = t.add(m+"gate.e_score_correction_bias", false, e.NumExperts)
+		t.Params[li.ebias].Buffer = true
+		in := C
+		if e.LatentSize > 0 {
+			in = e.LatentSize
+			li.fc1 = t.add(m+"fc1_latent_proj.weight", true, in, C)
+			li.fc2 = t.add(m+"fc2_latent_proj.weight", true, C, in)
+		}
+		for x := range e.NumExperts {
+			i := t.add(fmt.Sprintf("%sexperts.%d.up_proj.weight", m, x), true, e.IntermediateSize, in)
+			if x == 0 {
+				li.eguFirst = i
+			}
+		}
+		li.eguLast = len(t.Params) - 1
+		for x := range e.NumExperts {
+			i := t.add(fmt.Sprintf("%sexperts.%d.down_proj.weight", m, x), true, in, e.IntermediateSize)
+			if x == 0 {
+				li.edownFirst = i
+			}
+		}
+		li.edownLast = len(t.Params) - 1
+		li.shUp = t.add(m+"shared_experts.up_proj.weight", true, e.SharedSize, C)
+		li.shDown = t.add(m+"shared_experts.down_proj.weight", true, C, e.SharedSize)
+	}
+	return li
 }
 
 // scan is the Mamba-2 mixers' kernels.Scan.
@@ -184,6 +192,60 @@ type hybridScratch struct {
 	forestOffs, forestParent, forestEnds kernels.Buf // (S+1), (S), (S) I32
 }
 
+// layoutBlock plans one block's saved activations of kind k (layerActs'
+// ln1 and rstd1 and the kind's hybridActs) for MaxTokens rows: f32 in
+// p.f, the GEMM precision's in p.w under BF16, I32 in p.i.
+func (m *Model) layoutBlock(p *actPlan, a *layerActs, h *hybridActs, k LayerKind) {
+	c := m.cfg
+	T := m.opt.MaxTokens
+	C := c.HiddenSize
+	HD, NH, NKV := c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	mc, e := c.Mamba, c.MoE
+	E, K, Im, Ish, Lat, In := e.NumExperts, e.TopK, e.IntermediateSize, e.SharedSize, e.LatentSize, c.expertIn()
+	N := T * K
+	qn, kn := NH*HD, NKV*HD
+	DI, CD, MH, G := mc.DI(), mc.CD(), mc.Heads, mc.Groups
+	f, w := &p.f, &p.f
+	if m.wdt == kernels.BF16 {
+		w = &p.w
+	}
+	w.add(&a.ln1, T*C)
+	f.add(&a.rstd1, T)
+	switch k {
+	case LayerMamba:
+		f.add(&h.z, T*DI)
+		f.add(&h.xpre, T*CD)
+		f.add(&h.dt, T*MH)
+		w.add(&h.xbc, T*CD)
+		f.add(&h.y, T*DI)
+		w.add(&h.g, T*DI)
+		f.add(&h.grs, T*G)
+	case LayerAttention:
+		w.add(&a.q, T*qn)
+		w.add(&a.k, T*kn)
+		w.add(&a.v, T*kn)
+		w.add(&a.att, T*qn)
+		f.add(&a.lse, T*NH)
+	case LayerMLP:
+		w.add(&h.up, T*c.IntermediateSize)
+		w.add(&h.h, T*c.IntermediateSize)
+	case LayerMoE:
+		f.add(&a.moe.probs, T*E)
+		f.add(&a.moe.rw, T*K)
+		p.i.add(&a.moe.order, N)
+		p.i.add(&a.moe.slot, N)
+		if Lat > 0 {
+			w.add(&h.lat, T*Lat)
+			w.add(&h.combW, T*Lat)
+		}
+		w.add(&h.eup, N*Im)
+		w.add(&h.eh, N*Im)
+		f.add(&h.ey, N*In)
+		w.add(&h.sup, T*Ish)
+		w.add(&h.sh, T*Ish)
+	}
+}
+
 // layoutHybrid plans a hybrid model's activations, scratch and inputs for
 // MaxTokens tokens (layoutActs for the uniform families). A training model
 // keeps each block's activations for Backward (with Recompute only each
@@ -200,7 +262,7 @@ func (m *Model) layoutHybrid() *actPlan {
 	E, K, Im, Ish, Lat, In := e.NumExperts, e.TopK, e.IntermediateSize, e.SharedSize, e.LatentSize, c.expertIn()
 	N := T * K
 	qn, kn := NH*HD, NKV*HD
-	DI, CD, MH, G := mc.DI(), mc.CD(), mc.Heads, mc.Groups
+	DI, CD, MH := mc.DI(), mc.CD(), mc.Heads
 	bf16 := m.wdt == kernels.BF16
 	nM, nA, nL, nE := c.CountLayers(LayerMamba), c.CountLayers(LayerAttention), c.CountLayers(LayerMLP), c.CountLayers(LayerMoE)
 	p := &actPlan{}
@@ -222,43 +284,7 @@ func (m *Model) layoutHybrid() *actPlan {
 			f.add(&m.la[l].x, T*C)
 		}
 	}
-	block := func(a *layerActs, h *hybridActs, k LayerKind) {
-		w.add(&a.ln1, T*C)
-		f.add(&a.rstd1, T)
-		switch k {
-		case LayerMamba:
-			f.add(&h.z, T*DI)
-			f.add(&h.xpre, T*CD)
-			f.add(&h.dt, T*MH)
-			w.add(&h.xbc, T*CD)
-			f.add(&h.y, T*DI)
-			w.add(&h.g, T*DI)
-			f.add(&h.grs, T*G)
-		case LayerAttention:
-			w.add(&a.q, T*qn)
-			w.add(&a.k, T*kn)
-			w.add(&a.v, T*kn)
-			w.add(&a.att, T*qn)
-			f.add(&a.lse, T*NH)
-		case LayerMLP:
-			w.add(&h.up, T*c.IntermediateSize)
-			w.add(&h.h, T*c.IntermediateSize)
-		case LayerMoE:
-			f.add(&a.moe.probs, T*E)
-			f.add(&a.moe.rw, T*K)
-			p.i.add(&a.moe.order, N)
-			p.i.add(&a.moe.slot, N)
-			if Lat > 0 {
-				w.add(&h.lat, T*Lat)
-				w.add(&h.combW, T*Lat)
-			}
-			w.add(&h.eup, N*Im)
-			w.add(&h.eh, N*Im)
-			f.add(&h.ey, N*In)
-			w.add(&h.sup, T*Ish)
-			w.add(&h.sh, T*Ish)
-		}
-	}
+	block := func(a *layerActs, h *hybridActs, k LayerKind) { m.layoutBlock(p, a, h, k) }
 	share := m.opt.Recompute || m.forwardOnly
 	var shared [LayerMoE + 1]struct {
 		a layerActs
@@ -411,5 +437,6 @@ func (m *Model) layoutHybrid() *actPlan {
 			m.la[l].q32, m.la[l].k32 = m.la[l].q, m.la[l].k
 		}
 	}
+	m.layoutMTP(p)
 	return p
 }

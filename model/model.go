@@ -204,6 +204,7 @@ type Model struct {
 	la                  []layerActs
 	hy                  []hybridActs  // a hybrid model's blocks (hybrid.go)
 	hs                  hybridScratch // a hybrid model's shared buffers
+	mtp                 *mtpState     // a training model's multi-token prediction depths (mtp.go)
 	qkvOut              kernels.Buf   // (T, q|k|v) F32: the fused projection's output
 	fused               kernels.Buf   // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
 	xf                  kernels.Buf   // (T,C) output of the last layer
@@ -496,6 +497,7 @@ func (m *Model) views() {
 			fc1: view(li.fc1, wW), fc2: view(li.fc2, wW), shUp: view(li.shUp, wW), shDown: view(li.shDown, wW),
 		})
 	}
+	m.mtpViews()
 }
 
 // arenaPlan cuts named views out of one allocation. Every view starts on a

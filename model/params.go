@@ -214,6 +214,7 @@ func NewParamTable(cfg Config) ParamTable {
 // tableIdx holds the indices of the non-layer parameters (-1 when absent).
 type tableIdx struct {
 	wte, norm, lmHead int
+	mtp               mtpTable // a hybrid model's multi-token prediction blocks (mtp.go)
 }
 
 func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {

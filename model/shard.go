@@ -671,6 +671,7 @@ func (m *Model) shardedForward() {
 	m.join(m.layerGroup(0))
 	if run {
 		m.embed()
+		m.mtpEmbed()
 		m.norm1(0)
 	}
 	for l := range L {
@@ -696,6 +697,7 @@ func (m *Model) shardedForward() {
 	if run {
 		m.head()
 	}
+	m.mtpShardedForward(run)
 }
 
 // shardedBackward runs the backward pass of the last forward, reducing
@@ -711,6 +713,7 @@ func (m *Model) shardedBackward() {
 		m.takeGrads(eg)
 	}
 	m.takeGrads(hg)
+	m.mtpShardedBackward(run)
 	if run {
 		m.backwardHead()
 	}
