@@ -248,10 +248,8 @@ var keyRules = []KeyRule{
 
 	// policy.generation: sampling. Rollouts come from NeMo Gym's captures (or the built-in sampler).
 	{Key: "policy.generation.temperature", Class: Used},
-	{Key: "policy.generation.top_p", Class: Refused, Guard: true, Example: "0.9",
-		Why: "NeMo RL computes the training log-probabilities under the top-p filtered distribution, to match generation; tracegrpo's are unfiltered (1.0 is what it does)"},
-	{Key: "policy.generation.top_k", Class: Refused, Guard: true, Example: "50",
-		Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (null, 0 or -1 is what it does)"},
+	{Key: "policy.generation.top_p", Class: Used},
+	{Key: "policy.generation.top_k", Class: Used},
 	{Key: "policy.generation.max_new_tokens", Class: Used},
 	{Key: "policy.generation", Class: Ignored, Why: "the generation engine (backend, vLLM/SGLang/TRT-LLM/Dynamo/Megatron settings, refit, ports, stop conditions, validation sampling): NeMo Gym's rollouts were sampled outside tracegrpo, which trains the tokens and logprobs they recorded"},
 

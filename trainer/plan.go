@@ -254,11 +254,45 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bo
 	if s.precision == config.PrecisionBFloat16 && (backend != "cpu" || cpuMixedPrecision) {
 		s.opt.Precision = kernels.BF16
 	}
+	if !trainUnfiltered {
+		s.opt.HeadFilter = headFilter(c)
+		s.opt.HeadFull = s.opt.HeadFilter != (kernels.TopKTopP{}) && c.LossFn.ReferencePolicyKLPenalty != 0
+	}
 	if builtin {
 		s.sampler = true
 		s.samplerB, s.samplerL = samplerSlots(c), seq
 	}
 	return s, nil
+}
+
+// trainUnfiltered makes the training head ignore policy.generation's
+// filter (the sampler still applies it): tests show with it what the
+// filter changes.
+var trainUnfiltered = false
+
+// headFilter is policy.generation's top-k/top-p filter, which NeMo RL's
+// training log-probabilities use (kernels.TopKTopP): top_k null or ≤ 0
+// and top_p 1 switch it off.
+func headFilter(c *config.Config) kernels.TopKTopP {
+	g := &c.Policy.Generation
+	var f kernels.TopKTopP
+	if g.TopK != nil && *g.TopK > 0 {
+		f.TopK = *g.TopK
+	}
+	if g.TopP != 1 {
+		f.TopP = g.TopP
+	}
+	return f
+}
+
+// checkTopK refuses a top_k above the model's vocabulary: NeMo RL's
+// torch.topk raises there (the filter keeps every token at top_k = V).
+func checkTopK(c *config.Config, V int) error {
+	if g := c.Policy.Generation; g.TopK != nil && *g.TopK > V {
+		return &config.Refusal{Key: "policy.generation.top_k", Value: fmt.Sprint(*g.TopK),
+			Why: fmt.Sprintf("more than the model's vocabulary of %d tokens: NeMo RL's torch.topk raises (selected index k out of range); top_k %d keeps every token", V, V)}
+	}
+	return nil
 }
 
 // PlanRun returns the memory plan of a train run.
@@ -267,6 +301,9 @@ func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	c := req.Config
 	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, req.Model.Sparse())
 	if err != nil {
+		return nil, err
+	}
+	if err := checkTopK(c, req.Model.VocabSize); err != nil {
 		return nil, err
 	}
 	defer func(r PlanRequest) {

@@ -110,10 +110,16 @@ type Trainer struct {
 
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
-	lossRows                                  []grpo.LossRow
-	rowPosts                                  []rowPost
-	dlogprob                                  []float32
-	dpair                                     []float64
+	// Under a top-k/top-p filter with a KL penalty: the unfiltered current
+	// log-probs the KL reads and their gradient; and, per row, the
+	// positions whose target the filter drops (NeMo RL's −inf, masked).
+	rowLPFull, rowDLPFull [][]float64
+	rowNegInf             [][]bool
+	dlogprobFull          []float32
+	lossRows              []grpo.LossRow
+	rowPosts              []rowPost
+	dlogprob              []float32
+	dpair                 []float64
 }
 
 // initSource says where the initial weights came from, so that a resumed run
@@ -305,10 +311,13 @@ func (t *Trainer) setupFiles() error {
 			return err
 		}
 	}
-	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
-		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
-			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
-			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
+	if f := headFilter(c); f.On(t.modelCfg.VocabSize) {
+		kl := ""
+		if c.LossFn.ReferencePolicyKLPenalty != 0 {
+			kl = "; the KL penalty reads the unfiltered ones, against an unfiltered reference"
+		}
+		t.logf("policy.generation top_k=%s top_p=%v: the training log-probabilities and entropy are NeMo RL's top-k/top-p filtered ones "+
+			"(a token outside the filter counts with log-probability 0 and no gradient, as NeMo RL masks it)%s", ptrStr(c.Policy.Generation.TopK), c.Policy.Generation.TopP, kl)
 	}
 	t.progress = newProgressLine(t.o.Log, t.o.Quiet, t.maxSteps)
 	ranks := ""
@@ -475,6 +484,9 @@ func (t *Trainer) newModels() error {
 	t.sparseSettings()
 	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())
 	if err != nil {
+		return err
+	}
+	if err := checkTopK(c, t.modelCfg.VocabSize); err != nil {
 		return err
 	}
 	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
