@@ -82,10 +82,11 @@ bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...
 
 # The same forward+backward+AdamW step in PyTorch and tracegrpo (same weights,
-# 2 threads), with the ratio. Debian's default libblas is the reference BLAS;
-# install libopenblas0-pthread for a realistic torch (the script says which).
+# 2 threads), interleaved over 2 rounds and every SIMD path of this CPU: prints
+# the CPU, torch's BLAS and each path's ratio. Debian's default libblas is the
+# reference BLAS; install libopenblas0-pthread for a realistic torch.
 bench-torch:
-	scripts/bench_compare.sh --threads 2 --steps 5
+	scripts/bench_compare.sh --threads 2 --steps 5 --rounds 2
 
 # The sparse step (Qwen3-MoE, 16 experts, 4 per token) against the dense
 # model of equal active parameters, in tracegrpo and PyTorch (transformers'

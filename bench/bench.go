@@ -38,6 +38,9 @@ type Env struct {
 	Size    int
 	Stdout  io.Writer // JSON lines (io.Discard on ranks other than 0)
 	Stderr  io.Writer // notes and the --profile table
+	// Peak measures the backend's peak floating-point rate (GFLOP/s) and
+	// says how, for --profile's fractions of peak; nil where none is known.
+	Peak func() (gflops float64, how string)
 }
 
 // Common are the settings both kinds of run share.

@@ -177,7 +177,7 @@ func TestRunRowsProfile(t *testing.T) {
 	calls := map[string]int{}
 	for _, l := range strings.Split(errs, "\n") {
 		f := strings.Fields(l)
-		if len(f) == 5 && strings.HasSuffix(f[4], "%") {
+		if len(f) >= 5 && strings.HasSuffix(f[4], "%") {
 			n, err := strconv.Atoi(f[1])
 			if err == nil {
 				calls[f[0]] = n

@@ -10,10 +10,13 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-// opStat accumulates one op's calls and time.
+// opStat accumulates one op's calls, time and floating-point work.
 type opStat struct {
 	calls int
 	dur   time.Duration
+	flops float64       // 0: the op is not counted (memory-bound, or no formula)
+	cur   time.Duration // in the step under way
+	best  time.Duration // in the step that took it least (endStep)
 }
 
 // timedBackend wraps a backend and times every op (syncing after each so a
@@ -34,7 +37,23 @@ func newTimedBackend(b kernels.Backend) *timedBackend {
 
 func (p *timedBackend) reset() { p.stats = map[string]*opStat{} }
 
-func (p *timedBackend) time(name string, f func()) {
+// endStep closes a timed step: each op's time in it competes for its best.
+// On a shared machine other processes steal time from some steps; the
+// best step is the one least disturbed, as the peak's best trial is.
+func (p *timedBackend) endStep() {
+	for _, s := range p.stats {
+		if s.best == 0 || s.cur < s.best {
+			s.best = s.cur
+		}
+		s.cur = 0
+	}
+}
+
+func (p *timedBackend) time(name string, f func()) { p.timeWork(name, 0, f) }
+
+// timeWork times op name, which does flops floating-point operations
+// (flops.go counts them from the op's shapes).
+func (p *timedBackend) timeWork(name string, flops float64, f func()) {
 	t0 := time.Now()
 	f()
 	if err := p.Backend.Sync(); err != nil && p.err == nil {
@@ -45,8 +64,11 @@ func (p *timedBackend) time(name string, f func()) {
 		s = &opStat{}
 		p.stats[name] = s
 	}
+	d := time.Since(t0)
 	s.calls++
-	s.dur += time.Since(t0)
+	s.dur += d
+	s.cur += d
+	s.flops += flops
 }
 
 // Sync returns an error the timing syncs collected first.
@@ -59,21 +81,50 @@ func (p *timedBackend) Sync() error {
 	return p.Backend.Sync()
 }
 
-func (p *timedBackend) report(w io.Writer, steps int, totalMs float64) {
+// report prints the time per op over steps timed steps (totalMs in all),
+// and for the ops whose work flops.go counts, their rate in their best step
+// and its fraction of peak (GFLOP/s; 0: no peak known), whose measurement
+// how describes.
+func (p *timedBackend) report(w io.Writer, steps int, totalMs, peak float64, how string) {
 	names := make([]string, 0, len(p.stats))
-	var opMs float64
+	var opMs, mxMs, mxBest, mxFlops float64
 	for n, s := range p.stats {
 		names = append(names, n)
-		opMs += float64(s.dur.Microseconds()) / 1e3
+		ms := float64(s.dur.Microseconds()) / 1e3
+		opMs += ms
+		if s.flops > 0 {
+			mxMs += ms
+			mxBest += float64(s.best.Microseconds()) / 1e3
+			mxFlops += s.flops / float64(steps)
+		}
 	}
 	sort.Slice(names, func(i, j int) bool { return p.stats[names[i]].dur > p.stats[names[j]].dur })
-	fmt.Fprintf(w, "%-22s %8s %12s %10s %7s\n", "op", "calls", "ms/step", "ms/call", "share")
+	rate := func(flops, ms float64) (string, string) {
+		if flops == 0 || ms == 0 {
+			return "-", "-"
+		}
+		g := flops / (ms / 1e3) / 1e9
+		if peak <= 0 {
+			return fmt.Sprintf("%.1f", g), "-"
+		}
+		return fmt.Sprintf("%.1f", g), fmt.Sprintf("%.1f%%", 100*g/peak)
+	}
+	const row = "%-22s %8s %12s %10s %7s %10s %10s %8s\n"
+	fmt.Fprintf(w, row, "op", "calls", "ms/step", "ms/call", "share", "best ms", "GFLOP/s", "of peak")
 	for _, n := range names {
 		s := p.stats[n]
-		ms := float64(s.dur.Microseconds()) / 1e3
-		fmt.Fprintf(w, "%-22s %8d %12.2f %10.3f %6.1f%%\n", n, s.calls/steps, ms/float64(steps), ms/float64(s.calls), 100*ms/totalMs)
+		ms, best := float64(s.dur.Microseconds())/1e3, float64(s.best.Microseconds())/1e3
+		g, f := rate(s.flops/float64(steps), best)
+		fmt.Fprintf(w, row, n, fmt.Sprint(s.calls/steps), fmt.Sprintf("%.2f", ms/float64(steps)), fmt.Sprintf("%.3f", ms/float64(s.calls)),
+			fmt.Sprintf("%.1f%%", 100*ms/totalMs), fmt.Sprintf("%.2f", best), g, f)
 	}
-	fmt.Fprintf(w, "%-22s %8s %12.2f %10s %6.1f%%\n", "(outside ops)", "", (totalMs-opMs)/float64(steps), "", 100*(totalMs-opMs)/totalMs)
+	fmt.Fprintf(w, row, "(outside ops)", "", fmt.Sprintf("%.2f", (totalMs-opMs)/float64(steps)), "", fmt.Sprintf("%.1f%%", 100*(totalMs-opMs)/totalMs), "", "", "")
+	g, f := rate(mxFlops, mxBest)
+	fmt.Fprintf(w, row, "(matrix ops)", "", fmt.Sprintf("%.2f", mxMs/float64(steps)), "", fmt.Sprintf("%.1f%%", 100*mxMs/totalMs), fmt.Sprintf("%.2f", mxBest), g, f)
+	fmt.Fprintf(w, "GFLOP/s: the op's FLOPs (bench/flops.go: the products it computes, causal halves of attention) over its time in its best step of %d; matrix ops: the ops that have one\n", steps)
+	if how != "" {
+		fmt.Fprintf(w, "peak: %s\n", how)
+	}
 	fmt.Fprintf(w, "goroutines %d, GOMAXPROCS %d\n", runtime.NumGoroutine(), runtime.GOMAXPROCS(0))
 }
 
@@ -142,10 +193,10 @@ func (p *timedBackend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd ke
 	p.time("RMSNormBackward", func() { p.Backend.RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C) })
 }
 func (p *timedBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
-	p.time("Matmul", func() { p.Backend.Matmul(out, inp, weight, T, C, OC) })
+	p.timeWork("Matmul", matmulFLOPs(T, C, OC), func() { p.Backend.Matmul(out, inp, weight, T, C, OC) })
 }
 func (p *timedBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
-	p.time("MatmulBackward", func() { p.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC) })
+	p.timeWork("MatmulBackward", matmulBackwardFLOPs(dinp, dweight, T, C, OC), func() { p.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC) })
 }
 func (p *timedBackend) AddBias(out, bias kernels.Buf, T, OC int) {
 	p.time("AddBias", func() { p.Backend.AddBias(out, bias, T, OC) })
@@ -160,10 +211,12 @@ func (p *timedBackend) RopeBackward(dx, pos, cos, sin kernels.Buf, T, H, HD int)
 	p.time("RopeBackward", func() { p.Backend.RopeBackward(dx, pos, cos, sin, T, H, HD) })
 }
 func (p *timedBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
-	p.time("Attention", func() { p.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD) })
+	p.timeWork("Attention", attentionFLOPs(p.seqLens(seqs), NH, HD), func() { p.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD) })
 }
 func (p *timedBackend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
-	p.time("AttentionBackward", func() { p.Backend.AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, seqs, NH, NKV, HD) })
+	p.timeWork("AttentionBackward", attentionBackwardFLOPs(p.seqLens(seqs), NH, HD), func() {
+		p.Backend.AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, seqs, NH, NKV, HD)
+	})
 }
 func (p *timedBackend) TreeAttention(out, lse, q, k, v kernels.Buf, tree kernels.Tree, NH, NKV, HD int) {
 	p.time("TreeAttention", func() { p.Backend.TreeAttention(out, lse, q, k, v, tree, NH, NKV, HD) })
@@ -187,10 +240,12 @@ func (p *timedBackend) Accumulate(dst, src kernels.Buf, N int) {
 	p.time("Accumulate", func() { p.Backend.Accumulate(dst, src, N) })
 }
 func (p *timedBackend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
-	p.time("TokenLogprob", func() { p.Backend.TokenLogprob(logprob, entropy, lse, hidden, weight, targets, T, C, V, invTemp) })
+	p.timeWork("TokenLogprob", matmulFLOPs(T, C, V), func() {
+		p.Backend.TokenLogprob(logprob, entropy, lse, hidden, weight, targets, T, C, V, invTemp)
+	})
 }
 func (p *timedBackend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse kernels.Buf, T, C, V int, invTemp float32) {
-	p.time("TokenLogprobBackward", func() {
+	p.timeWork("TokenLogprobBackward", tokenLogprobBackwardFLOPs(dhidden, dweight, T, C, V), func() {
 		p.Backend.TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weight, targets, lse, T, C, V, invTemp)
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
@@ -32,6 +33,10 @@ type Result struct {
 	Precision   string  `json:"precision"`
 	FinalLogp   float64 `json:"mean_logprob_last_step"`
 	WeightsFrom string  `json:"weights"`
+	// The backend's kernel path and rounding path, where it has them
+	// (kernels.Numerics: the CPU's SIMD micro-kernel and its CPU).
+	KernelPath   string `json:"kernel_path,omitempty"`
+	RoundingPath string `json:"rounding_path,omitempty"`
 	// With several ranks: every rank's peak RSS and plan (rank order), and
 	// with --shard full the bytes one step's collectives moved on a rank
 	// (gathered flats, reduce-scattered gradients: model.CommStats).
@@ -60,6 +65,9 @@ func RunRows(env Env, r Rows) error {
 	be := env.Backend
 	res := Result{Backend: be.Name(), Threads: env.Threads, Model: r.ModelName, Rows: r.Rows, Seq: r.Seq, Steps: r.Steps,
 		Recompute: r.Recompute, WeightsFrom: "random", Ranks: env.Size}
+	if n, ok := be.(kernels.Numerics); ok {
+		res.KernelPath, res.RoundingPath = n.KernelPath(), n.RoundingPath()
+	}
 	var prof *timedBackend
 	if r.Profile {
 		prof = newTimedBackend(be)
@@ -172,6 +180,9 @@ func RunRows(env Env, r Rows) error {
 			return fmt.Errorf("bench: step %d: %w", i+1, err)
 		}
 		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e6
+		if prof != nil {
+			prof.endStep()
+		}
 	}
 	res.MsPerStep, res.MsMin = medianMin(times)
 	res.TokensPerS = float64(r.Rows*r.Seq) / (res.MsPerStep / 1e3) // every rank's tokens
@@ -210,7 +221,12 @@ func RunRows(env Env, r Rows) error {
 		}
 	}
 	if prof != nil {
-		prof.report(env.Stderr, r.Steps, sumOf(times))
+		var peak float64
+		var how string
+		if env.Peak != nil {
+			peak, how = env.Peak()
+		}
+		prof.report(env.Stderr, r.Steps, sumOf(times), peak, how)
 	}
 	b, _ := json.Marshal(res)
 	fmt.Fprintln(env.Stdout, string(b))

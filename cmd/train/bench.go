@@ -109,9 +109,14 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	env := bench.Env{Rank: l.Rank, Stdout: stdout, Stderr: stderr}
 	switch *backend {
 	case "cpu":
-		c := cpu.New(l.threadsPerRank(*threads))
+		c, err := newCPU(l.threadsPerRank(*threads))
+		if err != nil {
+			return fmt.Errorf("bench: %w", err)
+		}
 		defer c.Close()
 		env.Backend, env.Threads = c, c.Threads()
+		env.Peak = func() (float64, string) { return cpu.PeakSummary(c.Threads()) }
+		fmt.Fprintf(stderr, "bench: backend cpu (%d threads), %s\n", c.Threads(), cpu.SIMDChoice())
 	case "cuda":
 		if env.Backend, err = cuda.Open(cuda.Options{Device: l.LocalRank}); err != nil {
 			return fmt.Errorf("bench: %w", err)

@@ -13,7 +13,9 @@ package cpu
 // hardware.
 
 import (
+	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 )
@@ -115,4 +117,42 @@ func timePeak(l peakLoop, n, threads int) float64 {
 		slowest = max(slowest, d)
 	}
 	return float64(threads) * float64(n) * l.flops / max(slowest.Seconds(), 1e-9) / 1e9
+}
+
+// PeakSummary measures the host's fp32 FMA peak for threads threads (the
+// widest vector width's, MeasurePeak with 20 trials) and says how, for a
+// profile's header. It returns 0 and the reason on a build without the
+// assembly kernels.
+func PeakSummary(threads int) (gflops float64, how string) {
+	const trials = 20
+	peaks := MeasurePeak(threads, trials)
+	if len(peaks) == 0 {
+		return 0, fmt.Sprintf("no FMA peak: this build (%s) or CPU has no vector peak loop", goTarget)
+	}
+	best := peaks[0]
+	for _, p := range peaks[1:] {
+		if p.GFLOPS() > best.GFLOPS() {
+			best = p
+		}
+	}
+	lanes, reg := 16, "zmm"
+	if best.Width == "avx2" {
+		lanes, reg = 8, "ymm"
+	}
+	chains := peakChainsAVX512
+	if best.Width == "avx2" {
+		chains = peakChainsAVX2
+	}
+	var others []string
+	for _, p := range peaks {
+		if p.Width != best.Width {
+			others = append(others, fmt.Sprintf("%s %.1f", p.Width, p.GFLOPS()))
+		}
+	}
+	how = fmt.Sprintf("fp32 FMA peak %.1f GFLOP/s on %d threads of %s: the %s peak loop (%d independent FMA chains of %d lanes in %s registers, no memory operands), best of %d trials of ~2 ms, the larger of %d threads at once (%.1f) and %d × one thread alone (%.1f)",
+		best.GFLOPS(), threads, simd.CPU, best.Width, chains, lanes, reg, trials, threads, best.Concurrent, threads, best.PerThread)
+	if len(others) > 0 {
+		how += "; other widths: " + strings.Join(others, ", ")
+	}
+	return best.GFLOPS(), how
 }

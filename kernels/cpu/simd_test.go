@@ -6,9 +6,13 @@ import (
 	"math"
 	"math/big"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // simdPaths lists the paths this CPU can run: the chosen one first.
@@ -146,6 +150,29 @@ func TestHostFacts(t *testing.T) {
 	}
 	if f != simd.CPU {
 		t.Errorf("hostFacts %+v, the selection saw %+v", f, simd.CPU)
+	}
+	// Linux decodes cpuid itself: its account is an independent check of
+	// the vendor, the family and model arithmetic and the usable vector
+	// extensions (the kernel clears a flag the OS does not enable).
+	info, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		t.Logf("no /proc/cpuinfo (%v): the facts are not cross-checked", err)
+		return
+	}
+	first := map[string]string{}
+	for _, l := range strings.Split(string(info), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if k = strings.TrimSpace(k); ok && first[k] == "" {
+			first[k] = strings.TrimSpace(v)
+		}
+	}
+	flags := " " + first["flags"] + " "
+	want := CPUFacts{Vendor: first["vendor_id"], Brand: strings.Join(strings.Fields(first["model name"]), " "),
+		AVX2: strings.Contains(flags, " avx2 ") && strings.Contains(flags, " fma "), AVX512: strings.Contains(flags, " avx512f ")}
+	want.Family, _ = strconv.Atoi(first["cpu family"])
+	want.Model, _ = strconv.Atoi(first["model"])
+	if d := cmp.Diff(want, f); d != "" {
+		t.Errorf("cpuid disagrees with /proc/cpuinfo (-cpuinfo +cpuid):\n%s", d)
 	}
 }
 
