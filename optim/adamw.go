@@ -80,6 +80,12 @@ func (e *WeightsError) Unwrap() error { return ErrNonFiniteWeights }
 
 // Config holds AdamW's hyperparameters (NeMo RL's optimizer keys).
 type Config struct {
+	// Rule is the optimizer whose arithmetic the update follows:
+	// torch.optim.AdamW (the zero value) or TransformerEngine's FusedAdam.
+	Rule kernels.AdamRule
+	// Moments is the Adam moments' dtype: F32 (0 means F32), or BF16
+	// (FusedAdam's exp_avg_dtype and exp_avg_sq_dtype torch.bfloat16).
+	Moments      kernels.DType
 	Beta1, Beta2 float64 // adam_beta1, adam_beta2
 	Eps          float64 // adam_eps
 	// MaxGradNorm is clip_grad / max_grad_norm; <= 0 disables clipping (the
@@ -179,6 +185,17 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 	if cfg.NonFinite != SkipNonFinite && cfg.NonFinite != AbortNonFinite {
 		return nil, fmt.Errorf("optim: unknown non-finite policy %d", cfg.NonFinite)
 	}
+	if cfg.Moments == 0 {
+		cfg.Moments = kernels.F32
+	}
+	switch {
+	case cfg.Rule != kernels.TorchAdamW && cfg.Rule != kernels.FusedAdam:
+		return nil, fmt.Errorf("optim: unknown update rule %v", cfg.Rule)
+	case cfg.Moments == kernels.BF16 && cfg.Rule != kernels.FusedAdam:
+		return nil, fmt.Errorf("optim: bf16 moments under %v: only FusedAdam keeps them (torch.optim.AdamW has no exp_avg_dtype)", cfg.Rule)
+	case cfg.Moments != kernels.F32 && cfg.Moments != kernels.BF16:
+		return nil, fmt.Errorf("optim: %v moments: want f32 or bf16", cfg.Moments)
+	}
 	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad, shard: sh}
 	for _, g := range groups {
 		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
@@ -193,7 +210,7 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		nsums = sh.IDs
 	}
 	moments, sums := sizes(param.N, nsums)
-	if o.moments, err = be.Alloc(kernels.F32, moments); err != nil {
+	if o.moments, err = be.Alloc(cfg.Moments, moments); err != nil {
 		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", moments, err)
 	}
 	if o.sums, err = be.Alloc(kernels.F32, sums); err != nil {
@@ -204,15 +221,17 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 	return o, nil
 }
 
-// sizes are the F32 elements New allocates for n parameters in groups
-// groups: both moments, and one gradient norm partial per group.
+// sizes are the elements New allocates for n parameters in groups
+// groups: both moments (in their dtype), and one F32 gradient norm partial
+// per group.
 func sizes(n, groups int) (moments, sums int) { return 2 * n, groups }
 
 // PlanBytes returns the bytes New allocates on its backend for n
-// parameters in groups groups.
-func PlanBytes(n, groups int) int64 {
+// parameters in groups groups with moments of the given dtype (F32, or
+// BF16: 2 bytes a moment).
+func PlanBytes(n, groups int, moments kernels.DType) int64 {
 	m, s := sizes(n, groups)
-	return 4 * int64(m+s)
+	return int64(moments.Size())*int64(m) + 4*int64(s)
 }
 
 // Close frees the moment arena.
@@ -226,7 +245,8 @@ func (o *AdamW) Close() {
 }
 
 // Moments returns the first and second moment arenas, each of the parameter
-// arena's length, as views of the single moment arena.
+// arena's length, as views of the single moment arena (Config.Moments'
+// dtype).
 func (o *AdamW) Moments() (m, v kernels.Buf) {
 	n := o.param.N
 	return o.moments.Slice(0, n), o.moments.Slice(n, n)
@@ -332,7 +352,7 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 	}
 	o.st.Step++
 	res.Step = o.st.Step
-	step := kernels.NewAdamWStep(lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, res.ClipScale)
+	step := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, res.ClipScale)
 	m, v := o.Moments()
 	for _, r := range o.runs {
 		s := step

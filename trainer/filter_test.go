@@ -1,8 +1,13 @@
 package trainer
 
 import (
+	"bytes"
+	"fmt"
 	"math"
+	"path/filepath"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/checkpoint"
 )
 
 // TestFilteredLogprobsMatchTheSampler runs the built-in job under
@@ -67,5 +72,57 @@ func TestFilteredOutTokensAreMasked(t *testing.T) {
 	}
 	if math.IsNaN(float64(m.Loss)) || math.IsInf(float64(m.Loss), 0) || math.IsNaN(float64(m.GradNorm)) {
 		t.Errorf("loss %v, grad norm %v: want finite", m.Loss, m.GradNorm)
+	}
+}
+
+// fusedAdamBF16 switches the built-in job to policy.optimizer with
+// TransformerEngine's FusedAdam and bfloat16 moments (the optimizer of
+// NeMo RL's exp_avg_dtype recipes).
+var fusedAdamBF16 = []string{
+	"--set", "policy.megatron_cfg.enabled=false", "--set", "policy.dtensor_cfg.enabled=true",
+	"--set", "policy.optimizer.name=transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+	"--set", "policy.optimizer.kwargs.lr=3e-3", "--set", "policy.optimizer.kwargs.weight_decay=0.01",
+	"--set", "policy.optimizer.kwargs.betas=[0.9,0.999]", "--set", "policy.optimizer.kwargs.eps=1e-8",
+	"--set", "policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16",
+	"--set", "policy.optimizer.kwargs.exp_avg_sq_dtype=torch.bfloat16",
+}
+
+// TestBF16MomentsResumeBitExact: with bf16 Adam moments a run crashed
+// after step k and resumed ends bit-identical to the uninterrupted run
+// (weights, moments, metrics): the checkpoint keeps the moments as
+// float32, as FusedAdam's state_dict casts them, and resume rounds them
+// back exactly. The moments are bf16 values (the checkpoint's float32
+// holds no bit below bf16's), and training with them differs from
+// float32 moments.
+func TestBF16MomentsResumeBitExact(t *testing.T) {
+	const n = 4
+	ref := t.TempDir()
+	mustTrain(t, trainArgs(ref, n, fusedAdamBF16...)...)
+	for _, k := range []int{2, 3} {
+		t.Run(fmt.Sprintf("crash after step %d", k), func(t *testing.T) {
+			exactResume(t, ref, n, k, fusedAdamBF16)
+		})
+	}
+	st, err := checkpoint.Load(filepath.Join(ref, "checkpoints", checkpoint.StepDir(n)), checkpoint.LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonzero := 0
+	for _, x := range st.Optimizer {
+		for _, f := range x.F32 {
+			if b := math.Float32bits(f); b&0xffff != 0 {
+				t.Fatalf("%s holds %v (bits %#x): not a bf16 value", x.Name, f, b)
+			} else if f != 0 {
+				nonzero++
+			}
+		}
+	}
+	if nonzero == 0 {
+		t.Fatal("every moment is zero: the test trains nothing")
+	}
+	f32 := t.TempDir()
+	mustTrain(t, trainArgs(f32, n, fusedAdamBF16[:len(fusedAdamBF16)-4]...)...)
+	if bytes.Equal(checkpointBytes(t, ref, n, checkpoint.ModelFile), checkpointBytes(t, f32, n, checkpoint.ModelFile)) {
+		t.Error("float32 and bfloat16 moments train the same weights")
 	}
 }

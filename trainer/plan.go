@@ -431,7 +431,17 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients" + shard, Shrink: k["gradients"]})
 	if pp.optimizer {
 		groups := len(table.Params)
-		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups), What: "AdamW's two fp32 moments" + shard, Shrink: k["adam_moments"]})
+		mdt, what := kernels.F32, "AdamW's two fp32 moments"
+		if oc, _, err := req.Config.Optim(); err == nil && oc.BF16Moments {
+			mdt, what = kernels.BF16, "AdamW's two bf16 moments (FusedAdam exp_avg_dtype, exp_avg_sq_dtype)"
+		}
+		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups, mdt), What: what + shard, Shrink: k["adam_moments"]})
+		if mdt == kernels.BF16 {
+			if opt.Precision == kernels.BF16 {
+				p.Precision = "bfloat16 (mixed: fp32 master weights and gradients, bf16 Adam moments)"
+			}
+			p.add(Component{Name: "moment_staging", Bytes: int64(4 * min(stageChunk, stateN)), What: "float32 staging of the bf16 moments while a checkpoint is written or read"})
+		}
 	}
 	if req.Shard {
 		re := "two decoder layers at a time (reshard after forward)"

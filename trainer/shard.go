@@ -175,6 +175,9 @@ func (t *Trainer) writeShard(tmp string, id checkpoint.ShardID) (checkpoint.File
 	if err := t.be.Sync(); err != nil {
 		return checkpoint.FileEntry{}, err
 	}
+	if err := t.takeStageErr(); err != nil {
+		return checkpoint.FileEntry{}, err
+	}
 	pieces := t.model.Sharding().Pieces(tab)
 	if err := t.checkFinite(host, m, v, func(i int) string {
 		for _, pc := range pieces {
@@ -304,7 +307,9 @@ func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, 
 		if err := tens.Read(name, kind, int64(lo+off), (*stage)[:n]); err != nil {
 			return err
 		}
-		be.UploadF32(dst.Slice(off, n), (*stage)[:n])
+		if err := uploadHost(be, dst.Slice(off, n), (*stage)[:n]); err != nil {
+			return err
+		}
 		if err := be.Sync(); err != nil {
 			return err
 		}

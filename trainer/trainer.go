@@ -115,6 +115,7 @@ type Trainer struct {
 	// positions whose target the filter drops (NeMo RL's −inf, masked).
 	rowLPFull, rowDLPFull [][]float64
 	rowNegInf             [][]bool
+	stageErr              error // hostCopy's staging of a bf16 arena failed
 	dlogprobFull          []float32
 	lossRows              []grpo.LossRow
 	rowPosts              []rowPost
@@ -673,6 +674,22 @@ func (t *Trainer) loadInitialWeights(m *model.Model) error {
 	return nil
 }
 
+// adamRule is the update arithmetic of the configured optimizer.
+func adamRule(oc config.Optimizer) kernels.AdamRule {
+	if oc.Class == config.TEFusedAdam {
+		return kernels.FusedAdam
+	}
+	return kernels.TorchAdamW
+}
+
+// momentDType is the dtype of the configured optimizer's Adam moments.
+func momentDType(oc config.Optimizer) kernels.DType {
+	if oc.BF16Moments {
+		return kernels.BF16
+	}
+	return kernels.F32
+}
+
 // newOptimizer builds AdamW over the model's arenas, with weight decay per
 // parameter as the parameter table says, and the configured schedule.
 func (t *Trainer) newOptimizer() error {
@@ -687,7 +704,7 @@ func (t *Trainer) newOptimizer() error {
 	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
-	ocfg := optim.Config{Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
+	ocfg := optim.Config{Rule: adamRule(oc), Moments: momentDType(oc), Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
 	if t.shardFull {
 		groups, ids := shardedGroups(t.model, frozen)
 		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,

@@ -858,8 +858,8 @@ var cases = []testCase{
 	{"AdamW", func(s *suite) {
 		for _, st := range []kernels.AdamWStep{
 			// lr·wd = 1e-3: a missing decay moves p far beyond TolElementwise.
-			kernels.NewAdamWStep(1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
-			kernels.NewAdamWStep(3e-4, 0.9, 0.95, 1e-6, 0, 50, 0.25),
+			kernels.NewAdamWStep(kernels.TorchAdamW, 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
+			kernels.NewAdamWStep(kernels.TorchAdamW, 3e-4, 0.9, 0.95, 1e-6, 0, 50, 0.25),
 		} {
 			N := 1001
 			p, g := s.randn(N, 1), s.randn(N, 1)
@@ -874,6 +874,34 @@ var cases = []testCase{
 			s.check("AdamW param "+tag, p, TolElementwise)
 			s.check("AdamW m "+tag, m, TolElementwise)
 			s.check("AdamW v "+tag, v, TolElementwise)
+		}
+		// TransformerEngine's FusedAdam (the decay inside the update,
+		// float32 scalars), with float32 moments and with bf16 ones (a bf16
+		// moment may round the other way where the CUDA kernel's fused
+		// multiply-adds move the float32 value by an ulp: TolBF16Out).
+		for _, bf16 := range []bool{false, true} {
+			for _, st := range []kernels.AdamWStep{
+				kernels.NewAdamWStep(kernels.FusedAdam, 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
+				kernels.NewAdamWStep(kernels.FusedAdam, 3e-4, 0.9, 0.95, 1e-6, 0.01, 50, 0.25),
+			} {
+				N := 1001
+				p, g := s.randn(N, 1), s.randn(N, 1)
+				mv, vv := make([]float32, N), make([]float32, N)
+				for i := range vv {
+					mv[i] = float32(s.rng.NormFloat64() * 0.1)
+					vv[i] = float32(s.rng.Float64() * 0.01)
+				}
+				m, v := s.f32(mv), s.f32(vv)
+				tol := TolElementwise
+				if bf16 {
+					m, v, tol = s.bf16(mv), s.bf16(vv), TolBF16Out
+				}
+				both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) { b.AdamW(vw(p), vw(g), vw(m), vw(v), st) })
+				tag := fmt.Sprintf("FusedAdam bf16=%v lr=%g wd=%g", bf16, st.LR, st.WeightDecay)
+				s.check("AdamW param "+tag, p, TolElementwise)
+				s.check("AdamW m "+tag, m, tol)
+				s.check("AdamW v "+tag, v, tol)
+			}
 		}
 	}},
 	{"SumSquares", func(s *suite) {
