@@ -124,7 +124,18 @@ type AdamW struct {
 	shard   *Sharded
 	host    []float32
 	st      State
+	// The multi-tensor step (kernels.MultiAdamW, when the backend has it):
+	// the chunk table, its flags (2 + groups: the skip, the clip factor,
+	// then one per group) and their host copy.
+	multi   kernels.MultiAdamW
+	table   kernels.Buf
+	nchunks int
+	flags   kernels.Buf
+	hflags  []int32
 }
+
+// multiChunk is the most elements of one chunk of the multi-tensor step.
+const multiChunk = 1 << 16
 
 // New allocates the moment arena (zeroed) and returns an optimizer for param
 // and grad, two F32 buffers of the same length. Groups must be sorted,
@@ -218,7 +229,37 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
 	}
 	o.host = make([]float32, nsums)
+	if mt, ok := be.(kernels.MultiAdamW); ok {
+		if err := o.initMulti(mt); err != nil {
+			o.Close()
+			return nil, err
+		}
+	}
 	return o, nil
+}
+
+// initMulti builds the multi-tensor step's chunk table: each group cut
+// into chunks of at most multiChunk elements.
+func (o *AdamW) initMulti(mt kernels.MultiAdamW) error {
+	var chunks []kernels.AdamChunk
+	for i, g := range o.groups {
+		for off := 0; off < g.N; off += multiChunk {
+			chunks = append(chunks, kernels.AdamChunk{Off: int64(g.Off + off), N: int32(min(multiChunk, g.N-off)), Group: int32(i), Decay: g.Decay})
+		}
+	}
+	words := kernels.EncodeAdamChunks(chunks)
+	var err error
+	if o.table, err = o.be.Alloc(kernels.I32, max(len(words), 1)); err != nil {
+		return fmt.Errorf("optim: allocate the chunk table: %w", err)
+	}
+	if o.flags, err = o.be.Alloc(kernels.I32, 2+len(o.groups)); err != nil {
+		return fmt.Errorf("optim: allocate the update flags: %w", err)
+	}
+	if len(words) > 0 {
+		o.be.UploadI32(o.table.Slice(0, len(words)), words)
+	}
+	o.multi, o.nchunks, o.hflags = mt, len(chunks), make([]int32, 2+len(o.groups))
+	return nil
 }
 
 // sizes are the elements New allocates for n parameters in groups
@@ -228,10 +269,14 @@ func sizes(n, groups int) (moments, sums int) { return 2 * n, groups }
 
 // PlanBytes returns the bytes New allocates on its backend for n
 // parameters in groups groups with moments of the given dtype (F32, or
-// BF16: 2 bytes a moment).
+// BF16: 2 bytes a moment), with the multi-tensor step's chunk table and
+// flags (allocated when the backend has kernels.MultiAdamW; each group's
+// chunk count is bounded by its share of n, so they are counted for
+// groups that together hold n elements).
 func PlanBytes(n, groups int, moments kernels.DType) int64 {
 	m, s := sizes(n, groups)
-	return int64(moments.Size())*int64(m) + 4*int64(s)
+	chunks := int64(groups) + int64(n)/multiChunk
+	return int64(moments.Size())*int64(m) + 4*int64(s) + 4*kernels.AdamChunkWords*chunks + 4*(2+int64(groups))
 }
 
 // Close frees the moment arena.
@@ -239,8 +284,11 @@ func (o *AdamW) Close() {
 	if o.be == nil {
 		return
 	}
-	o.be.Free(o.moments)
-	o.be.Free(o.sums)
+	for _, b := range []kernels.Buf{o.moments, o.sums, o.table, o.flags} {
+		if b.N > 0 {
+			o.be.Free(b)
+		}
+	}
 	o.be = nil
 }
 
@@ -292,6 +340,15 @@ func (o *AdamW) GradNorm() (float64, []float64, error) {
 // index, or its ID when sharded (the other IDs' slots are 0, or, with
 // overRanks, every rank's sums after one all-reduce).
 func (o *AdamW) groupSums(buf kernels.Buf, overRanks bool) error {
+	if err := o.queueSums(buf, overRanks); err != nil {
+		return err
+	}
+	o.be.DownloadF32(o.host, o.sums)
+	return o.be.Sync()
+}
+
+// queueSums is groupSums without the download: the sums stay in o.sums.
+func (o *AdamW) queueSums(buf kernels.Buf, overRanks bool) error {
 	if o.shard != nil {
 		o.be.Fill(o.sums, 0)
 	}
@@ -303,8 +360,7 @@ func (o *AdamW) groupSums(buf kernels.Buf, overRanks bool) error {
 			return err
 		}
 	}
-	o.be.DownloadF32(o.host, o.sums)
-	return o.be.Sync()
+	return nil
 }
 
 // slot is group i's place in the sums: i, or its ID when sharded.
@@ -322,33 +378,20 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 	if o.be == nil {
 		panic("optim: Step after Close")
 	}
+	if o.multi != nil {
+		return o.stepMulti(lr, wd)
+	}
 	norm, per, err := o.GradNorm()
 	if err != nil {
 		return Result{}, err
 	}
 	res := Result{GradNorm: norm, ClipScale: 1, LR: lr, WD: wd, Step: o.st.Step, GroupSumSqr: per}
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
-		first := 0
-		for i, s := range per {
-			if math.IsNaN(s) || math.IsInf(s, 0) {
-				first = i
-				break
-			}
-		}
-		if o.cfg.NonFinite == AbortNonFinite {
-			if o.shard != nil {
-				return res, fmt.Errorf("%w: norm %v; first non-finite group ID %d has sum of squares %v (over every rank)", ErrNonFiniteGrad, norm, first, per[first])
-			}
-			g := o.groups[first]
-			return res, fmt.Errorf("%w: norm %v; first non-finite group %d (elements [%d, %d)) has sum of squares %v", ErrNonFiniteGrad, norm, first, g.Off, g.Off+g.N, per[first])
-		}
-		o.st.Skipped++
-		res.Skipped = true
-		return res, nil
+		return o.nonFinite(res, norm, per)
 	}
 	if o.cfg.MaxGradNorm > 0 {
 		// torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1.
-		res.ClipScale = math.Min(1, o.cfg.MaxGradNorm/(norm+1e-6))
+		res.ClipScale = kernels.ClipScale(norm, o.cfg.MaxGradNorm)
 	}
 	o.st.Step++
 	res.Step = o.st.Step
@@ -371,4 +414,77 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// stepMulti is Step on a backend with kernels.MultiAdamW: the groups'
+// sums of squares and the update queued back to back (the clip factor and
+// the skip decided on the device from the same float64 sums the host then
+// reads), and one download of the sums and the flags for the result.
+func (o *AdamW) stepMulti(lr, wd float64) (Result, error) {
+	if err := o.queueSums(o.grad, true); err != nil {
+		return Result{}, fmt.Errorf("optim: gradient norm: %w", err)
+	}
+	next := o.st.Step + 1
+	step := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, wd, next, 1)
+	m, v := o.Moments()
+	o.multi.AdamWMulti(o.param, o.grad, m, v, o.sums, o.table, o.flags, len(o.host), o.nchunks, step, o.cfg.MaxGradNorm)
+	o.be.DownloadF32(o.host, o.sums)
+	o.be.DownloadI32(o.hflags, o.flags)
+	if err := o.be.Sync(); err != nil {
+		return Result{}, fmt.Errorf("optim: AdamW step %d: %w", next, err)
+	}
+	per := make([]float64, len(o.host))
+	total := 0.0
+	for i, s := range o.host {
+		per[i] = float64(s)
+		total += float64(s)
+	}
+	norm := math.Sqrt(total)
+	res := Result{GradNorm: norm, ClipScale: 1, LR: lr, WD: wd, Step: o.st.Step, GroupSumSqr: per}
+	if math.IsNaN(norm) || math.IsInf(norm, 0) || o.hflags[0] != 0 {
+		return o.nonFinite(res, norm, per) // the device updated nothing
+	}
+	res.ClipScale = kernels.ClipScale(norm, o.cfg.MaxGradNorm)
+	if got := math.Float32frombits(uint32(o.hflags[1])); got != float32(res.ClipScale) {
+		return res, fmt.Errorf("optim: AdamW step %d: the backend clipped by %v, the gradient norm %v gives %v", next, got, norm, float32(res.ClipScale))
+	}
+	o.st.Step = next
+	res.Step = next
+	for i, g := range o.groups {
+		if o.hflags[2+i] == 0 {
+			continue
+		}
+		// The error's sum of squares, computed only here.
+		o.be.SumSquares(o.sums.Slice(0, 1), o.param.Slice(g.Off, g.N))
+		o.be.DownloadF32(o.host[:1], o.sums.Slice(0, 1))
+		if err := o.be.Sync(); err != nil {
+			return res, fmt.Errorf("optim: AdamW step %d: %w", next, err)
+		}
+		return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: float64(o.host[0]), Step: next, LR: lr}
+	}
+	return res, nil
+}
+
+// nonFinite handles a non-finite gradient norm: the step is skipped
+// (counted) or refused, as configured; nothing was updated.
+func (o *AdamW) nonFinite(res Result, norm float64, per []float64) (Result, error) {
+	{
+		first := 0
+		for i, s := range per {
+			if math.IsNaN(s) || math.IsInf(s, 0) {
+				first = i
+				break
+			}
+		}
+		if o.cfg.NonFinite == AbortNonFinite {
+			if o.shard != nil {
+				return res, fmt.Errorf("%w: norm %v; first non-finite group ID %d has sum of squares %v (over every rank)", ErrNonFiniteGrad, norm, first, per[first])
+			}
+			g := o.groups[first]
+			return res, fmt.Errorf("%w: norm %v; first non-finite group %d (elements [%d, %d)) has sum of squares %v", ErrNonFiniteGrad, norm, first, g.Off, g.Off+g.N, per[first])
+		}
+		o.st.Skipped++
+		res.Skipped = true
+		return res, nil
+	}
 }

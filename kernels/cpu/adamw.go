@@ -33,6 +33,7 @@ package cpu
 // rounding, not bits). Elementwise: thread-count invariant.
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -141,3 +142,82 @@ func (b *Backend) AdamW(param, grad, m, v kernels.Buf, step kernels.AdamWStep) {
 	b.pool.parallel(t, n, elemGrain)
 	*t = adamwTask{}
 }
+
+// AdamWMulti: a whole step's AdamW over a chunk table (kernels.MultiAdamW):
+// the clip factor from sums in float64, nothing updated for a non-finite
+// norm, then each chunk as AdamW updates it, and the new weights checked
+// per chunk (each chunk's flag written by the worker that ran it, then OR-
+// ed into its group's in chunk order). Chunks are disjoint: thread-count
+// invariant, the same bits as AdamW over the same elements.
+type adamwMultiTask struct {
+	adamwTask
+	chunks []kernels.AdamChunk
+	bad    []bool // per chunk
+}
+
+func (t *adamwMultiTask) run(_, lo, hi int) {
+	for ci := lo; ci < hi; ci++ {
+		c := t.chunks[ci]
+		a, b := int(c.Off), int(c.Off)+int(c.N)
+		s := t.s
+		if !c.Decay {
+			s.wd, s.decay = 0, 1
+		}
+		if t.mb != nil {
+			adamwRangeBF16(t.p[a:b], t.g[a:b], t.mb[a:b], t.vb[a:b], &s)
+		} else {
+			adamwRange(t.p[a:b], t.g[a:b], t.m[a:b], t.v[a:b], &s)
+		}
+		bad := false
+		for _, x := range t.p[a:b] {
+			bad = bad || kernels.WeightTooLarge(x)
+		}
+		t.bad[ci] = bad
+	}
+}
+
+// AdamWMulti implements kernels.MultiAdamW.
+// Shapes: param, grad, m, v (N); sums (nsums); table (4·nchunks) I32; flags (2+groups) I32.
+func (b *Backend) AdamWMulti(param, grad, m, v, sums, table, flags kernels.Buf, nsums, nchunks int, step kernels.AdamWStep, maxNorm float64) {
+	n := param.N
+	ss := b.f32n(sums, nsums, "AdamWMulti sums")
+	fl := b.I32(flags)
+	tab := b.i32n(table, kernels.AdamChunkWords*nchunks, "AdamWMulti table")
+	var S float64
+	for _, x := range ss {
+		S += float64(x)
+	}
+	norm := math.Sqrt(S)
+	clear(fl)
+	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		fl[0] = 1
+		return
+	}
+	step.GradScale = float32(kernels.ClipScale(norm, maxNorm))
+	fl[1] = int32(math.Float32bits(step.GradScale))
+	t := &b.tasks.adamwMulti
+	*t = adamwMultiTask{adamwTask: adamwTask{p: b.f32n(param, n, "AdamWMulti param"), g: b.f32n(grad, n, "AdamWMulti grad"), s: newAdamwScalars(step)}}
+	kernels.CheckMoments("cpu", m, v, n, step.Rule)
+	if m.DType == kernels.BF16 {
+		t.mb, t.vb = b.BF16(m), b.BF16(v)
+	} else {
+		t.m, t.v = b.f32n(m, n, "AdamWMulti m"), b.f32n(v, n, "AdamWMulti v")
+	}
+	t.chunks, t.bad = make([]kernels.AdamChunk, nchunks), make([]bool, nchunks)
+	for i := range t.chunks {
+		w := tab[kernels.AdamChunkWords*i:]
+		t.chunks[i] = kernels.AdamChunk{Off: int64(uint32(w[0])) | int64(w[1])<<32, N: w[2], Group: w[3] >> 1, Decay: w[3]&1 != 0}
+		if c := t.chunks[i]; c.Off < 0 || c.N < 0 || int(c.Off)+int(c.N) > n || 2+int(c.Group) >= len(fl) {
+			panic(fmt.Sprintf("cpu: AdamWMulti chunk %d %+v outside %d parameters and %d flags", i, c, n, len(fl)))
+		}
+	}
+	b.pool.parallel(t, nchunks, 1)
+	for i, bad := range t.bad {
+		if bad {
+			fl[2+t.chunks[i].Group] = 1
+		}
+	}
+	*t = adamwMultiTask{}
+}
+
+var _ kernels.MultiAdamW = (*Backend)(nil)

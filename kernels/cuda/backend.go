@@ -338,6 +338,7 @@ func ia(v int) uint64 {
 }
 func la(v int) uint64     { return uint64(int64(v)) }
 func fa(v float32) uint64 { return uint64(math.Float32bits(v)) }
+func da(v float64) uint64 { return math.Float64bits(v) }
 
 // launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads.
 // The caller holds b.mu.

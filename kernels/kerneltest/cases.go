@@ -904,6 +904,63 @@ var cases = []testCase{
 			}
 		}
 	}},
+	{"AdamWMulti", func(s *suite) {
+		// The multi-tensor step (kernels.MultiAdamW): the clip factor from
+		// the groups' sums on the backend, chunks of several groups (with
+		// and without decay, elements between groups left alone), each
+		// rule and moment dtype; a non-finite sum skips everything, and an
+		// overflowing learning rate flags exactly the groups it overflows.
+		dutM, ok := s.dut.(kernels.MultiAdamW)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.MultiAdamW", s.dut.Name())
+		}
+		refM := s.ref.(kernels.MultiAdamW)
+		var chunks []kernels.AdamChunk
+		n, groups := 0, 5
+		for g := range groups {
+			sz := 1 + s.rng.IntN(700)
+			for off := 0; off < sz; off += 256 {
+				chunks = append(chunks, kernels.AdamChunk{Off: int64(n + off), N: int32(min(256, sz-off)), Group: int32(g), Decay: g%2 == 0})
+			}
+			n += sz + 2
+		}
+		table := s.i32(kernels.EncodeAdamChunks(chunks))
+		for _, c := range []struct {
+			name    string
+			rule    kernels.AdamRule
+			bf16    bool
+			sums    []float32
+			lr      float64
+			maxNorm float64
+		}{
+			{"torch clip", kernels.TorchAdamW, false, []float32{3, 4, 0.5, 9, 1}, 1e-2, 1},
+			{"fused noclip", kernels.FusedAdam, false, []float32{3, 4, 0.5, 9, 1}, 1e-2, 0},
+			{"fused bf16 clip", kernels.FusedAdam, true, []float32{0.1, 0.2, 0.3, 0.4, 0.5}, 3e-3, 0.5},
+			{"nan sum skips", kernels.FusedAdam, false, []float32{1, float32(math.NaN()), 1, 1, 1}, 1e-2, 1},
+			{"overflow flags", kernels.FusedAdam, false, []float32{1, 1, 1, 1, 1}, 3e38, 0},
+		} {
+			p, g := s.randn(n, 1), s.randn(n, 1)
+			mv, vv := make([]float32, n), make([]float32, n)
+			for i := range vv {
+				mv[i] = float32(s.rng.NormFloat64() * 0.1)
+				vv[i] = float32(s.rng.Float64() * 0.01)
+			}
+			m, v := s.f32(mv), s.f32(vv)
+			tol := TolElementwise
+			if c.bf16 {
+				m, v, tol = s.bf16(mv), s.bf16(vv), TolBF16Out
+			}
+			sums := s.f32(c.sums)
+			flags := s.i32(make([]int32, 2+groups))
+			st := kernels.NewAdamWStep(c.rule, c.lr, 0.9, 0.999, 1e-8, 0.1, 3, 1)
+			refM.AdamWMulti(p.r, g.r, m.r, v.r, sums.r, table.r, flags.r, groups, len(chunks), st, c.maxNorm)
+			dutM.AdamWMulti(p.d, g.d, m.d, v.d, sums.d, table.d, flags.d, groups, len(chunks), st, c.maxNorm)
+			s.check("AdamWMulti param "+c.name, p, TolElementwise)
+			s.check("AdamWMulti m "+c.name, m, tol)
+			s.check("AdamWMulti v "+c.name, v, tol)
+			s.checkI32("AdamWMulti flags "+c.name, flags)
+		}
+	}},
 	{"SumSquares", func(s *suite) {
 		for _, N := range []int{1, 1000, 100003} {
 			x := s.randn(N, 1)
