@@ -310,6 +310,9 @@ func NewSharded(b kernels.Backend, cfg Config, opt Options, so ShardOptions) (*M
 		return nil, err
 	}
 	m.setBackend(b)
+	if err := m.checkBackend(); err != nil {
+		return nil, err
+	}
 	if err := m.checkFilter(); err != nil {
 		return nil, err
 	}

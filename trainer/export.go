@@ -25,7 +25,7 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 	if comm == nil {
 		comm = collective.Single(be)
 	}
-	if err := checkExportOut(ckpt, out); err != nil {
+	if err := checkExportOut(out); err != nil {
 		return err
 	}
 	cfg, err := model.LoadConfig(filepath.Join(ckpt, checkpoint.ConfigFile))
@@ -118,9 +118,9 @@ func hostF32(be kernels.Backend, buf kernels.Buf) ([]float32, bool) {
 // directories), or a run's files. An export into a checkpoint would
 // change files its manifest lists (or add ones it does not), and the
 // checkpoint would fail verify and refuse --resume; into a run directory
-// it would sit among what the run writes and prunes. ckpt, the input, is
-// itself a checkpoint and so refused the same way.
-func checkExportOut(ckpt, out string) error {
+// it would sit among what the run writes and prunes. The input is itself a
+// checkpoint, and so refused the same way.
+func checkExportOut(out string) error {
 	if st, err := os.Stat(out); err == nil && !st.IsDir() {
 		return fmt.Errorf("%w: export: --out %s is a file: name a directory", ErrUsage, out)
 	}
@@ -143,8 +143,8 @@ func checkExportOut(ckpt, out string) error {
 				via = " (" + ro + " with links resolved)"
 			}
 			return fmt.Errorf("%w: export: --out %s%s %s %s, which holds %s: an export never writes into a checkpoint or a run directory "+
-				"(the checkpoint %s would no longer verify, or the run would prune the export); choose a --out outside them",
-				ErrUsage, out, via, where, dir, what, ckpt)
+				"(a checkpoint there would no longer verify, or its run would prune the export); choose a --out outside them",
+				ErrUsage, out, via, where, dir, what)
 		}
 		if filepath.Dir(dir) == dir {
 			return nil

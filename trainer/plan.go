@@ -82,7 +82,7 @@ func (p *MemPlan) FitWorld(free int64) (world int, plan *MemPlan, ok bool) {
 
 // fitResult is FitWorld's answer, and when nothing fits, what the most
 // ranks leave: the plan at maxFitWorld, and the parts more ranks do not
-// shrink (those equal at maxFitWorld/2 and maxFitWorld ranks).
+// shrink (those that do not halve from maxFitWorld/2 to maxFitWorld ranks).
 type fitResult struct {
 	world     int
 	plan      *MemPlan
@@ -119,7 +119,10 @@ func (p *MemPlan) fitWorld(free int64) fitResult {
 				at[c.Name] = c.Bytes
 			}
 			for _, c := range most.Components {
-				if at[c.Name] == c.Bytes {
+				// A part that shards halves from maxFitWorld/2 to
+				// maxFitWorld ranks; one that does not (up to padding to
+				// a multiple of W) stays.
+				if float64(c.Bytes) > 0.75*float64(at[c.Name]) {
 					res.fixed += c.Bytes
 					res.fixedPart = append(res.fixedPart, c)
 				}

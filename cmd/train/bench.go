@@ -35,6 +35,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	precision := fs.String("precision", "float32", "float32, or bfloat16: mixed precision (cuda; the CPU computes in fp32 and says so)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
 	distMode := fs.String("dist", "auto", "data parallel under torchrun/srun/mpirun: the rows are split among the ranks and the gradients all-reduced (auto, none, mpi, nccl)")
+	rankTimeout := addRankTimeout(fs)
 	shard := fs.String("shard", "none", "full: shard the weights, gradients and Adam moments over the ranks (fully sharded data parallel); none: every rank holds the whole model")
 	noReshard := false
 	rf := fs.VarPF(newNegBool(&noReshard), "reshard-after-forward", "", "with --shard full: gather each layer again for its backward (false: keep every layer gathered)")
@@ -47,7 +48,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	shared := fs.String("shared-prefix", "both", "with --tree: auto packs the traces as token tries (every shared prefix computed once), off packs each trace as its own sequence, "+
 		"both times off then auto in the same process and prints their ratio")
 	mbTokens := fs.Int("mb-tokens", 0, "with --tree: computed tokens per micro-batch, the same for both modes (0: the smallest that holds the whole trie, "+
-		"its computed tokens or its LM-head rows when more, so that auto needs one micro-batch)")
+		"its computed tokens or its loss tokens when more, so that auto needs one micro-batch)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -125,7 +126,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("%w: --backend: expected cpu or cuda, found %q", errUsage, *backend)
 	}
-	if err := l.openComm(*distMode, env.Backend); err != nil {
+	if err := l.openComm(*distMode, env.Backend, *rankTimeout); err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	defer l.close()

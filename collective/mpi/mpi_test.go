@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
@@ -347,4 +349,73 @@ func TestRankAllReduceRingSizes(t *testing.T) {
 		}
 		b.Free(whole)
 	}
+}
+
+// TestRankTimeoutUnderMpirun (issue 34) runs TestRankGoesSilent in 3
+// ranks: rank 1 stops itself with SIGSTOP, as a hung or stopped process
+// would, after a barrier that it reached late but within the timeout. The
+// other ranks' next collective gives up after the timeout, the roll call
+// names rank 1, and the rank that says so first ends the job (MPI_Abort):
+// mpirun exits with an error instead of waiting forever.
+func TestRankTimeoutUnderMpirun(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
+		t.Skip("in an mpirun child")
+	}
+	cmd := Mpirun(t, 3, os.Args[0], "-test.run=^TestRankGoesSilent$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("mpirun succeeded with a rank stopped:\n%s", out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("mpirun still waiting 2 minutes after a rank stopped (timeout 2s):\n%s", out.String())
+	}
+	got := out.String()
+	t.Logf("mpirun's output:\n%s", got)
+	if !strings.Contains(got, "rank-timeout: ") || !strings.Contains(got, "rank 1 is silent") || strings.Contains(got, "rank 0 is silent") || strings.Contains(got, "rank 2 is silent") {
+		t.Fatalf("no rank named rank 1 (alone) silent:\n%s", got)
+	}
+	if strings.Count(got, "late barrier passed") != 3 {
+		t.Fatalf("the barrier that rank 1 reached late did not pass on all 3 ranks:\n%s", got)
+	}
+}
+
+// TestRankGoesSilent is one rank's side of TestRankTimeoutUnderMpirun.
+func TestRankGoesSilent(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") == "" {
+		t.Skip("runs under mpirun (TestRankTimeoutUnderMpirun)")
+	}
+	b := cpu.New(1)
+	defer b.Close()
+	c, err := Open(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.(collective.Deadliner).SetTimeout(2 * time.Second)
+	r := c.Rank()
+	if r == 1 {
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err := c.Barrier(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("late barrier passed")
+	if r == 1 {
+		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	}
+	buf, _ := b.Alloc(kernels.F32, 1000)
+	err = c.AllReduceSum(buf)
+	fmt.Printf("rank-timeout: rank %d: %v\n", r, err)
+	os.Stdout.Sync()
+	c.Abort(3)
 }

@@ -18,6 +18,7 @@ type tasks struct {
 	bias       biasTask
 	attn       attnTask
 	attnBlocks []attnBlock
+	attnGen    callCounter
 	tree       treeTask
 	treeItems  []treeItem
 	treeChains [][]int32 // per worker
@@ -36,4 +37,12 @@ type tasks struct {
 	relu2      relu2Task
 	gatedNorm  gatedNormTask
 	ssm        ssmTask
+}
+
+// callCounter numbers an op's calls from 1 (0 names none).
+type callCounter uint64
+
+func (c *callCounter) next() uint64 {
+	*c++
+	return uint64(*c)
 }
