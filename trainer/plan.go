@@ -435,8 +435,10 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	if pp.optimizer {
 		groups := len(table.Params)
 		mdt, what := kernels.F32, "AdamW's two fp32 moments"
-		if oc, _, err := req.Config.Optim(); err == nil && oc.BF16Moments {
-			mdt, what = kernels.BF16, "AdamW's two bf16 moments (FusedAdam exp_avg_dtype, exp_avg_sq_dtype)"
+		if req.Config != nil {
+			if oc, _, err := req.Config.Optim(); err == nil && oc.BF16Moments {
+				mdt, what = kernels.BF16, "AdamW's two bf16 moments (FusedAdam exp_avg_dtype, exp_avg_sq_dtype)"
+			}
 		}
 		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups, mdt), What: what + shard, Shrink: k["adam_moments"]})
 		if mdt == kernels.BF16 {
