@@ -229,17 +229,18 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
 	}
 	o.host = make([]float32, nsums)
-	if mt, ok := be.(kernels.MultiAdamW); ok {
-		if err := o.initMulti(mt); err != nil {
-			o.Close()
-			return nil, err
-		}
+	mt, _ := be.(kernels.MultiAdamW) // nil: the per-run step (a wrapped backend)
+	if err := o.initMulti(mt); err != nil {
+		o.Close()
+		return nil, err
 	}
 	return o, nil
 }
 
 // initMulti builds the multi-tensor step's chunk table: each group cut
-// into chunks of at most multiChunk elements.
+// into chunks of at most multiChunk elements. The table and the flags are
+// allocated whether or not the backend runs the step (mt nil), so that
+// PlanBytes is the allocation on every backend.
 func (o *AdamW) initMulti(mt kernels.MultiAdamW) error {
 	var chunks []kernels.AdamChunk
 	for i, g := range o.groups {
@@ -248,18 +249,32 @@ func (o *AdamW) initMulti(mt kernels.MultiAdamW) error {
 		}
 	}
 	words := kernels.EncodeAdamChunks(chunks)
+	// Sized as PlanBytes counts them: a table for nsums + n/multiChunk
+	// chunks (Σ_g ⌈N_g/multiChunk⌉ never exceeds it), flags for nsums
+	// groups.
+	nsums := len(o.host)
+	tw, fw := multiSizes(o.param.N, nsums)
+	if len(words) > tw || 2+len(o.groups) > fw {
+		return fmt.Errorf("optim: %d chunk words and %d groups exceed the planned %d and %d", len(words), len(o.groups), tw, fw-2)
+	}
 	var err error
-	if o.table, err = o.be.Alloc(kernels.I32, max(len(words), 1)); err != nil {
+	if o.table, err = o.be.Alloc(kernels.I32, tw); err != nil {
 		return fmt.Errorf("optim: allocate the chunk table: %w", err)
 	}
-	if o.flags, err = o.be.Alloc(kernels.I32, 2+len(o.groups)); err != nil {
+	if o.flags, err = o.be.Alloc(kernels.I32, fw); err != nil {
 		return fmt.Errorf("optim: allocate the update flags: %w", err)
 	}
 	if len(words) > 0 {
 		o.be.UploadI32(o.table.Slice(0, len(words)), words)
 	}
-	o.multi, o.nchunks, o.hflags = mt, len(chunks), make([]int32, 2+len(o.groups))
+	o.multi, o.nchunks, o.hflags = mt, len(chunks), make([]int32, fw)
 	return nil
+}
+
+// multiSizes are the I32 elements of the multi-tensor step's chunk table
+// and flags for n parameters in groups groups (or group IDs).
+func multiSizes(n, groups int) (table, flags int) {
+	return kernels.AdamChunkWords * (groups + n/multiChunk), 2 + groups
 }
 
 // sizes are the elements New allocates for n parameters in groups
@@ -270,13 +285,11 @@ func sizes(n, groups int) (moments, sums int) { return 2 * n, groups }
 // PlanBytes returns the bytes New allocates on its backend for n
 // parameters in groups groups with moments of the given dtype (F32, or
 // BF16: 2 bytes a moment), with the multi-tensor step's chunk table and
-// flags (allocated when the backend has kernels.MultiAdamW; each group's
-// chunk count is bounded by its share of n, so they are counted for
-// groups that together hold n elements).
+// flags (at the bound multiSizes gives).
 func PlanBytes(n, groups int, moments kernels.DType) int64 {
 	m, s := sizes(n, groups)
-	chunks := int64(groups) + int64(n)/multiChunk
-	return int64(moments.Size())*int64(m) + 4*int64(s) + 4*kernels.AdamChunkWords*chunks + 4*(2+int64(groups))
+	tw, fw := multiSizes(n, groups)
+	return int64(moments.Size())*int64(m) + 4*int64(s) + 4*int64(tw+fw)
 }
 
 // Close frees the moment arena.
@@ -427,7 +440,7 @@ func (o *AdamW) stepMulti(lr, wd float64) (Result, error) {
 	next := o.st.Step + 1
 	step := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, wd, next, 1)
 	m, v := o.Moments()
-	o.multi.AdamWMulti(o.param, o.grad, m, v, o.sums, o.table, o.flags, len(o.host), o.nchunks, step, o.cfg.MaxGradNorm)
+	o.multi.AdamWMulti(o.param, o.grad, m, v, o.sums, o.table.Slice(0, kernels.AdamChunkWords*o.nchunks), o.flags, len(o.host), o.nchunks, step, o.cfg.MaxGradNorm)
 	o.be.DownloadF32(o.host, o.sums)
 	o.be.DownloadI32(o.hflags, o.flags)
 	if err := o.be.Sync(); err != nil {
