@@ -34,6 +34,8 @@ type Backend struct {
 
 	scratch map[string]scratchBuf // lazily grown work buffers, kept
 	closed  bool
+
+	led ledger // the launch ledger (StartLedger)
 }
 
 type scratchBuf struct {
@@ -339,9 +341,9 @@ func ia(v int) uint64 {
 func la(v int) uint64     { return uint64(int64(v)) }
 func fa(v float32) uint64 { return uint64(math.Float32bits(v)) }
 
-// launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads.
-// The caller holds b.mu.
-func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) {
+// launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads;
+// c is what it moves and computes, for the ledger. The caller holds b.mu.
+func (b *Backend) launch(name string, c cost, gx, gy, gz, bx, smem int, args ...uint64) {
 	fn, ok := b.d.fns[name]
 	if !ok {
 		panic("cuda: no kernel " + name + " in the embedded PTX")
@@ -352,7 +354,36 @@ func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) 
 	if gy > 65535 || gz > 65535 {
 		panic(fmt.Sprintf("cuda: %s: grid (%d,%d,%d) exceeds the y/z limit 65535", name, gx, gy, gz))
 	}
+	b.led.record(Launch{Kernel: name, Kind: KindSIMT, Grid: [3]int{gx, gy, gz}, Block: bx, Smem: smem,
+		Read: c.read, Write: c.write, FLOPs: c.flops, Inflight: c.inflight})
 	b.fail("launch "+name, b.d.launch(fn, gx, gy, gz, bx, smem, args))
+}
+
+// copyDtoD queues a device-to-device copy of bytes (a ledger entry).
+func (b *Backend) copyDtoD(dst, src uintptr, bytes int) {
+	if bytes == 0 {
+		return
+	}
+	b.led.record(Launch{Kernel: "memcpy", Kind: KindCopy, Read: int64(bytes), Write: int64(bytes), Inflight: 16})
+	b.fail("cuMemcpyDtoDAsync", b.d.dtod(dst, src, bytes))
+}
+
+// StartLedger clears the launch ledger and records every launch from now
+// on, until TakeLedger.
+func (b *Backend) StartLedger() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.led = ledger{on: true}
+}
+
+// TakeLedger returns the launches recorded since StartLedger and stops
+// recording.
+func (b *Backend) TakeLedger() []Launch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.led.entries
+	b.led = ledger{}
+	return e
 }
 
 // blocks is the grid size of a grid-stride loop over n elements.
@@ -370,11 +401,11 @@ func (b *Backend) gridBlocks(n int) int {
 }
 
 // elementwise launches a grid-stride kernel over n elements.
-func (b *Backend) elementwise(name string, n int, args ...uint64) {
+func (b *Backend) elementwise(name string, c cost, n int, args ...uint64) {
 	if n == 0 {
 		return
 	}
-	b.launch(name, b.blocks(n), 1, 1, threads, 0, args...)
+	b.launch(name, c, b.blocks(n), 1, 1, threads, 0, args...)
 }
 
 func (b *Backend) lock() func() {

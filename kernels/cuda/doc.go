@@ -75,6 +75,23 @@
 // EmbeddingBackward (each element summed in token order, bitwise equal to the
 // CPU) give the same bits on every run.
 //
+// # The launch ledger
+//
+// With StartLedger on, the backend records every kernel launch, cuBLAS GEMM
+// and device copy it queues (ledger.go): the op that queued it (the Backend
+// method the caller called), the kernel, grid, block and shared memory, the
+// bytes it reads and writes and its FLOPs. Every launch site states its
+// cost (launch's cost argument); a GEMM's follows from its shape.
+// OpenMeter opens the backend on a metering device (meter.h) on which
+// nothing runs and nothing is allocated, so a whole training step of any
+// model records its ledger on a machine without a GPU, and the roofline
+// (roofline.go: FLOPs at the matrix rate, bytes at the copy bandwidth or at
+// what the threads in flight draw, the grid's share of the SMs, from each
+// kernel's sm_90 registers and shared memory in gen_sm90.go) predicts its
+// time per op on an H200: make gpu-model. TestLedger* check the counts
+// against each op's arithmetic and, on the emulator, every launch's
+// declared writes against the device memory it really changed.
+//
 // # Testing
 //
 // Without a GPU (CI, development machines) the tests build a stand-in
@@ -214,6 +231,8 @@ type Options struct {
 	// kernelFiles, when set, limits the embedded PTX files loaded (tests of
 	// an emulator built from some of the kernel sources).
 	kernelFiles []string
+	// meter opens the metering device (OpenMeter) instead of a driver.
+	meter bool
 	// maxBlocks, when positive, caps the grid of every grid-stride kernel
 	// (tests: the emulator's conformance run caps it low, so that every
 	// loop over rows or elements runs several times per block, and a

@@ -109,6 +109,24 @@ typedef struct {
 	              const void*, int, int, const void*, void*, int, int, int, int);
 } tg_blas;
 
+#include "meter.h"
+
+// tg_meter_driver and tg_meter_blas allocate the metering tables.
+static tg_driver* tg_meter_driver(void) {
+	tg_driver* d = calloc(1, sizeof(tg_driver));
+	tg_blas* b = calloc(1, sizeof(tg_blas));
+	tg_meter_tables(d, b);
+	free(b);
+	return d;
+}
+static tg_blas* tg_meter_blas(void) {
+	tg_driver* d = calloc(1, sizeof(tg_driver));
+	tg_blas* b = calloc(1, sizeof(tg_blas));
+	tg_meter_tables(d, b);
+	free(d);
+	return b;
+}
+
 static const tg_sym tg_blas_syms[] = {
 	{"cublasCreate_v2", offsetof(tg_blas, create)},
 	{"cublasDestroy_v2", offsetof(tg_blas, destroy)},
@@ -731,8 +749,11 @@ type device struct {
 const maxArgs = 32
 
 func openDevice(opt Options) (*device, error) {
-	dr, err := openDriver(opt.DriverLib)
-	if err != nil {
+	var dr *driver
+	var err error
+	if opt.meter {
+		dr = &driver{path: meterPath, d: C.tg_meter_driver()}
+	} else if dr, err = openDriver(opt.DriverLib); err != nil {
 		return nil, err
 	}
 	info, dev, err := dr.deviceInfo(opt.Device)
@@ -742,8 +763,10 @@ func openDevice(opt Options) (*device, error) {
 	if info.Major < 8 {
 		return nil, fmt.Errorf("cuda: %s has compute capability %d.%d; the kernels need 8.0 or newer", info.Name, info.Major, info.Minor)
 	}
-	bl, err := openBlas(opt.BlasLib, info.DriverVersion)
-	if err != nil {
+	var bl *blasLib
+	if opt.meter {
+		bl = &blasLib{path: meterPath, b: C.tg_meter_blas()}
+	} else if bl, err = openBlas(opt.BlasLib, info.DriverVersion); err != nil {
 		return nil, err
 	}
 	info.BlasPath = bl.path

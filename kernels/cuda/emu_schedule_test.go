@@ -60,7 +60,7 @@ func probeOrder(t *testing.T, b *Backend, blocks, warps int) []blockRun {
 	b.UploadI32(counter, []int32{0})
 	func() {
 		defer b.lock()()
-		b.launch("emu_probe_order", blocks, 1, 1, 32*warps, 0, pa(counter), pa(log))
+		b.launch("emu_probe_order", cost{}, blocks, 1, 1, 32*warps, 0, pa(counter), pa(log))
 	}()
 	got := make([]int32, blocks*warps)
 	b.DownloadI32(got, log)
@@ -147,7 +147,7 @@ func TestEmuSharedPoison(t *testing.T) {
 	defer b.Free(out)
 	func() {
 		defer b.lock()()
-		b.launch("emu_probe_smem", blocks, 1, 1, bx, 4*bx, pa(out))
+		b.launch("emu_probe_smem", cost{}, blocks, 1, 1, bx, 4*bx, pa(out))
 	}()
 	got := make([]float32, words*blocks*bx)
 	b.DownloadF32(got, out)

@@ -25,6 +25,16 @@ func normVec(C int, bufs ...kernels.Buf) uint64 {
 	return 1
 }
 
+// normInflight is the bytes of loads a thread of a row kernel keeps in
+// flight: two 16-byte loads (ld8) on the vector path, one 4-byte load
+// otherwise.
+func normInflight(C int, bufs ...kernels.Buf) int {
+	if normVec(C, bufs...) == 1 {
+		return 32
+	}
+	return 4
+}
+
 // RMSNorm implements kernels.Ops: out (N,C) =, rstd (N) =; out F32|BF16
 // (the cast to the next GEMM's input fused into the norm).
 func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps float32) {
@@ -41,7 +51,8 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 		name = "rmsnorm_fwd_bf16"
 	}
 	defer b.lock()()
-	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(C), 0,
+	c := rw(reads(inp, weight), out, rstd).with(4*int64(N)*int64(C), normInflight(C, out, inp, weight))
+	b.launch(name, c, b.rowBlocks(N), 1, 1, normThreads(C), 0,
 		pa(out), pa(rstd), pa(inp), pa(weight), ia(N), ia(C), fa(eps), normVec(C, out, inp, weight))
 }
 
@@ -62,7 +73,9 @@ func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels
 	if partial == 0 {
 		return
 	}
-	b.launch("rmsnorm_bwd", G, 1, 1, normThreads(C), 0,
+	pb := int64(G) * int64(C) * 4
+	c := rw(reads(dinp, dout, inp, weight, rstd), dinp).plus(0, pb).with(8*int64(N)*int64(C), 0)
+	b.launch("rmsnorm_bwd", c, G, 1, 1, normThreads(C), 0,
 		pa(dinp), pu(partial), pa(dout), pa(inp), pa(weight), pa(rstd), ia(N), ia(C))
-	b.elementwise("rmsnorm_dw_reduce", C, pa(dweight), pu(partial), ia(G), ia(C))
+	b.elementwise("rmsnorm_dw_reduce", rw(reads(dweight), dweight).plus(pb, 0).with(pb/4, 0), C, pa(dweight), pu(partial), ia(G), ia(C))
 }

@@ -31,7 +31,9 @@ func (b *Backend) SampleTokens(tokens, logprobs, logits, u kernels.Buf, B, V int
 		return
 	}
 	defer b.lock()()
-	b.launch("sample_tokens", B, 1, 1, sampleThreads, 0,
+	// Each row's logits, read a few times (max, sums, the top-k/top-p
+	// passes): counted once.
+	b.launch("sample_tokens", rw(reads(logits, u), tokens, logprobs).with(8*int64(B)*int64(V), 0), B, 1, 1, sampleThreads, 0,
 		pa(tokens), pa(logprobs), pa(logits), pa(u), ia(V), fa(p.Temperature), ia(p.TopK), fa(p.TopP))
 }
 

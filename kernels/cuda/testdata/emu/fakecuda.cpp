@@ -458,6 +458,43 @@ API cuMemFree_v2(uint64_t p) {
   allocs.erase(it);
   return 0;
 }
+// The write log ($TRACEGRPO_EMU_WRITELOG: a file path): for every kernel
+// launch and device-to-device copy, a line "NAME BYTES" with the bytes of
+// device memory it changed (every allocation compared before and after).
+// kernels/cuda's TestLedgerWritesEmu checks each launch's ledger entry
+// against it: a launch cannot change more than the bytes it says it writes.
+static FILE* write_log() {
+  static FILE* f;
+  static bool opened;
+  if (!opened) {
+    opened = true;
+    if (const char* p = getenv("TRACEGRPO_EMU_WRITELOG")) f = fopen(p, "a");
+  }
+  return f;
+}
+struct Snapshot {
+  std::vector<std::pair<const unsigned char*, std::vector<unsigned char>>> bufs;
+  void take() {
+    bufs.clear();
+    for (auto& a : allocs) {
+      const unsigned char* user = (const unsigned char*)a.first;
+      const size_t page = sysconf(_SC_PAGESIZE);
+      const size_t n = (size_t)(a.second.first + a.second.second - page - (char*)user);
+      bufs.push_back({user, std::vector<unsigned char>(user, user + n)});
+    }
+  }
+  size_t changed() const {
+    size_t c = 0;
+    for (auto& b : bufs)
+      for (size_t i = 0; i < b.second.size(); i++) c += b.first[i] != b.second[i];
+    return c;
+  }
+};
+static void log_writes(const char* name, const Snapshot& before) {
+  fprintf(write_log(), "%s %zu\n", name, before.changed());
+  fflush(write_log());
+}
+
 API cuMemcpyHtoDAsync_v2(uint64_t d, const void* s, size_t n, void*) {
   memcpy((void*)d, s, n);
   return 0;
@@ -467,7 +504,10 @@ API cuMemcpyDtoHAsync_v2(void* d, uint64_t s, size_t n, void*) {
   return 0;
 }
 API cuMemcpyDtoDAsync_v2(uint64_t d, uint64_t s, size_t n, void*) {
+  Snapshot before;
+  if (write_log()) before.take();
   memmove((void*)d, (void*)s, n);
+  if (write_log()) log_writes("memcpy", before);
   return 0;
 }
 API cuMemsetD8Async(uint64_t d, unsigned char v, size_t n, void*) {
@@ -571,6 +611,8 @@ API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
       for (unsigned x = 0; x < gx; x++) order.push_back({x, y, z});
   shuffle(order);
   const size_t static_smem = __start_tg_emu_smem ? (size_t)(__stop_tg_emu_smem - __start_tg_emu_smem) : 0;
+  Snapshot before;
+  if (write_log()) before.take();
   for (const tg_dim3& blk : order) {
     // NaN: shared memory no thread of this block wrote shows up.
     memset(dyn_buf, 0xFF, smem + 16);
@@ -579,6 +621,7 @@ API cuLaunchKernel(void* fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
     blockIdx = blk;
     run_block(k->name);
   }
+  if (write_log()) log_writes(k->name, before);
   return 0;
 }
 API cuGetErrorString(int code, const char** s) {
