@@ -56,9 +56,10 @@
 // accumulation by Options.Matmul; BF16 operands (the kernels package's
 // bfloat16 contract) always multiply on bf16 tensor cores with fp32
 // accumulation. Attention on BF16 operands with head_dim 64 or 128 runs
-// FlashAttention-2-style kernels on mma.sync (csrc/attention.cu; P and dS
-// are rounded to bf16 as mma operands); other head dimensions widen to the
-// fp32 kernels. TokenLogprob on BF16 hidden and weight forms its fp32
+// FlashAttention-2-style kernels on mma.sync (P and dS are rounded to bf16
+// as mma operands); other head dimensions widen to the fp32 kernels. Both
+// families are csrc/attention_family.cuh's: token trees run it over their
+// segments, packed sequences as a tree of roots alone. TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //
 // The GEMMs are cublasGemmEx, not cuBLASLt: with bf16 operands and

@@ -465,10 +465,13 @@ API cuMemFree_v2(uint64_t p) {
 // against it: a launch cannot change more than the bytes it says it writes.
 static FILE* write_log() {
   static FILE* f;
-  static bool opened;
-  if (!opened) {
-    opened = true;
-    if (const char* p = getenv("TRACEGRPO_EMU_WRITELOG")) f = fopen(p, "a");
+  static std::string path;  // f's, read again each call: tests set it in turn
+  const char* p = getenv("TRACEGRPO_EMU_WRITELOG");
+  const std::string want = p ? p : "";
+  if (want != path) {
+    if (f) fclose(f);
+    f = want.empty() ? nullptr : fopen(want.c_str(), "a");
+    path = want;
   }
   return f;
 }
