@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -59,6 +59,13 @@ lint:
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 
+# Rewrite the generated parts of README.md and docs/*.md (between
+# <!-- gen: NAME --> and <!-- end gen: NAME -->) from the commands that print
+# them, in a scratch copy of the repository (internal/docs; docs/testing.md).
+# internal/docs's TestGenerated, in make test, fails while one is stale.
+docs:
+	$(TEST_ENV) $(GO) test ./internal/docs -count=1 -run '^TestGenerated$$' -update
+
 # Each fuzz target for FUZZTIME (go test runs one target at a time).
 fuzz:
 	FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
@@ -75,10 +82,11 @@ bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -benchmem ./...
 
 # The same forward+backward+AdamW step in PyTorch and tracegrpo (same weights,
-# 2 threads), with the ratio. Debian's default libblas is the reference BLAS;
-# install libopenblas0-pthread for a realistic torch (the script says which).
+# 2 threads), interleaved over 2 rounds and every SIMD path of this CPU: prints
+# the CPU, torch's BLAS and each path's ratio. Debian's default libblas is the
+# reference BLAS; install libopenblas0-pthread for a realistic torch.
 bench-torch:
-	scripts/bench_compare.sh --threads 2 --steps 5
+	scripts/bench_compare.sh --threads 2 --steps 5 --rounds 2
 
 # The sparse step (Qwen3-MoE, 16 experts, 4 per token) against the dense
 # model of equal active parameters, in tracegrpo and PyTorch (transformers'

@@ -30,9 +30,6 @@ var (
 	ErrConfigMismatch = errors.New("checkpoint: model config differs")
 )
 
-// maxJSONFile bounds manifest.json, DONE, config.json and trainer_state.json.
-const maxJSONFile = 64 << 20
-
 // LoadOptions controls Load, Latest and LoadLatest.
 type LoadOptions struct {
 	// Fallback lets Latest and LoadLatest use an older complete checkpoint
@@ -49,7 +46,8 @@ type LoadOptions struct {
 }
 
 // Verify checks the checkpoint at path against its DONE marker and manifest
-// (sizes and sha256 of every file) and returns the manifest.
+// (sizes and sha256 of every file), and a sharded one's files against each
+// other (OpenTensors), and returns the manifest.
 func Verify(path string) (Manifest, error) {
 	man, err := checkStructure(path)
 	if err != nil {
@@ -67,6 +65,15 @@ func Verify(path string) (Manifest, error) {
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
 		return Manifest{}, err
+	}
+	if man.Sharded() {
+		// Every file matches the manifest; the shards must also belong
+		// together (OpenTensors checks them against each other).
+		t, err := OpenTensors(path)
+		if err != nil {
+			return Manifest{}, err
+		}
+		t.Close()
 	}
 	return man, nil
 }
@@ -158,19 +165,11 @@ func openFile(path string) (*os.File, error) {
 }
 
 func readSmall(path string) ([]byte, error) {
-	f, err := openFile(path)
-	if err != nil {
-		return nil, err
+	b, err := inputfile.ReadFile(path, inputfile.CheckpointJSON)
+	if errors.Is(err, inputfile.ErrNotRegular) || errors.Is(err, inputfile.ErrTooLarge) {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxJSONFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("checkpoint: read %s: %w", path, err)
-	}
-	if len(b) > maxJSONFile {
-		return nil, fmt.Errorf("%w: %s: larger than the %d-byte limit", ErrCorrupt, path, maxJSONFile)
-	}
-	return b, nil
+	return b, err
 }
 
 func checkHash(path string, want FileEntry) error {

@@ -57,6 +57,10 @@ type TrainerState struct {
 	FormatVersion    int   `json:"format_version"` // set by Save
 	Step             int64 `json:"step"`           // GRPO steps completed; names the directory
 	ConsumedRollouts int64 `json:"consumed_logical_rollouts"`
+	// RunID names the run that saved the checkpoint: set when it starts at
+	// step 0 and kept across resumes (a sharded checkpoint's shards carry
+	// it; absent in checkpoints of an older tracegrpo).
+	RunID string `json:"run_id,omitempty"`
 	// Optimizer and Scheduler are optim.State and optim.ScheduleState.
 	Optimizer json.RawMessage `json:"optimizer"`
 	Scheduler json.RawMessage `json:"scheduler"`
@@ -620,4 +624,27 @@ func parseStepDir(name string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(s, 10, 64)
 	return n, err == nil
+}
+
+// Marks names what makes dir a checkpoint's own directory, complete or
+// not ("" when nothing does): a step_<N> name or a save's temporary or
+// trash name, or one of a checkpoint's marker files (manifest.json, DONE,
+// shards.index.json) inside it. A checkpoint is verified against its
+// manifest, so nothing but a save may write into such a directory.
+func Marks(dir string) string {
+	base := filepath.Base(dir)
+	if _, ok := parseStepDir(base); ok {
+		return "a checkpoint's name (" + base + ")"
+	}
+	for _, p := range []string{tmpPrefix + stepPrefix, trashPrefix + stepPrefix} {
+		if strings.HasPrefix(base, p) {
+			return "the name of a checkpoint being saved or deleted (" + base + ")"
+		}
+	}
+	for _, f := range []string{ManifestFile, DoneFile, ShardIndexFile} {
+		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
+			return "a checkpoint's " + f
+		}
+	}
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -13,9 +14,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 )
 
@@ -32,13 +35,28 @@ import (
 //	<dir>/step_<N>/manifest.json, DONE               as unsharded: every file's size and sha256
 //
 // A shard file's __metadata__ holds tracegrpo_format "checkpoint-shard",
-// tracegrpo_version, step, rank, world_size, crc32c_block (CRCBlock) and,
-// for every tensor T, "crc32c:T": the CRC-32C (Castagnoli) of each
-// CRCBlock-byte block of T's data, little-endian uint32s in base64. A
-// resume at any world size, sharded or not, reads through Tensors only the
+// tracegrpo_version, step, rank, world_size, crc32c_block (CRCBlock), its
+// identity (ShardID: run, the run's id; weights_sha256, the sha256 of the
+// checkpoint's model.safetensors, which every shard of one save shares),
+// for every part of a parameter P it holds "range:P", its element range
+// "LO-HI", and for every tensor T, "crc32c:T": the CRC-32C (Castagnoli) of
+// each CRCBlock-byte block of T's data, little-endian uint32s in base64.
+// The index carries the same run, step and weights_sha256.
+//
+// Opening the tensors (OpenTensors, and so a resume, an export and train
+// verify) checks the pieces against each other before any is read: every
+// shard file's rank, world size, step, run and weights digest against the
+// index's, the index's digest against the manifest's sha256 of the
+// model.safetensors beside them, and every piece of the index against the
+// range its shard file says it holds. A checkpoint assembled from several
+// (a shard copied from another run or step, shard files swapped or
+// renamed, the index's entries swapped), even with its manifest and DONE
+// regenerated, is refused with ErrInconsistent naming the file. A resume
+// at any world size, sharded or not, then reads through Tensors only the
 // byte ranges it owns, rounded out to whole CRC blocks, and checks every
 // block it reads; train verify checks every file's sha256 as for any
-// checkpoint.
+// checkpoint. A checkpoint written before shards carried their identity
+// (neither the index nor any shard has one) is read as before.
 
 // ShardIndexFile is a sharded checkpoint's index.
 const ShardIndexFile = "shards.index.json"
@@ -79,12 +97,39 @@ func parseShardFile(name string) (rank, world int, ok bool) {
 	return r, w, true
 }
 
+// ErrInconsistent is wrapped by the errors for a checkpoint whose files
+// each match the manifest but not each other: an index that cannot
+// describe its tensors, or shard files that belong to another save,
+// another rank or another piece.
+var ErrInconsistent = errors.New("checkpoint: its files do not belong together")
+
+// ShardID is what every shard file and the index of one sharded checkpoint
+// share: the run that saved it (its id, kept across resumes), the step,
+// the world size, and the sha256 of the checkpoint's model.safetensors
+// (the HF weights of the whole model, written before the shards).
+type ShardID struct {
+	Run     string
+	Step    int64
+	World   int
+	Weights string
+}
+
 // ShardIndex is shards.index.json.
 type ShardIndex struct {
-	Format  string        `json:"format"`
-	Version int           `json:"version"`
-	World   int           `json:"world_size"`
+	Format  string `json:"format"`
+	Version int    `json:"version"`
+	World   int    `json:"world_size"`
+	// Run, Step and Weights are the ShardID of the save (absent in
+	// checkpoints written before shards carried their identity).
+	Run     string        `json:"run,omitempty"`
+	Step    int64         `json:"step,omitempty"`
+	Weights string        `json:"weights_sha256,omitempty"`
 	Tensors []ShardTensor `json:"tensors"`
+}
+
+// ID is the index's ShardID.
+func (x *ShardIndex) ID() ShardID {
+	return ShardID{Run: x.Run, Step: x.Step, World: x.World, Weights: x.Weights}
 }
 
 // ShardTensor is one parameter and the pieces that hold it.
@@ -131,6 +176,11 @@ func (x *ShardIndex) check() error {
 	if x.World < 1 {
 		return fmt.Errorf("world_size: want ≥ 1, found %d", x.World)
 	}
+	if x.Run != "" || x.Step != 0 || x.Weights != "" {
+		if x.Run == "" || x.Step < 0 || len(x.Weights) != 64 || strings.Trim(x.Weights, "0123456789abcdef") != "" {
+			return fmt.Errorf("run, step, weights_sha256: want a run id, a step ≥ 0 and 64 lowercase hex digits, found %q, %d, %q", quoteCut(x.Run), x.Step, quoteCut(x.Weights))
+		}
+	}
 	seen := map[string]bool{}
 	for i, t := range x.Tensors {
 		if t.Name == "" || seen[t.Name] {
@@ -166,18 +216,22 @@ type ShardPart struct {
 	Values [NumKinds][]float32
 }
 
-// WriteShard writes rank's shard file (of world) into dir, a Pending's Dir,
-// and returns its manifest entry.
-func WriteShard(dir string, rank, world int, step int64, parts []ShardPart) (FileEntry, error) {
-	name := ShardFile(rank, world)
+// WriteShard writes rank's shard file of the save id into dir, a
+// Pending's Dir, and returns its manifest entry.
+func WriteShard(dir string, rank int, id ShardID, parts []ShardPart) (FileEntry, error) {
+	name := ShardFile(rank, id.World)
 	path := filepath.Join(dir, name)
+	if id.Run == "" || len(id.Weights) != 64 {
+		return FileEntry{}, fmt.Errorf("checkpoint: shard %s: identity %+v: want a run id and the sha256 of model.safetensors", name, id)
+	}
 	meta := map[string]string{
 		"tracegrpo_format": shardFileKind, "tracegrpo_version": strconv.Itoa(FormatVersion),
-		"step": strconv.FormatInt(step, 10), "rank": strconv.Itoa(rank), "world_size": strconv.Itoa(world),
-		"crc32c_block": strconv.Itoa(CRCBlock),
+		"step": strconv.FormatInt(id.Step, 10), "rank": strconv.Itoa(rank), "world_size": strconv.Itoa(id.World),
+		"crc32c_block": strconv.Itoa(CRCBlock), "run": id.Run, "weights_sha256": id.Weights,
 	}
 	var tensors []Tensor
 	for _, p := range parts {
+		meta["range:"+p.Name] = fmt.Sprintf("%d-%d", p.Lo, p.Hi)
 		for k := range NumKinds {
 			v := p.Values[k]
 			if int64(len(v)) != p.Hi-p.Lo {
@@ -216,6 +270,7 @@ func blockCRCs(v []float32) string {
 // for concurrent use.
 type Tensors struct {
 	path    string
+	step    int64
 	index   *ShardIndex
 	byName  map[string]int
 	mu      sync.Mutex
@@ -251,7 +306,7 @@ func OpenTensors(path string) (*Tensors, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tensors{path: path}
+	t := &Tensors{path: path, step: man.Step}
 	entry := map[string]FileEntry{}
 	for _, f := range man.Files {
 		entry[f.Name] = f
@@ -267,7 +322,7 @@ func OpenTensors(path string) (*Tensors, error) {
 		}
 		x, err := ParseShardIndex(b)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, p, err)
+			return nil, fmt.Errorf("%w: %s: %v (it matches %s; it was written wrong, or edited: the checkpoint cannot be read)", ErrInconsistent, p, err, ManifestFile)
 		}
 		t.index = &x
 		t.byName = make(map[string]int, len(x.Tensors))
@@ -275,6 +330,10 @@ func OpenTensors(path string) (*Tensors, error) {
 			t.byName[tt.Name] = i
 		}
 		t.shards = make([]*shardFile, x.World)
+		if err := t.checkShards(entry[ModelFile]); err != nil {
+			t.Close()
+			return nil, err
+		}
 		return t, nil
 	}
 	if _, ok := entry[OptimizerZstdFile]; ok {
@@ -440,15 +499,110 @@ func (t *Tensors) shard(rank int) (*shardFile, error) {
 		return nil, err
 	}
 	md := f.Metadata()
-	if md["tracegrpo_format"] != shardFileKind || md["tracegrpo_version"] != strconv.Itoa(FormatVersion) ||
-		md["rank"] != strconv.Itoa(rank) || md["world_size"] != strconv.Itoa(t.index.World) || md["crc32c_block"] != strconv.Itoa(CRCBlock) {
-		return nil, fmt.Errorf("%w: %s: __metadata__: want tracegrpo_format %q version %d, rank %d of %d, crc32c_block %d; found %q %q, rank %q of %q, %q",
-			ErrCorrupt, f.Name(), shardFileKind, FormatVersion, rank, t.index.World, CRCBlock,
-			md["tracegrpo_format"], md["tracegrpo_version"], md["rank"], md["world_size"], md["crc32c_block"])
+	if md["tracegrpo_format"] != shardFileKind || md["tracegrpo_version"] != strconv.Itoa(FormatVersion) || md["crc32c_block"] != strconv.Itoa(CRCBlock) {
+		return nil, fmt.Errorf("%w: %s: __metadata__: want tracegrpo_format %q version %d, crc32c_block %d; found %q %q, %q",
+			ErrCorrupt, f.Name(), shardFileKind, FormatVersion, CRCBlock, md["tracegrpo_format"], md["tracegrpo_version"], md["crc32c_block"])
+	}
+	if md["rank"] != strconv.Itoa(rank) || md["world_size"] != strconv.Itoa(t.index.World) {
+		return nil, fmt.Errorf("%w: %s holds the shard of rank %s of %s (its __metadata__), not of rank %d of %d: shard files were swapped, renamed or copied from another checkpoint",
+			ErrInconsistent, f.Name(), quoteCut(md["rank"]), quoteCut(md["world_size"]), rank, t.index.World)
+	}
+	want := t.index.ID()
+	if want.Weights == "" { // written before shards carried their identity
+		want = ShardID{Step: t.step, World: t.index.World}
+	}
+	got := ShardID{Run: md["run"], Step: -1, World: t.index.World, Weights: md["weights_sha256"]}
+	if s, err := strconv.ParseInt(md["step"], 10, 64); err == nil {
+		got.Step = s
+	}
+	if got != want && t.index.Weights == "" {
+		return nil, fmt.Errorf("%w: %s carries the identity of run %s, step %s, weights sha256 %s, but %s has none: the index was rewritten (by a tool that drops its run, step and weights_sha256) or comes from an older save",
+			ErrInconsistent, f.Name(), quoteCut(md["run"]), quoteCut(md["step"]), quoteCut(md["weights_sha256"]), ShardIndexFile)
+	}
+	if got != want {
+		return nil, fmt.Errorf("%w: %s belongs to another save: run %s, step %s, weights sha256 %s (its __metadata__), where %s says run %s, step %d, weights sha256 %s: it was copied from another checkpoint",
+			ErrInconsistent, f.Name(), quoteCut(md["run"]), quoteCut(md["step"]), quoteCut(md["weights_sha256"]), ShardIndexFile, orAbsent(want.Run), want.Step, orAbsent(want.Weights))
 	}
 	sf := &shardFile{f: f, crcs: map[string][]uint32{}}
 	t.shards[rank] = sf
 	return sf, nil
+}
+
+// checkShards opens every shard file and checks the pieces against each
+// other: the index's identity against the manifest (its step and its
+// model.safetensors, model), every shard's against the index's (shard),
+// and every piece of the index against the range its shard holds.
+func (t *Tensors) checkShards(model FileEntry) error {
+	x := t.index
+	idxPath := filepath.Join(t.path, ShardIndexFile)
+	legacy := x.Run == "" && x.Step == 0 && x.Weights == ""
+	if !legacy && (x.Step != t.step || x.Weights != model.SHA256) {
+		return fmt.Errorf("%w: %s belongs to step %d and a model.safetensors of sha256 %s, but this checkpoint is step %d and its %s has sha256 %s (%s): the index or the HF weights come from another save",
+			ErrInconsistent, idxPath, x.Step, x.Weights, t.step, ModelFile, model.SHA256, ManifestFile)
+	}
+	held := make([]int, x.World) // pieces the index gives each rank
+	for _, tt := range x.Tensors {
+		for _, p := range tt.Pieces {
+			held[p.Rank]++
+		}
+	}
+	for r := range x.World {
+		sf, err := t.shard(r)
+		if err != nil {
+			return err
+		}
+		if legacy {
+			continue
+		}
+		ranges := 0
+		for k := range sf.f.Metadata() {
+			if strings.HasPrefix(k, "range:") {
+				ranges++
+			}
+		}
+		if ranges != held[r] {
+			return fmt.Errorf("%w: %s holds %d parameter pieces, %s gives rank %d %d", ErrInconsistent, sf.f.Name(), ranges, idxPath, r, held[r])
+		}
+	}
+	if legacy {
+		return nil
+	}
+	for _, tt := range x.Tensors {
+		for _, p := range tt.Pieces {
+			sf := t.shards[p.Rank]
+			want := fmt.Sprintf("%d-%d", p.Lo, p.Hi)
+			if got, ok := sf.f.Metadata()["range:"+tt.Name]; !ok || got != want {
+				return fmt.Errorf("%w: %s gives rank %d elements [%d, %d) of %s, but %s holds %s of it: the index's entries were swapped or edited",
+					ErrInconsistent, idxPath, p.Rank, p.Lo, p.Hi, tt.Name, sf.f.Name(), rangeText(got, ok))
+			}
+		}
+	}
+	return nil
+}
+
+func rangeText(r string, ok bool) string {
+	if !ok {
+		return "no piece"
+	}
+	lo, hi, _ := strings.Cut(quoteCut(r), "-")
+	return "elements [" + lo + ", " + hi + ")"
+}
+
+func orAbsent(s string) string {
+	if s == "" {
+		return "(absent)"
+	}
+	return s
+}
+
+// quoteCut returns s for a message: as it is, or quoted and cut after
+// quote.Max bytes with its length when longer (a file's metadata can hold
+// anything).
+func quoteCut(s string) string {
+	if len(s) <= quote.Max {
+		return s
+	}
+	return quote.Cut(s)
 }
 
 // crcsOf decodes tensor tn's block CRCs (size bytes of data).

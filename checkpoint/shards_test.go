@@ -26,12 +26,36 @@ func value(t, k, i int) float32 { return float32(t*1_000_000+k*100_000) + float3
 
 func writeShardFixture(t *testing.T, world int, sizes []int) shardFixture {
 	t.Helper()
-	dir := t.TempDir()
+	return writeShardFixtureOf(t, t.TempDir(), fixtureRun{id: "run-a", hf: "hf weights stand-in"}, world, sizes)
+}
+
+// fixtureRun is what tells two sharded fixtures apart: their run id, their
+// HF weights' bytes, and a shift added to every value.
+type fixtureRun struct {
+	id, hf string
+	shift  float32
+}
+
+// writeShardFixtureOf writes a sharded fixture of step 3 into dir as run
+// saves it: the HF weights first, then each rank's shard with its
+// identity, the index, the trainer state.
+func writeShardFixtureOf(t *testing.T, dir string, run fixtureRun, world int, sizes []int) shardFixture {
+	t.Helper()
 	p, err := Begin(dir, 3, SaveOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx := shardFixture{sizes: map[string]int{}, index: ShardIndex{World: world}}
+	for _, f := range []struct{ name, data string }{{ModelFile, run.hf}, {ConfigFile, "{}"}} {
+		if err := p.WriteFile(f.name, []byte(f.data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hf, err := HashFile(filepath.Join(p.Dir(), ModelFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := ShardID{Run: run.id, Step: 3, World: world, Weights: hf.SHA256}
+	fx := shardFixture{sizes: map[string]int{}, index: ShardIndex{World: world, Run: id.Run, Step: id.Step, Weights: id.Weights}}
 	parts := make([][]ShardPart, world)
 	for ti, n := range sizes {
 		name := fmt.Sprintf("t%d.weight", ti)
@@ -48,7 +72,7 @@ func writeShardFixture(t *testing.T, world int, sizes []int) shardFixture {
 			for k := range NumKinds {
 				v := make([]float32, hi-lo)
 				for i := range v {
-					v[i] = value(ti, k, lo+i)
+					v[i] = value(ti, k, lo+i) + run.shift
 				}
 				sp.Values[k] = v
 			}
@@ -57,7 +81,7 @@ func writeShardFixture(t *testing.T, world int, sizes []int) shardFixture {
 		fx.index.Tensors = append(fx.index.Tensors, st)
 	}
 	for r := range world {
-		e, err := WriteShard(p.Dir(), r, world, 3, parts[r])
+		e, err := WriteShard(p.Dir(), r, id, parts[r])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -67,13 +91,8 @@ func writeShardFixture(t *testing.T, world int, sizes []int) shardFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []struct {
-		name string
-		data []byte
-	}{{ShardIndexFile, b}, {ModelFile, []byte("hf weights stand-in")}, {ConfigFile, []byte("{}")}} {
-		if err := p.WriteFile(f.name, f.data); err != nil {
-			t.Fatal(err)
-		}
+	if err := p.WriteFile(ShardIndexFile, b); err != nil {
+		t.Fatal(err)
 	}
 	if err := p.WriteTrainerState(TrainerState{Step: 3}); err != nil {
 		t.Fatal(err)
@@ -108,7 +127,6 @@ func TestShardedReadRanges(t *testing.T) {
 				t.Fatalf("Sharded() = %v, %d", sh, w)
 			}
 			var want int64
-			headers := map[int]bool{}
 			for ti, n := range sizes {
 				name := fmt.Sprintf("t%d.weight", ti)
 				per := (n + readers - 1) / readers
@@ -132,14 +150,13 @@ func TestShardedReadRanges(t *testing.T) {
 						if a >= b {
 							continue
 						}
-						headers[p.Rank] = true
 						size := 4 * (p.Hi - p.Lo)
 						b0, b1 := 4*(a-p.Lo)/CRCBlock, (4*(b-p.Lo)+CRCBlock-1)/CRCBlock
 						want += min(b1*CRCBlock, size) - b0*CRCBlock
 					}
 				}
 			}
-			for rank := range headers {
+			for rank := range 2 { // every shard's header, read to check the pieces against each other
 				want += shardHeaderBytes(t, fx.path, rank, 2)
 			}
 			if got := tens.BytesRead(); got != want {
@@ -323,5 +340,149 @@ func TestShardedCheckpointIsAnotherLayout(t *testing.T) {
 	}
 	if read < 2 {
 		t.Fatalf("only %d tensors read", read)
+	}
+}
+
+// reseal rewrites a checkpoint's manifest.json and DONE from the files in
+// it, as a tool or a careless copy would after changing them: every file
+// then matches the manifest again.
+func reseal(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(path, ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range man.Files {
+		if man.Files[i], err = HashFile(filepath.Join(path, f.Name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mb, err := json.MarshalIndent(man, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb = append(mb, '\n')
+	must(t, os.WriteFile(filepath.Join(path, ManifestFile), mb, 0o644))
+	must(t, os.WriteFile(filepath.Join(path, DoneFile), doneContent(mb), 0o644))
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.WriteFile(to, b, 0o644))
+}
+
+// TestShardedChimerasRefused (issue 34; issue 33, item 5): a sharded
+// checkpoint assembled from pieces that do not belong together, with its
+// manifest and DONE regenerated so that every file matches them, is
+// refused by OpenTensors (a resume, an export) and by Verify, with
+// ErrInconsistent naming the file that does not belong: rank 1's shard
+// copied from another run, the two shard files swapped (each still
+// self-consistent), the index's entries swapped between the ranks or its
+// split moved, the index or the HF weights from another run. Untouched and
+// resealed, the checkpoint reads back every value it was written with.
+func TestShardedChimerasRefused(t *testing.T) {
+	sizes := []int{300_000, 70_001, 5}
+	other := writeShardFixtureOf(t, t.TempDir(), fixtureRun{id: "run-b", hf: "other run's weights", shift: 0.5}, 2, sizes)
+	s0, s1 := ShardFile(0, 2), ShardFile(1, 2)
+	editIndex := func(t *testing.T, path string, edit func(*ShardIndex)) {
+		b, err := os.ReadFile(filepath.Join(path, ShardIndexFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := ParseShardIndex(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		edit(&x)
+		b, err = json.Marshal(x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, os.WriteFile(filepath.Join(path, ShardIndexFile), b, 0o644))
+	}
+	for _, c := range []struct {
+		name  string
+		edit  func(t *testing.T, path string)
+		names []string // what the error must name
+	}{
+		{"untouched", func(*testing.T, string) {}, nil},
+		{"rank 1's shard from another run", func(t *testing.T, p string) {
+			copyFile(t, filepath.Join(other.path, s1), filepath.Join(p, s1))
+		}, []string{s1, "run-b", "another save"}},
+		{"shard files swapped", func(t *testing.T, p string) {
+			must(t, os.Rename(filepath.Join(p, s0), filepath.Join(p, "tmp")))
+			must(t, os.Rename(filepath.Join(p, s1), filepath.Join(p, s0)))
+			must(t, os.Rename(filepath.Join(p, "tmp"), filepath.Join(p, s1)))
+		}, []string{s0, "rank 1 of 2", "not of rank 0"}},
+		{"index entries swapped between the ranks", func(t *testing.T, p string) {
+			editIndex(t, p, func(x *ShardIndex) {
+				for i := range x.Tensors {
+					for j := range x.Tensors[i].Pieces {
+						x.Tensors[i].Pieces[j].Rank = 1 - x.Tensors[i].Pieces[j].Rank
+					}
+				}
+			})
+		}, []string{ShardIndexFile, "gives rank 1 elements [0, 150000) of t0.weight", s1, "holds elements [150000, 300000)"}},
+		{"index split moved", func(t *testing.T, p string) {
+			editIndex(t, p, func(x *ShardIndex) { x.Tensors[1].Pieces[0].Hi++; x.Tensors[1].Pieces[1].Lo++ })
+		}, []string{ShardIndexFile, "t1.weight", s0}},
+		{"index from another run", func(t *testing.T, p string) {
+			copyFile(t, filepath.Join(other.path, ShardIndexFile), filepath.Join(p, ShardIndexFile))
+		}, []string{ShardIndexFile, ModelFile, "another save"}},
+		{"HF weights from another run", func(t *testing.T, p string) {
+			copyFile(t, filepath.Join(other.path, ModelFile), filepath.Join(p, ModelFile))
+		}, []string{ShardIndexFile, ModelFile, "another save"}},
+		{"index without its identity", func(t *testing.T, p string) {
+			editIndex(t, p, func(x *ShardIndex) { x.Run, x.Step, x.Weights = "", 0, "" })
+		}, []string{s0, "has none"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fx := writeShardFixture(t, 2, sizes)
+			c.edit(t, fx.path)
+			reseal(t, fx.path)
+			_, verr := Verify(fx.path)
+			tens, err := OpenTensors(fx.path)
+			if c.names == nil {
+				if err != nil || verr != nil {
+					t.Fatalf("resealed untouched: OpenTensors %v, Verify %v", err, verr)
+				}
+				defer tens.Close()
+				for ti, n := range sizes {
+					got := make([]float32, n)
+					if err := tens.Read(fmt.Sprintf("t%d.weight", ti), KindExpAvg, 0, got); err != nil {
+						t.Fatal(err)
+					}
+					for i, x := range got {
+						if x != value(ti, KindExpAvg, i) {
+							t.Fatalf("t%d element %d = %g, wrote %g", ti, i, x, value(ti, KindExpAvg, i))
+						}
+					}
+				}
+				return
+			}
+			if err == nil {
+				tens.Close()
+			}
+			for what, e := range map[string]error{"OpenTensors": err, "Verify": verr} {
+				if !errors.Is(e, ErrInconsistent) {
+					t.Errorf("%s: %v; want ErrInconsistent", what, e)
+					continue
+				}
+				t.Logf("%s: %v", what, e)
+				for _, n := range c.names {
+					if !strings.Contains(e.Error(), n) {
+						t.Errorf("%s: %v\nwant it to name %q", what, e, n)
+					}
+				}
+			}
+		})
 	}
 }

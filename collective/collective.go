@@ -16,6 +16,9 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
@@ -66,6 +69,42 @@ type Pending interface {
 type Overlapper interface {
 	AllGatherAsync(dst, src kernels.Buf) (Pending, error)
 	ReduceScatterSumAsync(dst, src kernels.Buf) (Pending, error)
+}
+
+// Deadliner is implemented by a Comm whose collectives can give up waiting
+// for the other ranks (collective/mpi, Local): after SetTimeout(d) (0:
+// wait forever), a collective that has waited d fails with an error that
+// is ErrRankTimeout and names the ranks that went silent.
+type Deadliner interface {
+	SetTimeout(d time.Duration)
+}
+
+// ErrRankTimeout is wrapped by the error of a collective that waited
+// longer than its timeout for another rank.
+var ErrRankTimeout = errors.New("dist: a rank went silent")
+
+// SilentError is the error of rank's collective what that waited timeout
+// for the ranks in silent, which how ("did not answer a roll call within
+// 1s") says what they did not do (none: every rank answered after all).
+func SilentError(rank int, timeout time.Duration, what string, silent []int, how string) error {
+	if len(silent) == 0 {
+		// Open MPI continues a stopped rank (SIGCONT) before it kills it, so
+		// a roll call taken while another rank ends the job can find every
+		// rank answering.
+		return fmt.Errorf("%w: rank %d waited %v in %s (--rank-timeout), and then every rank answered its roll call: a rank was stopped or hung "+
+			"and has gone on (or another rank is ending the job); every rank stops", ErrRankTimeout, rank, timeout, what)
+	}
+	names := make([]string, len(silent))
+	for i, r := range silent {
+		names[i] = strconv.Itoa(r)
+	}
+	who, verb := "rank "+names[0], "is"
+	if len(names) > 1 {
+		who, verb = "ranks "+strings.Join(names, ", "), "are"
+	}
+	return fmt.Errorf("%w: %s %s silent: rank %d waited %v in %s (--rank-timeout) and %s %s "+
+		"(a stopped or hung process, a dead node or network); every rank stops",
+		ErrRankTimeout, who, verb, rank, timeout, what, who, how)
 }
 
 // ErrNotBuilt is returned by implementations this binary was built without

@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 )
 
 // Launch is what the launcher told this process: its rank, the world size,
@@ -29,30 +31,35 @@ type Launch struct {
 // launcherVars are the variables each launcher sets for rank, world size
 // and local rank.
 var launcherVars = []struct {
-	name                  string
-	rank, size, localRank string
+	name                             string
+	rank, size, localRank, localSize string
 }{
-	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"},
-	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"},
-	{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"},
+	{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+	{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+	{"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"},
 }
 
 // DetectLaunch reads the launch from getenv (os.Getenv in a process). Each
-// launcher present must set its rank and world size as integers, in range.
+// launcher present must set its rank and world size as integers, in range,
+// and numbers that can be: a local rank below the world size and below the
+// ranks on its node, no more ranks on a node than in the world, and a
+// MASTER_PORT that is a TCP port (an impossible launch is refused naming
+// the variables, before any rank waits for another that cannot exist).
 // torchrun and mpirun start the ranks themselves: when both are present
 // they must agree on all three numbers (a disagreement is an error naming
 // the variables). Inside a Slurm allocation their numbers win over
 // Slurm's, which then describe the batch step or the srun task that
-// started the launcher (one torchrun per node), not the ranks. Slurm's
-// numbers are the ranks' only when srun started them directly; an
-// allocation's shell (salloc), which has SLURM_NTASKS but no
-// SLURM_PROCID, is one process.
+// started the launcher (one torchrun per node), not the ranks: Slurm's
+// tasks per node are then not compared with them. Slurm's numbers are the
+// ranks' only when srun started them directly; an allocation's shell
+// (salloc), which has SLURM_NTASKS but no SLURM_PROCID, is one process.
 func DetectLaunch(getenv func(string) string) (Launch, error) {
 	l := Launch{Size: 1}
 	type seen struct {
-		name                  string
-		rank, size, localRank int
-		vars                  [3]string
+		name                             string
+		rank, size, localRank, localSize int
+		vars                             [3]string
+		localSizeVar                     string
 	}
 	var found []seen
 	for _, v := range launcherVars {
@@ -60,7 +67,7 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 		if rs == "" && (ss == "" || v.name == "slurm") {
 			continue // none, or an allocation's shell (salloc): no task of srun's
 		}
-		s := seen{name: v.name, vars: [3]string{v.rank, v.size, v.localRank}}
+		s := seen{name: v.name, vars: [3]string{v.rank, v.size, v.localRank}, localSizeVar: v.localSize}
 		var err error
 		if s.rank, err = envInt(v.rank, rs); err != nil {
 			return l, err
@@ -78,7 +85,7 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 			return l, fmt.Errorf("dist: %s=%d with %s=%d: the rank must be in [0, world size)", v.rank, s.rank, v.size, s.size)
 		}
 		if s.localRank < 0 || s.localRank >= s.size {
-			return l, fmt.Errorf("dist: %s=%d: the local rank must be in [0, %d)", v.localRank, s.localRank, s.size)
+			return l, fmt.Errorf("dist: %s=%d with %s=%d: the local rank must be in [0, world size)", v.localRank, s.localRank, v.size, s.size)
 		}
 		found = append(found, s)
 	}
@@ -93,6 +100,26 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 	if len(starters) == 0 {
 		starters = found
 	}
+	// Each starter's ranks on a node: at least one, at most the world, and
+	// more than its local rank.
+	for i := range starters {
+		f := &starters[i]
+		ls := getenv(f.localSizeVar)
+		if ls == "" {
+			continue
+		}
+		n, err := envInt(f.localSizeVar, ls)
+		if err != nil {
+			return l, err
+		}
+		if n < 1 || n > f.size {
+			return l, fmt.Errorf("dist: %s=%d with %s=%d: the ranks on a node must be in [1, world size]", f.localSizeVar, n, f.vars[1], f.size)
+		}
+		if f.localRank >= n {
+			return l, fmt.Errorf("dist: %s=%d with %s=%d: the local rank must be below the ranks on its node", f.vars[2], f.localRank, f.localSizeVar, n)
+		}
+		f.localSize = n
+	}
 	for _, f := range starters[min(1, len(starters)):] {
 		a := starters[0]
 		for i, pair := range [][2]int{{a.rank, f.rank}, {a.size, f.size}, {a.localRank, f.localRank}} {
@@ -104,21 +131,14 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 	}
 	if len(starters) > 0 {
 		l.Rank, l.Size, l.LocalRank = starters[0].rank, starters[0].size, starters[0].localRank
-		for _, f := range found {
-			l.Launchers = append(l.Launchers, f.name)
-		}
-	}
-	localSizes := []string{"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"}
-	if len(starters) > 0 && starters[0].name == "slurm" {
-		localSizes = append(localSizes, "SLURM_NTASKS_PER_NODE")
-	}
-	for _, k := range localSizes {
-		if v := getenv(k); v != "" && len(found) > 0 {
-			n, err := envInt(k, v)
-			if err == nil && n > 0 && n <= l.Size {
-				l.LocalSize = n
+		for _, f := range starters {
+			if f.localSize > 0 {
+				l.LocalSize = f.localSize
 				break
 			}
+		}
+		for _, f := range found {
+			l.Launchers = append(l.Launchers, f.name)
 		}
 	}
 	l.MasterAddr = getenv("MASTER_ADDR")
@@ -128,7 +148,7 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 			return l, err
 		}
 		if port < 1 || port > 65535 {
-			return l, fmt.Errorf("dist: MASTER_PORT=%d: not a TCP port", port)
+			return l, fmt.Errorf("dist: MASTER_PORT=%d: not a TCP port (want 1 to 65535)", port)
 		}
 		l.MasterPort = port
 	}
@@ -138,7 +158,7 @@ func DetectLaunch(getenv func(string) string) (Launch, error) {
 func envInt(name, s string) (int, error) {
 	v, err := strconv.Atoi(strings.TrimSpace(s))
 	if err != nil {
-		return 0, fmt.Errorf("dist: %s=%q: want an integer", name, s)
+		return 0, fmt.Errorf("dist: %s=%s: want an integer", name, quote.Cut(s))
 	}
 	return v, nil
 }
@@ -237,7 +257,7 @@ func Environ() []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		for _, v := range launcherVars {
-			if k == v.rank || k == v.size || k == v.localRank {
+			if k == v.rank || k == v.size || k == v.localRank || k == v.localSize {
 				out = append(out, kv)
 			}
 		}

@@ -3,6 +3,7 @@ package collective
 import (
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
@@ -12,7 +13,7 @@ import (
 // kernels/cpu): every collective moves data through the host. It exists to
 // test data-parallel logic without a launcher; it is not a transport.
 func Local(mems []kernels.Backend) []Comm {
-	g := &localGroup{n: len(mems), slots: make([][]byte, len(mems))}
+	g := &localGroup{n: len(mems), slots: make([][]byte, len(mems)), arrived: make([]bool, len(mems)), read: make([]bool, len(mems))}
 	g.cond = sync.NewCond(&g.mu)
 	out := make([]Comm, len(mems))
 	for r, m := range mems {
@@ -22,15 +23,56 @@ func Local(mems []kernels.Backend) []Comm {
 }
 
 type localGroup struct {
-	n     int
-	mu    sync.Mutex
-	cond  *sync.Cond
-	slots [][]byte // each rank's contribution to the current collective
-	op    string
-	come  int    // ranks arrived at the current collective
-	gen   uint64 // collectives completed
-	left  int    // ranks yet to read the completed collective's slots
-	abort int    // the rank that aborted, +1 (0: none)
+	n       int
+	mu      sync.Mutex
+	cond    *sync.Cond
+	slots   [][]byte // each rank's contribution to the current collective
+	op      string
+	come    int    // ranks arrived at the current collective
+	gen     uint64 // collectives completed
+	left    int    // ranks yet to read the completed collective's slots
+	abort   int    // the rank that aborted, +1 (0: none)
+	timeout time.Duration
+	failed  error  // a collective timed out: every later one fails with this
+	arrived []bool // who deposited in the current collective
+	read    []bool // who read the completed one's slots
+}
+
+// SetTimeout makes a collective that has waited d for the other ranks fail
+// naming the ranks that did not come (0: wait forever); it applies to every
+// rank of the group.
+func (c *localComm) SetTimeout(d time.Duration) {
+	c.g.mu.Lock()
+	defer c.g.mu.Unlock()
+	c.g.timeout = max(d, 0)
+}
+
+// wait waits on the group's condition while cond holds; after the timeout
+// it fails the group naming the ranks missing (those missing reports true
+// for). g.mu is held.
+func (c *localComm) wait(op string, cond func() bool, missing func(r int) bool) error {
+	g := c.g
+	var deadline time.Time
+	if g.timeout > 0 {
+		deadline = time.Now().Add(g.timeout)
+		t := time.AfterFunc(g.timeout, func() { g.mu.Lock(); g.cond.Broadcast(); g.mu.Unlock() })
+		defer t.Stop()
+	}
+	for cond() && g.abort == 0 && g.failed == nil {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			var silent []int
+			for r := range g.n {
+				if missing(r) {
+					silent = append(silent, r)
+				}
+			}
+			g.failed = SilentError(c.rank, g.timeout, op, silent, "did not reach it")
+			g.cond.Broadcast()
+			break
+		}
+		g.cond.Wait()
+	}
+	return g.failed
 }
 
 type localComm struct {
@@ -67,8 +109,9 @@ func (c *localComm) exchange(op string, mine []byte) ([][]byte, error) {
 		}
 		return nil
 	}
-	for g.left > 0 && g.abort == 0 { // the previous collective is still being read
-		g.cond.Wait()
+	// The previous collective is still being read.
+	if err := c.wait(op, func() bool { return g.left > 0 }, func(r int) bool { return !g.read[r] }); err != nil {
+		return nil, err
 	}
 	if err := aborted(); err != nil {
 		return nil, err
@@ -79,21 +122,25 @@ func (c *localComm) exchange(op string, mine []byte) ([][]byte, error) {
 		return nil, fmt.Errorf("dist: rank %d called %s while other ranks called %s", c.rank, op, g.op)
 	}
 	g.slots[c.rank] = mine
+	g.arrived[c.rank] = true
 	g.come++
 	gen := g.gen
 	if g.come == g.n {
 		g.come, g.left = 0, g.n
+		clear(g.arrived)
+		clear(g.read)
 		g.gen++
 		g.cond.Broadcast()
 	}
-	for g.gen == gen && g.abort == 0 {
-		g.cond.Wait()
+	if err := c.wait(op, func() bool { return g.gen == gen }, func(r int) bool { return !g.arrived[r] }); err != nil {
+		return nil, err
 	}
 	if err := aborted(); err != nil {
 		return nil, err
 	}
 	out := make([][]byte, g.n)
 	copy(out, g.slots)
+	g.read[c.rank] = true
 	g.left--
 	if g.left == 0 {
 		g.cond.Broadcast()

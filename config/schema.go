@@ -9,6 +9,7 @@ type Config struct {
 	Checkpointing Checkpointing `yaml:"checkpointing"`
 	Env           Env           `yaml:"env"`
 	Cluster       Cluster       `yaml:"cluster"`
+	Logger        Logger        `yaml:"logger"`
 	// DataPlane is NeMo RL's asynchronous data plane; multi-trace requires it
 	// null or disabled.
 	DataPlane *Toggle `yaml:"data_plane"`
@@ -253,6 +254,14 @@ type TokenIDCapture struct {
 	ExternalStaging bool `yaml:"external_staging"`
 }
 
+// Logger is the part of `logger:` tracegrpo writes: TensorBoard event
+// files of the metrics under log_dir (a relative log_dir is under the run
+// directory). Its other back ends are listed at start as not written.
+type Logger struct {
+	LogDir             OptionalString `yaml:"log_dir"`
+	TensorboardEnabled bool           `yaml:"tensorboard_enabled"`
+}
+
 // Cluster is `cluster:`.
 type Cluster struct {
 	GPUsPerNode int `yaml:"gpus_per_node"`
@@ -338,5 +347,6 @@ func Default() Config {
 			}},
 		},
 		Cluster: Cluster{GPUsPerNode: 1, NumNodes: 1},
+		Logger:  Logger{LogDir: "logs"},
 	}
 }

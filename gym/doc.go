@@ -119,7 +119,7 @@
 //     content is the other's would have attributed (and trained) the wrong
 //     one. Witnesses that name different token sequences mask the rollout
 //     (terminal_disagreement); Gym attributes nothing there and masks only
-//     when a retry then stays unresolved (README, Departures). Where Gym's
+//     when a retry then stays unresolved (docs/gym.md, Departures). Where Gym's
 //     own fingerprint raises AttributeError (malformed tool_calls), the
 //     rollout is masked (terminal_unavailable).
 //   - A record whose mask_sample is already true stays masked

@@ -30,11 +30,29 @@ package kernels
 
 // Router is how RouterTopK chooses and weighs experts. The zero value of a
 // field is the Qwen3-MoE/Mixtral choice; a sparse family with another
-// router (a sigmoid score, a selection bias, group-limited selection) adds
-// a field here and a branch in the router kernels, nothing else.
+// router adds a field here and a branch in the router kernels, nothing
+// else.
+//
+// Sigmoid is Nemotron-H's router (transformers' NemotronHMoE.
+// route_tokens_to_experts, DeepSeek-V3's): scores s = σ(logits) in fp32;
+// the choice ranks s + Bias (e_score_correction_bias), first by group when
+// Groups > 1, while the weights are the unbiased scores of the chosen,
+// renormalised when Norm, times Scale.
 type Router struct {
 	K    int  // experts per token (num_experts_per_tok), 1 ≤ K ≤ E
 	Norm bool // renormalise the K weights to sum to one (norm_topk_prob)
+
+	// Sigmoid scores experts with a sigmoid in place of the softmax.
+	Sigmoid bool
+	// Bias (E) F32, unless empty (N == 0), is added to the sigmoid scores
+	// for the choice of experts only (Sigmoid only).
+	Bias Buf
+	// Groups > 1 limits the choice to TopGroups of Groups contiguous
+	// groups of E/Groups experts (n_group, topk_group; Sigmoid only).
+	Groups, TopGroups int
+	// Scale multiplies the sigmoid router's weights
+	// (routed_scaling_factor); 0 means 1.
+	Scale float32
 }
 
 // Experts are the ops of sparse layers (see the top of this file).
@@ -48,6 +66,21 @@ type Experts interface {
 	//                       the CPU);
 	//   weights (T,K) F32 = those probs, divided by their float64 sum when
 	//                       r.Norm.
+	//
+	// With r.Sigmoid (Nemotron-H):
+	//   probs (T,E) F32 =   σ(logits[t]) in float64, rounded to float32
+	//                       (the scores s);
+	//   c = s + r.Bias      the choice scores, one float32 addition (as
+	//                       torch adds the fp32 bias; s where Bias is empty);
+	//   groups (Groups > 1): a group's score is the float32 sum of its two
+	//                       largest c; the TopGroups largest groups are kept (ties
+	//                       to the lower group id) and every expert of
+	//                       another group takes c = 0 (transformers'
+	//                       masked_fill with 0.0, not −∞);
+	//   experts (T,K) I32 = the K largest c, descending, ties to the lower
+	//                       expert id;
+	//   weights (T,K) F32 = Scale·s[e_j] / (Σ_j s[e_j] + 1e-20) when r.Norm,
+	//                       else Scale·s[e_j], in float64, rounded.
 	RouterTopK(probs, weights, experts, logits Buf, T, E int, r Router)
 	// RouterTopKBackward: dlogits (T,E) = ∂L/∂logits from dweights (T,K)
 	// F32 = ∂L/∂weights, through the renormalisation (r.Norm) and the
@@ -55,7 +88,9 @@ type Experts interface {
 	// to ∂L/∂probs[t, e] of every row t: the gradient of a loss on the
 	// router's mean probabilities (the load-balancing loss). probs, weights
 	// and experts are RouterTopK's outputs. dlogits is F32|BF16 (the router
-	// GEMM's backward operand).
+	// GEMM's backward operand). With r.Sigmoid the weights' gradient flows
+	// through the renormalisation and the scale to s, then
+	// dlogits = s·(1−s)·∂L/∂s; the bias and the choice carry none.
 	RouterTopKBackward(dlogits, dweights, probs, weights, experts, dprobs Buf, T, E int, r Router)
 
 	// ExpertRoute sorts the N = T·K assignments of experts (T,K) I32 by

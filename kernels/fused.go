@@ -21,12 +21,14 @@ type SampleParams struct {
 	// Temperature divides the logits; 0 means greedy (argmax, the lowest id
 	// among equal maxima, logprob 0).
 	Temperature float32
-	// TopK keeps the TopK most likely tokens; 0 (or ≥ V) keeps all.
+	// TopK and TopP filter the temperature-scaled logits as NeMo RL (and
+	// vLLM) do (TopKTopP): TopK ≤ 0 and TopP 0 or 1 are off.
 	TopK int
-	// TopP keeps the shortest run of most likely tokens (after TopK) whose
-	// probability reaches TopP of the kept mass; 0 or 1 keeps all.
-	TopP float32
+	TopP float64
 }
+
+// Filter is the top-k/top-p filter of p.
+func (p SampleParams) Filter() TopKTopP { return TopKTopP{TopK: p.TopK, TopP: p.TopP} }
 
 // TokenSampler draws the next token of each row on the backend, so that
 // decoding moves only token ids and logprobs to the host, never the logits.
@@ -35,18 +37,17 @@ type TokenSampler interface {
 	// and logprobs[b] (B) F32 = log q(tokens[b]) under the distribution it
 	// was drawn from. u (2B) I32 holds row b's uniform in [0, 1) as the
 	// bits of a float64, low word first (drawn on the host from the row's
-	// own random stream). The draw, in float64:
+	// own random stream). The draw:
 	//
-	//	p_i  = exp((z_i − max z)/Temperature)
-	//	K    = every token, or the TopK largest p (ties: lower ids first),
-	//	       then the shortest prefix of K in that order whose Σ p reaches
-	//	       TopP·Σ_K p
-	//	tok  = the first i ∈ K, in id order, with Σ_{j∈K, j≤i} p_j > u·Σ_K p
+	//	z'_i = z_i · (1/Temperature)            (float32, as the LM head scales)
+	//	K    = the tokens p.Filter() keeps of z' (FilterCut)
+	//	w_i  = FixedWeight(z'_i, max z')        (2⁻⁴⁰ fixed point, exact sums)
+	//	tok  = the first i ∈ K, in id order, with Σ_{j∈K, j≤i} w_j > u·Σ_K w
 	//	       (the last of K if none, which rounding alone can cause)
-	//	logprob = log(p_tok / Σ_K p)
+	//	logprob = (z'_tok − max z') − log Σ_K exp(z'_j − max z')   (float64)
 	//
-	// Backends sum in different orders, so they agree on the token except
-	// when u·Σ lands within float64 rounding of a boundary.
+	// The weights' sums are exact, so backends agree on the token; the
+	// logprob's float64 sum runs in each backend's own order.
 	SampleTokens(tokens, logprobs, logits, u Buf, B, V int, p SampleParams)
 }
 

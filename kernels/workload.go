@@ -17,6 +17,26 @@ type Workload struct {
 	// routers' ExpertRoute shapes.
 	Grouped []GroupedGEMM
 	Routes  []Route
+	// Scans are the Mamba-2 mixers' SSMScan shapes (kernels.Mamba); Convs
+	// their Conv1D shapes.
+	Scans []ScanShape
+	Convs []ConvShape
+}
+
+// ScanShape is an SSMScan of T packed tokens in at most MaxSegs segments
+// (sequences or tree segments) of at most MaxLen tokens, a context of at
+// most MaxCtx; Backward: its SSMScanBackward runs too.
+type ScanShape struct {
+	T, MaxSegs, MaxLen, MaxCtx int
+	Scan                       Scan
+	Backward                   bool
+}
+
+// ConvShape is a Conv1D of T packed tokens of CD channels over a window of
+// KW; Backward: its Conv1DBackward runs too.
+type ConvShape struct {
+	T, CD, KW int
+	Backward  bool
 }
 
 // GroupedGEMM is a GroupedMatmul of N rows of width C into OC among E
@@ -39,10 +59,13 @@ type GEMM struct {
 }
 
 // Head is a TokenLogprob over T rows of width C and a vocabulary of V;
-// Backward: its TokenLogprobBackward runs too.
+// Backward: its TokenLogprobBackward runs too. Filtered: the head runs
+// under a top-k/top-p filter (FilteredHead), on BF16 operands if BF16.
 type Head struct {
 	T, C, V  int
 	Backward bool
+	Filtered bool
+	BF16     bool
 }
 
 // RowNorm is an RMSNorm of N rows of C; Backward: its backward runs too.

@@ -1,5 +1,10 @@
 package model
 
+// config.json: the keys every family shares (sizes, norms, the vocabulary,
+// the dtype, the end-of-sequence ids), the refusals common to all, the
+// checks of Validate and the writer JSON. RoPE is config_rope.go; each
+// family's own keys are its row of families (config_family.go).
+
 import (
 	"bytes"
 	"encoding/json"
@@ -23,19 +28,6 @@ const (
 	// Qwen3-235B-A22B): see MoE.
 	Qwen3MoE Arch = "qwen3_moe"
 )
-
-// archClass is the HF class name written to architectures.
-var archClass = map[Arch]string{
-	Qwen2: "Qwen2ForCausalLM", Qwen3: "Qwen3ForCausalLM", Llama: "LlamaForCausalLM", Qwen3MoE: "Qwen3MoeForCausalLM",
-}
-
-// supportedArchs lists the model_type values, for error messages.
-const supportedArchs = "llama, qwen2, qwen3, qwen3_moe"
-
-// defaultRopeTheta is the rope_theta transformers' config class of each
-// model_type uses when config.json states none (LlamaConfig, Qwen2Config and
-// Qwen3Config, Qwen3MoeConfig, v4 and v5: 10000).
-var defaultRopeTheta = map[Arch]float32{Qwen2: 10000, Qwen3: 10000, Llama: 10000, Qwen3MoE: 10000}
 
 // Config is the subset of an HF config.json that defines the network.
 // Fields the model does not use are kept in Extra and written back by JSON.
@@ -73,19 +65,6 @@ type Config struct {
 	Extra map[string]json.RawMessage
 }
 
-// RopeScaling is a scaled RoPE: Type "llama3" (Llama 3.1/3.2/3.3) with
-// transformers' _compute_llama3_parameters fields, or Type "" for none.
-type RopeScaling struct {
-	Type                          string
-	Factor                        float64 // factor
-	LowFreqFactor                 float64 // low_freq_factor
-	HighFreqFactor                float64 // high_freq_factor
-	OriginalMaxPositionEmbeddings int     // original_max_position_embeddings
-}
-
-// RopeLlama3 is the RopeScaling.Type of Llama 3.x.
-const RopeLlama3 = "llama3"
-
 // ConfigForm is how a config.json stated RoPE and the weights' dtype:
 // transformers v4 writes rope_theta and rope_scaling at the top level and
 // torch_dtype; v5 writes a rope_parameters block and dtype. A config may
@@ -106,61 +85,6 @@ type ConfigForm struct {
 	NumLocalExperts bool
 }
 
-// MoE describes a sparse model's MLP layers as transformers'
-// Qwen3MoeConfig states them. A sparse layer holds a router (mlp.gate, a
-// Linear from C to E without bias) and E SwiGLU experts of width
-// IntermediateSize; each token goes to the TopK experts with the largest
-// router probabilities (softmax over all E in fp32), and its output is
-// their outputs weighted by those probabilities, renormalised over the K
-// when NormTopKProb. Layer l is sparse unless it is in MLPOnlyLayers or
-// (l+1) is not a multiple of DecoderSparseStep; a dense layer has the dense
-// MLP of width Config.IntermediateSize.
-//
-// The load-balancing loss is transformers' load_balancing_loss_func (the
-// Switch Transformer loss over every sparse layer's rows at once); it is
-// part of the training loss when OutputRouterLogits, weighted by
-// RouterAuxLossCoef, and always reported (Model.RouterLoss).
-type MoE struct {
-	NumExperts         int     // num_experts (or num_local_experts): E
-	TopK               int     // num_experts_per_tok: K
-	IntermediateSize   int     // moe_intermediate_size: an expert's width
-	NormTopKProb       bool    // norm_topk_prob
-	DecoderSparseStep  int     // decoder_sparse_step
-	MLPOnlyLayers      []int   // mlp_only_layers
-	RouterAuxLossCoef  float64 // router_aux_loss_coef
-	OutputRouterLogits bool    // output_router_logits
-}
-
-// Sparse reports whether the model has sparse (mixture-of-experts) layers.
-func (c Config) Sparse() bool { return c.Arch == Qwen3MoE && c.MoE.NumExperts > 0 }
-
-// SparseLayer reports whether decoder layer l is sparse (transformers'
-// Qwen3MoeDecoderLayer: not in mlp_only_layers, and (l+1) a multiple of
-// decoder_sparse_step).
-func (c Config) SparseLayer(l int) bool {
-	m := c.MoE
-	if !c.Sparse() || m.DecoderSparseStep <= 0 || (l+1)%m.DecoderSparseStep != 0 {
-		return false
-	}
-	for _, d := range m.MLPOnlyLayers {
-		if d == l {
-			return false
-		}
-	}
-	return true
-}
-
-// SparseLayers is the number of sparse layers.
-func (c Config) SparseLayers() int {
-	n := 0
-	for l := 0; l < c.NumHiddenLayers; l++ {
-		if c.SparseLayer(l) {
-			n++
-		}
-	}
-	return n
-}
-
 // QKNorm reports whether attention has Qwen3's per-head q_norm/k_norm.
 func (c Config) QKNorm() bool { return c.Arch == Qwen3 || c.Arch == Qwen3MoE }
 
@@ -175,21 +99,6 @@ var configKeys = []string{
 	"eos_token_id", "mlp_bias", "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window",
 }
 
-// moeKeys are the qwen3_moe keys Config.MoE reads; JSON writes them from it.
-var moeKeys = []string{
-	"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size", "norm_topk_prob",
-	"decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits",
-}
-
-// ropeKeys are the keys of a RoPE block that tracegrpo interprets.
-var ropeKeys = map[string]bool{
-	"rope_type": true, "type": true, "rope_theta": true, "factor": true, "low_freq_factor": true,
-	"high_freq_factor": true, "original_max_position_embeddings": true, "partial_rotary_factor": true,
-}
-
-// The RoPE types tracegrpo implements.
-const supportedRopeTypes = `"default", "llama3"`
-
 // LoadConfig reads an HF config.json.
 func LoadConfig(path string) (Config, error) {
 	data, err := inputfile.ReadFile(path, inputfile.ModelConfig)
@@ -197,165 +106,6 @@ func LoadConfig(path string) (Config, error) {
 		return Config{}, fmt.Errorf("model: %w", err)
 	}
 	return ParseConfig(data, path)
-}
-
-// configReader reads typed fields of one JSON object, naming the file and
-// the field (with its block prefix) in errors.
-type configReader struct {
-	name, prefix string
-	raw          map[string]json.RawMessage
-}
-
-func (r configReader) bad(field, expected string, found any) error {
-	return fmt.Errorf("model: %s: field %s%s: expected %s, found %v", r.name, r.prefix, field, expected, found)
-}
-
-func (r configReader) has(k string) bool {
-	v, ok := r.raw[k]
-	return ok && string(v) != "null"
-}
-
-func (r configReader) str(k string) (string, bool, error) {
-	if !r.has(k) {
-		return "", false, nil
-	}
-	var s string
-	if err := json.Unmarshal(r.raw[k], &s); err != nil {
-		return "", false, r.bad(k, "a string", string(r.raw[k]))
-	}
-	return s, true, nil
-}
-
-func (r configReader) intf(k string, required bool, dst *int) (bool, error) {
-	if !r.has(k) {
-		if required {
-			return false, r.bad(k, "an integer", "nothing")
-		}
-		return false, nil
-	}
-	var f float64
-	if err := json.Unmarshal(r.raw[k], &f); err != nil || f != math.Trunc(f) || f < 0 || f > 1<<40 {
-		return false, r.bad(k, "a non-negative integer", string(r.raw[k]))
-	}
-	*dst = int(f)
-	return true, nil
-}
-
-// num reads a positive number within float32 range.
-func (r configReader) num(k string, required bool, dst *float64) (bool, error) {
-	if !r.has(k) {
-		if required {
-			return false, r.bad(k, "a positive number", "nothing")
-		}
-		return false, nil
-	}
-	var f float64
-	if err := json.Unmarshal(r.raw[k], &f); err != nil || !(float32(f) > 0) || math.IsInf(float64(float32(f)), 0) {
-		return false, r.bad(k, "a positive number within float32 range", string(r.raw[k]))
-	}
-	*dst = f
-	return true, nil
-}
-
-func (r configReader) boolf(k string, dst *bool) error {
-	if !r.has(k) {
-		return nil
-	}
-	if err := json.Unmarshal(r.raw[k], dst); err != nil {
-		return r.bad(k, "true or false", string(r.raw[k]))
-	}
-	return nil
-}
-
-// ropeBlock is what one RoPE statement (top-level keys, rope_scaling or
-// rope_parameters) says.
-type ropeBlock struct {
-	where    string // "rope_scaling", "rope_parameters" or "" (top level)
-	theta    float64
-	hasTheta bool
-	scaling  RopeScaling
-	hasType  bool // states a RoPE type ("default" and rope_scaling null count)
-	null     bool // rope_scaling: null
-	ignored  []string
-}
-
-// parseRopeBlock reads a rope_scaling or rope_parameters object.
-func parseRopeBlock(name, where string, raw map[string]json.RawMessage) (ropeBlock, error) {
-	r := configReader{name: name, prefix: where + ".", raw: raw}
-	b := ropeBlock{where: where}
-	for k, v := range raw {
-		if len(v) > 0 && v[0] == '{' {
-			return b, r.bad(k, "a number or a string (per-layer RoPE parameters are not supported)", string(v))
-		}
-		if !ropeKeys[k] {
-			b.ignored = append(b.ignored, where+"."+k)
-		}
-	}
-	sort.Strings(b.ignored)
-	var err error
-	if b.hasTheta, err = r.num("rope_theta", false, &b.theta); err != nil {
-		return b, err
-	}
-	var prf float64
-	if ok, err := r.num("partial_rotary_factor", false, &prf); err != nil {
-		return b, err
-	} else if ok && prf != 1 {
-		return b, r.bad("partial_rotary_factor", "1 (partial rotary embeddings are not supported)", string(raw["partial_rotary_factor"]))
-	}
-	typeKey := "rope_type"
-	typ, ok, err := r.str("rope_type")
-	if err != nil {
-		return b, err
-	}
-	if !ok {
-		typeKey = "type" // transformers' older name
-		if typ, ok, err = r.str("type"); err != nil {
-			return b, err
-		}
-	}
-	if !ok {
-		if where == "rope_scaling" {
-			return b, r.bad("rope_type", "a RoPE type ("+supportedRopeTypes+")", "nothing")
-		}
-		typ = "default" // transformers v5 fills rope_type "default"
-	} else {
-		b.hasType = true
-	}
-	switch typ {
-	case "default":
-		for _, k := range []string{"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"} {
-			if _, ok := raw[k]; ok {
-				b.ignored = append(b.ignored, where+"."+k)
-			}
-		}
-	case RopeLlama3:
-		s := RopeScaling{Type: RopeLlama3}
-		if _, err := r.num("factor", true, &s.Factor); err != nil {
-			return b, err
-		}
-		if s.Factor < 1 {
-			return b, r.bad("factor", "a number ≥ 1", string(raw["factor"]))
-		}
-		if _, err := r.num("low_freq_factor", true, &s.LowFreqFactor); err != nil {
-			return b, err
-		}
-		if _, err := r.num("high_freq_factor", true, &s.HighFreqFactor); err != nil {
-			return b, err
-		}
-		if !(s.HighFreqFactor > s.LowFreqFactor) {
-			return b, r.bad("high_freq_factor", fmt.Sprintf("a number above low_freq_factor %g", s.LowFreqFactor), string(raw["high_freq_factor"]))
-		}
-		if _, err := r.intf("original_max_position_embeddings", true, &s.OriginalMaxPositionEmbeddings); err != nil {
-			return b, err
-		}
-		if s.OriginalMaxPositionEmbeddings == 0 {
-			return b, r.bad("original_max_position_embeddings", "a positive integer", 0)
-		}
-		b.scaling = s
-	default:
-		return b, r.bad(typeKey, "a supported RoPE type ("+supportedRopeTypes+")", fmt.Sprintf("%q, which tracegrpo does not implement", typ))
-	}
-	return b, nil
 }
 
 // ParseConfig parses config.json bytes; name is used in error messages.
@@ -372,13 +122,14 @@ func ParseConfig(data []byte, name string) (Config, error) {
 		return c, err
 	}
 	c.Arch = Arch(mt)
-	if _, ok := archClass[c.Arch]; !ok {
+	fam, ok := families[c.Arch]
+	if !ok {
 		return c, fmt.Errorf("model: %s: model_type %q is not supported; supported: %s", name, mt, supportedArchs)
 	}
 	if v, ok := raw["architectures"]; ok {
 		var archs []string
-		if err := json.Unmarshal(v, &archs); err != nil || len(archs) != 1 || archs[0] != archClass[c.Arch] {
-			return c, r.bad("architectures", fmt.Sprintf(`["%s"]`, archClass[c.Arch]), string(v))
+		if err := json.Unmarshal(v, &archs); err != nil || len(archs) != 1 || archs[0] != fam.class {
+			return c, r.bad("architectures", fmt.Sprintf(`["%s"]`, fam.class), string(v))
 		}
 	}
 	for _, f := range []struct {
@@ -431,27 +182,12 @@ func ParseConfig(data []byte, name string) (Config, error) {
 	if err := c.checkUnsupported(r); err != nil {
 		return c, err
 	}
-	if c.Arch == Qwen3MoE {
-		if err := c.parseMoE(r); err != nil {
+	if fam.parse != nil {
+		if err := fam.parse(&c, r); err != nil {
 			return c, err
 		}
 	}
-	c.Extra = map[string]json.RawMessage{}
-	for k, v := range raw {
-		var buf bytes.Buffer
-		if json.Compact(&buf, v) == nil {
-			v = buf.Bytes()
-		}
-		c.Extra[k] = v
-	}
-	for _, k := range configKeys {
-		delete(c.Extra, k)
-	}
-	if c.Arch == Qwen3MoE {
-		for _, k := range moeKeys {
-			delete(c.Extra, k)
-		}
-	}
+	c.Extra = compactExtra(raw, fam)
 	if c.Arch != Qwen2 {
 		delete(c.Extra, "attention_bias") // interpreted (must be false) and written back
 	}
@@ -480,221 +216,6 @@ func (c *Config) parseDType(r configReader) error {
 		c.TorchDType = d
 	}
 	return nil
-}
-
-// Qwen3MoeConfig's defaults (transformers v4.51 and v5), for keys a
-// qwen3_moe config.json leaves out.
-const (
-	defaultNumExperts        = 128
-	defaultNumExpertsPerTok  = 8
-	defaultMoEIntermediate   = 768
-	defaultRouterAuxLossCoef = 0.001
-)
-
-// parseMoE reads the sparse layers' keys of a qwen3_moe config.json; a
-// size it does not state takes transformers' default, and a note says so.
-func (c *Config) parseMoE(r configReader) error {
-	m := MoE{DecoderSparseStep: 1, RouterAuxLossCoef: defaultRouterAuxLossCoef}
-	var missing []string
-	var ne, nle int
-	hasNE, err := r.intf("num_experts", false, &ne)
-	if err != nil {
-		return err
-	}
-	hasNLE, err := r.intf("num_local_experts", false, &nle)
-	if err != nil {
-		return err
-	}
-	switch {
-	case hasNE && hasNLE && ne != nle:
-		return fmt.Errorf("model: %s: fields num_experts and num_local_experts disagree: %d and %d", r.name, ne, nle)
-	case hasNE:
-		m.NumExperts = ne
-	case hasNLE:
-		m.NumExperts = nle
-		c.Form.NumLocalExperts = true
-	default:
-		m.NumExperts = defaultNumExperts
-		missing = append(missing, fmt.Sprintf("num_experts %d", defaultNumExperts))
-	}
-	for _, f := range []struct {
-		k   string
-		dst *int
-		def int
-	}{
-		{"num_experts_per_tok", &m.TopK, defaultNumExpertsPerTok},
-		{"moe_intermediate_size", &m.IntermediateSize, defaultMoEIntermediate},
-	} {
-		ok, err := r.intf(f.k, false, f.dst)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			*f.dst = f.def
-			missing = append(missing, fmt.Sprintf("%s %d", f.k, f.def))
-		}
-	}
-	if _, err := r.intf("decoder_sparse_step", false, &m.DecoderSparseStep); err != nil {
-		return err
-	}
-	if err := r.boolf("norm_topk_prob", &m.NormTopKProb); err != nil {
-		return err
-	}
-	if err := r.boolf("output_router_logits", &m.OutputRouterLogits); err != nil {
-		return err
-	}
-	if r.has("router_aux_loss_coef") {
-		if err := json.Unmarshal(r.raw["router_aux_loss_coef"], &m.RouterAuxLossCoef); err != nil ||
-			m.RouterAuxLossCoef < 0 || math.IsInf(m.RouterAuxLossCoef, 0) {
-			return r.bad("router_aux_loss_coef", "a non-negative number", string(r.raw["router_aux_loss_coef"]))
-		}
-	}
-	if v, ok := r.raw["mlp_only_layers"]; ok && string(v) != "null" {
-		if err := json.Unmarshal(v, &m.MLPOnlyLayers); err != nil {
-			return r.bad("mlp_only_layers", "a list of layer indices", string(v))
-		}
-	}
-	if len(missing) > 0 {
-		c.Notes = append(c.Notes, fmt.Sprintf("%s states no %s: using transformers' Qwen3MoeConfig defaults", r.name, strings.Join(missing, ", ")))
-	}
-	c.MoE = m
-	return nil
-}
-
-// parseRope reads RoPE from the v4 keys (rope_theta, rope_scaling), the v5
-// rope_parameters block, or both, which must then agree; with neither theta,
-// transformers' default for the model_type applies and a note says so.
-func (c *Config) parseRope(r configReader) error {
-	var blocks []ropeBlock
-	var top ropeBlock
-	var err error
-	if top.hasTheta, err = r.num("rope_theta", false, &top.theta); err != nil {
-		return err
-	}
-	c.Form.RopeV4 = top.hasTheta
-	blocks = append(blocks, top)
-	var prf float64
-	if ok, err := r.num("partial_rotary_factor", false, &prf); err != nil {
-		return err
-	} else if ok && prf != 1 {
-		return r.bad("partial_rotary_factor", "1 (partial rotary embeddings are not supported)", string(r.raw["partial_rotary_factor"]))
-	}
-	for _, where := range []string{"rope_scaling", "rope_parameters"} {
-		v, ok := r.raw[where]
-		if !ok {
-			continue
-		}
-		if where == "rope_scaling" {
-			c.Form.RopeV4 = true
-		} else {
-			c.Form.RopeV5 = true
-		}
-		if string(v) == "null" {
-			if where == "rope_scaling" {
-				blocks = append(blocks, ropeBlock{where: where, hasType: true, null: true}) // states "no scaling"
-			}
-			continue
-		}
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(v, &obj); err != nil || obj == nil {
-			return r.bad(where, "an object or null", string(v))
-		}
-		for k, x := range obj {
-			var buf bytes.Buffer
-			if err := json.Compact(&buf, x); err == nil {
-				obj[k] = buf.Bytes()
-			}
-		}
-		b, err := parseRopeBlock(r.name, where, obj)
-		if err != nil {
-			return err
-		}
-		if len(b.ignored) > 0 {
-			c.Notes = append(c.Notes, fmt.Sprintf("%s: %s not used by %q RoPE (kept in saved configs)", r.name, strings.Join(b.ignored, ", "), ropeTypeName(b.scaling.Type)))
-		}
-		blocks = append(blocks, b)
-		if where == "rope_scaling" {
-			c.Form.RopeScaling = obj
-		} else {
-			c.Form.RopeParameters = obj
-		}
-	}
-	// Every statement of theta and of the scaling must agree.
-	field := func(b ropeBlock, k string) string {
-		if b.where == "" {
-			return k
-		}
-		return b.where + "." + k
-	}
-	var theta *ropeBlock
-	var scaling *ropeBlock
-	for i := range blocks {
-		b := &blocks[i]
-		if b.hasTheta {
-			if theta != nil && float32(theta.theta) != float32(b.theta) {
-				return fmt.Errorf("model: %s: fields %s and %s disagree: %g and %g", r.name, field(*theta, "rope_theta"), field(*b, "rope_theta"), theta.theta, b.theta)
-			}
-			if theta == nil {
-				theta = b
-			}
-		}
-		if b.hasType || b.scaling.Type != "" {
-			if scaling != nil {
-				if err := sameScaling(r.name, *scaling, *b); err != nil {
-					return err
-				}
-			} else {
-				scaling = b
-			}
-		}
-	}
-	if theta != nil {
-		c.RopeTheta = float32(theta.theta)
-	} else {
-		c.RopeTheta = defaultRopeTheta[c.Arch]
-		c.Notes = append(c.Notes, fmt.Sprintf("%s states no rope_theta (nor rope_parameters.rope_theta): using %g, transformers' default for model_type %s",
-			r.name, c.RopeTheta, c.Arch))
-	}
-	if scaling != nil {
-		c.RopeScaling = scaling.scaling
-	}
-	return nil
-}
-
-// sameScaling checks that two RoPE statements give the same scaling.
-func sameScaling(name string, a, b ropeBlock) error {
-	fa := func(k string) string { return a.where + "." + k }
-	fb := func(k string) string { return b.where + "." + k }
-	if a.scaling.Type != b.scaling.Type {
-		describe := func(x ropeBlock) string {
-			if x.null {
-				return "null (no scaling)"
-			}
-			return fmt.Sprintf("RoPE type %q", ropeTypeName(x.scaling.Type))
-		}
-		return fmt.Errorf("model: %s: fields %s and %s disagree: %s and %s", name, a.where, b.where, describe(a), describe(b))
-	}
-	sa, sb := a.scaling, b.scaling
-	for _, f := range []struct {
-		k    string
-		x, y float64
-	}{
-		{"factor", sa.Factor, sb.Factor}, {"low_freq_factor", sa.LowFreqFactor, sb.LowFreqFactor},
-		{"high_freq_factor", sa.HighFreqFactor, sb.HighFreqFactor},
-		{"original_max_position_embeddings", float64(sa.OriginalMaxPositionEmbeddings), float64(sb.OriginalMaxPositionEmbeddings)},
-	} {
-		if f.x != f.y {
-			return fmt.Errorf("model: %s: fields %s and %s disagree: %g and %g", name, fa(f.k), fb(f.k), f.x, f.y)
-		}
-	}
-	return nil
-}
-
-func ropeTypeName(t string) string {
-	if t == "" {
-		return "default"
-	}
-	return t
 }
 
 // checkUnsupported refuses, by name, features the math does not implement,
@@ -765,7 +286,8 @@ const (
 
 // Validate checks the sizes for consistency.
 func (c Config) Validate() error {
-	if _, ok := archClass[c.Arch]; !ok {
+	fam, ok := families[c.Arch]
+	if !ok {
 		return fmt.Errorf("model_type %q is not supported; supported: %s", c.Arch, supportedArchs)
 	}
 	for _, f := range []struct {
@@ -789,100 +311,12 @@ func (c Config) Validate() error {
 	if !(c.RMSNormEps > 0) || !(c.RopeTheta > 0) || math.IsInf(float64(c.RopeTheta), 0) {
 		return fmt.Errorf("fields rms_norm_eps, rope_theta: expected positive numbers, found %g, %g", c.RMSNormEps, c.RopeTheta)
 	}
-	if c.Arch == Qwen3MoE {
-		if err := c.MoE.validate(c.NumHiddenLayers); err != nil {
+	if fam.validate != nil {
+		if err := fam.validate(c); err != nil {
 			return err
 		}
 	}
-	switch s := c.RopeScaling; s.Type {
-	case "":
-	case RopeLlama3:
-		if !(s.Factor >= 1) || !(s.LowFreqFactor > 0) || !(s.HighFreqFactor > s.LowFreqFactor) || s.OriginalMaxPositionEmbeddings <= 0 ||
-			math.IsInf(s.Factor, 0) || math.IsInf(s.HighFreqFactor, 0) {
-			return fmt.Errorf("RoPE scaling llama3: expected factor ≥ 1, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0, found %+v", s)
-		}
-	default:
-		return fmt.Errorf("RoPE type %q is not supported; supported: %s", s.Type, supportedRopeTypes)
-	}
-	return nil
-}
-
-// validate checks the sparse layers' sizes for L decoder layers.
-func (m MoE) validate(L int) error {
-	if m.NumExperts < 0 || m.NumExperts > MaxExperts {
-		return fmt.Errorf("field num_experts: expected an integer in [0, %d], found %d", MaxExperts, m.NumExperts)
-	}
-	if m.NumExperts == 0 {
-		return nil // transformers builds every layer dense
-	}
-	if m.TopK < 1 || m.TopK > m.NumExperts {
-		return fmt.Errorf("field num_experts_per_tok: expected an integer in [1, num_experts %d], found %d", m.NumExperts, m.TopK)
-	}
-	if m.IntermediateSize <= 0 || m.IntermediateSize > MaxIntermediateSize {
-		return fmt.Errorf("field moe_intermediate_size: expected an integer in [1, %d], found %d", MaxIntermediateSize, m.IntermediateSize)
-	}
-	if m.DecoderSparseStep < 1 {
-		return fmt.Errorf("field decoder_sparse_step: expected a positive integer, found %d", m.DecoderSparseStep)
-	}
-	for i, l := range m.MLPOnlyLayers {
-		if l < 0 || l >= L {
-			return fmt.Errorf("field mlp_only_layers[%d]: expected a layer index in [0, %d), found %d", i, L, l)
-		}
-	}
-	if n := L / m.DecoderSparseStep * m.NumExperts; n > MaxExpertMLPs {
-		return fmt.Errorf("fields num_experts, num_hidden_layers, decoder_sparse_step: up to %d experts in all, expected at most %d", n, MaxExpertMLPs)
-	}
-	return nil
-}
-
-// pyFloat renders f as JSON the way Python's json writes a float (a decimal
-// point even for whole numbers), so transformers reads back a float.
-func pyFloat(f float64) json.RawMessage {
-	b, _ := json.Marshal(f)
-	if !bytes.ContainsAny(b, ".eE") {
-		b = append(b, '.', '0')
-	}
-	return b
-}
-
-// setRopeKey sets block[k] to v unless the block already holds that value
-// (then its original spelling, such as 8.0 or 8, is kept).
-func setRopeKey(block map[string]json.RawMessage, k string, v json.RawMessage) {
-	if old, ok := block[k]; ok {
-		var a, b any
-		if json.Unmarshal(old, &a) == nil && json.Unmarshal(v, &b) == nil && a == b {
-			return
-		}
-	}
-	block[k] = v
-}
-
-// ropeBlockJSON renders a rope_scaling (withTheta false) or rope_parameters
-// block: the block as read with the interpreted keys set from c.
-func (c Config) ropeBlockJSON(read map[string]json.RawMessage, withTheta bool) map[string]json.RawMessage {
-	block := map[string]json.RawMessage{}
-	for k, v := range read {
-		block[k] = v
-	}
-	typeKey := "rope_type"
-	if _, ok := block["rope_type"]; !ok {
-		if _, ok := block["type"]; ok {
-			typeKey = "type"
-		}
-	}
-	typ, _ := json.Marshal(ropeTypeName(c.RopeScaling.Type))
-	setRopeKey(block, typeKey, typ)
-	if withTheta || block["rope_theta"] != nil {
-		setRopeKey(block, "rope_theta", pyFloat(float64(c.RopeTheta)))
-	}
-	if s := c.RopeScaling; s.Type == RopeLlama3 {
-		setRopeKey(block, "factor", pyFloat(s.Factor))
-		setRopeKey(block, "low_freq_factor", pyFloat(s.LowFreqFactor))
-		setRopeKey(block, "high_freq_factor", pyFloat(s.HighFreqFactor))
-		om, _ := json.Marshal(s.OriginalMaxPositionEmbeddings)
-		setRopeKey(block, "original_max_position_embeddings", om)
-	}
-	return block
+	return c.RopeScaling.validate()
 }
 
 // JSON renders the config as an HF config.json for weights stored in dtype
@@ -895,7 +329,7 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 		out[k] = v
 	}
 	out["model_type"] = string(c.Arch)
-	out["architectures"] = []string{archClass[c.Arch]}
+	out["architectures"] = []string{families[c.Arch].class}
 	out["hidden_size"] = c.HiddenSize
 	out["intermediate_size"] = c.IntermediateSize
 	out["num_hidden_layers"] = c.NumHiddenLayers
@@ -914,43 +348,10 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 	if c.Form.TorchDType || !c.Form.DType {
 		out["torch_dtype"] = dtype
 	}
-	if c.Form.RopeV4 || !c.Form.RopeV5 {
-		out["rope_theta"] = c.RopeTheta
-		if c.RopeScaling.Type == "" && c.Form.RopeScaling == nil {
-			out["rope_scaling"] = nil
-		} else {
-			out["rope_scaling"] = c.ropeBlockJSON(c.Form.RopeScaling, false)
-		}
-	}
-	if c.Form.RopeV5 {
-		out["rope_parameters"] = c.ropeBlockJSON(c.Form.RopeParameters, true)
-	}
+	c.ropeJSON(out)
 	out["hidden_act"] = "silu"
-	switch c.Arch {
-	case Qwen3:
-		out["attention_bias"] = false
-		out["use_sliding_window"] = false
-	case Qwen3MoE:
-		out["attention_bias"] = false
-		out["use_sliding_window"] = false
-		m := c.MoE
-		if c.Form.NumLocalExperts {
-			out["num_local_experts"] = m.NumExperts
-		} else {
-			out["num_experts"] = m.NumExperts
-		}
-		out["num_experts_per_tok"] = m.TopK
-		out["moe_intermediate_size"] = m.IntermediateSize
-		out["norm_topk_prob"] = m.NormTopKProb
-		out["decoder_sparse_step"] = m.DecoderSparseStep
-		out["mlp_only_layers"] = append([]int{}, m.MLPOnlyLayers...)
-		out["router_aux_loss_coef"] = pyFloat(m.RouterAuxLossCoef)
-		out["output_router_logits"] = m.OutputRouterLogits
-	case Qwen2:
-		out["use_sliding_window"] = false
-	case Llama:
-		out["attention_bias"] = false
-		out["mlp_bias"] = false
+	if f := families[c.Arch].json; f != nil {
+		f(c, out)
 	}
 	switch len(c.EOSTokenIDs) {
 	case 0:

@@ -14,10 +14,11 @@ type SampleOptions struct {
 	// Temperature divides the logits; 0 means greedy decoding (argmax, with
 	// logprob 0 under that point-mass distribution).
 	Temperature float32
-	// TopP keeps the smallest set of most likely tokens whose probability
-	// reaches TopP (after TopK); 0 or 1 disables it.
-	TopP float32
-	// TopK keeps the TopK most likely tokens; 0 disables it.
+	// TopK and TopP filter the temperature-scaled logits as NeMo RL and
+	// vLLM do (kernels.TopKTopP: top-k keeps every logit equal to the
+	// TopK-th largest; top-p keeps the smallest set of most likely tokens
+	// reaching TopP after top-k). TopK 0 and TopP 0 or 1 disable them.
+	TopP float64
 	TopK int
 	// MaxNewTokens bounds the generated tokens per prompt (> 0).
 	MaxNewTokens int
@@ -35,7 +36,8 @@ type Sample struct {
 	Tokens []int32 // generated tokens, the stop token included
 	// Logprobs[i] is log q(Tokens[i]) under the distribution actually sampled
 	// from: softmax(logits/Temperature) restricted to the TopK/TopP set and
-	// renormalised. With neither, it equals Model.Forward's logprob at the
+	// renormalised (the training head's filtered logprob under the same
+	// filter). With neither, it equals Model.Forward's logprob at the
 	// same temperature.
 	Logprobs []float32
 	Stopped  bool // a stop token ended the sequence (else MaxNewTokens or the cache length)
@@ -90,12 +92,12 @@ type Sampler struct {
 	hU, hSampled   []int32
 	hUniform       []float64 // (B) each slot's uniform this step
 	hLp            []float32
-	hLogits        []float32 // (B,V), the host draw only
-	probs          []float64 // (V), the host draw only
-	order          []int32   // (V), the host draw only
-	slotRow        []int     // prompt index held by each cache slot
-	fill           []int     // tokens in each slot's cache
-	pending        []bool    // a refilled slot not prefilled yet
+	hLogits        []float32             // (B,V), the host draw only
+	zs             []float32             // (V) scaled logits, the host draw only
+	fsc            kernels.FilterScratch // the host draw's filter histograms
+	slotRow        []int                 // prompt index held by each cache slot
+	fill           []int                 // tokens in each slot's cache
+	pending        []bool                // a refilled slot not prefilled yet
 	stop           map[int32]bool
 	prefillTokens  []int32
 	prefillCu      []int32
@@ -150,8 +152,7 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 	s.hU, s.hSampled, s.hLp, s.hUniform = make([]int32, 2*B), make([]int32, B), make([]float32, B), make([]float64, B)
 	if s.device == nil {
 		s.hLogits = make([]float32, B*V)
-		s.probs = make([]float64, V)
-		s.order = make([]int32, V)
+		s.zs = make([]float32, V)
 	}
 	s.slotRow, s.fill, s.pending = make([]int, B), make([]int, B), make([]bool, B)
 	s.stop = map[int32]bool{}
@@ -605,5 +606,5 @@ func (s *Sampler) decodeStep(n int) {
 // backend's sampler also runs), for backends without a sampler of their own.
 func (s *Sampler) draw(logits []float32, opt SampleOptions, u float64) (int32, float32) {
 	sp := kernels.SampleParams{Temperature: opt.Temperature, TopK: opt.TopK, TopP: opt.TopP}
-	return kernels.SampleRow(logits, u, sp, s.probs[:len(logits)], s.order[:0])
+	return kernels.SampleRow(logits, u, sp, s.zs[:len(logits)], &s.fsc)
 }

@@ -171,7 +171,7 @@ func TestSamplerTruncation(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		topK int
-		topP float32
+		topP float64
 	}{
 		{"top-k 5", 5, 0},
 		{"top-p 0.5", 0, 0.5},
@@ -179,7 +179,7 @@ func TestSamplerTruncation(t *testing.T) {
 		{"top-k 1 is greedy", 1, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			kept := keptSet(c.topK, float64(c.topP))
+			kept := keptSet(c.topK, c.topP)
 			if c.topK != 1 && len(kept) < 2 {
 				t.Fatalf("kept set of %d tokens: the test distribution is too peaked to check truncation", len(kept))
 			}

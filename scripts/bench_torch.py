@@ -15,7 +15,8 @@ AdamW with weight decay 0.01 on matrices and 0 on norm weights.
 
 Debian's python3-torch calls whatever libblas.so.3 resolves to, which is the
 reference (unoptimised) BLAS unless an optimised one is installed; the JSON line
-names the library used. scripts/bench_compare.sh points it at OpenBLAS when
+names the library used (blas) and, for OpenBLAS, its build and the kernel set
+it chose for this CPU (blas_config). scripts/bench_compare.sh points it at OpenBLAS when
 libopenblas0-pthread is installed, so the reference is a realistic PyTorch.
 
 With --moe E,K the model is the same one with every MLP sparse (Qwen3-MoE):
@@ -27,6 +28,7 @@ renormalised; a loop over the experts that got tokens, index_add_).
 Run: /usr/bin/python3 scripts/bench_torch.py --out /tmp/tracegrpo-bench [--threads 2] [--moe 16,4]
 """
 import argparse
+import ctypes
 import json
 import os
 import resource
@@ -106,6 +108,22 @@ def blas_in_use():
             if "blas" in os.path.basename(path):
                 libs.add(path)
     return ",".join(sorted(libs)) or "unknown"
+
+
+def blas_config():
+    """OpenBLAS's own account of itself (version, build, and the kernel set it
+    picked for this CPU, which OPENBLAS_CORETYPE overrides), or ""."""
+    for path in blas_in_use().split(","):
+        if "openblas" not in os.path.basename(path):
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+            lib.openblas_get_config.restype = ctypes.c_char_p
+            lib.openblas_get_corename.restype = ctypes.c_char_p
+            return "%s; core %s" % (lib.openblas_get_config().decode(), lib.openblas_get_corename().decode())
+        except (OSError, AttributeError):
+            continue
+    return ""
 
 
 def rms_norm(x, w, eps):
@@ -231,7 +249,7 @@ def main():
     n = len(times)
     med = times[n // 2] if n % 2 else (times[n // 2 - 1] + times[n // 2]) / 2
     print(json.dumps({
-        "backend": "torch", "model_type": c["model_type"], "torch": torch.__version__, "blas": blas_in_use(), "threads": a.threads, "rows": a.rows, "seq": a.seq,
+        "backend": "torch", "model_type": c["model_type"], "torch": torch.__version__, "blas": blas_in_use(), "blas_config": blas_config(), "threads": a.threads, "rows": a.rows, "seq": a.seq,
         "steps": a.steps, "params": sum(t.numel() for t in P.values()), "ms_per_step": med, "ms_min": times[0],
         "tokens_per_s": a.rows * a.seq / (med / 1e3),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "weights": a.out,

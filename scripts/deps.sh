@@ -12,6 +12,8 @@
 #                       runs (Debian's minimal images lack them)
 #   git, tar            trainer's count of a NeMo RL clone's recipes (run only
 #                       with TRACEGRPO_NEMORL_REPO set)
+#   bash, make, sed,    internal/docs runs README.md's and docs/*.md's shell
+#   mkdir, mv           blocks with bash, and these are the programs they run
 #   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
 #   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
 #                       runs nvdisasm. Debian ships them only inside
@@ -33,8 +35,10 @@
 #                            libdevice and nvidia-cuda-dev's headers extracted
 #                            into $CUDA_HOME (default .cache/cuda); nothing is
 #                            installed with dpkg
-#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy and
-#                            python3-omegaconf, the independent references
+#   scripts/deps.sh golden   Debian's python3-torch, python3-numpy,
+#                            python3-omegaconf, python3-protobuf and
+#                            python3-crcmod (the TensorBoard event file's
+#                            reference), the independent references
 #                            `make golden` runs
 #
 # It needs root (or sudo) only when something is missing. It prints what it
@@ -94,13 +98,13 @@ trap 'rm -rf "$tmp"' EXIT
 # with apt-get into the system directories. One line each (testtool parses
 # them).
 toolkit_tools="ptxas cuobjdump nvdisasm"
-system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar"
+system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar bash:bash make:make sed:sed mkdir:coreutils mv:coreutils"
 syspath=/usr/sbin:/usr/bin:/sbin:/bin
 
 case $mode in
 golden)
 	need=()
-	for p in python3-torch python3-numpy python3-omegaconf; do
+	for p in python3-torch python3-numpy python3-omegaconf python3-protobuf python3-crcmod; do
 		dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 	done
 	[ ${#need[@]} = 0 ] || apt_install "${need[@]}"

@@ -3,6 +3,8 @@ package trainer
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 
@@ -24,6 +27,24 @@ import (
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
+// newRunID is the id of a run that starts at step 0: the first 16 bytes,
+// in hex, of the sha256 of its identity (the effective config, the
+// initial weights, the data), so that runs that would train differently
+// have different ids, and two runs of one identity (which train the same
+// bits) write the same checkpoints.
+func (t *Trainer) newRunID() (string, error) {
+	id, err := t.identity()
+	if err != nil {
+		return "", err
+	}
+	b, err := json.Marshal(id)
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16]), nil
+}
+
 // runIdentity is what a resumed run must share with the run it continues,
 // saved as trainer_state.json's config.
 type runIdentity struct {
@@ -35,6 +56,12 @@ type runIdentity struct {
 	// checkpoints of a tracegrpo from before keyed streams have none (their
 	// sequential streams were saved in trainer_state.json's rng).
 	Streams string `json:"random_streams"`
+	// Rounding and Kernels are the backend's rounding path and kernel path
+	// (kernels.Numerics) where it has them. They are not compared: a resume
+	// on another kind of host keeps working, and says how its rounding
+	// differs (noteNumerics).
+	Rounding string `json:"rounding_path,omitempty"`
+	Kernels  string `json:"kernel_path,omitempty"`
 }
 
 // streamsScheme is Streams of this version: rollout.Streams, keyed by (seed,
@@ -49,6 +76,9 @@ func (t *Trainer) identity() (runIdentity, error) {
 	id := runIdentity{ConfigYAML: string(y), Init: t.init, Rollouts: t.o.Rollouts, Streams: streamsScheme}
 	if t.o.Rollouts == "" {
 		id.Tasks = t.o.Tasks
+	}
+	if n, ok := t.be.(kernels.Numerics); ok {
+		id.Rounding, id.Kernels = n.RoundingPath(), n.KernelPath()
 	}
 	return id, nil
 }
@@ -247,6 +277,9 @@ func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
 		return err
 	}
 	t.step, t.consumed = int(st.Trainer.Step), st.Trainer.ConsumedRollouts
+	if st.Trainer.RunID != "" { // else a checkpoint of an older tracegrpo: the run takes a new id
+		t.runID = st.Trainer.RunID
+	}
 	t.logf("resumed from %s (step %d, %d logical rollouts consumed)", res.Path, t.step, t.consumed)
 	return nil
 }
@@ -309,7 +342,24 @@ func (t *Trainer) checkIdentity(raw json.RawMessage) error {
 		}
 		return fmt.Errorf("resume: this run differs from the checkpoint's (resume it with the same recipe, --set values and flags):%s", buf.String())
 	}
+	t.noteNumerics(saved, cur)
 	return nil
+}
+
+// noteNumerics says how this run's rounding compares with the checkpoint's:
+// a changed rounding path (another kind of host, or TRACEGRPO_CPU_SIMD)
+// keeps training, but no longer bit for bit as the uninterrupted run would.
+func (t *Trainer) noteNumerics(saved, cur runIdentity) {
+	switch {
+	case cur.Rounding == "" || saved.Rounding == cur.Rounding && saved.Kernels == cur.Kernels:
+	case saved.Rounding == "":
+		t.logf("resume: the checkpoint records no rounding path (another backend, or an older tracegrpo, wrote it); this run's is %s (%s)", cur.Rounding, cur.Kernels)
+	case saved.Rounding != cur.Rounding:
+		t.logf("resume: the rounding path changed: the checkpoint was written on %s (%s), this run computes on %s (%s); training continues, but not bit-identical to an uninterrupted run",
+			saved.Rounding, saved.Kernels, cur.Rounding, cur.Kernels)
+	default:
+		t.logf("resume: the kernels changed (checkpoint: %s; now: %s) but the rounding path is the same (%s): results stay bit-identical", saved.Kernels, cur.Kernels, cur.Rounding)
+	}
 }
 
 func orNone(s string) string {
@@ -357,12 +407,19 @@ type metricsFile interface {
 
 // openMetrics opens metrics.jsonl for appending. On resume it first drops
 // the lines of steps after the checkpoint (a crashed attempt logged them;
-// they are about to be re-run).
+// they are about to be re-run), and warns, even under --quiet, when the
+// steps up to the checkpoint lack lines (the file was truncated, edited or
+// replaced): their metrics are lost, and the log would have a gap.
 func (t *Trainer) openMetrics() error {
-	path := filepath.Join(t.out, "metrics.jsonl")
+	path := filepath.Join(t.out, metricsFileName)
 	if t.o.Resume {
-		if err := truncateMetrics(path, t.step); err != nil {
+		missing, err := truncateMetrics(path, t.step)
+		if err != nil {
 			return err
+		}
+		if len(missing) > 0 {
+			fmt.Fprintf(t.o.Log, "train: warning: resume: %s has no line for %s of the %d steps before the checkpoint: their metrics are lost, and the log continues from step %d without them\n",
+				path, stepRanges(missing), t.step, t.step+1)
 		}
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -373,15 +430,19 @@ func (t *Trainer) openMetrics() error {
 	return nil
 }
 
-func truncateMetrics(path string, keep int) error {
+// truncateMetrics keeps the lines of steps 1..keep of the metrics log at
+// path and returns
+// the steps in 1..keep it has no line for.
+func truncateMetrics(path string, keep int) ([]int, error) {
 	data, err := inputfile.ReadFile(path, inputfile.Metrics)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		data, err = nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var out bytes.Buffer
+	seen := make(map[int]bool)
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	for line := 1; sc.Scan(); line++ {
@@ -391,16 +452,57 @@ func truncateMetrics(path string, keep int) error {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			// A torn last line from a crash is dropped; anything else is an error.
 			if !bytes.HasSuffix(data, sc.Bytes()) {
-				return fmt.Errorf("resume: %s:%d: %w", path, line, err)
+				return nil, fmt.Errorf("resume: %s:%d: %w", path, line, err)
 			}
 			continue
 		}
 		if m.Step <= keep {
 			out.Write(sc.Bytes())
 			out.WriteByte('\n')
+			seen[m.Step] = true
 		}
 	}
-	return atomicfile.WriteFile(path, out.Bytes())
+	var missing []int
+	for s := 1; s <= keep; s++ {
+		if !seen[s] {
+			missing = append(missing, s)
+		}
+	}
+	if data == nil {
+		return missing, nil
+	}
+	return missing, atomicfile.WriteFile(path, out.Bytes())
+}
+
+// stepRanges writes sorted steps as "steps 2-4, 7" (the first 20 ranges,
+// then how many more steps).
+func stepRanges(steps []int) string {
+	var parts []string
+	more := 0
+	for i := 0; i < len(steps); {
+		j := i
+		for j+1 < len(steps) && steps[j+1] == steps[j]+1 {
+			j++
+		}
+		switch {
+		case len(parts) == 20:
+			more += j - i + 1
+		case j > i:
+			parts = append(parts, fmt.Sprintf("%d-%d", steps[i], steps[j]))
+		default:
+			parts = append(parts, fmt.Sprint(steps[i]))
+		}
+		i = j + 1
+	}
+	what := "step "
+	if len(steps) > 1 {
+		what = "steps "
+	}
+	s := what + strings.Join(parts, ", ")
+	if more > 0 {
+		s += fmt.Sprintf(" and %d more", more)
+	}
+	return fmt.Sprintf("%s (%d)", s, len(steps))
 }
 
 // log appends the step's metrics line, synced to disk when sync is set (a
@@ -418,6 +520,9 @@ func (t *Trainer) log(m Metrics, sync bool) error {
 		if err := t.metricsFile.Sync(); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
+	}
+	if err := t.tbLog(m, sync); err != nil {
+		return err
 	}
 	t.progress.step(m)
 	return nil

@@ -1,12 +1,14 @@
 package trainer
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -180,5 +182,71 @@ func TestSignalStopCheckpointsOnRankZeroOnly(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(rank1Out); len(ents) != 0 {
 		t.Errorf("rank 1 wrote into the run directory: %v", ents)
+	}
+}
+
+// TestResumeWarnsOfLostMetricsLines (issue 34): a resume whose
+// metrics.jsonl lost lines of steps before the checkpoint warns, under
+// --quiet too, naming the missing steps; the kept lines stay, the run
+// continues after the checkpoint, and a complete log resumes silently.
+func TestResumeWarnsOfLostMetricsLines(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		drop map[int]bool // steps whose lines are lost
+		want string
+	}{
+		{"complete", nil, ""},
+		{"two lines lost", map[int]bool{2: true, 3: true}, "no line for steps 2-3 (2) of the 4 steps"},
+		{"first and last lost", map[int]bool{1: true, 4: true}, "no line for steps 1, 4 (2) of the 4 steps"},
+		{"all lost", map[int]bool{1: true, 2: true, 3: true, 4: true}, "no line for steps 1-4 (4) of the 4 steps"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := t.TempDir()
+			mustTrain(t, trainArgs(out, 4, "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=6")...)
+			path := filepath.Join(out, "metrics.jsonl")
+			var kept []int
+			var buf bytes.Buffer
+			for _, m := range metricsNoTimes(t, out) {
+				if !c.drop[m.Step] {
+					b, _ := json.Marshal(m)
+					buf.Write(append(b, '\n'))
+					kept = append(kept, m.Step)
+				}
+			}
+			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			log := mustTrain(t, trainArgs(out, 6, "--resume", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=6")...)
+			warned := strings.Contains(log, "warning: resume: "+path)
+			if c.want == "" && warned || c.want != "" && (!warned || !strings.Contains(log, c.want)) {
+				t.Fatalf("resume log:\n%s\nwant a warning containing %q", log, c.want)
+			}
+			var steps []int
+			for _, m := range metricsNoTimes(t, out) {
+				steps = append(steps, m.Step)
+			}
+			if want := append(kept, 5, 6); !slices.Equal(steps, want) {
+				t.Fatalf("metrics.jsonl holds steps %v after the resume, want %v", steps, want)
+			}
+		})
+	}
+}
+
+func TestStepRanges(t *testing.T) {
+	many := make([]int, 0, 60)
+	for s := 1; s <= 120; s += 2 {
+		many = append(many, s)
+	}
+	for _, c := range []struct {
+		steps []int
+		want  string
+	}{
+		{[]int{7}, "step 7 (1)"},
+		{[]int{1, 2, 3, 5, 9, 10}, "steps 1-3, 5, 9-10 (6)"},
+		{many, "steps 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31, 33, 35, 37, 39 and 40 more (60)"},
+	} {
+		if got := stepRanges(c.steps); got != c.want {
+			t.Errorf("stepRanges(%v) = %q, want %q", c.steps, got, c.want)
+		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/collective"
+	"github.com/tracegrpo/tracegrpo/internal/atomicfile"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -24,7 +25,7 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 	if comm == nil {
 		comm = collective.Single(be)
 	}
-	if err := sameDir(ckpt, out); err != nil {
+	if err := checkExportOut(out); err != nil {
 		return err
 	}
 	cfg, err := model.LoadConfig(filepath.Join(ckpt, checkpoint.ConfigFile))
@@ -56,21 +57,12 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 		if hi <= lo {
 			continue
 		}
+		var h []float32
 		if inPlace {
-			if rerr = tens.Read(p.Name, checkpoint.KindWeights, int64(lo), host[at:at+hi-lo]); rerr != nil {
-				break
-			}
-			continue
+			h = host[at : at+hi-lo]
 		}
-		for off := lo; off < hi && rerr == nil; off += restoreChunk {
-			n := min(restoreChunk, hi-off)
-			if cap(stage) < n {
-				stage = make([]float32, n)
-			}
-			if rerr = tens.Read(p.Name, checkpoint.KindWeights, int64(off), stage[:n]); rerr == nil {
-				be.UploadF32(m.Params().Slice(at+off-lo, n), stage[:n])
-				rerr = be.Sync()
-			}
+		if rerr = readOwned(be, tens, p.Name, checkpoint.KindWeights, lo, m.Params().Slice(at, hi-lo), h, &stage); rerr != nil {
+			break
 		}
 	}
 	// The ranks agree before the export's collectives.
@@ -119,15 +111,64 @@ func hostF32(be kernels.Backend, buf kernels.Buf) ([]float32, bool) {
 	return nil, false
 }
 
-// sameDir refuses an output directory that is the input.
-func sameDir(in, out string) error {
-	a, err1 := filepath.Abs(in)
-	b, err2 := filepath.Abs(out)
-	if err1 == nil && err2 == nil && filepath.Clean(a) == filepath.Clean(b) {
-		return fmt.Errorf("%w: export: --out %s is the checkpoint itself: write the export elsewhere", ErrUsage, out)
-	}
+// checkExportOut refuses an export's output directory that lies in a
+// checkpoint or a run directory, by any path (symbolic links resolved in
+// every part of out that exists): out itself, or any directory above it,
+// holds a checkpoint's marks (checkpoint.Marks), checkpoints (step_<N>
+// directories), or a run's files. An export into a checkpoint would
+// change files its manifest lists (or add ones it does not), and the
+// checkpoint would fail verify and refuse --resume; into a run directory
+// it would sit among what the run writes and prunes. The input is itself a
+// checkpoint, and so refused the same way.
+func checkExportOut(out string) error {
 	if st, err := os.Stat(out); err == nil && !st.IsDir() {
-		return fmt.Errorf("%w: export: --out %s is a file", ErrUsage, out)
+		return fmt.Errorf("%w: export: --out %s is a file: name a directory", ErrUsage, out)
 	}
-	return nil
+	ro, err := atomicfile.ResolveExisting(out)
+	if err != nil {
+		return fmt.Errorf("export: --out %s: %w", out, err)
+	}
+	for dir := ro; ; dir = filepath.Dir(dir) {
+		what := checkpoint.Marks(dir)
+		if what == "" {
+			what = runDirMarks(dir)
+		}
+		if what != "" {
+			where := "is"
+			if dir != ro {
+				where = "lies inside"
+			}
+			via := ""
+			if abs, _ := filepath.Abs(out); abs != ro {
+				via = " (" + ro + " with links resolved)"
+			}
+			return fmt.Errorf("%w: export: --out %s%s %s %s, which holds %s: an export never writes into a checkpoint or a run directory "+
+				"(a checkpoint there would no longer verify, or its run would prune the export); choose a --out outside them",
+				ErrUsage, out, via, where, dir, what)
+		}
+		if filepath.Dir(dir) == dir {
+			return nil
+		}
+	}
+}
+
+// runDirMarks names what makes dir a run's directory or a run's
+// checkpoints directory ("" when nothing does): a run's metrics.jsonl or
+// lock, or checkpoints (step_<N> directories with a checkpoint's marks) in
+// dir or in its checkpoints/.
+func runDirMarks(dir string) string {
+	for _, f := range []string{metricsFileName, lockFile} {
+		if _, err := os.Lstat(filepath.Join(dir, f)); err == nil {
+			return "a run's " + f
+		}
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "checkpoints")} {
+		ents, _ := checkpoint.List(d)
+		for _, e := range ents {
+			if checkpoint.Marks(e.Path) != "" {
+				return "checkpoints (" + filepath.Join(filepath.Base(d), filepath.Base(e.Path)) + ")"
+			}
+		}
+	}
+	return ""
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/config"
@@ -55,30 +56,92 @@ type MemPlan struct {
 	req   *PlanRequest     // what was planned, for FitWorld (train runs)
 }
 
-// maxFitWorld bounds the world sizes FitWorld tries.
-const maxFitWorld = 4096
+// maxFitWorld bounds the world sizes FitWorld considers (a variable for
+// tests).
+var maxFitWorld = 4096
 
-// FitWorld returns the smallest number of ranks whose fully sharded plan
-// (--shard full) fits in free bytes per rank, and that plan; ok is false
-// when none up to 4096 does (or the plan is not a train run's).
+// planRuns counts the plans PlanRun makes (tests count FitWorld's work).
+var planRuns atomic.Int64
+
+// FitWorld returns the smallest number of ranks, up to 4096, whose fully
+// sharded plan (--shard full) fits in free bytes per rank, and that plan;
+// ok is false when none does (or the plan is not a train run's). The parts
+// of a rank's plan that shard (weights, gradients, Adam moments, the KL
+// reference) shrink as W grows and the others (activations, workspace,
+// the sampler's cache, a gathered group) do not, so a rank's total does
+// not grow with W but for two small terms (a gathered group is padded to a
+// multiple of W, and the rank exchange holds 16 KiB a rank): FitWorld
+// bisects over W, about a dozen plans where trying every W made up to
+// 4096, and finds the smallest W unless free falls within those few
+// bytes of a plan. When even 4096 ranks do not fit, fitWorld also says
+// which parts more ranks leave as they are.
 func (p *MemPlan) FitWorld(free int64) (world int, plan *MemPlan, ok bool) {
+	r := p.fitWorld(free)
+	return r.world, r.plan, r.ok
+}
+
+// fitResult is FitWorld's answer, and when nothing fits, what the most
+// ranks leave: the plan at maxFitWorld, and the parts more ranks do not
+// shrink (those that do not halve from maxFitWorld/2 to maxFitWorld ranks).
+type fitResult struct {
+	world     int
+	plan      *MemPlan
+	ok        bool
+	most      *MemPlan
+	fixed     int64
+	fixedPart []Component
+}
+
+func (p *MemPlan) fitWorld(free int64) fitResult {
 	if p.req == nil {
-		return 0, nil, false
+		return fitResult{}
 	}
-	for w := 1; w <= maxFitWorld; w++ {
+	planAt := func(w int) *MemPlan {
 		req := *p.req
 		req.World, req.Shard = w, true
 		q, err := PlanRun(req)
 		if err != nil {
-			return 0, nil, false
+			return nil
 		}
-		if q.TotalBytes <= free {
-			return w, q, true
+		return q
+	}
+	fits := func(q *MemPlan) bool { return q != nil && q.TotalBytes <= free }
+	most := planAt(maxFitWorld)
+	if most == nil {
+		return fitResult{}
+	}
+	if !fits(most) {
+		// Say at once what more ranks cannot shrink.
+		res := fitResult{most: most}
+		if half := planAt(max(maxFitWorld/2, 1)); half != nil {
+			at := map[string]int64{}
+			for _, c := range half.Components {
+				at[c.Name] = c.Bytes
+			}
+			for _, c := range most.Components {
+				// A part that shards halves from maxFitWorld/2 to
+				// maxFitWorld ranks; one that does not (up to padding to
+				// a multiple of W) stays.
+				if float64(c.Bytes) > 0.75*float64(at[c.Name]) {
+					res.fixed += c.Bytes
+					res.fixedPart = append(res.fixedPart, c)
+				}
+			}
+		}
+		return res
+	}
+	// fits(lo) is false (lo = 0 stands for none), fits(hi) is true.
+	lo, hi, best := 0, maxFitWorld, most
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if q := planAt(mid); fits(q) {
+			hi, best = mid, q
+		} else {
+			lo = mid
 		}
 	}
-	return 0, nil, false
+	return fitResult{world: hi, plan: best, ok: true}
 }
-
 func (p *MemPlan) add(c Component) {
 	if c.Bytes == 0 {
 		return
@@ -203,6 +266,7 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bo
 
 // PlanRun returns the memory plan of a train run.
 func PlanRun(req PlanRequest) (p *MemPlan, err error) {
+	planRuns.Add(1)
 	c := req.Config
 	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, req.Model.Sparse())
 	if err != nil {
@@ -629,10 +693,19 @@ func (p *MemPlan) Check(free int64, source string) error {
 			fmt.Fprintf(&b, " (shrink with %s)", strings.Join(c.Shrink, ", "))
 		}
 	}
-	if w, q, ok := p.FitWorld(free); ok && (w > p.World || !p.Sharded) {
-		fmt.Fprintf(&b, "\nfully sharded (--shard full), it fits on %d ranks: %s per rank", w, Bytes(q.TotalBytes))
-	} else if !ok && p.req != nil {
-		fmt.Fprintf(&b, "\nit does not fit even fully sharded (--shard full) on %d ranks", maxFitWorld)
+	if r := p.fitWorld(free); r.ok && (r.world > p.World || !p.Sharded) {
+		fmt.Fprintf(&b, "\nfully sharded (--shard full), it fits on %d ranks: %s per rank", r.world, Bytes(r.plan.TotalBytes))
+	} else if !r.ok && r.most != nil {
+		if r.fixed > free {
+			var parts []string
+			for _, c := range r.fixedPart {
+				parts = append(parts, fmt.Sprintf("%s %s", c.Name, Bytes(c.Bytes)))
+			}
+			fmt.Fprintf(&b, "\nit does not fit on any number of ranks: the parts that more ranks do not shrink need %s per rank alone (%s); shrink them",
+				Bytes(r.fixed), strings.Join(parts, ", "))
+		} else {
+			fmt.Fprintf(&b, "\nit does not fit even fully sharded (--shard full) on %d ranks: %s per rank", maxFitWorld, Bytes(r.most.TotalBytes))
+		}
 	}
 	fmt.Fprintf(&b, "\n(train plan prints the whole plan; $%s overrides the free memory)", MemoryEnv)
 	return &wontFit{msg: b.String()}

@@ -176,6 +176,7 @@ func (t *Trainer) writeEffectiveConfig() error {
 func (t *Trainer) effectiveConfig() ([]byte, error) {
 	c := t.cfg
 	c.Checkpointing.CheckpointDir = t.checkpointDir()
+	c.Logger.LogDir = config.OptionalString(t.logDir()) // null when nothing is written there
 	capDir := t.source.captures()
 	if capDir != "" {
 		c.Env.NemoGym.TokenIDCapture.Dir = capDir
@@ -228,4 +229,38 @@ func (t *Trainer) effectiveConfig() ([]byte, error) {
 	}
 	b.Write(body)
 	return []byte(b.String()), nil
+}
+
+// checkOutWritable makes sure, before any work, that this rank can write
+// the run directory if it ever will: rank 0 always (its metrics, config
+// and checkpoints), every rank of a sharded run that checkpoints (each
+// writes its shard of every checkpoint there). A rank that cannot (a
+// read-only or missing mount on its node, another user's directory) would
+// otherwise be found at the first checkpoint, after save_period steps of
+// work. It creates and removes a file of its own in the directory.
+func (t *Trainer) checkOutWritable() error {
+	if t.rank != 0 && !(t.shardFull && t.cfg.Checkpointing.Enabled) {
+		return nil
+	}
+	why := "the run writes its metrics, config and checkpoints there"
+	if t.rank != 0 {
+		why = "every rank of a sharded run writes its shard of each checkpoint there"
+	}
+	probe := filepath.Join(t.out, fmt.Sprintf(".write-check-rank-%d-%d", t.rank, os.Getpid()))
+	f, err := createProbe(probe)
+	if err == nil {
+		_, err = f.Write([]byte("tracegrpo\n"))
+		err = errors.Join(err, f.Close(), os.Remove(probe))
+	}
+	if err != nil {
+		return fmt.Errorf("--out %s: rank %d cannot write there (%w): %s; make it writable on every rank's machine, or choose another --out", t.out, t.rank, err, why)
+	}
+	return nil
+}
+
+// createProbe creates checkOutWritable's file (a variable: tests make it
+// fail for one rank, as a read-only mount would; they run as root, whom
+// permissions do not stop).
+var createProbe = func(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 }

@@ -273,7 +273,7 @@ func TestEffectiveConfigSaysWhatTheRunDoes(t *testing.T) {
 			t.Errorf("config.yaml lacks %q:\n%s", w, y)
 		}
 	}
-	for _, bad := range []string{"results/grpo", "log_dir"} {
+	for _, bad := range []string{"results/grpo", "log_dir: logs"} {
 		if strings.Contains(y, bad) {
 			t.Errorf("config.yaml names %q, which the run does not use", bad)
 		}
@@ -361,4 +361,44 @@ func TestKillAtRandomMoments(t *testing.T) {
 		}
 	}
 	t.Logf("%d kills (seed %d); what each left: %v (a run takes %v)", trials, seed, resumedFrom, full)
+}
+
+// TestEveryRankChecksItCanWriteOut (issue 34): a rank of a sharded run
+// that cannot write --out (here rank 1, as a read-only mount on its node
+// would: the tests run as root, so the probe's creation is made to fail)
+// stops every rank at start, naming the rank, the directory and why,
+// before any step; an unsharded run's other ranks never write there, so
+// it runs; a run leaves no probe file behind.
+func TestEveryRankChecksItCanWriteOut(t *testing.T) {
+	defer func(f func(string) (*os.File, error)) { createProbe = f }(createProbe)
+	createProbe = func(path string) (*os.File, error) {
+		if strings.Contains(filepath.Base(path), "rank-1-") {
+			return nil, &os.PathError{Op: "open", Path: path, Err: syscall.EROFS}
+		}
+		return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	}
+	out := filepath.Join(t.TempDir(), "run")
+	errs, _ := runLocalRanks(t, 2, trainArgs(out, 2, "--shard", "full")...)
+	for r, err := range errs {
+		if msg := fmt.Sprint(err); !strings.Contains(msg, "rank 1 cannot write there") || !strings.Contains(msg, out) || !strings.Contains(msg, "read-only file system") {
+			t.Errorf("rank %d: %v; want a refusal naming rank 1, --out and the reason", r, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "metrics.jsonl")); len(b) > 0 || err != nil && !os.IsNotExist(err) {
+		t.Errorf("the refused run trained: metrics.jsonl holds %d bytes", len(b))
+	}
+	if _, err := os.Stat(filepath.Join(out, "checkpoints")); err == nil {
+		t.Errorf("the refused run wrote checkpoints")
+	}
+	out2 := filepath.Join(t.TempDir(), "run")
+	mustRanks(t, 2, trainArgs(out2, 2, "--shard", "none")...)
+	ents, err := os.ReadDir(out2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".write-check") {
+			t.Errorf("the run left its probe %s in --out", e.Name())
+		}
+	}
 }

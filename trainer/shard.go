@@ -2,8 +2,8 @@ package trainer
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
@@ -117,34 +117,48 @@ func (t *Trainer) prepareSharded() (*checkpoint.Pending, error) {
 	if err := t.agree(err); err != nil {
 		return discard(err)
 	}
-	dirs, err := gather(t, tmp)
+	type where struct{ Dir, Run string }
+	dirs, err := gather(t, where{tmp, t.runID})
 	if err != nil {
 		return discard(err)
 	}
-	tmp = dirs[0]
-	// Each rank's shard file.
-	entry, werr := t.writeShard(tmp)
-	// The HF weights, gathered one group at a time (a collective).
-	if err := t.model.SaveHFWith(tmp, safetensors.F32, checkpoint.ModelMetadata(int64(t.step))); err != nil {
-		werr = errors.Join(werr, err)
+	tmp = dirs[0].Dir
+	// The HF weights first, gathered one group at a time (a collective),
+	// so that every shard carries their digest: the shards of this save and
+	// its model.safetensors then check each other on every load.
+	werr := t.model.SaveHFWith(tmp, safetensors.F32, checkpoint.ModelMetadata(int64(t.step)))
+	var hf checkpoint.FileEntry
+	if werr == nil && t.rank == 0 {
+		hf, werr = checkpoint.HashFile(filepath.Join(tmp, checkpoint.ModelFile))
 	}
 	type written struct {
 		Entry checkpoint.FileEntry
 		Err   rankError
 	}
-	all, err := gather(t, written{entry, rankErrorOf(werr)})
+	agreeWritten := func(e checkpoint.FileEntry, werr error) ([]written, error) {
+		all, err := gather(t, written{e, rankErrorOf(werr)})
+		if err != nil {
+			return nil, err
+		}
+		errs := make([]rankError, len(all))
+		for r, w := range all {
+			errs[r] = w.Err
+		}
+		return all, agreedOf(errs)
+	}
+	hfs, err := agreeWritten(hf, werr)
 	if err != nil {
 		return discard(err)
 	}
-	errs := make([]rankError, len(all))
-	for r, w := range all {
-		errs[r] = w.Err
-	}
-	if err := agreedOf(errs); err != nil {
+	// Each rank's shard file.
+	id := checkpoint.ShardID{Run: dirs[0].Run, Step: int64(t.step), World: t.comm.Size(), Weights: hfs[0].Entry.SHA256}
+	entry, werr := t.writeShard(tmp, id)
+	all, err := agreeWritten(entry, werr)
+	if err != nil {
 		return discard(err)
 	}
 	if t.rank == 0 {
-		err = t.sealSharded(pending, all[0].Entry, func(r int) checkpoint.FileEntry { return all[r].Entry })
+		err = t.sealSharded(pending, id, hfs[0].Entry, func(r int) checkpoint.FileEntry { return all[r].Entry })
 	}
 	if err := t.agree(err); err != nil {
 		return discard(err)
@@ -154,7 +168,7 @@ func (t *Trainer) prepareSharded() (*checkpoint.Pending, error) {
 
 // writeShard writes this rank's shard file into tmp: its part of every
 // parameter, with the Adam moments.
-func (t *Trainer) writeShard(tmp string) (checkpoint.FileEntry, error) {
+func (t *Trainer) writeShard(tmp string, id checkpoint.ShardID) (checkpoint.FileEntry, error) {
 	tab := t.model.Table()
 	mBuf, vBuf := t.opt.Moments()
 	host, m, v := t.hostCopy(t.model.Params()), t.hostCopy(mBuf), t.hostCopy(vBuf)
@@ -178,19 +192,19 @@ func (t *Trainer) writeShard(tmp string) (checkpoint.FileEntry, error) {
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
 	}
-	return checkpoint.WriteShard(tmp, t.rank, t.comm.Size(), int64(t.step), parts)
+	return checkpoint.WriteShard(tmp, t.rank, id, parts)
 }
 
-// sealSharded writes rank 0's files of a sharded checkpoint (the index and
-// the trainer state; the HF export is already there) and seals it.
-func (t *Trainer) sealSharded(p *checkpoint.Pending, _ checkpoint.FileEntry, shardEntry func(r int) checkpoint.FileEntry) error {
-	for _, f := range []string{checkpoint.ModelFile, checkpoint.ConfigFile} {
-		if err := p.AddWritten(f); err != nil {
-			return err
-		}
+// sealSharded writes rank 0's files of a sharded checkpoint (the index,
+// with the save's identity, and the trainer state; the HF export, hf, is
+// already there) and seals it.
+func (t *Trainer) sealSharded(p *checkpoint.Pending, id checkpoint.ShardID, hf checkpoint.FileEntry, shardEntry func(r int) checkpoint.FileEntry) error {
+	p.Add(hf)
+	if err := p.AddWritten(checkpoint.ConfigFile); err != nil {
+		return err
 	}
 	sh, tab := t.model.Sharding(), t.model.Table()
-	idx := checkpoint.ShardIndex{World: sh.World}
+	idx := checkpoint.ShardIndex{World: sh.World, Run: id.Run, Step: id.Step, Weights: id.Weights}
 	for i, p := range tab.Params {
 		st := checkpoint.ShardTensor{Name: p.Name, Shape: p.Shape}
 		for r := range sh.World {
@@ -255,24 +269,12 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 			continue
 		}
 		for k := range checkpoint.NumKinds {
+			var host []float32
 			if inPlace[k] {
-				if err := tens.Read(p.Name, k, int64(lo), hosts[k][at:at+hi-lo]); err != nil {
-					return fmt.Errorf("resume: %w", err)
-				}
-				continue
+				host = hosts[k][at : at+hi-lo]
 			}
-			for off := lo; off < hi; off += restoreChunk {
-				n := min(restoreChunk, hi-off)
-				if cap(stage) < n {
-					stage = make([]float32, n)
-				}
-				if err := tens.Read(p.Name, k, int64(off), stage[:n]); err != nil {
-					return fmt.Errorf("resume: %w", err)
-				}
-				t.be.UploadF32(arenas[k].Slice(at+off-lo, n), stage[:n])
-				if err := t.be.Sync(); err != nil {
-					return err
-				}
+			if err := readOwned(t.be, tens, p.Name, k, lo, arenas[k].Slice(at, hi-lo), host, &stage); err != nil {
+				return fmt.Errorf("resume: %w", err)
 			}
 		}
 	}
@@ -281,9 +283,34 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 	return t.be.Sync()
 }
 
-// restoreChunk is how many floats a device backend's resume stages at a
-// time.
-const restoreChunk = 1 << 20
+// stageChunk is how many floats a backend without a host view (a device)
+// stages at a time when it reads a checkpoint (a variable for tests).
+var stageChunk = 1 << 20
+
+// readOwned reads elements [lo, lo+dst.N) of the named parameter's tensor
+// of kind from tens into dst: straight into host, dst's elements, when the
+// backend keeps them in host memory (the CPU), else through a staging
+// slice (*stage, grown to stageChunk floats) uploaded a chunk at a time,
+// each chunk to its own offset. Resume and export share it.
+func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, lo int, dst kernels.Buf, host []float32, stage *[]float32) error {
+	if host != nil {
+		return tens.Read(name, kind, int64(lo), host)
+	}
+	for off := 0; off < dst.N; off += stageChunk {
+		n := min(stageChunk, dst.N-off)
+		if cap(*stage) < n {
+			*stage = make([]float32, n)
+		}
+		if err := tens.Read(name, kind, int64(lo+off), (*stage)[:n]); err != nil {
+			return err
+		}
+		be.UploadF32(dst.Slice(off, n), (*stage)[:n])
+		if err := be.Sync(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // checkpointSharded reports whether the checkpoint at path is sharded.
 func checkpointSharded(path string) (bool, error) {
@@ -303,7 +330,7 @@ func checkpointSharded(path string) (bool, error) {
 func (t *Trainer) trainerState() (checkpoint.TrainerState, error) {
 	var ts checkpoint.TrainerState
 	var err error
-	ts.Step, ts.ConsumedRollouts = int64(t.step), t.consumed
+	ts.Step, ts.ConsumedRollouts, ts.RunID = int64(t.step), t.consumed, t.runID
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
 		return ts, err
 	}

@@ -2,6 +2,9 @@ package trainer
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +18,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/model"
 )
 
@@ -363,5 +367,117 @@ func TestShardedCheckpointRefusesNonFiniteWeights(t *testing.T) {
 	ents, _ := checkpoint.List(filepath.Join(out, "checkpoints"))
 	if len(ents) != 1 || ents[0].Step != 1 {
 		t.Errorf("checkpoints after the refusal: %v, want step 1's alone", ents)
+	}
+}
+
+// TestShardedChimeraRefusedAtResumeAndExport (issue 34; issue 33, item 5):
+// a sharded checkpoint of 2 ranks whose rank 1 shard comes from another
+// run (another seed), or whose two shard files were swapped, with its
+// manifest and DONE rewritten to match, is refused by --resume on every
+// rank, by export and by verify, naming the shard file; untouched, the
+// same checkpoint resumes.
+func TestShardedChimeraRefusedAtResumeAndExport(t *testing.T) {
+	dir := t.TempDir()
+	args := func(out string, steps int, extra ...string) []string {
+		return append(trainArgs(out, steps, "--shard", "full", "--set", "policy.megatron_cfg.scheduler.lr_decay_iters=4"), extra...)
+	}
+	ours, theirs := filepath.Join(dir, "ours"), filepath.Join(dir, "theirs")
+	mustRanks(t, 2, args(ours, 2)...)
+	mustRanks(t, 2, args(theirs, 2, "--set", "grpo.seed=7")...)
+	s0, s1 := checkpoint.ShardFile(0, 2), checkpoint.ShardFile(1, 2)
+	be := cpu.New(1)
+	defer be.Close()
+	for _, c := range []struct {
+		name, names string
+		edit        func(t *testing.T, ckpt string)
+	}{
+		{"rank 1's shard from a run of seed 7", s1, func(t *testing.T, ckpt string) {
+			b, err := os.ReadFile(filepath.Join(theirs, "checkpoints", "step_2", s1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(ckpt, s1), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"the shard files swapped", s0, func(t *testing.T, ckpt string) {
+			for _, mv := range [][2]string{{s0, "x"}, {s1, s0}, {"x", s1}} {
+				if err := os.Rename(filepath.Join(ckpt, mv[0]), filepath.Join(ckpt, mv[1])); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "run")
+			if err := os.CopyFS(out, os.DirFS(ours)); err != nil {
+				t.Fatal(err)
+			}
+			os.Remove(filepath.Join(out, lockFile))
+			ckpt := filepath.Join(out, "checkpoints", "step_2")
+			c.edit(t, ckpt)
+			resealCheckpoint(t, ckpt)
+			if _, err := checkpoint.Verify(ckpt); !errors.Is(err, checkpoint.ErrInconsistent) || !strings.Contains(err.Error(), c.names) {
+				t.Errorf("verify: %v; want ErrInconsistent naming %s", err, c.names)
+			}
+			if err := ExportHF(be, nil, ckpt, filepath.Join(t.TempDir(), "hf"), safetensors.F32); !errors.Is(err, checkpoint.ErrInconsistent) || !strings.Contains(err.Error(), c.names) {
+				t.Errorf("export: %v; want ErrInconsistent naming %s", err, c.names)
+			}
+			errs, logs := runLocalRanks(t, 2, args(out, 4, "--resume")...)
+			for r, err := range errs {
+				if msg := fmt.Sprint(err); !strings.Contains(msg, "do not belong together") || !strings.Contains(msg, c.names) {
+					t.Errorf("resume, rank %d: %v\n%s; want a refusal naming %s", r, err, logs[r], c.names)
+				}
+			}
+		})
+	}
+	mustRanks(t, 2, args(ours, 4, "--resume")...)
+	// The run's id is kept across the resume, and another seed's differs.
+	runID := func(out string, step int) string {
+		b, err := os.ReadFile(filepath.Join(out, "checkpoints", fmt.Sprintf("step_%d", step), checkpoint.TrainerStateFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := checkpoint.ParseTrainerState(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ts.RunID
+	}
+	if a, b, c := runID(ours, 2), runID(ours, 4), runID(theirs, 2); a == "" || a != b || a == c {
+		t.Errorf("run ids: %q before the resume, %q after, %q for seed 7; want one kept, the other different", a, b, c)
+	}
+}
+
+// resealCheckpoint rewrites a checkpoint's manifest.json and DONE from its
+// files, as a tool or a careless copy would after changing them.
+func resealCheckpoint(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(path, checkpoint.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	man, err := checkpoint.ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range man.Files {
+		if man.Files[i], err = checkpoint.HashFile(filepath.Join(path, f.Name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mb, err := json.MarshalIndent(man, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb = append(mb, '\n')
+	sum := sha256.Sum256(mb)
+	for name, data := range map[string][]byte{checkpoint.ManifestFile: mb, checkpoint.DoneFile: []byte("sha256:" + hex.EncodeToString(sum[:]) + "\n")} {
+		if err := os.WriteFile(filepath.Join(path, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := checkpoint.Structure(path); err != nil {
+		t.Fatalf("after the reseal: %v", err)
 	}
 }

@@ -112,6 +112,11 @@ func (s *builtinSource) start(t *Trainer) error {
 		s.captureDir = filepath.Join(t.out, "captures")
 	}
 	if s.captureDir != "" { // else next makes each step's in-memory store
+		// A directory outside the run directory (the spec §9 block's
+		// /shared/gym-capture) is never created implicitly.
+		if err := mkdirUnder(s.captureDir, t.out, "env.nemo_gym.token_id_capture.dir"); err != nil {
+			return err
+		}
 		var err error
 		if s.writer, err = gym.NewWriter(s.captureDir); err != nil {
 			return err
@@ -136,7 +141,7 @@ func (s *builtinSource) start(t *Trainer) error {
 		return err
 	}
 	opt := model.SampleOptions{
-		Temperature: float32(g.Temperature), TopP: float32(g.TopP), MaxNewTokens: g.MaxNewTokens,
+		Temperature: float32(g.Temperature), TopP: g.TopP, MaxNewTokens: g.MaxNewTokens,
 		StopTokens: []int32{rollout.EOS},
 		// More calls in a round than slots decode in turn, each finished
 		// slot taking the next waiting prompt: the batch stays full. Every

@@ -648,7 +648,7 @@ const bf16GainSpread = 0.135
 // TestBuiltinJobLearns guards the main job's learning in CI time: 40 steps
 // of the built-in job at a higher learning rate must raise the mean reward
 // of the last 10 steps above the first 10 by learnGainMin (the full 300-step
-// job is measured in the README).
+// job is measured in docs/benchmarks.md and generated into README.md).
 func TestBuiltinJobLearns(t *testing.T) {
 	out := t.TempDir()
 	mustTrain(t, "--out", out, "--quiet", "--steps", "40",

@@ -13,6 +13,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/internal/inputfile"
+	"github.com/tracegrpo/tracegrpo/internal/tfevents"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
@@ -94,7 +95,8 @@ type Trainer struct {
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
-	metricsFile metricsFile // metrics.jsonl, open for appending (rank 0)
+	metricsFile metricsFile      // metrics.jsonl, open for appending (rank 0)
+	tb          *tfevents.Writer // TensorBoard events (rank 0, logger.tensorboard_enabled)
 	progress    *progressLine
 	unlock      func() // releases the run directory's lock
 
@@ -104,8 +106,9 @@ type Trainer struct {
 	loaded                 *config.Loaded // the recipe as read, for the effective config
 
 	// step state
-	step     int   // GRPO steps completed
-	consumed int64 // logical rollouts consumed
+	step     int    // GRPO steps completed
+	consumed int64  // logical rollouts consumed
+	runID    string // the run's id (checkpoint.TrainerState.RunID), rank 0's in a save
 
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
@@ -166,6 +169,9 @@ func New(o Options) (_ *Trainer, err error) {
 	if err := t.agree(t.setupRunDir()); err != nil {
 		return nil, err
 	}
+	if err := t.agree(t.checkOutWritable()); err != nil {
+		return nil, err
+	}
 	if err := t.agree(t.setupPolicy()); err != nil {
 		return nil, err
 	}
@@ -190,8 +196,14 @@ func (t *Trainer) setupConfig() error {
 		return err
 	}
 	c := &t.cfg
-	// The same refusals train config --check makes.
-	if err := Check(t.loaded, o.Steps); err != nil {
+	// The same refusals train config --check makes; the model decides the
+	// keys that configure experts (a model that cannot be resolved fails
+	// in setupPolicy, naming why).
+	experts := config.ExpertsUnknown
+	if mc, _, err := resolveModel(c, o.InitFrom); err == nil {
+		experts = ExpertsOf(mc)
+	}
+	if err := CheckFor(t.loaded, o.Steps, experts); err != nil {
 		return err
 	}
 	t.maxSteps = c.GRPO.MaxNumSteps
@@ -276,6 +288,10 @@ func (t *Trainer) setupPolicy() error {
 	if err := t.source.start(t); err != nil {
 		return err
 	}
+	var err error
+	if t.runID, err = t.newRunID(); err != nil {
+		return err
+	}
 	if t.resumeFrom != "" {
 		return t.restore()
 	}
@@ -296,6 +312,9 @@ func (t *Trainer) setupFiles() error {
 		if err := t.openMetrics(); err != nil {
 			return err
 		}
+	}
+	if err := t.openLoggers(); err != nil {
+		return err
 	}
 	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
 		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
@@ -342,6 +361,9 @@ func precisionName(p kernels.DType) string {
 func (t *Trainer) Close() {
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
+	}
+	if t.tb != nil {
+		t.tb.Close()
 	}
 	if t.source != nil {
 		t.source.close()
@@ -416,7 +438,7 @@ func (t *Trainer) loadConfig() error {
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("ignored keys (engines tracegrpo does not run; train config --keys says why): %s", strings.Join(ld.Ignored, ", "))
+		t.logf("%d keys ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", len(ld.Ignored))
 	}
 	for _, w := range ld.Warnings() {
 		// Said even under --quiet: a key the run does not use.
@@ -463,6 +485,9 @@ func (t *Trainer) newModels() error {
 	}
 	for _, n := range t.modelCfg.Notes {
 		t.logf("note: %s", n)
+	}
+	if err := CheckModel(t.modelCfg, t.o.Rollouts == ""); err != nil {
+		return err
 	}
 	t.sparseSettings()
 	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())

@@ -15,8 +15,11 @@ import (
 func openBackend(name string, threads, device int, log io.Writer) (kernels.Backend, error) {
 	switch name {
 	case "cpu":
-		b := cpu.New(threads)
-		fmt.Fprintf(log, "train: backend cpu (%d threads)\n", b.Threads())
+		b, err := newCPU(threads)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(log, "train: backend cpu (%d threads), %s\n", b.Threads(), cpu.SIMDChoice())
 		return b, nil
 	case "cuda":
 		b, err := cuda.Open(cuda.Options{Device: device})
@@ -31,11 +34,23 @@ func openBackend(name string, threads, device int, log io.Writer) (kernels.Backe
 			fmt.Fprintf(log, "train: backend auto: cuda device %d (a driver and the device were found)\n", device)
 			return b, nil
 		}
-		c := cpu.New(threads)
-		fmt.Fprintf(log, "train: backend auto: cpu (%d threads), because CUDA is unavailable: %v\n", c.Threads(), err)
+		c, cerr := newCPU(threads)
+		if cerr != nil {
+			return nil, cerr
+		}
+		fmt.Fprintf(log, "train: backend auto: cpu (%d threads, %s), because CUDA is unavailable: %v\n", c.Threads(), cpu.SIMDChoice(), err)
 		return c, nil
 	}
 	return nil, fmt.Errorf("%w: --backend %q: want auto, cpu or cuda", errUsage, name)
+}
+
+// newCPU opens the CPU backend, refusing a TRACEGRPO_CPU_SIMD it cannot
+// honour (a usage error: the environment asked for it).
+func newCPU(threads int) (*cpu.Backend, error) {
+	if err := cpu.SIMDChoice().Err; err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return cpu.New(threads), nil
 }
 
 // closeBackend closes a backend that has a Close method.

@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/collective/mpi"
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -50,9 +52,35 @@ func (l launch) threadsPerRank(threads int) int {
 	return max(1, runtime.NumCPU()/local)
 }
 
+// defaultRankTimeout is --rank-timeout's default: far longer than any one
+// collective waits in a healthy run (a rank saving a checkpoint, or
+// reading its weights, while the others wait for it).
+const defaultRankTimeout = 30 * time.Minute
+
+// addRankTimeout registers --rank-timeout on a command that opens the
+// collectives.
+func addRankTimeout(fs *pflag.FlagSet) *time.Duration {
+	return fs.Duration("rank-timeout", defaultRankTimeout, "with several ranks: how long a collective waits for the others before every rank stops, "+
+		"naming the ranks that went silent (a stopped or hung process, a dead node); 0 waits forever. Enforced by --dist mpi, not by nccl (its collectives run on the device)")
+}
+
 // openComm opens the collectives of --dist mode on be (none for one
-// process) and checks that they agree with the launcher.
-func (l *launch) openComm(mode string, be kernels.Backend) error {
+// process), checks that they agree with the launcher, and gives them the
+// rank timeout (collective.Deadliner).
+func (l *launch) openComm(mode string, be kernels.Backend, timeout time.Duration) error {
+	if timeout < 0 {
+		return fmt.Errorf("%w: --rank-timeout %v: want 0 (wait forever) or a positive duration", errUsage, timeout)
+	}
+	if err := l.openCollectives(mode, be); err != nil {
+		return err
+	}
+	if d, ok := l.comm.(collective.Deadliner); ok {
+		d.SetTimeout(timeout)
+	}
+	return nil
+}
+
+func (l *launch) openCollectives(mode string, be kernels.Backend) error {
 	var err error
 	if l.mode, err = collective.Choose(mode, l.Launch, be.Name()); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)

@@ -35,6 +35,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	backend := fs.String("backend", "cpu", "cpu or cuda")
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
 	distMode := fs.String("dist", "auto", "collectives under a launcher: auto, none, mpi or nccl")
+	rankTimeout := addRankTimeout(fs)
 	if err := parseFlags(fs, args, 1); err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("export: %w", err)
 	}
 	defer closeBackend(be)
-	if err := l.openComm(*distMode, be); err != nil {
+	if err := l.openComm(*distMode, be, *rankTimeout); err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	defer l.close()

@@ -7,7 +7,7 @@ package main
 // the same data and compares field by field: the verdict, the mask reason,
 // the envelope (trace order, ids, call ids, tokens, logprobs, masks,
 // spans), the build counts and the terminal attribution. A case that
-// differs must name a departure that README.md's "Departures from NeMo
+// differs must name a departure that docs/gym.md's "Departures from NeMo
 // Gym" section documents; a case that agrees must not claim one.
 
 import (
@@ -126,17 +126,17 @@ func copyTree(t *testing.T, src, dst string) {
 	}
 }
 
-// documentedDepartures returns the departure ids of README.md's
+// documentedDepartures returns the departure ids of docs/gym.md's
 // "Departures from NeMo Gym" table (its first column, in backquotes).
 func documentedDepartures(t *testing.T) map[string]bool {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../docs/gym.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, sec, ok := strings.Cut(string(b), "\n## Departures from NeMo Gym\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Departures from NeMo Gym" section`)
+		t.Fatal(`docs/gym.md has no "## Departures from NeMo Gym" section`)
 	}
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	ids := map[string]bool{}
@@ -325,7 +325,7 @@ func TestGymDifferential(t *testing.T) {
 			case c.Departure == "":
 				t.Errorf("%s/%s (%s): differs from Gym with no documented departure:\n  %s", builder, c.Name, c.What, strings.Join(diffs, "\n  "))
 			case !documented[c.Departure]:
-				t.Errorf("%s/%s: departure %q has no row in README.md's Departures from NeMo Gym", builder, c.Name, c.Departure)
+				t.Errorf("%s/%s: departure %q has no row in docs/gym.md's Departures from NeMo Gym", builder, c.Name, c.Departure)
 			default:
 				table[builder].departure++
 				t.Logf("%-15s %-32s departure %-20s %s", builder, c.Name, c.Departure, strings.Split(diffs[0], "\n")[0])

@@ -431,3 +431,56 @@ func TestLyingSafetensorsHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestLongValuesCutInMessages (issue 34): a message quotes at most a few
+// hundred bytes of a value a user gave, then says its length, whichever
+// package wrote it: a 120 KB launcher variable, flag values and a config
+// value. The whole of stderr stays short.
+func TestLongValuesCutInMessages(t *testing.T) {
+	long := strings.Repeat("7x", 60_000) // 120,000 bytes
+	out := t.TempDir()
+	for _, c := range []struct {
+		name string
+		code int
+		env  []string
+		args []string
+	}{
+		{"a launcher variable", 1, []string{"RANK=" + long, "WORLD_SIZE=2"}, []string{"--out", filepath.Join(out, "a"), "--steps", "1"}},
+		{"plan --memory", 2, nil, []string{"plan", "--memory", long}},
+		{"export --dtype", 2, nil, []string{"export", out, "--out", filepath.Join(out, "x"), "--dtype", long}},
+		{"a model name", 1, nil, []string{"--out", filepath.Join(out, "b"), "--steps", "1", "--set", "policy.model_name=" + long}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			msg := refused(t, c.code, c.env, []string{"(120000 bytes)"}, c.args...)
+			if len(msg) > 4096 {
+				t.Errorf("%d bytes of messages for a 120 KB value:\n%.2000s", len(msg), msg)
+			}
+		})
+	}
+}
+
+// TestBenchFlagMessages (issue 34): a bad bench count is a usage error
+// (exit 2) naming that flag alone: --mb-tokens -5 used to blame --rows,
+// --seq and --steps, and a --mb-tokens past what a micro-batch can hold
+// failed with exit 1 naming model.Options.MaxTokens; a --tree whose
+// product is too large is refused before it is built.
+func TestBenchFlagMessages(t *testing.T) {
+	cfg := "../../model/testdata/qwen3_untied/config.json"
+	for _, c := range []struct {
+		args []string
+		want string
+		not  []string
+	}{
+		{[]string{"--tree", "1,2,3", "--mb-tokens", "-5"}, "--mb-tokens -5", []string{"--rows", "--seq", "--steps"}},
+		{[]string{"--tree", "1,2,3", "--mb-tokens", "4294967296"}, "--mb-tokens 4294967296", []string{"MaxTokens", "--rows"}},
+		{[]string{"--steps", "0"}, "--steps 0", []string{"--rows", "--seq", "--mb-tokens"}},
+		{[]string{"--tree", "1,1048576,1048576"}, "1048576 traces, 1099512676352 trace tokens", nil},
+	} {
+		msg := refused(t, 2, nil, []string{c.want}, append([]string{"bench", "--model", cfg}, c.args...)...)
+		for _, n := range c.not {
+			if strings.Contains(msg, n) {
+				t.Errorf("bench %v: the message names %s:\n%s", c.args, n, msg)
+			}
+		}
+	}
+}

@@ -389,3 +389,25 @@ func TestSlurmAllocation(t *testing.T) {
 		mustVerify(t, out)
 	})
 }
+
+// TestMpirunStoppedRankTimesOut (issue 34): a rank stopped with SIGSTOP
+// made the others wait forever, polling at 40% CPU. With --rank-timeout,
+// the job ends once the timeout has passed and the others' roll call has
+// gone unanswered, with an error naming the stopped rank (alone), and the
+// checkpoints already published still verify.
+func TestMpirunStoppedRankTimesOut(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "run")
+	j := startMpirun(t, 3, nil, distArgs(out, 500, "--rank-timeout", "3s")...)
+	pids := j.ranks(t, 3)
+	waitLines(t, j, out, 2)
+	if err := exec.Command(j.kill, "-STOP", fmt.Sprint(pids[1])).Run(); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	code := j.wait(t, stopped)
+	got := j.out.String()
+	if code == 0 || !strings.Contains(got, "rank 1 is silent") || strings.Contains(got, "rank 0 is silent") || strings.Contains(got, "rank 2 is silent") {
+		t.Fatalf("exit %d; want a failure naming rank 1 alone silent:\n%s", code, got)
+	}
+	mustVerify(t, out)
+}

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 
+	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"github.com/tracegrpo/tracegrpo/kernels/cuda"
@@ -96,6 +98,15 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		name = *cfgPath
 	} else if mc, name, err = trainer.ModelConfig(&ld.Config, o.InitFrom); err != nil {
 		return err
+	}
+	// The recipe's refusals, with the keys that configure experts decided
+	// by this model: a plan is no promise that train will run it.
+	if refused, _ := config.SplitRefusals(trainer.CheckFor(ld, 0, trainer.ExpertsOf(mc))); len(refused) > 0 {
+		var keys []string
+		for _, r := range refused {
+			keys = append(keys, r.RefusedKey())
+		}
+		fmt.Fprintf(stderr, "train plan: note: train would refuse this recipe with this model (train config --check --init-from DIR says why): %s\n", strings.Join(keys, ", "))
 	}
 	ws, err := planWorkspace(*backend, *threads)
 	if err != nil {

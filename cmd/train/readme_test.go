@@ -10,17 +10,18 @@ import (
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
-// readmeCommand returns the arguments of the first command of README.md's
-// section heading that starts with prefix, continuation lines joined.
-func readmeCommand(t *testing.T, heading, prefix string) []string {
+// docCommand returns the arguments of the first command of the section
+// heading of the document doc (a path from the repository's root) that
+// starts with prefix, continuation lines joined.
+func docCommand(t *testing.T, doc, heading, prefix string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile("../../" + doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, sec, ok := strings.Cut(string(b), heading)
 	if !ok {
-		t.Fatalf("README.md has no %q", heading)
+		t.Fatalf("%s has no %q", doc, heading)
 	}
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	var cmd []string
@@ -43,17 +44,17 @@ func readmeCommand(t *testing.T, heading, prefix string) []string {
 		}
 	}
 	if len(cmd) == 0 {
-		t.Fatalf("README.md's %q section has no command starting %q", heading, prefix)
+		t.Fatalf("%s's %q section has no command starting %q", doc, heading, prefix)
 	}
 	return cmd[1:] // without bin/train
 }
 
-// TestReadmeRecipeExample runs README.md's NeMo RL recipe example as it is
+// TestReadmeRecipeExample runs docs/recipes.md's NeMo RL recipe example as it is
 // written (from a short built-in run's checkpoint instead of step_300, in
 // temporary directories): it must write the checkpoints it says, train with
 // a non-zero loss in every step, and be named after the recipe.
 func TestReadmeRecipeExample(t *testing.T) {
-	args := readmeCommand(t, "### Training from a NeMo RL recipe", "bin/train --config")
+	args := docCommand(t, "docs/recipes.md", "## Training from a NeMo RL recipe", "bin/train --config")
 	dir := t.TempDir()
 	init := filepath.Join(dir, "builtin")
 	mustTrain(t, trainArgs(init, 2)...)
@@ -71,7 +72,7 @@ func TestReadmeRecipeExample(t *testing.T) {
 			args[i] = "../../" + a
 		}
 		if strings.HasPrefix(a, "env.nemo_gym.token_id_capture.dir=") {
-			args[i] = "env.nemo_gym.token_id_capture.dir=" + filepath.Join(dir, "recipe-captures")
+			args[i] = "env.nemo_gym.token_id_capture.dir=" + filepath.Join(dir, "recipe", "captures")
 		}
 	}
 	log := mustTrain(t, append(args, "--backend", "cpu")...)
@@ -81,7 +82,7 @@ func TestReadmeRecipeExample(t *testing.T) {
 	out := filepath.Join(dir, "recipe")
 	for _, s := range []int64{2, 4} {
 		if _, err := checkpoint.Verify(filepath.Join(out, "checkpoints", checkpoint.StepDir(s))); err != nil {
-			t.Errorf("the README promises step_%d: %v", s, err)
+			t.Errorf("docs/recipes.md promises step_%d: %v", s, err)
 		}
 	}
 	ms, _, err := trainer.ReadMetrics(filepath.Join(out, "metrics.jsonl"))
@@ -89,7 +90,7 @@ func TestReadmeRecipeExample(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(ms) != 4 {
-		t.Fatalf("%d steps, the README says 4", len(ms))
+		t.Fatalf("%d steps, docs/recipes.md says 4", len(ms))
 	}
 	for _, m := range ms {
 		if m.Loss == 0 {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tracegrpo/tracegrpo/bench"
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
 	"github.com/tracegrpo/tracegrpo/model"
@@ -114,11 +115,11 @@ func benchJSON(t *testing.T, small bool) string {
 }
 
 // benchLine parses bench's JSON line from its output.
-func benchLine(t *testing.T, out string) benchResult {
+func benchLine(t *testing.T, out string) bench.Result {
 	t.Helper()
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "{") {
-			var r benchResult
+			var r bench.Result
 			if err := json.Unmarshal([]byte(l), &r); err != nil {
 				t.Fatal(err)
 			}
@@ -126,7 +127,7 @@ func benchLine(t *testing.T, out string) benchResult {
 		}
 	}
 	t.Fatalf("no JSON line in bench's output:\n%s", out)
-	return benchResult{}
+	return bench.Result{}
 }
 
 // benchTol bounds the bench model's weights after its steps against one
@@ -144,7 +145,7 @@ const benchTol = 1e-6
 // every rank's peak RSS (and the one process's) within 10% of its plan.
 // TRACEGRPO_LONG=1 runs the bench model itself on 2, 3 and 4 ranks, and
 // unsharded on as many too (its all-reduce within the plan as well); the
-// memory figures of the README come from it.
+// memory figures of docs/benchmarks.md come from it.
 func TestMpirunShardedBenchModel(t *testing.T) {
 	long := os.Getenv("TRACEGRPO_LONG") == "1"
 	cfg := benchJSON(t, !long)
@@ -413,7 +414,7 @@ func TestMpirunShardedExport(t *testing.T) {
 	}
 }
 
-// TestShardedPlansOfNeMoRLRecipes: the plans README.md quotes. NeMo RL's
+// TestShardedPlansOfNeMoRLRecipes: the plans docs/memory.md quotes. NeMo RL's
 // recipes at their own sequence lengths, with their KL reference, fully
 // sharded, on CUDA: Llama-3.1-8B and Qwen2.5-7B on 8 ranks within 60 GB a
 // rank, Qwen2.5-32B on 16 ranks within 100 GB, Qwen3-30B-A3B (sparse: 128

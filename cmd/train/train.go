@@ -63,6 +63,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "CPU backend threads (0: all cores, shared among the ranks on this machine)")
 	device := fs.Int("device", -1, "CUDA device ordinal (default: the launcher's local rank, 0 for one process)")
 	distMode := fs.String("dist", "auto", "data-parallel collectives: auto (none for one process; launched by torchrun, srun or mpirun: mpi on the CPU, nccl on CUDA), none, mpi or nccl")
+	rankTimeout := addRankTimeout(fs)
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
@@ -91,7 +92,7 @@ func runTrain(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer closeBackend(be)
-	if err := l.openComm(*distMode, be); err != nil {
+	if err := l.openComm(*distMode, be, *rankTimeout); err != nil {
 		return err
 	}
 	if l.Size > 1 {

@@ -12,7 +12,9 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
@@ -237,4 +239,183 @@ func TestRankCollectives(t *testing.T) {
 	if err := c.Barrier(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestAllReduceRingSizesUnderMpirun (issue 33, item 4) runs
+// TestRankAllReduceRingSizes in 2, 3 and 4 ranks: the fp32 all-reduce ring
+// on sizes the ranks do not divide into equal blocks, around the piece
+// size (collective.HostAllReduceChunk) and the block boundaries.
+func TestAllReduceRingSizesUnderMpirun(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
+		t.Skip("in an mpirun child")
+	}
+	for _, np := range []int{2, 3, 4} {
+		t.Run(fmt.Sprint(np, " ranks"), func(t *testing.T) {
+			cmd := Mpirun(t, np, os.Args[0], "-test.run=^TestRankAllReduceRingSizes$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("mpirun: %v\n%s", err, out)
+			}
+			if n := bytes.Count(out, []byte("--- PASS: TestRankAllReduceRingSizes")); n != np {
+				t.Fatalf("%d of %d ranks passed:\n%s", n, np, out)
+			}
+		})
+	}
+}
+
+// ringSizes are the all-reduce lengths worth trying on size ranks: a few
+// elements (fewer than the ranks, so some blocks are empty), and every
+// length within a few elements of size·k·chunk, where blocks hold one
+// element more or less than k whole pieces, for k of 1 and 2.
+func ringSizes(size int) []int {
+	const chunk = collective.HostAllReduceChunk
+	out := []int{1, 2, 3, 5, 7, size - 1, size + 1, 3*chunk + 2}
+	for _, k := range []int{1, 2} {
+		for d := -size - 1; d <= size+2; d++ {
+			out = append(out, size*k*chunk+d)
+		}
+	}
+	return out
+}
+
+// TestRankAllReduceRingSizes is one rank's side of
+// TestAllReduceRingSizesUnderMpirun: for every length of ringSizes, every
+// element of the all-reduce is the exact sum of the ranks' values (small
+// integers, whose float32 sums are exact in any order, and distinct along
+// the buffer, so a piece moved to the wrong place or dropped shows), the
+// same on every rank, and nothing past the buffer is written.
+func TestRankAllReduceRingSizes(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") == "" {
+		t.Skip("runs under mpirun (TestAllReduceRingSizesUnderMpirun)")
+	}
+	b := cpu.New(1)
+	defer b.Close()
+	c, err := Open(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	n, r := c.Size(), c.Rank()
+	val := func(rank, i int) float32 { return float32((i*7+rank*131)%1021 - 510) }
+	const guard = 3 // elements past the buffer, which must stay as they are
+	for _, size := range ringSizes(n) {
+		if size < 1 {
+			continue
+		}
+		whole, err := b.Alloc(kernels.F32, size+guard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := whole.Slice(0, size)
+		hv := b.F32(whole)
+		for i := range hv {
+			hv[i] = val(r, i)
+		}
+		if err := c.AllReduceSum(buf); err != nil {
+			t.Fatal(err)
+		}
+		bad, first, firstWant := 0, -1, float32(0)
+		for i := range size {
+			var want float32
+			for s := 0; s < n; s++ {
+				want += val(s, i)
+			}
+			if hv[i] != want {
+				if bad++; first < 0 {
+					first, firstWant = i, want
+				}
+			}
+		}
+		if bad > 0 {
+			t.Fatalf("%d ranks, %d floats: %d elements are not the sum of the ranks', the first [%d] = %v, want %v",
+				n, size, bad, first, hv[first], firstWant)
+		}
+		for i := size; i < size+guard; i++ {
+			if hv[i] != val(r, i) {
+				t.Fatalf("%d ranks, %d floats: element %d past the buffer was written (%v)", n, size, i, hv[i])
+			}
+		}
+		h := fnv.New64a()
+		binary.Write(h, binary.LittleEndian, hv[:size])
+		hashes, err := collective.GatherBytes(c, b, h.Sum(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s := range hashes {
+			if !bytes.Equal(hashes[s], hashes[0]) {
+				t.Fatalf("%d floats: rank %d's result differs from rank 0's", size, s)
+			}
+		}
+		b.Free(whole)
+	}
+}
+
+// TestRankTimeoutUnderMpirun (issue 34) runs TestRankGoesSilent in 3
+// ranks: rank 1 stops itself with SIGSTOP, as a hung or stopped process
+// would, after a barrier that it reached late but within the timeout. The
+// other ranks' next collective gives up after the timeout, the roll call
+// names rank 1, and the rank that says so first ends the job (MPI_Abort):
+// mpirun exits with an error instead of waiting forever.
+func TestRankTimeoutUnderMpirun(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
+		t.Skip("in an mpirun child")
+	}
+	cmd := Mpirun(t, 3, os.Args[0], "-test.run=^TestRankGoesSilent$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("mpirun succeeded with a rank stopped:\n%s", out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("mpirun still waiting 2 minutes after a rank stopped (timeout 2s):\n%s", out.String())
+	}
+	got := out.String()
+	t.Logf("mpirun's output:\n%s", got)
+	if !strings.Contains(got, "rank-timeout: ") || !strings.Contains(got, "rank 1 is silent") || strings.Contains(got, "rank 0 is silent") || strings.Contains(got, "rank 2 is silent") {
+		t.Fatalf("no rank named rank 1 (alone) silent:\n%s", got)
+	}
+	if strings.Count(got, "late barrier passed") != 3 {
+		t.Fatalf("the barrier that rank 1 reached late did not pass on all 3 ranks:\n%s", got)
+	}
+}
+
+// TestRankGoesSilent is one rank's side of TestRankTimeoutUnderMpirun.
+func TestRankGoesSilent(t *testing.T) {
+	if os.Getenv("TRACEGRPO_MPI_CHILD") == "" {
+		t.Skip("runs under mpirun (TestRankTimeoutUnderMpirun)")
+	}
+	b := cpu.New(1)
+	defer b.Close()
+	c, err := Open(b, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.(collective.Deadliner).SetTimeout(2 * time.Second)
+	r := c.Rank()
+	if r == 1 {
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err := c.Barrier(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Println("late barrier passed")
+	if r == 1 {
+		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	}
+	buf, _ := b.Alloc(kernels.F32, 1000)
+	err = c.AllReduceSum(buf)
+	fmt.Printf("rank-timeout: rank %d: %v\n", r, err)
+	os.Stdout.Sync()
+	c.Abort(3)
 }

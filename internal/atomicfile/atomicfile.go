@@ -197,6 +197,11 @@ type insideError struct{ where string }
 func (e *insideError) Error() string        { return e.where }
 func (e *insideError) Is(target error) bool { return target == ErrIsInput }
 
+// ResolveExisting returns p's absolute path with symbolic links resolved
+// in its longest existing prefix (the rest does not exist yet, so holds no
+// links): where a file written at p would land.
+func ResolveExisting(p string) (string, error) { return resolveExisting(p) }
+
 // resolveExisting returns p's absolute path with symbolic links resolved in
 // its longest existing prefix (the rest does not exist yet, so holds no
 // links).

@@ -70,3 +70,35 @@ func TestSizeCaps(t *testing.T) {
 		}
 	}
 }
+
+// TestReadFileOfAFileThatGrewPastItsCap (issue 33, item 3): a file whose
+// size when opened is within the cap but whose bytes run past it (it grew
+// after the size check) is an error, never its first Max bytes; one that
+// ends at the cap is read whole. Linux's /proc files are such files: they
+// stat as 0 bytes and read as many, so the size check passes and only the
+// bounded read can tell.
+func TestReadFileOfAFileThatGrewPastItsCap(t *testing.T) {
+	const path = "/proc/self/cmdline" // the same bytes at every read, in this process
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("no %s here: %v", path, err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != 0 || len(want) < 2 {
+		t.Skipf("%s stats as %v (%v) and reads %d bytes: not a file whose size lies", path, st, err, len(want))
+	}
+	for _, max := range []int{1, len(want) / 2, len(want) - 1} {
+		data, err := ReadFile(path, Kind{Name: "test input", Max: int64(max)})
+		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "grew past") {
+			t.Errorf("cap %d of a %d-byte read: got %d bytes, %v; want ErrTooLarge naming the path and that it grew", max, len(want), len(data), err)
+		}
+		if data != nil {
+			t.Errorf("cap %d: %d bytes returned with the error", max, len(data))
+		}
+	}
+	for _, max := range []int{len(want), len(want) + 1, 1 << 20} {
+		data, err := ReadFile(path, Kind{Name: "test input", Max: int64(max)})
+		if err != nil || string(data) != string(want) {
+			t.Errorf("cap %d of a %d-byte read: got %q, %v; want it whole", max, len(want), data, err)
+		}
+	}
+}

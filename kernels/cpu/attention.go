@@ -22,8 +22,12 @@ package cpu
 // MaxLen floats, so no online rescaling is needed), lse saved, O = P·V by
 // gemm. The backward recomputes P from lse block by block and splits work by
 // (sequence, key/value head), so every dk/dv element is summed by one grain in
-// a fixed order. Both are thread-count invariant. Scratch per worker is
-// 2·attnQBlock·MaxLen floats.
+// a fixed order. Both are thread-count invariant. The keys and values of a
+// (sequence, key/value head) are packed for the gemm once per worker and
+// reused by every query block and head of its group (attnPacks; packing
+// never changes a sum's order, so neither bits nor invariances change).
+// Scratch per worker is 2·attnQBlock·MaxLen floats and three packed copies
+// of one sequence's keys or values.
 //
 // attnForwardRow and attnBackwardGroup are the generic row-by-row reference
 // (float64 instantiation finite-difference checked; the float32 path is
@@ -130,12 +134,39 @@ func attnBackwardGroup[F Float](dq, dk, dv, dout, out, lse, q, k, v []F, s0, s1,
 const attnQBlock = 48
 
 // attnForwardBlock32 is the float32 fast path of the forward for query rows
-// [i0, i1) of head h in the sequence starting at token s0: S = Q·Kᵀ by gemm
-// over keys [0, i1), a masked softmax per row (saving lse), O = P·V by gemm.
-func attnForwardBlock32(ws *wscratch, out, lse, q, k, v []float32, s0, i0, i1, h, NH, NKV, HD int) {
+// [i0, i1) of head h in sequence s, tokens [s0, s0+L): S = Q·Kᵀ by gemm
+// over keys [0, i1), a masked softmax per row (saving lse), O = P·V by gemm,
+// with the sequence's keys and values packed once (attnPacks) for call gen.
+func attnForwardBlock32(ws *wscratch, gen uint64, out, lse, q, k, v []float32, s, s0, L, i0, i1, h, NH, NKV, HD int) {
 	kvh := h / (NH / NKV)
+	krow, vrow := k[(s0*NKV+kvh)*HD:], v[(s0*NKV+kvh)*HD:]
+	pk, pv := ws.attnPacks(attnPackKey{gen, s, kvh}, krow, vrow, NKV*HD, L, HD)
 	attnRowsForward(ws, out[((s0+i0)*NH+h)*HD:], lse[(s0+i0)*NH+h:], q[((s0+i0)*NH+h)*HD:],
-		k[(s0*NKV+kvh)*HD:], v[(s0*NKV+kvh)*HD:], NKV*HD, i0, i1-i0, NH, HD)
+		krow, vrow, NKV*HD, i0, i1-i0, NH, HD, pk, pv)
+}
+
+// attnPackKey names what a worker's attention packs hold: the keys and
+// values of sequence s's key/value head kvh in the call gen (every
+// Attention call has its own, so a pack never outlives its buffers).
+type attnPackKey struct {
+	gen    uint64
+	s, kvh int
+}
+
+// attnPacks returns the L keys (rows ld apart from krow) packed as op(B) of
+// S = Q·Kᵀ and the values as op(B) of O = P·V over any prefix of them,
+// packing them unless this worker's packs already hold key's.
+func (ws *wscratch) attnPacks(key attnPackKey, krow, vrow []float32, ld, L, HD int) (pk, pv *prepacked) {
+	if ws.attnKey != key {
+		kt := ws.get(slotAttnKT, packedBSize(L, HD))
+		vp := ws.get(slotAttnV, packedBSize(HD, L))
+		packBWhole(kt, true, krow, ld, L, HD)
+		packBWhole(vp, false, vrow, ld, HD, L)
+		ws.attnKT = prepacked{pb: kt, npad: (L + gemmNR - 1) / gemmNR * gemmNR}
+		ws.attnV = prepacked{pb: vp, npad: (HD + gemmNR - 1) / gemmNR * gemmNR, kb: L}
+		ws.attnKey = key
+	}
+	return &ws.attnKT, &ws.attnV
 }
 
 // attnRowsForward computes qb query rows of one head whose context starts at
@@ -144,12 +175,13 @@ func attnForwardBlock32(ws *wscratch, out, lse, q, k, v []float32, s0, i0, i1, h
 // a masked softmax per row (saving lse), O = P·V by gemm. qrow and o are the
 // first query's rows (NH·HD apart), lse its entry (NH apart). Attention and
 // TreeAttention both run it, so a query's sums are the same terms in the
-// same order whichever packs it.
-func attnRowsForward(ws *wscratch, o, lse, qrow, krow, vrow []float32, ldkv, c0, qb, NH, HD int) {
+// same order whichever packs it. pk and pv, when set, hold the keys and
+// values packed (attnPacks); else each gemm packs its own.
+func attnRowsForward(ws *wscratch, o, lse, qrow, krow, vrow []float32, ldkv, c0, qb, NH, HD int, pk, pv *prepacked) {
 	nk := c0 + qb
 	scale := 1 / float32(sqrtF(float64(HD)))
 	S := ws.get(slotAttnS, qb*nk)
-	gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, ldkv, S, nk, false)
+	gemmWith(ws, pk, false, true, qb, nk, HD, qrow, NH*HD, krow, ldkv, S, nk, false)
 	inv := ws.get(slotAttnAux, qb)
 	for r := 0; r < qb; r++ {
 		row := S[r*nk : (r+1)*nk]
@@ -160,10 +192,19 @@ func attnRowsForward(ws *wscratch, o, lse, qrow, krow, vrow []float32, ldkv, c0,
 		inv[r] = 1 / sum
 		lse[r*NH] = m + float32(logF(float64(sum)))
 	}
-	gemm(ws, false, false, qb, HD, nk, S, nk, vrow, ldkv, o, NH*HD, false)
+	gemmWith(ws, pv, false, false, qb, HD, nk, S, nk, vrow, ldkv, o, NH*HD, false)
 	for r := 0; r < qb; r++ {
 		scaleRange(o[r*NH*HD:r*NH*HD+HD], inv[r])
 	}
+}
+
+// gemmWith is gemm with op(B) prepacked in pre (nil: gemm packs it).
+func gemmWith(ws *wscratch, pre *prepacked, transA, transB bool, M, N, K int, A []float32, lda int, B []float32, ldb int, C []float32, ldc int, acc bool) {
+	if pre == nil || M <= 0 || N <= 0 || K <= 0 {
+		gemm(ws, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, acc)
+		return
+	}
+	gemmPacked(ws, transA, transB, M, N, K, A, lda, B, ldb, pre, 0, 0, C, ldc, acc)
 }
 
 // attnBackwardGroup32 is the float32 fast path of the backward for key/value
@@ -180,6 +221,16 @@ func attnBackwardGroup32(ws *wscratch, dq, dk, dv, dout, out, lse, q, k, v []flo
 	vrow := v[(s0*NKV+kvh)*HD:]
 	dkrow := dk[(s0*NKV+kvh)*HD:]
 	dvrow := dv[(s0*NKV+kvh)*HD:]
+	// The keys and values packed once for every head and query block: K
+	// as op(B) of Q·Kᵀ and of dS·K, V as op(B) of dO·Vᵀ. They overwrite the
+	// forward's packs, so those are marked stale.
+	ws.attnKey = attnPackKey{}
+	kt, vt, kn := ws.get(slotAttnKT, packedBSize(L, HD)), ws.get(slotAttnV, packedBSize(L, HD)), ws.get(slotAttnK, packedBSize(HD, L))
+	packBWhole(kt, true, krow, NKV*HD, L, HD)
+	packBWhole(vt, true, vrow, NKV*HD, L, HD)
+	packBWhole(kn, false, krow, NKV*HD, HD, L)
+	npadL, npadHD := (L+gemmNR-1)/gemmNR*gemmNR, (HD+gemmNR-1)/gemmNR*gemmNR
+	pkt, pvt, pkn := prepacked{pb: kt, npad: npadL}, prepacked{pb: vt, npad: npadL}, prepacked{pb: kn, npad: npadHD, kb: L}
 	for h := kvh * g; h < (kvh+1)*g; h++ {
 		for i0 := 0; i0 < L; i0 += attnQBlock {
 			i1 := min(i0+attnQBlock, L)
@@ -189,7 +240,7 @@ func attnBackwardGroup32(ws *wscratch, dq, dk, dv, dout, out, lse, q, k, v []flo
 			Dv := ws.get(slotAttnAux, qb)
 			off := ((s0+i0)*NH + h) * HD
 			qrow, dorow, orow, dqrow := q[off:], dout[off:], out[off:], dq[off:]
-			gemm(ws, false, true, qb, nk, HD, qrow, NH*HD, krow, NKV*HD, P, nk, false)
+			gemmWith(ws, &pkt, false, true, qb, nk, HD, qrow, NH*HD, krow, NKV*HD, P, nk, false)
 			for r := 0; r < qb; r++ {
 				i := i0 + r
 				row := P[r*nk : (r+1)*nk]
@@ -200,7 +251,7 @@ func attnBackwardGroup32(ws *wscratch, dq, dk, dv, dout, out, lse, q, k, v []flo
 			// dV += Pᵀ·dO
 			gemm(ws, true, false, nk, HD, qb, P, nk, dorow, NH*HD, dvrow, NKV*HD, true)
 			// dP = dO·Vᵀ, then dS = P ⊙ (dP − D)·scale in place.
-			gemm(ws, false, true, qb, nk, HD, dorow, NH*HD, vrow, NKV*HD, dP, nk, false)
+			gemmWith(ws, &pvt, false, true, qb, nk, HD, dorow, NH*HD, vrow, NKV*HD, dP, nk, false)
 			for r := 0; r < qb; r++ {
 				pr, dr := P[r*nk:(r+1)*nk], dP[r*nk:(r+1)*nk]
 				d := Dv[r]
@@ -209,7 +260,7 @@ func attnBackwardGroup32(ws *wscratch, dq, dk, dv, dout, out, lse, q, k, v []flo
 				}
 			}
 			// dQ = dS·K; dK += dSᵀ·Q
-			gemm(ws, false, false, qb, HD, nk, dP, nk, krow, NKV*HD, dqrow, NH*HD, false)
+			gemmWith(ws, &pkn, false, false, qb, HD, nk, dP, nk, krow, NKV*HD, dqrow, NH*HD, false)
 			gemm(ws, true, false, nk, HD, qb, dP, nk, qrow, NH*HD, dkrow, NKV*HD, true)
 		}
 	}
@@ -237,6 +288,7 @@ type attnTask struct {
 	NH, NKV, HD, maxLen int
 	bwd                 bool
 	blocks              []attnBlock
+	gen                 uint64 // this call, for the workers' packs (attnPackKey)
 }
 
 func (t *attnTask) run(w, lo, hi int) {
@@ -251,8 +303,8 @@ func (t *attnTask) run(w, lo, hi int) {
 	}
 	for it := lo; it < hi; it++ {
 		blk := t.blocks[it]
-		s0 := int(t.cu[blk.seq])
-		attnForwardBlock32(ws, t.out, t.lse, t.q, t.k, t.v, s0, int(blk.i0), int(blk.i1), int(blk.h), t.NH, t.NKV, t.HD)
+		s0, s1 := int(t.cu[blk.seq]), int(t.cu[blk.seq+1])
+		attnForwardBlock32(ws, t.gen, t.out, t.lse, t.q, t.k, t.v, int(blk.seq), s0, s1-s0, int(blk.i0), int(blk.i1), int(blk.h), t.NH, t.NKV, t.HD)
 	}
 }
 
@@ -304,19 +356,24 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 	*t = attnTask{
 		ws: b.scratch.w, out: o, lse: b.f32n(lse, T*NH, "Attention lse"),
 		q: b.in(q, T*NH*HD, "Attention q"), k: b.in(k, T*NKV*HD, "Attention k"), v: b.in(v, T*NKV*HD, "Attention v"),
-		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1),
+		cu: cu, NH: NH, NKV: NKV, HD: HD, maxLen: max(seqs.MaxLen, 1), gen: b.tasks.attnGen.next(),
 	}
-	// Work items: (sequence, head, query block), longest blocks first so the
+	// Work items: (sequence, head, query block), those of one (sequence,
+	// key/value head) together so that a worker packs its keys and values
+	// once for many (attnPacks), longest blocks first within it so the
 	// pool's dynamic hand-out balances; the list depends only on the shapes.
 	blocks := b.tasks.attnBlocks[:0]
+	g := NH / NKV
 	for s := 0; s < seqs.S; s++ {
 		L := int(cu[s+1] - cu[s])
 		if L == 0 {
 			continue
 		}
-		for i0 := (L - 1) / attnQBlock * attnQBlock; i0 >= 0; i0 -= attnQBlock {
-			for h := 0; h < NH; h++ {
-				blocks = append(blocks, attnBlock{int32(s), int32(h), int32(i0), int32(min(i0+attnQBlock, L))})
+		for kvh := 0; kvh < NKV; kvh++ {
+			for i0 := (L - 1) / attnQBlock * attnQBlock; i0 >= 0; i0 -= attnQBlock {
+				for h := kvh * g; h < (kvh+1)*g; h++ {
+					blocks = append(blocks, attnBlock{int32(s), int32(h), int32(i0), int32(min(i0+attnQBlock, L))})
+				}
 			}
 		}
 	}

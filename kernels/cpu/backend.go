@@ -78,11 +78,15 @@ type Backend struct {
 	scratch scratch
 	tasks   tasks
 
-	bf16Scratch map[string][]float32 // fp32 copies for the BF16 op variants (convert.go)
-	sampleP     []float64            // SampleTokens' probabilities (V)
-	sampleOrder []int32              // SampleTokens' kept set (V)
-	routerDL    [][]float64          // RouterTopKBackward's row of dlogits, per worker (E)
-	routeCursor []int32              // ExpertRoute's cursor per expert (E)
+	bf16Scratch   map[string][]float32    // fp32 copies for the BF16 op variants (convert.go)
+	sampleZ       []float32               // SampleTokens' scaled logits (V)
+	filterScratch []kernels.FilterScratch // the filter's histograms, per worker
+	routerDL      [][]float64             // RouterTopKBackward's row of dlogits, per worker (E)
+	routerChoice  [][]float32             // the sigmoid router's choice scores, per worker (E)
+	routeCursor   []int32                 // ExpertRoute's cursor per expert (E)
+	ssmWork       []*ssmWork[float32]     // SSMScan's per-worker scratch, for ssmShape
+	ssmShape      kernels.Scan
+	ssmBC         []float32 // SSMScanBackward's per-head dB, dC (T,MH,2,DS)
 }
 
 // DefaultThreads is the thread count New(0) uses: runtime.GOMAXPROCS(0).

@@ -291,33 +291,46 @@ func opCases(scale int) []opCase {
 	}
 }
 
+// TestBackendMatchesFloat64: every op on every SIMD path this CPU runs
+// agrees with the float64 reference within the named tolerances.
 func TestBackendMatchesFloat64(t *testing.T) {
-	for _, oc := range opCases(1) {
-		t.Run(oc.name, func(t *testing.T) {
-			oc.run(newEnv(t, 2), rand.New(rand.NewPCG(20, 20)), true)
-		})
+	for _, path := range simdPaths() {
+		for _, oc := range opCases(1) {
+			t.Run(path+"/"+oc.name, func(t *testing.T) {
+				usePath(t, path)
+				oc.run(newEnv(t, 2), rand.New(rand.NewPCG(20, 20)), true)
+			})
+		}
 	}
 }
 
-// TestThreadCountInvariance: every op gives bit-identical outputs on 1, 2, 3
-// and 5 threads (sizes span many grains).
+// TestThreadCountInvariance: every op on every SIMD path this CPU runs
+// gives bit-identical outputs on 1, 2, 3 and 5 threads (sizes span many
+// grains).
 func TestThreadCountInvariance(t *testing.T) {
-	for _, oc := range opCases(3) {
-		t.Run(oc.name, func(t *testing.T) {
-			want := oc.run(newEnv(t, 1), rand.New(rand.NewPCG(21, 21)), false)
-			for _, th := range []int{2, 3, 5} {
-				got := oc.run(newEnv(t, th), rand.New(rand.NewPCG(21, 21)), false)
-				for name, w := range want {
-					g := got[name]
-					for i := range w {
-						if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
-							t.Errorf("%d threads: %s[%d] = %v, 1 thread gave %v", th, name, i, g[i], w[i])
-							break
-						}
-					}
+	for _, path := range simdPaths() {
+		for _, oc := range opCases(3) {
+			t.Run(path+"/"+oc.name, func(t *testing.T) {
+				usePath(t, path)
+				threadCountInvariance(t, oc)
+			})
+		}
+	}
+}
+
+func threadCountInvariance(t *testing.T, oc opCase) {
+	want := oc.run(newEnv(t, 1), rand.New(rand.NewPCG(21, 21)), false)
+	for _, th := range []int{2, 3, 5} {
+		got := oc.run(newEnv(t, th), rand.New(rand.NewPCG(21, 21)), false)
+		for name, w := range want {
+			g := got[name]
+			for i := range w {
+				if math.Float32bits(g[i]) != math.Float32bits(w[i]) {
+					t.Errorf("%d threads: %s[%d] = %v, 1 thread gave %v", th, name, i, g[i], w[i])
+					break
 				}
 			}
-		})
+		}
 	}
 }
 

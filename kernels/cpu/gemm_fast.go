@@ -11,7 +11,8 @@ package cpu
 // matmul.go) keep the packed B block in L2 and one packed A panel in L1.
 //
 // Each C element is the sum over K blocks, in order, of a k-ordered sum inside
-// the kernel: the order depends only on K and the kernel chosen at start-up.
+// the kernel: the order depends only on K, the rounding only on the rounding
+// path of the kernel chosen at start-up (simd.go).
 
 const (
 	gemmMR = 12
@@ -28,7 +29,9 @@ type microKernel func(k int, a, b, c *float32, ldc int, acc int)
 // kernel12x32 is the micro-kernel in use (see simd.go).
 var kernel12x32 microKernel = kernel12x32Go
 
-// kernel12x32Go is the portable micro-kernel.
+// kernel12x32Go is the portable micro-kernel. The conversion in the inner
+// loop rounds each product before the sum, so that no compiler fuses them
+// (arm64, GOAMD64=v3 would): rounding path go is the same everywhere.
 func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 	as := unsafeSlice(a, k*gemmMR)
 	bs := unsafeSlice(b, k*gemmNR)
@@ -41,7 +44,7 @@ func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 			ar := ap[r]
 			tr := &t[r]
 			for j := range tr {
-				tr[j] += ar * bp[j]
+				tr[j] += float32(ar * bp[j])
 			}
 		}
 	}
@@ -159,10 +162,23 @@ func gemmFast(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda i
 
 // prepacked holds op(A) and/or op(B) of a whole product packed once
 // (packedASize/packedBSize layouts), shared by all tiles; nil means the tile
-// packs that operand itself.
+// packs that operand itself. kb, when set, is the K that pb was packed for,
+// which may exceed the product's: a product over a prefix of K reads the
+// first rows of each panel (attention's P·V over a query block's keys, with
+// the values of the whole sequence packed once).
 type prepacked struct {
 	pa, pb     []float32
 	mpad, npad int
+	kb         int
+}
+
+// packBWhole packs op(B) (K,N) whole into pb (packedBSize(N, K) floats).
+func packBWhole(pb []float32, transB bool, B []float32, ldb, N, K int) {
+	for kb := 0; kb*gemmKC < K; kb++ {
+		for jp := 0; jp*gemmNR < N; jp++ {
+			packBPanel(pb, transB, B, ldb, N, K, kb, jp)
+		}
+	}
 }
 
 // packedASize returns the length of op(A) (M,K) packed whole: for each K
@@ -234,6 +250,10 @@ func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda
 	kern := kernel12x32
 	for k0 := 0; k0 < K; k0 += gemmKC {
 		kc := min(gemmKC, K-k0)
+		kcb := kc // rows of a packed B panel of this K block
+		if pbAll != nil && pre.kb > 0 {
+			kcb = min(gemmKC, pre.kb-k0)
+		}
 		if paAll == nil {
 			packA(pa, transA, A, lda, M, k0, kc)
 		} else {
@@ -256,7 +276,7 @@ func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda
 				}
 				packB(pb, transB, src, ldb, nc, k0, kc)
 			} else {
-				pb = pbAll[k0*pre.npad+((j0t+n0)/gemmNR)*kc*gemmNR:]
+				pb = pbAll[k0*pre.npad+((j0t+n0)/gemmNR)*kcb*gemmNR:]
 			}
 			for ip := 0; ip < mp; ip++ {
 				i0 := ip * gemmMR
@@ -265,7 +285,7 @@ func gemmPacked(ws *wscratch, transA, transB bool, M, N, K int, A []float32, lda
 				for jp := 0; jp < np; jp++ {
 					j0 := n0 + jp*gemmNR
 					nr := min(gemmNR, N-j0)
-					bp := &pb[jp*kc*gemmNR]
+					bp := &pb[jp*kcb*gemmNR]
 					if mr == gemmMR && nr == gemmNR {
 						kern(kc, ap, bp, &C[i0*ldc+j0], ldc, add)
 						continue

@@ -9,11 +9,10 @@ import (
 // availableKernels lists the micro-kernels this CPU can run.
 func availableKernels() map[string]microKernel {
 	m := map[string]microKernel{"go": kernel12x32Go}
-	avx2, avx512 := detectSIMD()
-	if avx2 {
+	if hasAsm && simd.CPU.AVX2 {
 		m["avx2"] = kernel12x32AVX2
 	}
-	if avx512 {
+	if hasAsm && simd.CPU.AVX512 {
 		m["avx512"] = kernel12x32AVX512
 	}
 	return m

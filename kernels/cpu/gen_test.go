@@ -19,3 +19,11 @@ func TestGeneratedAsmFresh(t *testing.T) {
 		t.Error("gen_kernels_amd64.s is stale: run `go generate ./kernels/cpu`")
 	}
 }
+
+// TestPeakChainsMatchGenerator: MeasurePeak counts the FLOPs of the loops
+// the generator wrote.
+func TestPeakChainsMatchGenerator(t *testing.T) {
+	if peakChainsAVX512 != asmgen.PeakChainsAVX512 || peakChainsAVX2 != asmgen.PeakChainsAVX2 {
+		t.Errorf("peak chains %d/%d, the generator writes %d/%d", peakChainsAVX512, peakChainsAVX2, asmgen.PeakChainsAVX512, asmgen.PeakChainsAVX2)
+	}
+}

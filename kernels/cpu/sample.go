@@ -30,13 +30,15 @@ func (b *Backend) SampleTokens(tokens, logprobs, logits, u kernels.Buf, B, V int
 	uu := b.i32n(u, 2*B, "SampleTokens u")
 	tok := b.i32n(tokens, B, "SampleTokens tokens")
 	lp := b.f32n(logprobs, B, "SampleTokens logprobs")
-	if cap(b.sampleP) < V {
-		b.sampleP, b.sampleOrder = make([]float64, V), make([]int32, 0, V)
+	if cap(b.sampleZ) < V {
+		b.sampleZ = make([]float32, V)
 	}
-	p, order := b.sampleP[:V], b.sampleOrder[:0]
+	if len(b.filterScratch) != b.threads {
+		b.filterScratch = make([]kernels.FilterScratch, b.threads)
+	}
 	for r := 0; r < B; r++ {
 		bits := uint64(uint32(uu[2*r])) | uint64(uint32(uu[2*r+1]))<<32
-		tok[r], lp[r] = kernels.SampleRow(z[r*V:(r+1)*V], math.Float64frombits(bits), sp, p, order)
+		tok[r], lp[r] = kernels.SampleRow(z[r*V:(r+1)*V], math.Float64frombits(bits), sp, b.sampleZ[:V], &b.filterScratch[0])
 	}
 }
 

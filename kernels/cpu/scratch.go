@@ -23,8 +23,11 @@ const (
 	slotAttnAux
 	slotLogits
 	slotRow
-	slotTreeK // TreeAttention's gathered context keys
-	slotTreeV // and values
+	slotTreeK  // TreeAttention's gathered context keys
+	slotTreeV  // and values
+	slotAttnKT // attention's keys packed as op(B) of Q·Kᵀ (attnPacks)
+	slotAttnV  // its values packed as op(B) of P·V, or in the backward of dO·Vᵀ
+	slotAttnK  // the backward's keys packed as op(B) of dS·K
 	numSlots
 )
 
@@ -53,6 +56,10 @@ func (s *scratch) init(threads int) {
 // wscratch is one worker's set of reusable buffers.
 type wscratch struct {
 	bufs [numSlots][]float32
+	// attnKey names the keys and values packed in slotAttnKT and slotAttnV
+	// (attnPacks), attnKT and attnV describe them.
+	attnKey       attnPackKey
+	attnKT, attnV prepacked
 }
 
 // get returns the buffer for slot, at least n elements long (contents

@@ -17,6 +17,7 @@ type tasks struct {
 	bias       biasTask
 	attn       attnTask
 	attnBlocks []attnBlock
+	attnGen    callCounter
 	tree       treeTask
 	treeItems  []treeItem
 	treeChains [][]int32 // per worker
@@ -24,8 +25,23 @@ type tasks struct {
 	treePos    []int32
 	decode     decodeTask
 	tlp        tlpTask
+	tlpFilter  tlpFilterTask
 	router     routerTask
 	gather     gatherTask
 	combine    combineTask
 	bad        []int
+	conv       convTask
+	convPrev   []int32   // Conv1D's context links (T)
+	convIdx    [][]int32 // per worker: a token's taps (KW)
+	relu2      relu2Task
+	gatedNorm  gatedNormTask
+	ssm        ssmTask
+}
+
+// callCounter numbers an op's calls from 1 (0 names none).
+type callCounter uint64
+
+func (c *callCounter) next() uint64 {
+	*c++
+	return uint64(*c)
 }

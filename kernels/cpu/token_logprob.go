@@ -306,3 +306,209 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 	}
 	*t = tlpTask{}
 }
+
+// TokenLogprobFiltered and TokenLogprobFilteredBackward: the LM head under
+// NeMo RL's top-k/top-p filter (kernels.FilteredHead). The logits are
+// formed a block of tlpRows(V) whole rows at a time, the forward then runs
+// per row:
+//
+//	cut     = kernels.FilterCut(z)                       (radix select)
+//	s1, s2  = Σ_K e, Σ_K e·(z−m), e = exp(z−m)           (float64 sums)
+//	LSE     = m + log s1,  Entropy = log s1 − s2/s1
+//	Logprob = z[tg] − LSE if tg survives, else −Inf
+//	LSEFull, LogprobFull: the unfiltered row, folded exactly as
+//	          TokenLogprob folds it (the same bits)
+//
+// and the backward forms the same blocks and turns each row into
+//
+//	dz_v = invTemp·(dlogprob·k_v·(1[v=tg] − e^{z_v−LSE}) + dlogprobFull·(1[v=tg] − e^{z_v−LSEFull}))
+//
+// then dhidden (rows,C) += dz·weight and dweight (V,C) += dzᵀ·hidden
+// (two parallelGemm calls per block). Rows are independent and the gemms
+// tile-deterministic: thread-count invariant.
+
+// tlpRows is the rows of a block of the filtered head: about tlpBudget
+// logits, at least one row.
+func tlpRows(V int) int { return max(1, tlpBudget/max(V, 1)) }
+
+type tlpFilterTask struct {
+	ws      []wscratch
+	sc      []kernels.FilterScratch // per worker
+	z       []float32               // (rows, V) logits of the block, then dz
+	r0      int                     // the block's first row
+	V       int
+	invTemp float32
+	f       kernels.TopKTopP
+	targets []int32 // (T)
+	// forward outputs (T) and cut (2T); backward reads lse, lseFull, cut
+	logprob, entropy, lse, logprobFull, lseFull []float32
+	cut                                         []int32
+	dlogprob, dlogprobFull                      []float32 // (T); dlogprobFull may be nil
+	backward                                    bool
+	bad                                         []int
+}
+
+func (t *tlpFilterTask) run(w, lo, hi int) {
+	for r := lo; r < hi; r++ {
+		row := t.z[r*t.V : (r+1)*t.V]
+		tr := t.r0 + r
+		tg := int(t.targets[tr])
+		if tg < 0 || tg >= t.V {
+			if t.backward {
+				clear(row)
+				continue
+			}
+			if tg >= t.V && (t.bad[w] < 0 || tr < t.bad[w]) {
+				t.bad[w] = tr
+			}
+			t.logprob[tr], t.entropy[tr], t.lse[tr], t.logprobFull[tr], t.lseFull[tr] = 0, 0, 0, 0, 0
+			t.cut[2*tr], t.cut[2*tr+1] = 0, 0
+			continue
+		}
+		scaleRange(row, t.invTemp)
+		if t.backward {
+			t.backwardRow(w, row, tr, tg)
+		} else {
+			t.forwardRow(w, row, tr, tg)
+		}
+	}
+}
+
+func (t *tlpFilterTask) forwardRow(w int, row []float32, tr, tg int) {
+	cut := kernels.FilterCut(row, t.f, &t.sc[w])
+	m := maxF32(row)
+	e := t.ws[w].get(slotRow, tlpVChunk)
+	var s1, s2 float64
+	for c0 := 0; c0 < len(row); c0 += tlpVChunk {
+		zr := row[c0:min(c0+tlpVChunk, len(row))]
+		e = e[:len(zr)]
+		copy(e, zr)
+		expScaleShift(e, 1, m)
+		for i, x := range e {
+			if cut.Keeps(c0+i, zr[i]) {
+				s1 += float64(x)
+				s2 += float64(x) * float64(zr[i]-m)
+			}
+		}
+	}
+	ls := float64(m) + math.Log(s1)
+	t.lse[tr] = float32(ls)
+	t.entropy[tr] = float32(math.Log(s1) - s2/s1)
+	t.logprob[tr] = float32(math.Inf(-1))
+	if cut.Keeps(tg, row[tg]) {
+		t.logprob[tr] = float32(float64(row[tg]) - ls)
+	}
+	t.cut[2*tr], t.cut[2*tr+1] = int32(cut.Key), cut.ID
+	// The unfiltered row, folded as TokenLogprob folds it (update, which
+	// rewrites row): the same lse and logprob bits.
+	st := [4]float64{math.Inf(-1), 0, 0, 0}
+	u := tlpTask{ws: t.ws, z: row, state: st[:], targets: []int32{int32(tg)}, V: t.V, v0: 0, vc: t.V, invTemp: 1}
+	u.update(w, 0, tg)
+	lsu := st[0] + math.Log(st[1])
+	t.lseFull[tr] = float32(lsu)
+	t.logprobFull[tr] = float32(st[3] - lsu)
+}
+
+func (t *tlpFilterTask) backwardRow(w int, row []float32, tr, tg int) {
+	cut := kernels.Cut{Key: uint32(t.cut[2*tr]), ID: t.cut[2*tr+1]}
+	ef := t.ws[w].get(slotRow, t.V)
+	copy(ef, row)
+	expScaleShift(ef, 1, t.lse[tr])
+	g := t.dlogprob[tr]
+	var gu float32
+	var eu []float32
+	if t.dlogprobFull != nil {
+		gu = t.dlogprobFull[tr]
+		eu = t.ws[w].get(slotLogits, t.V)
+		copy(eu, row)
+		expScaleShift(eu, 1, t.lseFull[tr])
+	}
+	keptTarget := cut.Keeps(tg, row[tg])
+	for v, x := range row {
+		var d float32
+		if cut.Keeps(v, x) {
+			d = -g * ef[v]
+		}
+		if eu != nil {
+			d -= gu * eu[v]
+		}
+		row[v] = d
+	}
+	if keptTarget {
+		row[tg] += g
+	}
+	if eu != nil {
+		row[tg] += gu
+	}
+	scaleRange(row, t.invTemp)
+}
+
+// TokenLogprobFiltered implements kernels.FilteredHead.
+// Shapes: o's buffers (T), o.Cut (2T) I32; hidden (T,C); weight (V,C); targets (T) I32.
+func (b *Backend) TokenLogprobFiltered(o kernels.HeadOut, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32, f kernels.TopKTopP) {
+	same("TokenLogprobFiltered hidden, weight", hidden, weight)
+	h := b.in(hidden, T*C, "TokenLogprobFiltered hidden") // (T,C) F32|BF16
+	w := b.in(weight, V*C, "TokenLogprobFiltered weight") // (V,C) F32|BF16
+	t := b.filterTask(f, V, invTemp)
+	t.targets = b.i32n(targets, T, "TokenLogprobFiltered targets")
+	t.logprob, t.entropy, t.lse = b.f32n(o.Logprob, T, "TokenLogprobFiltered logprob"), b.f32n(o.Entropy, T, "TokenLogprobFiltered entropy"), b.f32n(o.LSE, T, "TokenLogprobFiltered lse")
+	t.logprobFull, t.lseFull = b.f32n(o.LogprobFull, T, "TokenLogprobFiltered logprobFull"), b.f32n(o.LSEFull, T, "TokenLogprobFiltered lseFull")
+	t.cut = b.i32n(o.Cut, 2*T, "TokenLogprobFiltered cut")
+	t.bad = b.badRows()
+	rows := tlpRows(V)
+	for r0 := 0; r0 < T; r0 += rows {
+		n := min(rows, T-r0)
+		t.r0, t.z = r0, b.scratch.getShared(sharedDZ, n*V)
+		b.parallelGemm(false, true, n, V, C, h[r0*C:], C, w, C, t.z, V, false)
+		b.pool.parallel(t, n, 1)
+	}
+	b.reportBad("TokenLogprobFiltered", t.bad, t.targets, V)
+	b.tasks.tlpFilter = tlpFilterTask{}
+}
+
+// TokenLogprobFilteredBackward implements kernels.FilteredHead.
+// Shapes: dhidden (T,C) or empty, dweight (V,C) or empty, dlogprob (T), dlogprobFull (T) or empty,
+// hidden (T,C), weight (V,C), targets (T) I32, o.LSE, o.LSEFull (T), o.Cut (2T) I32.
+func (b *Backend) TokenLogprobFilteredBackward(dhidden, dweight, dlogprob, dlogprobFull, hidden, weight, targets kernels.Buf, o kernels.HeadOut, T, C, V int, invTemp float32) {
+	if T == 0 {
+		return
+	}
+	dh := b.f32opt(dhidden, T*C, "TokenLogprobFilteredBackward dhidden") // (T,C)
+	dw := b.f32opt(dweight, V*C, "TokenLogprobFilteredBackward dweight") // (V,C)
+	same("TokenLogprobFilteredBackward hidden, weight", hidden, weight)
+	h := b.in(hidden, T*C, "TokenLogprobFilteredBackward hidden") // (T,C) F32|BF16
+	w := b.in(weight, V*C, "TokenLogprobFilteredBackward weight") // (V,C) F32|BF16
+	t := b.filterTask(kernels.TopKTopP{}, V, invTemp)
+	t.backward = true
+	t.targets = b.i32n(targets, T, "TokenLogprobFilteredBackward targets")
+	t.dlogprob = b.f32n(dlogprob, T, "TokenLogprobFilteredBackward dlogprob")
+	t.dlogprobFull = b.f32opt(dlogprobFull, T, "TokenLogprobFilteredBackward dlogprobFull")
+	t.lse, t.lseFull = b.f32n(o.LSE, T, "TokenLogprobFilteredBackward lse"), b.f32n(o.LSEFull, T, "TokenLogprobFilteredBackward lseFull")
+	t.cut = b.i32n(o.Cut, 2*T, "TokenLogprobFilteredBackward cut")
+	rows := tlpRows(V)
+	for r0 := 0; r0 < T; r0 += rows {
+		n := min(rows, T-r0)
+		t.r0, t.z = r0, b.scratch.getShared(sharedDZ, n*V)
+		b.parallelGemm(false, true, n, V, C, h[r0*C:], C, w, C, t.z, V, false)
+		b.pool.parallel(t, n, 1)
+		if dh != nil {
+			b.parallelGemm(false, false, n, C, V, t.z, V, w, C, dh[r0*C:], C, true)
+		}
+		if dw != nil {
+			b.parallelGemm(true, false, V, C, n, t.z, V, h[r0*C:], C, dw, C, true)
+		}
+	}
+	b.tasks.tlpFilter = tlpFilterTask{}
+}
+
+// filterTask resets the filtered head's task with per-worker filter scratch.
+func (b *Backend) filterTask(f kernels.TopKTopP, V int, invTemp float32) *tlpFilterTask {
+	t := &b.tasks.tlpFilter
+	if len(b.filterScratch) != b.threads {
+		b.filterScratch = make([]kernels.FilterScratch, b.threads)
+	}
+	*t = tlpFilterTask{ws: b.scratch.w, sc: b.filterScratch, V: V, invTemp: invTemp, f: f}
+	return t
+}
+
+var _ kernels.FilteredHead = (*Backend)(nil)

@@ -134,7 +134,7 @@ func (t *treeTask) forward(w int, it treeItem) {
 	row := int(t.offs[s]) + i0
 	for h := kvh * g; h < (kvh+1)*g; h++ {
 		off := (row*NH + h) * HD
-		attnRowsForward(&t.ws[w], t.out[off:], t.lse[row*NH+h:], t.q[off:], kc, vc, ld, c0, i1-i0, NH, HD)
+		attnRowsForward(&t.ws[w], t.out[off:], t.lse[row*NH+h:], t.q[off:], kc, vc, ld, c0, i1-i0, NH, HD, nil, nil)
 	}
 }
 

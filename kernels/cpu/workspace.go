@@ -18,7 +18,7 @@ func (b *Backend) PlanWorkspace(w kernels.Workload) int64 { return PlanWorkspace
 // planScratch returns the bytes of the shared scratch w needs and the bound
 // of one worker's.
 func planScratch(w kernels.Workload) (shared, perWorker int64) {
-	var packA, packB, dz, rms, partials, maxLen, treeCtx, attnD int
+	var packA, packB, dz, rms, partials, maxLen, treeCtx, attnD, attnPack int
 	gemm := func(M, N, K int) {
 		pa, pb := gemmShared(M, N, K)
 		packA, packB = max(packA, pa), max(packB, pb)
@@ -57,6 +57,9 @@ func planScratch(w kernels.Workload) (shared, perWorker int64) {
 	}
 	for _, a := range w.Attention {
 		maxLen = max(maxLen, a.MaxLen)
+		// One sequence's keys and values packed (attnPacks; the backward's
+		// three copies reuse the forward's two slots and add one).
+		attnPack = max(attnPack, 3*max(packedBSize(a.MaxLen, a.HD), packedBSize(a.HD, a.MaxLen)))
 	}
 	for _, d := range w.Decode {
 		maxLen = max(maxLen, d.Tmax)
@@ -75,7 +78,8 @@ func planScratch(w kernels.Workload) (shared, perWorker int64) {
 		gemmMR*gemmNR + // tile
 		2*attnQBlock*maxLen + attnQBlock + // attention scores, probabilities
 		tlpRowBlock*tlpVChunk + max(elemGrain, tlpVChunk) + // logits rows, a row
-		treeCtx // a tree's gathered context
+		treeCtx + // a tree's gathered context
+		attnPack // a sequence's keys and values, packed
 	worker += worker / 4
 	return 4*int64(packA+packB+dz+rms+attnD) + 8*int64(partials), 4 * int64(worker)
 }

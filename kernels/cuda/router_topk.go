@@ -24,6 +24,12 @@ func checkRouter(op string, T, E int, r kernels.Router) {
 	if E > routerMaxExperts {
 		panic(fmt.Sprintf("cuda: %s: %d experts, more than the router kernel's %d", op, E, routerMaxExperts))
 	}
+	if r.Sigmoid || r.Bias.N > 0 || r.Groups > 1 || r.Scale != 0 {
+		// Nemotron-H's router comes with its Mamba ops (kernels.Mamba),
+		// which this backend does not have yet: model refuses the family
+		// before any call reaches here.
+		panic(fmt.Sprintf("cuda: %s: the sigmoid router (bias, groups, scale) is not implemented: %+v", op, r))
+	}
 }
 
 func boolArg(v bool) uint64 {

@@ -106,3 +106,96 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 		}
 	}
 }
+
+// TokenLogprobFiltered implements kernels.FilteredHead: o's buffers (T) =,
+// o.Cut (2T) =. The logits are formed filterRows(T, V) whole rows at a
+// time (workspace.go), one block per row runs the filter and the sums.
+func (b *Backend) TokenLogprobFiltered(o kernels.HeadOut, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32, f kernels.TopKTopP) {
+	dt := checkLogprob("TokenLogprobFiltered", hidden, weight, targets, T, C, V)
+	for _, x := range []struct {
+		b    kernels.Buf
+		name string
+	}{{o.Logprob, "logprob"}, {o.Entropy, "entropy"}, {o.LSE, "lse"}, {o.LogprobFull, "logprobFull"}, {o.LSEFull, "lseFull"}} {
+		want(x.b, kernels.F32, T, "TokenLogprobFiltered "+x.name)
+	}
+	want(o.Cut, kernels.I32, 2*T, "TokenLogprobFiltered cut")
+	if T == 0 {
+		return
+	}
+	defer b.lock()()
+	Tr := filterRows(b.opt.LogitsScratch, T, V, dt)
+	logits := b.work(workLogits, filterWork(Tr, V, dt))
+	if logits == 0 {
+		return
+	}
+	onP := 0
+	if f.TopP > 0 && f.TopP < 1 {
+		onP = 1
+	}
+	for r0 := 0; r0 < T; r0 += Tr {
+		n := min(Tr, T-r0)
+		b.gemm(true, false, V, n, C, invTemp, dt, ptr(weight), C, V*C, ptr(hidden)+uintptr(dt.Size()*r0*C), C, n*C, 0, kernels.F32, logits, V)
+		// Each row's logits (read by the selection's passes: counted once),
+		// its target, and the row's seven results.
+		c := cost{read: 4*int64(n)*int64(V) + 4*int64(n), write: 28 * int64(n), flops: 8 * int64(n) * int64(V)}
+		b.launch("logprob_filter_fwd", c, n, 1, 1, filterThreads, 0,
+			pa(o.Logprob), pa(o.Entropy), pa(o.LSE), pa(o.LogprobFull), pa(o.LSEFull), pa(o.Cut),
+			pu(logits), pa(targets), ia(r0), ia(V), ia(f.TopK), ia(onP), fa(f.Threshold()), pu(b.flags))
+	}
+}
+
+// TokenLogprobFilteredBackward implements kernels.FilteredHead: dhidden
+// (T,C) +=, dweight (V,C) +=, over the forward's blocks of rows; a
+// zero-length dhidden, dweight or dlogprobFull is skipped.
+func (b *Backend) TokenLogprobFilteredBackward(dhidden, dweight, dlogprob, dlogprobFull, hidden, weight, targets kernels.Buf, o kernels.HeadOut, T, C, V int, invTemp float32) {
+	dt := checkLogprob("TokenLogprobFilteredBackward", hidden, weight, targets, T, C, V)
+	want(dlogprob, kernels.F32, T, "TokenLogprobFilteredBackward dlogprob")
+	if dlogprobFull.N != 0 {
+		want(dlogprobFull, kernels.F32, T, "TokenLogprobFilteredBackward dlogprobFull")
+	}
+	want(o.LSE, kernels.F32, T, "TokenLogprobFilteredBackward lse")
+	want(o.LSEFull, kernels.F32, T, "TokenLogprobFilteredBackward lseFull")
+	want(o.Cut, kernels.I32, 2*T, "TokenLogprobFilteredBackward cut")
+	if dhidden.N != 0 {
+		want(dhidden, kernels.F32, T*C, "TokenLogprobFilteredBackward dhidden")
+	}
+	if dweight.N != 0 {
+		want(dweight, kernels.F32, V*C, "TokenLogprobFilteredBackward dweight")
+	}
+	if T == 0 {
+		return
+	}
+	defer b.lock()()
+	Tr := filterRows(b.opt.LogitsScratch, T, V, dt)
+	logits := b.work(workLogits, filterWork(Tr, V, dt))
+	if logits == 0 {
+		return
+	}
+	dz, kernel := logits, "logprob_filter_bwd" // fp32: dz over the logits
+	if dt == kernels.BF16 {
+		dz, kernel = logits+uintptr(4*Tr*V), "logprob_filter_bwd_bf16"
+	}
+	var dfull uint64
+	if dlogprobFull.N != 0 {
+		dfull = pa(dlogprobFull)
+	}
+	for r0 := 0; r0 < T; r0 += Tr {
+		n := min(Tr, T-r0)
+		hc := ptr(hidden) + uintptr(dt.Size()*r0*C)
+		b.gemm(true, false, V, n, C, invTemp, dt, ptr(weight), C, V*C, hc, C, n*C, 0, kernels.F32, logits, V)
+		c := cost{read: 4*int64(n)*int64(V) + 28*int64(n), write: int64(n) * int64(V) * int64(dt.Size()), flops: 4 * int64(n) * int64(V)}
+		b.launch(kernel, c, n, 1, 1, filterThreads, 0,
+			pu(dz), pu(logits), pa(o.LSE), pa(o.LSEFull), pa(o.Cut), pa(dlogprob), dfull, pa(targets), ia(r0), ia(V), fa(invTemp))
+		if dhidden.N != 0 {
+			b.gemm(false, false, C, n, V, 1, dt, ptr(weight), C, V*C, dz, V, n*V, 1, kernels.F32, ptr(dhidden)+uintptr(4*r0*C), C)
+		}
+		if dweight.N != 0 {
+			b.gemm(false, true, C, V, n, 1, dt, hc, C, n*C, dz, V, n*V, 1, kernels.F32, ptr(dweight), C)
+		}
+	}
+}
+
+// filterThreads is FLT_THREADS of csrc/filter.cuh.
+const filterThreads = 512
+
+var _ kernels.FilteredHead = (*Backend)(nil)

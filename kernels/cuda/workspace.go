@@ -86,6 +86,30 @@ func bf16DzChunk(Vc int) int {
 	return Vc * 2 / 3
 }
 
+// filterRows is the filtered head's block of whole rows for T rows of V
+// logits: as many as a logits scratch of limit elements (0: the default)
+// of fp32 logits holds, at 4 bytes a logit, or 6 with bf16 operands (the
+// backward's bf16 dz sits after them), at least one row, at most T. The
+// forward and the backward form the same blocks.
+func filterRows(limit, T, V int, dt kernels.DType) int {
+	if limit <= 0 {
+		limit = defaultLogitsScratch
+	}
+	per := 4 * V
+	if dt == kernels.BF16 {
+		per = 6 * V
+	}
+	return max(1, min(T, 4*limit/per))
+}
+
+// filterWork is the filtered head's scratch for blocks of Tr rows.
+func filterWork(Tr, V int, dt kernels.DType) int {
+	if dt == kernels.BF16 {
+		return 6 * Tr * V
+	}
+	return 4 * Tr * V
+}
+
 // PlanWorkspace returns the bytes the CUDA backend opened with opt
 // allocates for itself running w (its fixed buffers and its ops' scratch,
 // all of it at once when ReserveWorkspace ran), in the GEMM modes the model
@@ -135,6 +159,13 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, h := range w.Heads {
 		need(workLogits, 4*h.T*vocabChunk(opt.LogitsScratch, h.T, h.V))
 		need(workLogprobState, 16*h.T)
+		if h.Filtered {
+			dt := kernels.F32
+			if h.BF16 {
+				dt = kernels.BF16
+			}
+			need(workLogits, filterWork(filterRows(opt.LogitsScratch, h.T, h.V, dt), h.V, dt))
+		}
 	}
 	return largest
 }

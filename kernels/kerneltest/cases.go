@@ -648,6 +648,82 @@ var cases = []testCase{
 			s.check("TokenLogprobBackward bf16 dweight "+tag, dw, TolLogprobBF16Grad)
 		}
 	}},
+	{"TokenLogprobFiltered", func(s *suite) {
+		// NeMo RL's top-k/top-p filtered head (kernels.FilteredHead) against
+		// the reference. Hidden states are multiples of 1/4 and weights of
+		// 1/8 (in bf16 too), so every logit is exact in any summation
+		// order: both backends filter the same logits, and the kept sets
+		// (their cuts) must agree exactly. Every fifth weight row repeats
+		// another, so thresholds fall inside tie groups.
+		dutH, ok := s.dut.(kernels.FilteredHead)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.FilteredHead", s.dut.Name())
+		}
+		refH := s.ref.(kernels.FilteredHead)
+		shapes := []struct {
+			T, C, V int
+			invTemp float32
+			bf16    bool
+		}{{1, 8, 5, 1, false}, {13, 16, 300, 0.7, false}, {9, 32, 2000, 1.3, false}, {40, 8, 257, 1, true}, {11, 24, 700, 0.9, true}}
+		if s.schedule {
+			shapes = shapes[1:2]
+		}
+		for _, sh := range shapes {
+			hv := make([]float32, sh.T*sh.C)
+			for i := range hv {
+				hv[i] = float32(s.rng.IntN(7)-3) / 4
+			}
+			wv := make([]float32, sh.V*sh.C)
+			for i := range wv {
+				wv[i] = float32(s.rng.IntN(5)-2) / 8
+			}
+			for v := 4; v < sh.V; v += 5 { // ties: row v repeats a lower row
+				src := s.rng.IntN(v)
+				copy(wv[v*sh.C:(v+1)*sh.C], wv[src*sh.C:(src+1)*sh.C])
+			}
+			hidden, w := s.f32(hv), s.f32(wv)
+			if sh.bf16 {
+				hidden, w = s.bf16(hv), s.bf16(wv)
+			}
+			tg := s.randTokens(sh.T, sh.V)
+			for i := range tg {
+				if i%5 == 3 {
+					tg[i] = -1
+				}
+			}
+			targets := s.i32(tg)
+			for fi, f := range []kernels.TopKTopP{{TopP: 0.9}, {TopK: 5}, {TopK: 40, TopP: 0.8}, {TopK: sh.V}, {TopK: 1, TopP: 0.5}, {TopP: 0.05}} {
+				o := struct{ lp, ent, lse, lpf, lsef, cut *pairBuf }{s.out(sh.T), s.out(sh.T), s.out(sh.T), s.out(sh.T), s.out(sh.T), s.i32(make([]int32, 2*sh.T))}
+				dlp, dlpf := s.randn(sh.T, 1), s.randn(sh.T, 1)
+				dh, dw := s.randn(sh.T*sh.C, 1), s.randn(sh.V*sh.C, 1)
+				full := fi%2 == 0 // dlogprobFull (the KL term) on every other filter
+				run := func(h kernels.FilteredHead, v func(*pairBuf) kernels.Buf) {
+					out := kernels.HeadOut{Logprob: v(o.lp), Entropy: v(o.ent), LSE: v(o.lse), LogprobFull: v(o.lpf), LSEFull: v(o.lsef), Cut: v(o.cut)}
+					h.TokenLogprobFiltered(out, v(hidden), v(w), v(targets), sh.T, sh.C, sh.V, sh.invTemp, f)
+					var df kernels.Buf
+					if full {
+						df = v(dlpf)
+					}
+					h.TokenLogprobFilteredBackward(v(dh), v(dw), v(dlp), df, v(hidden), v(w), v(targets), out, sh.T, sh.C, sh.V, sh.invTemp)
+				}
+				run(refH, func(p *pairBuf) kernels.Buf { return p.r })
+				run(dutH, func(p *pairBuf) kernels.Buf { return p.d })
+				tag := fmt.Sprintf("T=%d C=%d V=%d invTemp=%g bf16=%v %+v", sh.T, sh.C, sh.V, sh.invTemp, sh.bf16, f)
+				s.checkI32("TokenLogprobFiltered cut "+tag, o.cut)
+				s.check("TokenLogprobFiltered logprob "+tag, o.lp, TolLogprob)
+				s.check("TokenLogprobFiltered entropy "+tag, o.ent, TolLogprob)
+				s.check("TokenLogprobFiltered lse "+tag, o.lse, TolLogprob)
+				s.check("TokenLogprobFiltered logprobFull "+tag, o.lpf, TolLogprob)
+				s.check("TokenLogprobFiltered lseFull "+tag, o.lsef, TolLogprob)
+				tol := TolLogprob
+				if sh.bf16 {
+					tol = TolLogprobBF16Grad
+				}
+				s.check("TokenLogprobFilteredBackward dhidden "+tag, dh, tol)
+				s.check("TokenLogprobFilteredBackward dweight "+tag, dw, tol)
+			}
+		}
+	}},
 	{"DataErrors", func(s *suite) {
 		// ScatterRows with an index past the destination's rows.
 		src := s.randn(3*5, 1)

@@ -1,6 +1,7 @@
 package kerneltest
 
 import (
+	"math"
 	"os"
 	"os/exec"
 	"slices"
@@ -149,6 +150,49 @@ func (b broken) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets 
 	}
 }
 
+// roots returns tree as a forest of its segments, each a root: a backend
+// that hands no state across branch points.
+func (b broken) roots(tree kernels.Tree) kernels.Tree {
+	offs := b.I32(tree.Offs)
+	parent, ends := make([]int32, tree.NS), make([]int32, tree.NS)
+	for s := range parent {
+		parent[s], ends[s] = -1, offs[s+1]
+	}
+	pb, _ := b.Alloc(kernels.I32, tree.NS)
+	eb, _ := b.Alloc(kernels.I32, tree.NS)
+	b.UploadI32(pb, parent)
+	b.UploadI32(eb, ends)
+	tree.Parent, tree.Ends = pb, eb
+	tree.MaxCtx = tree.MaxLen
+	return tree
+}
+
+// SSMScan that ignores the tree (every segment from a zero state), or the
+// time_step_limit clamp.
+func (b broken) SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tree kernels.Tree, T int, s kernels.Scan) {
+	switch b.which {
+	case "ssm_roots":
+		r := b.roots(tree)
+		defer b.Free(r.Parent)
+		defer b.Free(r.Ends)
+		tree = r
+	case "ssm_clamp":
+		s.DtMin, s.DtMax = 0, float32(math.Inf(1))
+	}
+	b.Backend.SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d, tree, T, s)
+}
+
+// Conv1D whose window does not cross branch points.
+func (b broken) Conv1D(out, inp, weight, bias kernels.Buf, tree kernels.Tree, T, CD, KW int) {
+	if b.which == "conv_roots" {
+		r := b.roots(tree)
+		defer b.Free(r.Parent)
+		defer b.Free(r.Ends)
+		tree = r
+	}
+	b.Backend.Conv1D(out, inp, weight, bias, tree, T, CD, KW)
+}
+
 // TestBrokenBackendHelper is run as a subprocess by TestSuiteCatchesBrokenBackends.
 func TestBrokenBackendHelper(t *testing.T) {
 	which := os.Getenv("KERNELTEST_BROKEN")
@@ -169,6 +213,9 @@ func TestSuiteCatchesBrokenBackends(t *testing.T) {
 		{"router_ties", "RouterTopK experts"},
 		{"route_unstable", "ExpertRoute order"},
 		{"grouped_empty", "GroupedMatmulBackward dweight"},
+		{"ssm_roots", "SSMScan y NS="},
+		{"ssm_clamp", "SSMScan y"},
+		{"conv_roots", "Conv1D out NS="},
 	} {
 		t.Run(c.which, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestBrokenBackendHelper$", "-test.count=1")

@@ -19,8 +19,23 @@
 // same and sets TG_ERR_TARGET. The chunk kernels take one block per row and
 // read the row with 16-byte loads when Vc is a multiple of 4 (the scratch
 // rows are then 16-byte aligned).
+//
+// The filtered head (kernels.FilteredHead: NeMo RL's top-k/top-p filter,
+// filter.cuh) forms the logits a block of whole rows at a time instead,
+// (Tr,V) = invTemp·hidden[r0:r0+Tr]·Wᵀ, the same blocks forward and
+// backward (so the backward sees the forward's logits bit for bit), one
+// block of FLT_THREADS threads per row:
+//   logprob_filter_fwd: the row's cut (filter.cuh), then in one pass
+//     s1 = Σ_K e, s2 = Σ_K e·(z−m), su = Σ_v e (e = expf(z−m), double sums
+//     in a fixed order); lse = m + log s1, entropy = log s1 − s2/s1,
+//     logprob = z[tg] − lse (−inf if tg is filtered out), lseFull = m +
+//     log su, logprobFull = z[tg] − lseFull, cut (2) = {key, id}        (=)
+//   logprob_filter_bwd{,_bf16}: dz (Tr,V) = invTemp·(g·k_v·(1[v=tg] −
+//     e^(z−lse)) + gu·(1[v=tg] − e^(z−lseFull))), k_v = the cut keeps v;
+//     then cuBLAS adds dhidden[r0:] += dz·W and dW += dzᵀ·hidden[r0:].
 #include "common.cuh"
 #include "bf16.cuh"
+#include "filter.cuh"
 
 struct lp_state {
   float m, s, s1;
@@ -173,4 +188,100 @@ extern "C" __global__ void logprob_bwd_chunk_bf16(tg_bf16* dz, const float* logi
                                                   const float* dlogprob, const int* targets, int T,
                                                   int Vc, int v0, int V, float invTemp) {
   lp_bwd_chunk(dz, logits, lse, dlogprob, targets, T, Vc, v0, V, invTemp);
+}
+
+// One block per row of the block of rows starting at row r0.
+extern "C" __global__ void __launch_bounds__(FLT_THREADS)
+    logprob_filter_fwd(float* logprob, float* entropy, float* lse, float* logprobFull, float* lseFull, int* cut,
+                       const float* logits, const int* targets, int r0, int V, int topK, int onP, float thrf,
+                       int* flags) {
+  __shared__ tg_filter_smem s;
+  const int tid = threadIdx.x, t = r0 + blockIdx.x;
+  const float* z = logits + (long long)blockIdx.x * V;
+  const int tgt = targets[t];
+  if (tgt < 0 || tgt >= V) {  // whole block
+    if (tid == 0) {
+      if (tgt >= V) atomicOr(flags, TG_ERR_TARGET);
+      logprob[t] = entropy[t] = lse[t] = logprobFull[t] = lseFull[t] = 0.f;
+      cut[2 * t] = cut[2 * t + 1] = 0;
+    }
+    return;
+  }
+  unsigned mk = 0;
+  for (int i = tid; i < V; i += FLT_THREADS) {
+    const unsigned k = tg_key(z[i]);
+    mk = k > mk ? k : mk;
+  }
+  mk = tg_block_max_u32(mk, &s);
+  const tg_cut c = tg_filter_cut(z, 1.f, V, topK, onP, thrf, mk, &s);
+  const float m = tg_key_value(mk);
+  double s1 = 0.0, s2 = 0.0, su = 0.0;
+  for (int i = tid; i < V; i += FLT_THREADS) {
+    const float x = z[i], d = x - m;
+    const double e = (double)expf(d);
+    su += e;
+    if (tg_keeps(c, i, tg_key(x))) {
+      s1 += e;
+      s2 += e * (double)d;
+    }
+  }
+  s1 = tg_block_sum_f64(s1, &s);
+  s2 = tg_block_sum_f64(s2, &s);
+  su = tg_block_sum_f64(su, &s);
+  if (tid == 0) {
+    const float zt = z[tgt];
+    const double L = (double)m + log(s1), Lu = (double)m + log(su);
+    lse[t] = (float)L;
+    entropy[t] = (float)(log(s1) - s2 / s1);
+    logprob[t] = tg_keeps(c, tgt, tg_key(zt)) ? (float)((double)zt - L) : -TG_INF;
+    lseFull[t] = (float)Lu;
+    logprobFull[t] = (float)((double)zt - Lu);
+    cut[2 * t] = (int)c.key;
+    cut[2 * t + 1] = c.id;
+  }
+}
+
+// dz row blockIdx.x of the block of rows at r0. TD is float (dz over the
+// logits) or tg_bf16 (dz into its own buffer). dlogprobFull may be null.
+template <class TD>
+__device__ __forceinline__ void lpf_bwd(TD* dz, const float* logits, const float* lse, const float* lseFull,
+                                        const int* cut, const float* dlogprob, const float* dlogprobFull,
+                                        const int* targets, int r0, int V, float invTemp) {
+  const int t = r0 + blockIdx.x;
+  const float* z = logits + (long long)blockIdx.x * V;
+  TD* d = dz + (long long)blockIdx.x * V;
+  const int tgt = targets[t];
+  if (tgt < 0 || tgt >= V) {
+    for (int v = threadIdx.x; v < V; v += blockDim.x) st_f(d, v, 0.f);
+    return;
+  }
+  const tg_cut c = {(unsigned)cut[2 * t], cut[2 * t + 1]};
+  const float Lf = lse[t], g = dlogprob[t];
+  const bool full = dlogprobFull != nullptr;
+  const float Lu = full ? lseFull[t] : 0.f, gu = full ? dlogprobFull[t] : 0.f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = z[v];
+    const bool kept = tg_keeps(c, v, tg_key(x));
+    float r = kept ? -g * expf(x - Lf) : 0.f;
+    if (full) r -= gu * expf(x - Lu);
+    if (v == tgt) {
+      if (kept) r += g;
+      r += gu;
+    }
+    st_f(d, v, r * invTemp);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(FLT_THREADS)
+    logprob_filter_bwd(float* dz, const float* logits, const float* lse, const float* lseFull, const int* cut,
+                       const float* dlogprob, const float* dlogprobFull, const int* targets, int r0, int V,
+                       float invTemp) {
+  lpf_bwd(dz, logits, lse, lseFull, cut, dlogprob, dlogprobFull, targets, r0, V, invTemp);  // dz == logits
+}
+
+extern "C" __global__ void __launch_bounds__(FLT_THREADS)
+    logprob_filter_bwd_bf16(tg_bf16* dz, const float* logits, const float* lse, const float* lseFull,
+                            const int* cut, const float* dlogprob, const float* dlogprobFull, const int* targets,
+                            int r0, int V, float invTemp) {
+  lpf_bwd(dz, logits, lse, lseFull, cut, dlogprob, dlogprobFull, targets, r0, V, invTemp);
 }

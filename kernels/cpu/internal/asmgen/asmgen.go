@@ -1,5 +1,6 @@
 // Package asmgen generates kernels/cpu/gen_kernels_amd64.s: the AVX-512 and
-// AVX2 micro-kernels of the packed gemm and the AVX2 vector exp. `go generate`
+// AVX2 micro-kernels of the packed gemm, the AVX2 vector exp, and the FMA
+// peak loops that measure what the host's vector units can do. `go generate`
 // in kernels/cpu runs ./internal/asmgen/cmd; a test in kernels/cpu checks the
 // committed file is fresh.
 package asmgen
@@ -28,6 +29,8 @@ func Generate() []byte {
 	avx512(w)
 	avx2(w)
 	expAVX2(w)
+	fmaPeak(w, "AVX512", "Z", PeakChainsAVX512)
+	fmaPeak(w, "AVX2", "Y", PeakChainsAVX2)
 	return b.Bytes()
 }
 
@@ -222,4 +225,50 @@ func expAVX2(w func(string, ...any)) {
 	w("\tMOVSS X14, ret+24(FP)")
 	w("\tRET")
 	w("")
+}
+
+// Independent FMA chains per iteration of the peak loops: more than latency
+// × throughput on every x86 core with FMA (4 cycles × 2 pipes = 8 in
+// flight on Zen 4/5 and Intel since Skylake), so the loop is bound by FMA
+// throughput alone.
+const (
+	PeakChainsAVX512 = 16
+	PeakChainsAVX2   = 12
+)
+
+// fmaPeak emits fmaPeak<name>(n int): n iterations of chains independent
+// register FMAs (acc_i += x·y, all operands in registers, no memory access),
+// the host's fp32 FMA throughput at that vector width. The registers start
+// at zero and stay zero, so no denormal or overflow can slow the loop.
+func fmaPeak(w func(string, ...any), name, reg string, chains int) {
+	x, y, xor := 15, 14, "VXORPS"
+	if reg == "Z" {
+		x, y, xor = 31, 30, "VPXORD" // AVX-512F (VXORPS zmm needs DQ)
+	}
+	w("// func fmaPeak%s(n int)", name)
+	w("TEXT ·fmaPeak%s(SB), NOSPLIT, $0-8", name)
+	w("\tMOVQ n+0(FP), CX")
+	for _, r := range append([]int{x, y}, seq(chains)...) {
+		w("\t%[1]s %[2]s%[3]d, %[2]s%[3]d, %[2]s%[3]d", xor, reg, r)
+	}
+	w("\tTESTQ CX, CX")
+	w("\tJZ peakdone%s", name)
+	w("peakloop%s:", name)
+	for i := 0; i < chains; i++ {
+		w("\tVFMADD231PS %[1]s%[2]d, %[1]s%[3]d, %[1]s%[4]d", reg, y, x, i)
+	}
+	w("\tDECQ CX")
+	w("\tJNZ peakloop%s", name)
+	w("peakdone%s:", name)
+	w("\tVZEROUPPER")
+	w("\tRET")
+	w("")
+}
+
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
 }

@@ -117,6 +117,20 @@ inline unsigned atomicAdd(unsigned* p, unsigned v) {
   *p = o + v;
   return o;
 }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  unsigned long long o = *p;
+  *p = o + v;
+  return o;
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+// Double arithmetic rounded as written (nvcc does not contract these).
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
 // 16-byte vector types for vectorized loads (the kernels check alignment
 // first; the emulator aborts on a misaligned one, as a GPU faults).
 struct alignas(16) float4 {

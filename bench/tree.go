@@ -1,20 +1,20 @@
-package main
+package bench
 
 import (
 	"encoding/json"
 	"fmt"
-	"io"
+	"math/big"
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/internal/meminfo"
+	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
@@ -32,13 +32,13 @@ func parseTreeSpec(s string) (treeSpec, error) {
 	var sp treeSpec
 	f := strings.Split(s, ",")
 	if len(f) < 3 || len(f)%2 == 0 {
-		return sp, fmt.Errorf("%w: --tree %q: want P,K,S (K children of S tokens under a P-token root) or P,K1,S1,K2,S2 and so on", errUsage, s)
+		return sp, fmt.Errorf("%w: --tree %q: want P,K,S (K children of S tokens under a P-token root) or P,K1,S1,K2,S2 and so on", trainer.ErrUsage, s)
 	}
 	n := make([]int, len(f))
 	for i, x := range f {
 		v, err := strconv.Atoi(strings.TrimSpace(x))
 		if err != nil || v < 1 || v > 1<<20 {
-			return sp, fmt.Errorf("%w: --tree %q: field %d is %q, want a whole number from 1 to %d", errUsage, s, i+1, x, 1<<20)
+			return sp, fmt.Errorf("%w: --tree %q: field %d is %q, want a whole number from 1 to %d", trainer.ErrUsage, s, i+1, x, 1<<20)
 		}
 		n[i] = v
 	}
@@ -46,7 +46,40 @@ func parseTreeSpec(s string) (treeSpec, error) {
 	for i := 1; i < len(n); i += 2 {
 		sp.levels = append(sp.levels, [2]int{n[i], n[i+1]})
 	}
+	// The rows are built whole (every trace holds its path's tokens): the
+	// product of the fields, not each field, decides their size.
+	traces, tokens := sp.size()
+	if traces.Cmp(big.NewInt(MaxTreeTraces)) > 0 || tokens.Cmp(big.NewInt(MaxTreeTokens)) > 0 {
+		return sp, fmt.Errorf("%w: --tree %s: %s traces, %s trace tokens; bench builds at most %d traces and %d trace tokens (each trace holds its whole path): fewer levels or smaller branching",
+			trainer.ErrUsage, quote.Cut(s), count(traces), count(tokens), MaxTreeTraces, MaxTreeTokens)
+	}
 	return sp, nil
+}
+
+// The most traces, and trace tokens (the rows' tokens: each trace holds its
+// whole root-to-leaf path), that bench --tree builds.
+const (
+	MaxTreeTraces = 1 << 16
+	MaxTreeTokens = 1 << 24
+)
+
+// size is the tree's number of traces (the product of the branchings) and
+// of trace tokens (traces × a path's length), exactly.
+func (sp treeSpec) size() (traces, tokens *big.Int) {
+	traces, path := big.NewInt(1), big.NewInt(int64(sp.root))
+	for _, l := range sp.levels {
+		traces.Mul(traces, big.NewInt(int64(l[0])))
+		path.Add(path, big.NewInt(int64(l[1])))
+	}
+	return traces, new(big.Int).Mul(traces, path)
+}
+
+// count writes n in full, or as 3.27e+150 when it has more than 18 digits.
+func count(n *big.Int) string {
+	if n.IsInt64() && n.Int64() < 1e18 {
+		return n.String()
+	}
+	return new(big.Float).SetInt(n).Text('g', 3)
 }
 
 // rows returns the synthetic step of a tree spec: one row per root-to-leaf
@@ -93,8 +126,8 @@ func (sp treeSpec) rows(V int, r *rand.Rand) *grpo.Batch {
 	return b
 }
 
-// treeBenchResult is one mode's JSON line of bench --tree.
-type treeBenchResult struct {
+// TreeResult is one mode's JSON line of RunTree.
+type TreeResult struct {
 	Mode           string  `json:"shared_prefix"`
 	Backend        string  `json:"backend"`
 	Threads        int     `json:"threads,omitempty"`
@@ -120,38 +153,27 @@ type treeBenchResult struct {
 	MeanLogp       float64 `json:"mean_logprob_last_step"`
 }
 
-// treeBenchArgs are bench's settings for --tree.
-type treeBenchArgs struct {
-	spec          string
-	modes         []string // "off", "auto"
-	mbTokens      int      // 0: the whole trie's computed tokens
-	steps         int
-	seed          uint64
-	lr, eps       float64
-	recompute     bool
-	prec          kernels.DType
-	cfg           model.Config
-	cfgPath       string
-	weights       string
-	be            kernels.Backend
-	threads       int
-	stdout        io.Writer
-	stderr        io.Writer
-	precisionName string
+// Tree is a run on a synthetic tree of traces (TreeSpec's grammar: P,K,S
+// or P,K1,S1,K2,S2,...), in one process.
+type Tree struct {
+	Common
+	Spec     string
+	Modes    []string // "off" (each trace its own sequence), "auto" (token tries), in the order run
+	MBTokens int      // computed tokens per micro-batch in both modes (0: the whole trie's)
 }
 
-// runTreeBench times one GRPO-shaped step (forward, backward and AdamW of
+// RunTree times one GRPO-shaped step (forward, backward and AdamW of
 // every micro-batch) over a synthetic tree of traces, with the traces packed
 // each as its own sequence (off) and as token tries (auto), in the same
 // process one after the other, and prints a JSON line per mode and one with
 // the ratio. Both modes run the same model shape and micro-batch budget of
 // computed tokens, and the LM head over the same loss positions.
-func runTreeBench(a treeBenchArgs) error {
-	sp, err := parseTreeSpec(a.spec)
+func RunTree(env Env, a Tree) error {
+	sp, err := parseTreeSpec(a.Spec)
 	if err != nil {
 		return err
 	}
-	b := sp.rows(a.cfg.VocabSize, rand.New(rand.NewPCG(a.seed, 3)))
+	b := sp.rows(a.Model.VocabSize, rand.New(rand.NewPCG(a.Seed, 3)))
 	idx := make([]int, len(b.Rows))
 	longest, trace := 0, 0
 	for i := range idx {
@@ -159,16 +181,8 @@ func runTreeBench(a treeBenchArgs) error {
 		longest = max(longest, len(b.Rows[i].TokenIDs))
 		trace += len(b.Rows[i].TokenIDs)
 	}
-	whole := grpo.BuildTree(b, idx)
-	budget := a.mbTokens
-	if budget == 0 {
-		budget = len(whole.Tokens)
-	}
-	if budget < longest {
-		return fmt.Errorf("%w: bench: --mb-tokens %d: a trace of the tree has %d tokens", errUsage, budget, longest)
-	}
 	// dL/dlogprob at every loss position, the same in both modes.
-	r := rand.New(rand.NewPCG(a.seed, 4))
+	r := rand.New(rand.NewPCG(a.Seed, 4))
 	coef := make([][]float32, len(b.Rows))
 	loss := 0
 	for i := range b.Rows {
@@ -180,12 +194,25 @@ func runTreeBench(a treeBenchArgs) error {
 			}
 		}
 	}
-	var res []treeBenchResult
-	for _, mode := range a.modes {
+	whole := grpo.BuildTree(b, idx)
+	budget := a.MBTokens
+	if budget == 0 {
+		// The smallest budget that packs the whole trie in one micro-batch:
+		// its computed tokens, or the traces' loss positions (LM-head
+		// pairs, counted per trace) when there are more: many short traces
+		// under one prefix.
+		budget = max(len(whole.Tokens), loss)
+	}
+	if budget < longest {
+		return fmt.Errorf("%w: bench: --mb-tokens %d: a trace of the tree has %d tokens", trainer.ErrUsage, budget, longest)
+	}
+	prec, precName := a.precision(env.Backend, env.Stderr)
+	var res []TreeResult
+	for _, mode := range a.Modes {
 		runtime.GC()
 		debug.FreeOSMemory()
 		peakOK := meminfo.ResetPeak()
-		out, err := treeBenchMode(a, sp, b, idx, budget, coef, mode)
+		out, err := treeBenchMode(env, a, prec, precName, b, idx, budget, coef, mode)
 		if err != nil {
 			return err
 		}
@@ -194,26 +221,27 @@ func runTreeBench(a treeBenchArgs) error {
 			out.PeakRSSMiB = float64(peak) / (1 << 20)
 		}
 		j, _ := json.Marshal(out)
-		fmt.Fprintln(a.stdout, string(j))
+		fmt.Fprintln(env.Stdout, string(j))
 		res = append(res, out)
 	}
 	if len(res) == 2 {
 		off, on := res[0], res[1]
 		j, _ := json.Marshal(map[string]any{
-			"tree": a.spec, "speedup_off_over_auto": off.MsPerStep / on.MsPerStep, "prefix_reuse": on.PrefixReuse,
+			"tree": a.Spec, "speedup_off_over_auto": off.MsPerStep / on.MsPerStep, "prefix_reuse": on.PrefixReuse,
 			"ms_per_step_off": off.MsPerStep, "ms_per_step_auto": on.MsPerStep,
 			"peak_rss_mib_off": off.PeakRSSMiB, "peak_rss_mib_auto": on.PeakRSSMiB,
 			"plan_mib_off": off.PlanMiB, "plan_mib_auto": on.PlanMiB,
 		})
-		fmt.Fprintln(a.stdout, string(j))
+		fmt.Fprintln(env.Stdout, string(j))
 	}
 	return nil
 }
 
-// treeBenchMode runs one mode of runTreeBench.
-func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budget int, coef [][]float32, mode string) (treeBenchResult, error) {
-	res := treeBenchResult{Mode: mode, Backend: a.be.Name(), Threads: a.threads, Model: a.cfgPath, Tree: a.spec, Traces: len(b.Rows),
-		MicroTokens: budget, Recompute: a.recompute, Precision: a.precisionName, Steps: a.steps}
+// treeBenchMode runs one mode of RunTree.
+func treeBenchMode(env Env, a Tree, prec kernels.DType, precName string, b *grpo.Batch, idx []int, budget int, coef [][]float32, mode string) (TreeResult, error) {
+	be := env.Backend
+	res := TreeResult{Mode: mode, Backend: be.Name(), Threads: env.Threads, Model: a.ModelName, Tree: a.Spec, Traces: len(b.Rows),
+		MicroTokens: budget, Recompute: a.Recompute, Precision: precName, Steps: a.Steps}
 	type micro struct {
 		tree   *grpo.PackedTree
 		rows   []int
@@ -224,7 +252,9 @@ func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budge
 	var mbs []micro
 	maxSeqs := 1
 	if mode == "auto" {
-		maxSegs := budget // every segment has a token
+		// Every segment has a token, so a micro-batch has at most budget;
+		// PackTrees counts two a row (its bound), so room for every row's.
+		maxSegs := max(budget, 2*len(idx))
 		trees, err := grpo.PackTrees(b, idx, grpo.TreeLimits{MaxTokens: budget, MaxSegs: maxSegs})
 		if err != nil {
 			return res, fmt.Errorf("bench: %w", err)
@@ -268,9 +298,9 @@ func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budge
 	for _, i := range idx {
 		maxCtx = max(maxCtx, len(b.Rows[i].TokenIDs))
 	}
-	opt := model.Options{MaxTokens: budget, MaxSeqs: maxSeqs, MaxSeqLen: maxCtx, Recompute: a.recompute, Precision: a.prec, Tree: mode == "auto"}
+	opt := model.Options{MaxTokens: budget, MaxSeqs: maxSeqs, MaxSeqLen: maxCtx, Recompute: a.Recompute, Precision: prec, Tree: mode == "auto"}
 	plan, err := trainer.PlanModelRun(trainer.PlanSpec{
-		Request: trainer.PlanRequest{Model: a.cfg, ModelName: a.cfgPath, Backend: a.be.Name(), Rows: 1, Workspace: trainer.WorkspacePlanner(a.be)},
+		Request: trainer.PlanRequest{Model: a.Model, ModelName: a.ModelName, Backend: be.Name(), Rows: 1, Workspace: trainer.WorkspacePlanner(be)},
 		Options: opt, Optimizer: true,
 		Shrink: map[string][]string{"activations": {"--mb-tokens", "--recompute"}, "workspace": {"--mb-tokens"},
 			"weights": {"a smaller --model"}, "gradients": {"a smaller --model"}, "adam_moments": {"a smaller --model"}},
@@ -278,24 +308,24 @@ func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budge
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
-	if err := trainer.CheckFree(plan, a.be); err != nil {
+	if err := trainer.CheckFree(plan, be); err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
 	res.PlanMiB = float64(plan.TotalBytes) / (1 << 20)
-	m, err := model.New(a.be, a.cfg, opt)
+	m, err := model.New(be, a.Model, opt)
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
 	defer m.Close()
 	res.Params = m.Table().Total
-	if a.weights != "" {
-		if err := m.LoadHF(a.weights); err != nil {
+	if a.Weights != "" {
+		if err := m.LoadHF(a.Weights); err != nil {
 			return res, fmt.Errorf("bench: %w", err)
 		}
 	} else {
-		m.InitRandom(a.seed)
+		m.InitRandom(a.Seed)
 	}
-	opts, err := benchOptimizer(a.be, m, nil, false, a.eps)
+	opts, err := benchOptimizer(be, m, nil, false, a.Eps)
 	if err != nil {
 		return res, fmt.Errorf("bench: %w", err)
 	}
@@ -347,16 +377,16 @@ func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budge
 			}
 		}
 		lastMean = sum / float64(max(cnt, 1))
-		if _, err := opts.Step(a.lr, 0.01); err != nil {
+		if _, err := opts.Step(a.LR, 0.01); err != nil {
 			return err
 		}
 		m.ParamsChanged()
-		return a.be.Sync()
+		return be.Sync()
 	}
 	if err := step(); err != nil {
 		return res, fmt.Errorf("bench: %s: warm-up step: %w", mode, err)
 	}
-	times := make([]float64, a.steps)
+	times := make([]float64, a.Steps)
 	for i := range times {
 		t0 := time.Now()
 		if err := step(); err != nil {
@@ -364,13 +394,7 @@ func treeBenchMode(a treeBenchArgs, sp treeSpec, b *grpo.Batch, idx []int, budge
 		}
 		times[i] = float64(time.Since(t0).Nanoseconds()) / 1e6
 	}
-	sorted := slices.Clone(times)
-	sort.Float64s(sorted)
-	res.MsPerStep = sorted[len(sorted)/2]
-	if len(sorted)%2 == 0 {
-		res.MsPerStep = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
-	}
-	res.MsMin = sorted[0]
+	res.MsPerStep, res.MsMin = medianMin(times)
 	res.TraceTokensPS = float64(res.TraceTokens) / (res.MsPerStep / 1e3)
 	res.MeanLogp = lastMean
 	return res, nil
