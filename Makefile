@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -138,10 +138,18 @@ run: build
 ptx:
 	CUDA_HOME=$(CUDA_HOME) scripts/deps.sh nvcc
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC) NVFLAGS="-O3 -std=c++14 -allow-unsupported-compiler"
+	$(MAKE) cubin
 
 # Assemble every committed PTX for Hopper with the ptxas deps.sh provides.
 ptx-sm90: deps
 	$(MAKE) -C kernels/cuda/csrc sm90 PTXAS=$(TOOLS)/ptxas
+
+# The committed sm_90 cubins (kernels/cuda/csrc/gen_*.sm_90.cubin, loaded on
+# a device of compute capability 9.0 instead of compiling the PTX) and
+# their manifest, assembled from the committed PTX by the ptxas deps.sh
+# provides. Run it after make ptx; TestCubinsFresh and TestSASS check them.
+cubin: deps
+	$(MAKE) -C kernels/cuda/csrc cubin PTXAS=$(TOOLS)/ptxas
 
 # Rewrite kernels/cuda/csrc/gen_sass.md (the SASS facts of the committed PTX:
 # tensor-core instructions, registers, spills, blocks per SM) with the ptxas

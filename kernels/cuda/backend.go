@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -16,7 +17,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-//go:embed csrc/gen_*.ptx
+//go:embed csrc/gen_*.ptx csrc/gen_*.sm_90.cubin
 var ptxFiles embed.FS
 
 var entryRE = regexp.MustCompile(`\.entry\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(`)
@@ -34,6 +35,7 @@ type Backend struct {
 
 	scratch map[string]scratchBuf // lazily grown work buffers, kept
 	closed  bool
+	modules []ModuleLoad // how each kernel file was loaded
 
 	led ledger // the launch ledger (StartLedger)
 }
@@ -84,6 +86,23 @@ func OpenBackend(opt Options) (*Backend, error) {
 
 var _ kernels.Experts = (*Backend)(nil)
 
+// ModuleLoad says how one kernel file was loaded: from its sm_90 cubin
+// (machine code assembled here, committed beside the PTX: nothing to
+// compile at start), or from its PTX, which the driver compiles for the
+// device (any other compute capability, or a cubin the driver refused:
+// Err says why).
+type ModuleLoad struct {
+	File  string // csrc/gen_X.ptx
+	Cubin bool
+	Err   error // the cubin's load error, when the PTX was loaded instead
+}
+
+// cubinFile is the sm_90 cubin committed beside a PTX file.
+func cubinFile(ptx string) string { return strings.TrimSuffix(ptx, ".ptx") + ".sm_90.cubin" }
+
+// Modules says how each kernel file was loaded.
+func (b *Backend) Modules() []ModuleLoad { return append([]ModuleLoad(nil), b.modules...) }
+
 func (b *Backend) loadKernels() error {
 	names, err := fs.Glob(ptxFiles, "csrc/gen_*.ptx")
 	if err != nil {
@@ -92,7 +111,17 @@ func (b *Backend) loadKernels() error {
 	sort.Strings(names)
 	if b.opt.kernelFiles != nil {
 		names = b.opt.kernelFiles
+	} else if env := os.Getenv("TRACEGRPO_CUDA_MODULES"); env != "" {
+		names = nil
+		for _, m := range strings.Split(env, ",") {
+			n := "csrc/gen_" + strings.TrimSpace(m) + ".ptx"
+			if _, err := fs.Stat(ptxFiles, n); err != nil {
+				return fmt.Errorf("cuda: $TRACEGRPO_CUDA_MODULES names %q: no kernel file %s", m, n)
+			}
+			names = append(names, n)
+		}
 	}
+	sm90 := b.d.info.Major == 9 && b.d.info.Minor == 0 && !b.opt.PTXOnly
 	for _, n := range names {
 		text, err := ptxFiles.ReadFile(n)
 		if err != nil {
@@ -102,9 +131,20 @@ func (b *Backend) loadKernels() error {
 		for _, m := range entryRE.FindAllSubmatch(text, -1) {
 			entries = append(entries, string(m[1]))
 		}
-		if err := b.d.loadModule(n, string(text), entries); err != nil {
+		ml := ModuleLoad{File: n}
+		if sm90 {
+			if cubin, err := ptxFiles.ReadFile(cubinFile(n)); err == nil {
+				if ml.Err = b.d.loadModule(cubinFile(n), cubin, entries); ml.Err == nil {
+					ml.Cubin = true
+					b.modules = append(b.modules, ml)
+					continue
+				}
+			}
+		}
+		if err := b.d.loadModule(n, text, entries); err != nil {
 			return err
 		}
+		b.modules = append(b.modules, ml)
 	}
 	return nil
 }

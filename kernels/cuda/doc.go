@@ -229,6 +229,11 @@ type Options struct {
 	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
 	LogitsScratch int
 
+	// PTXOnly loads every kernel file from its PTX (the driver compiles
+	// it) even on a device of compute capability 9.0, whose committed
+	// cubins load otherwise.
+	PTXOnly bool
+
 	// kernelFiles, when set, limits the embedded PTX files loaded (tests of
 	// an emulator built from some of the kernel sources).
 	kernelFiles []string

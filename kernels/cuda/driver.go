@@ -789,13 +789,14 @@ func openDevice(opt Options) (*device, error) {
 	return d, nil
 }
 
-// loadModule JIT-compiles one PTX text and resolves the given entry points.
-func (d *device) loadModule(file, ptx string, entries []string) error {
-	img := C.CString(ptx) // NUL-terminated copy in C memory
-	defer C.free(unsafe.Pointer(img))
+// loadModule loads one module image, PTX text (which the driver compiles
+// for the device) or a cubin, and resolves the given entry points.
+func (d *device) loadModule(file string, image []byte, entries []string) error {
+	img := C.CBytes(append(image[:len(image):len(image)], 0)) // a copy in C memory, NUL-terminated for PTX
+	defer C.free(img)
 	var log [4096]C.char
 	var mod unsafe.Pointer
-	if code := C.tg_module_load(d.dr.d, d.ctx, img, &mod, &log[0], C.size_t(len(log))); code != 0 {
+	if code := C.tg_module_load(d.dr.d, d.ctx, (*C.char)(img), &mod, &log[0], C.size_t(len(log))); code != 0 {
 		return fmt.Errorf("cuda: load %s: %s\n%s", file, d.dr.errText(code), C.GoString(&log[0]))
 	}
 	d.mods = append(d.mods, mod)

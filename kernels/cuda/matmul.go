@@ -93,7 +93,7 @@ func (b *Backend) recordGemm(g GemmCall) {
 func (b *Backend) toBF16(name string, src uintptr, n int) uintptr {
 	dst := b.work(name, 2*n)
 	if dst != 0 {
-		b.elementwise("f32_to_bf16", cost{read: 4 * int64(n), write: 2 * int64(n)}, n, pu(dst), pu(src), la(n))
+		b.elementwise("f32_to_bf16", cost{read: 4 * int64(n), write: 2 * int64(n), inflight: 32}, n, pu(dst), pu(src), la(n))
 	}
 	return dst
 }

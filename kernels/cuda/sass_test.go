@@ -166,6 +166,7 @@ func TestSASS(t *testing.T) {
 		return
 	}
 	checkSM90Facts(t, all["sm_90"])
+	checkCubins(t, strings.TrimSpace(lastLine(string(ver))))
 	old, err := os.ReadFile(sassReport)
 	if err != nil {
 		t.Fatalf("%v (make sass writes it)", err)
