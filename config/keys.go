@@ -262,6 +262,9 @@ var keyRules = []KeyRule{
 	{Key: "policy.generation.top_k", Class: Refused, Guard: true, Example: "50",
 		Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (null, 0 or -1 is what it does)"},
 	{Key: "policy.generation.max_new_tokens", Class: Used},
+	{Key: "policy.generation.weights_out", Class: Used},
+	{Key: "policy.generation.weights_dtype", Class: Used},
+	{Key: "policy.generation.weights_keep", Class: Used},
 	{Key: "policy.generation", Class: Ignored, Why: "the generation engine (backend, vLLM/SGLang/TRT-LLM/Dynamo/Megatron settings, refit, ports, stop conditions, validation sampling): NeMo Gym's rollouts were sampled outside tracegrpo, which trains the tokens and logprobs they recorded"},
 
 	// policy.dtensor_cfg: NeMo RL's DTensor (FSDP2) engine.
@@ -369,6 +372,7 @@ var keyRules = []KeyRule{
 	{Key: "checkpointing.checkpoint_dir", Class: Used},
 	{Key: "checkpointing.save_period", Class: Used},
 	{Key: "checkpointing.keep_top_k", Class: Used},
+	{Key: "checkpointing.save_optimizer", Class: Used},
 	{Key: "checkpointing", Class: Ignored, KnownOnly: true, Why: "checkpoint extras of NeMo RL (best-checkpoint metric, save deadline, formats, async saving, fault-tolerance saves, PEFT, model cache); tracegrpo keeps the newest keep_top_k checkpoints in its own format"},
 
 	// env: NeMo Gym's capture settings; other environments.

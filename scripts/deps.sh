@@ -14,6 +14,8 @@
 #                       with TRACEGRPO_NEMORL_REPO set)
 #   bash, make, sed,    internal/docs runs README.md's and docs/*.md's shell
 #   mkdir, mv           blocks with bash, and these are the programs they run
+#   python3             docs/loop.md's block runs scripts/gym_vllm_loop.py --fake
+#                       (the standard library only; Debian package python3)
 #   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
 #   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
 #                       runs nvdisasm. Debian ships them only inside
@@ -98,7 +100,7 @@ trap 'rm -rf "$tmp"' EXIT
 # with apt-get into the system directories. One line each (testtool parses
 # them).
 toolkit_tools="ptxas cuobjdump nvdisasm"
-system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar bash:bash make:make sed:sed mkdir:coreutils mv:coreutils"
+system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar bash:bash make:make sed:sed mkdir:coreutils mv:coreutils python3:python3"
 syspath=/usr/sbin:/usr/bin:/sbin:/bin
 
 case $mode in

@@ -84,6 +84,9 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
+	wout      *weightsOut // --weights-out (nil: none)
+	maxMasked float64     // --max-masked-fraction
+
 	shardFull   bool         // fully sharded data parallel (shard.go)
 	shardWhy    string       // what asked for it
 	sampleModel *model.Model // the sampler's gathered weights when sharded (built-in job)
@@ -141,6 +144,10 @@ func New(o Options) (_ *Trainer, err error) {
 	}
 	if o.OnNonFinite == "" {
 		o.OnNonFinite = "skip"
+	}
+	if o.MaxMaskedFraction == nil {
+		f := DefaultMaxMaskedFraction
+		o.MaxMaskedFraction = &f
 	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
@@ -221,6 +228,16 @@ func (t *Trainer) setupConfig() error {
 	if o.Wait < 0 {
 		return fmt.Errorf("%w: --wait %v: want 0 (do not wait) or a positive duration", ErrUsage, o.Wait)
 	}
+	if f := *o.MaxMaskedFraction; !(f >= 0 && f <= 1) {
+		return fmt.Errorf("%w: --max-masked-fraction %v: want a share from 0 (stop at any mask) to 1 (never stop)", ErrUsage, f)
+	}
+	t.maxMasked = *o.MaxMaskedFraction
+	if o.WeightsKeep < 0 {
+		return fmt.Errorf("%w: --weights-keep %d: want at least 1", ErrUsage, o.WeightsKeep)
+	}
+	if _, _, _, err := c.WeightsOut(); err != nil {
+		return err
+	}
 	if len(o.ConfigFiles) > 0 { // the built-in job runs on any number of ranks
 		if err := checkCluster(c, t.comm.Size()); err != nil {
 			return err
@@ -250,9 +267,11 @@ func (t *Trainer) setupRunDir() error {
 		}
 	}
 	if t.o.Resume {
-		return t.findCheckpoint()
+		if err := t.findCheckpoint(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return t.setupWeightsOut()
 }
 
 // gatherReserve is the payload, in bytes, the ranks' gather buffers hold
@@ -431,6 +450,18 @@ func (t *Trainer) loadConfig() error {
 	}
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
+	}
+	if t.o.WeightsOut != "" {
+		sets = append(sets, "policy.generation.weights_out="+t.o.WeightsOut)
+	}
+	if t.o.WeightsDType != "" {
+		if _, ok := weightsDTypes[t.o.WeightsDType]; !ok {
+			return fmt.Errorf("%w: --weights-dtype %q: want bfloat16, float16 or float32", ErrUsage, t.o.WeightsDType)
+		}
+		sets = append(sets, "policy.generation.weights_dtype="+t.o.WeightsDType)
+	}
+	if t.o.WeightsKeep > 0 {
+		sets = append(sets, fmt.Sprintf("policy.generation.weights_keep=%d", t.o.WeightsKeep))
 	}
 	ld, name, err := LoadRecipeWith(t.o.ConfigFiles, t.o.Overrides, sets)
 	if err != nil {
