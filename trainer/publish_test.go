@@ -3,6 +3,7 @@ package trainer
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -122,7 +123,8 @@ func TestWeightsOutRefused(t *testing.T) {
 
 // TestWaitSaysWhatItWaitsFor: a trainer waiting for a step file says so
 // every waitProgressEvery, naming the file and the time waited, and the
-// metrics line keeps the wait apart from the reading.
+// metrics line keeps the wait apart from the reading. The step file is
+// written only after the trainer has said five times that it waits.
 func TestWaitSaysWhatItWaitsFor(t *testing.T) {
 	defer func(d time.Duration) { waitProgressEvery = d }(waitProgressEvery)
 	waitProgressEvery = 100 * time.Millisecond
@@ -136,26 +138,34 @@ func TestWaitSaysWhatItWaitsFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	want := fmt.Sprintf("train: waiting for %s: ", loop.StepFile(rdir, 1))
+	var log lockedBuffer
+	wrote := make(chan error, 1)
 	go func() {
-		time.Sleep(700 * time.Millisecond)
-		loop.WriteStep(rdir, 1, b, nil)
+		for strings.Count(log.String(), want) < 5 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		wrote <- loop.WriteStep(rdir, 1, b, nil)
 	}()
 	out := filepath.Join(dir, "run")
 	args := append([]string{"--out", out, "--steps", "1", "--rollouts", rdir, "--captures", caps, "--wait", "1m", "--max-masked-fraction", "1"}, externalSets[1:]...)
-	log := mustTrain(t, args...)
-	want := fmt.Sprintf("train: waiting for %s: ", loop.StepFile(rdir, 1))
-	if n := strings.Count(log, want); n < 2 {
-		t.Errorf("%d lines %q in 0.7s of waiting, want one every 0.1s:\n%s", n, want, log)
+	if code := run(args, io.Discard, &log); code != 0 {
+		t.Fatalf("train: exit %d\n%s", code, log.String())
 	}
-	if !strings.Contains(log, "so far (--wait 1m0s)") || !strings.Contains(log, "policy versions not checked") {
-		t.Errorf("the wait lines do not say how long, or no warning for the missing sidecar:\n%s", log)
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if s := log.String(); !strings.Contains(s, "so far (--wait 1m0s)") || !strings.Contains(s, "policy versions not checked") {
+		t.Errorf("the wait lines do not say how long, or no warning for the missing sidecar:\n%s", s)
 	}
 	ms, _, err := ReadMetrics(filepath.Join(out, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Five lines a tenth of a second apart: at least half a second waited;
+	// reading eight records takes microseconds.
 	if p := ms[0].Phases; !(p.Wait >= 0.5) || p.Rollout >= p.Wait {
-		t.Errorf("phase_s wait %v, rollout %v: want the 0.7s wait apart from the reading", p.Wait, p.Rollout)
+		t.Errorf("phase_s wait %v, rollout %v: want the wait (≥ 0.5 s) apart from the reading", p.Wait, p.Rollout)
 	}
 }
 

@@ -18,17 +18,19 @@ func (b *Backend) AdamW(param, grad, m, v kernels.Buf, s kernels.AdamWStep) {
 	want(grad, kernels.F32, N, "AdamW grad")
 	kernels.CheckMoments("cuda", m, v, N, s.Rule)
 	defer b.lock()()
+	// param, m, v read and written, grad read; about 16 operations an element.
+	c := rw(reads(param, grad, m, v), param, m, v).with(16*int64(N), 16)
 	if s.Rule == kernels.FusedAdam {
 		kernel := "fused_adam"
 		if m.DType == kernels.BF16 {
 			kernel = "fused_adam_bf16"
 		}
-		b.elementwise(kernel, N, pa(param), pa(grad), pa(m), pa(v), la(N),
+		b.elementwise(kernel, c, N, pa(param), pa(grad), pa(m), pa(v), la(N),
 			fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.OneMinusBeta1), fa(s.OneMinusBeta2), fa(s.Eps),
 			fa(s.WeightDecay), fa(s.BiasCorrection1), fa(s.BiasCorrection2), fa(s.GradScale))
 		return
 	}
-	b.elementwise("adamw", N, pa(param), pa(grad), pa(m), pa(v), la(N),
+	b.elementwise("adamw", c, N, pa(param), pa(grad), pa(m), pa(v), la(N),
 		fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.OneMinusBeta1), fa(s.OneMinusBeta2), fa(s.Eps),
 		fa(s.WeightDecay), fa(s.BiasCorrection1), fa(s.BiasCorrection2), fa(s.GradScale))
 }
@@ -48,7 +50,7 @@ func (b *Backend) AdamWMulti(param, grad, m, v, sums, table, flags kernels.Buf, 
 	kernels.CheckMoments("cuda", m, v, N, s.Rule)
 	defer b.lock()()
 	groups := flags.N - 2
-	b.launch("adamw_multi_prep", b.gridBlocks(max(1, min((groups+threads-1)/threads, 64))), 1, 1, threads, 0,
+	b.launch("adamw_multi_prep", cost{read: 4 * int64(nsums), write: 4 * int64(flags.N)}, b.gridBlocks(max(1, min((groups+threads-1)/threads, 64))), 1, 1, threads, 0,
 		pa(flags), pa(sums), ia(nsums), ia(groups), da(maxNorm))
 	kernel := "adamw_multi_torch"
 	if s.Rule == kernels.FusedAdam {
@@ -60,7 +62,9 @@ func (b *Backend) AdamWMulti(param, grad, m, v, sums, table, flags kernels.Buf, 
 	if nchunks == 0 {
 		return
 	}
-	b.launch(kernel, b.gridBlocks(min(nchunks, 64*b.d.info.SMs)), 1, 1, threads, 0,
+	// As AdamW over the chunks' elements (at most N), plus the table.
+	c := rw(reads(param, grad, m, v, table), param, m, v).with(16*int64(N), 16)
+	b.launch(kernel, c, b.gridBlocks(min(nchunks, 64*b.d.info.SMs)), 1, 1, threads, 0,
 		pa(param), pa(grad), pa(m), pa(v), pa(table), ia(nchunks), pa(flags),
 		fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.OneMinusBeta1), fa(s.OneMinusBeta2), fa(s.Eps),
 		fa(s.WeightDecay), fa(s.BiasCorrection1), fa(s.BiasCorrection2))
