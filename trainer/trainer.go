@@ -602,6 +602,22 @@ func (t *Trainer) checkPlan() error {
 	if err := p.Check(free, source); err != nil {
 		return err
 	}
+	// The LM head's logits scratch grows into what the plan leaves free
+	// (CUDA: 128 MiB to 2 GiB); the plan counts it, so it is made again.
+	if sz, ok := backendAs[interface {
+		SizeLogitsScratch(headroom int64) (int, bool)
+	}](t.be); ok {
+		if el, changed := sz.SizeLogitsScratch(free - p.TotalBytes); changed {
+			if p, err = t.Plan(); err != nil {
+				return err
+			}
+			t.plan = p
+			if err := p.Check(free, source); err != nil {
+				return err
+			}
+			t.logf("LM head: a logits scratch of %s, from the %s the plan left free", Bytes(4*int64(el)), Bytes(free-p.TotalBytes))
+		}
+	}
 	t.logf("memory plan: %s of %s free (%s)", Bytes(p.TotalBytes), Bytes(free), source)
 	return nil
 }

@@ -29,6 +29,8 @@ type Backend struct {
 	d   *device
 	opt Options
 	err error
+	// logitsGiven: Options.LogitsScratch was set (SizeLogitsScratch keeps it).
+	logitsGiven bool
 
 	flags    uintptr // (1) I32: data-error bits set by kernels
 	partials uintptr // (reduceBlocks) float64: SumSquares partials
@@ -68,7 +70,7 @@ func OpenBackend(opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}}
+	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}, logitsGiven: opt.LogitsScratch > 0}
 	if err := b.loadKernels(); err != nil {
 		d.close()
 		return nil, err
@@ -190,6 +192,24 @@ func (b *Backend) ReserveWorkspace(w kernels.Workload) error {
 	}
 	b.mu.Unlock()
 	return b.Sync()
+}
+
+// SizeLogitsScratch sizes the LM head's logits scratch from the memory a
+// run's plan leaves free (LogitsScratchFor), unless Options.LogitsScratch
+// was given, and reports whether the size changed (the plan, which counts
+// the scratch, must then be made again). Call it before the first
+// TokenLogprob.
+func (b *Backend) SizeLogitsScratch(headroom int64) (elements int, changed bool) {
+	if b.logitsGiven {
+		return b.opt.LogitsScratch, false
+	}
+	el := LogitsScratchFor(headroom)
+	cur := b.opt.LogitsScratch
+	if cur == 0 {
+		cur = defaultLogitsScratch
+	}
+	b.opt.LogitsScratch = el
+	return el, el != cur
 }
 
 // PlanWorkspace is PlanWorkspace for this backend's options.

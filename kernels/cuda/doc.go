@@ -226,7 +226,9 @@ type Options struct {
 	// down to a multiple of 32.
 	DecodeSplit int
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
-	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
+	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB) until
+	// SizeLogitsScratch sizes it from the memory a run's plan leaves free
+	// (an explicit value is kept).
 	LogitsScratch int
 
 	// PTXOnly loads every kernel file from its PTX (the driver compiles

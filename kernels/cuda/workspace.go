@@ -73,6 +73,23 @@ func normBwdGrid(N, C int) (G, R int) {
 // defaultLogitsScratch is Options.LogitsScratch's default, in elements.
 const defaultLogitsScratch = 32 << 20
 
+// maxLogitsScratch is the most elements LogitsScratchFor gives (2 GiB of
+// fp32 logits): a wider chunk saves the LM head little more (at 2 GiB the
+// bench shape, 8 × 4096 tokens of Qwen3's 151,936-token vocabulary, runs
+// 10 forward and 14 backward vocabulary chunks where 128 MiB ran 149 and
+// 224, each backward chunk rewriting the fp32 dhidden).
+const maxLogitsScratch = 512 << 20
+
+// LogitsScratchFor is the logits scratch, in fp32 elements, for a device
+// with headroom bytes free beyond a run's plan: an eighth of them, at
+// least the default (128 MiB) and at most maxLogitsScratch (2 GiB), in
+// whole MiB. It needs no GPU: train and make gpu-model size it alike.
+func LogitsScratchFor(headroom int64) int {
+	el := headroom / 8 / 4
+	el = min(max(el, defaultLogitsScratch), maxLogitsScratch)
+	return int(el) &^ (1<<18 - 1) // whole MiB of fp32
+}
+
 // attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
 func attnDWork(T, NH int) int { return 4 * T * NH }
 

@@ -59,6 +59,14 @@ func Run(cfg model.Config, s Step, dev cuda.Device) (Result, error) {
 		return Result{}, fmt.Errorf("gpumodel: %w", err)
 	}
 	defer opt.Close()
+	// The LM head's logits scratch as train sizes it: from the memory left
+	// once the model and the optimizer hold theirs (the metering device
+	// counts its allocations).
+	if b, ok := be.(*cuda.Backend); ok {
+		if free, _, err := b.MemInfo(); err == nil {
+			b.SizeLogitsScratch(free)
+		}
+	}
 	tokens := make([]int32, T)
 	dl := make([]float32, T)
 	for i := range tokens {
