@@ -237,7 +237,7 @@ func (t *Trainer) restore() error {
 		host []float32
 	}{{t.model.Params(), host}, {mBuf, m}, {vBuf, v}} {
 		if _, ok := t.hostView(x.buf); !ok {
-			if err := uploadHost(t.be, x.buf, x.host); err != nil {
+			if err := uploadHost(t.be, x.buf, x.host, t.stage); err != nil {
 				return fmt.Errorf("resume: %w", err)
 			}
 		}
@@ -576,7 +576,7 @@ func (t *Trainer) hostCopy(buf kernels.Buf) []float32 {
 	}
 	h := make([]float32, buf.N)
 	if buf.DType == kernels.BF16 {
-		if err := downloadWide(t.be, h, buf); err != nil {
+		if err := downloadWide(t.be, h, buf, t.stage); err != nil {
 			t.stageErr = err
 		}
 		return h
@@ -586,13 +586,15 @@ func (t *Trainer) hostCopy(buf kernels.Buf) []float32 {
 }
 
 // downloadWide copies the BF16 buffer src into host widened to float32,
-// through a float32 staging buffer of at most stageChunk elements.
-func downloadWide(be kernels.Backend, host []float32, src kernels.Buf) error {
-	tmp, err := be.Alloc(kernels.F32, min(stageChunk, max(src.N, 1)))
+// through the float32 staging buffer stage (the trainer's, allocated with
+// the bf16 moments; when empty, one of at most stageChunk elements for
+// the call).
+func downloadWide(be kernels.Backend, host []float32, src, stage kernels.Buf) error {
+	tmp, done, err := stagingBuf(be, stage, src.N)
 	if err != nil {
-		return fmt.Errorf("staging %s: %w", src.DType, err)
+		return err
 	}
-	defer be.Free(tmp)
+	defer done()
 	for off := 0; off < src.N; off += tmp.N {
 		n := min(tmp.N, src.N-off)
 		be.Convert(tmp.Slice(0, n), src.Slice(off, n))
@@ -602,6 +604,18 @@ func downloadWide(be kernels.Backend, host []float32, src kernels.Buf) error {
 		}
 	}
 	return nil
+}
+
+// stagingBuf is stage, or (stage empty) a float32 buffer of at most
+// stageChunk elements for n values, freed by done.
+func stagingBuf(be kernels.Backend, stage kernels.Buf, n int) (tmp kernels.Buf, done func(), err error) {
+	if stage.N > 0 {
+		return stage, func() {}, nil
+	}
+	if tmp, err = be.Alloc(kernels.F32, min(stageChunk, max(n, 1))); err != nil {
+		return tmp, nil, fmt.Errorf("staging bf16 values: %w", err)
+	}
+	return tmp, func() { be.Free(tmp) }, nil
 }
 
 // takeStageErr returns (and clears) the error of hostCopy's staging.
@@ -615,16 +629,16 @@ func (t *Trainer) takeStageErr() error {
 // after the next Sync), or for a BF16 one a stage at a time through a
 // float32 buffer, rounded as Convert rounds (exact for values a bf16
 // buffer held).
-func uploadHost(be kernels.Backend, dst kernels.Buf, host []float32) error {
+func uploadHost(be kernels.Backend, dst kernels.Buf, host []float32, stage kernels.Buf) error {
 	if dst.DType != kernels.BF16 {
 		be.UploadF32(dst, host)
 		return nil
 	}
-	tmp, err := be.Alloc(kernels.F32, min(stageChunk, max(dst.N, 1)))
+	tmp, done, err := stagingBuf(be, stage, dst.N)
 	if err != nil {
-		return fmt.Errorf("staging %s: %w", dst.DType, err)
+		return err
 	}
-	defer be.Free(tmp)
+	defer done()
 	for off := 0; off < dst.N; off += tmp.N {
 		n := min(tmp.N, dst.N-off)
 		be.UploadF32(tmp.Slice(0, n), host[off:off+n])

@@ -126,3 +126,23 @@ func TestBF16MomentsResumeBitExact(t *testing.T) {
 		t.Error("float32 and bfloat16 moments train the same weights")
 	}
 }
+
+// TestFilteredOutTokensHaveNoGradient: under top_k 1 every sampled token
+// of the external captures falls outside the training filter (none is its
+// position's argmax), so NeMo RL's loss is a constant of the masked
+// logprobs (−A·1 per token) and, with no KL term, the gradient is exactly
+// zero.
+func TestFilteredOutTokensHaveNoGradient(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	out := t.TempDir()
+	args := append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...)
+	mustTrain(t, append(args, "--set", "policy.generation.top_k=1", "--set", "loss_fn.reference_policy_kl_penalty=0")...)
+	m := metricsNoTimes(t, out)[0]
+	if m.FilterMaskedTokens != m.EligibleTokens || m.EligibleTokens == 0 {
+		t.Fatalf("filter_masked_tokens %d of %d eligible: the fixture no longer has every token outside top_k 1", m.FilterMaskedTokens, m.EligibleTokens)
+	}
+	if m.GradNorm != 0 {
+		t.Errorf("grad norm %v, want 0: a masked token's logprob is a constant", m.GradNorm)
+	}
+}

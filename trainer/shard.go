@@ -282,7 +282,7 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 			if inPlace[k] {
 				host = hosts[k][at : at+hi-lo]
 			}
-			if err := readOwned(t.be, tens, p.Name, k, lo, arenas[k].Slice(at, hi-lo), host, &stage); err != nil {
+			if err := readOwned(t.be, tens, p.Name, k, lo, arenas[k].Slice(at, hi-lo), host, &stage, t.stage); err != nil {
 				return fmt.Errorf("resume: %w", err)
 			}
 		}
@@ -300,8 +300,9 @@ var stageChunk = 1 << 20
 // of kind from tens into dst: straight into host, dst's elements, when the
 // backend keeps them in host memory (the CPU), else through a staging
 // slice (*stage, grown to stageChunk floats) uploaded a chunk at a time,
-// each chunk to its own offset. Resume and export share it.
-func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, lo int, dst kernels.Buf, host []float32, stage *[]float32) error {
+// each chunk to its own offset (a BF16 dst through the device staging
+// buffer devStage). Resume and export share it.
+func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, lo int, dst kernels.Buf, host []float32, stage *[]float32, devStage kernels.Buf) error {
 	if host != nil {
 		return tens.Read(name, kind, int64(lo), host)
 	}
@@ -313,7 +314,7 @@ func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, 
 		if err := tens.Read(name, kind, int64(lo+off), (*stage)[:n]); err != nil {
 			return err
 		}
-		if err := uploadHost(be, dst.Slice(off, n), (*stage)[:n]); err != nil {
+		if err := uploadHost(be, dst.Slice(off, n), (*stage)[:n], devStage); err != nil {
 			return err
 		}
 		if err := be.Sync(); err != nil {

@@ -120,7 +120,8 @@ type Trainer struct {
 	// positions whose target the filter drops (NeMo RL's −inf, masked).
 	rowLPFull, rowDLPFull [][]float64
 	rowNegInf             [][]bool
-	stageErr              error // hostCopy's staging of a bf16 arena failed
+	stageErr              error       // hostCopy's staging of a bf16 arena failed
+	stage                 kernels.Buf // F32 staging of bf16 moments for checkpoints (the plan's moment_staging)
 	dlogprobFull          []float32
 	lossRows              []grpo.LossRow
 	rowPosts              []rowPost
@@ -399,6 +400,10 @@ func (t *Trainer) Close() {
 	}
 	if t.opt != nil {
 		t.opt.Close()
+	}
+	if t.stage.N > 0 {
+		t.be.Free(t.stage)
+		t.stage = kernels.Buf{}
 	}
 	if t.ref != nil {
 		t.ref.Close()
@@ -787,6 +792,14 @@ func (t *Trainer) newOptimizer() error {
 	}
 	if err != nil {
 		return err
+	}
+	if ocfg.Moments == kernels.BF16 {
+		// Checkpoints widen the bf16 moments through it (the plan's
+		// moment_staging), held for the run.
+		n := t.model.Params().N
+		if t.stage, err = t.be.Alloc(kernels.F32, min(stageChunk, max(n, 1))); err != nil {
+			return fmt.Errorf("the bf16 moments' staging buffer: %w", err)
+		}
 	}
 	switch sc.Style {
 	case "megatron":
