@@ -54,18 +54,23 @@ func TestOpenErrors(t *testing.T) {
 }
 
 // TestCollectivesUnderMpirun runs TestRankCollectives in 3 ranks.
-func TestCollectivesUnderMpirun(t *testing.T) {
+func TestCollectivesUnderMpirun(t *testing.T) { passUnderMpirun(t, 3, "TestRankCollectives") }
+
+// passUnderMpirun runs the test named test (one rank's side) in n ranks
+// under mpirun, and fails unless every rank passes it.
+func passUnderMpirun(t *testing.T, n int, test string) {
+	t.Helper()
 	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
 		t.Skip("in an mpirun child")
 	}
-	cmd := Mpirun(t, 3, os.Args[0], "-test.run=^TestRankCollectives$", "-test.v", "-test.count=1")
+	cmd := Mpirun(t, n, os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("mpirun: %v\n%s", err, out)
 	}
-	if n := bytes.Count(out, []byte("--- PASS: TestRankCollectives")); n != 3 {
-		t.Fatalf("%d of 3 ranks passed:\n%s", n, out)
+	if got := bytes.Count(out, []byte("--- PASS: "+test)); got != n {
+		t.Fatalf("%d of %d ranks passed:\n%s", got, n, out)
 	}
 }
 
@@ -250,17 +255,7 @@ func TestAllReduceRingSizesUnderMpirun(t *testing.T) {
 		t.Skip("in an mpirun child")
 	}
 	for _, np := range []int{2, 3, 4} {
-		t.Run(fmt.Sprint(np, " ranks"), func(t *testing.T) {
-			cmd := Mpirun(t, np, os.Args[0], "-test.run=^TestRankAllReduceRingSizes$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("mpirun: %v\n%s", err, out)
-			}
-			if n := bytes.Count(out, []byte("--- PASS: TestRankAllReduceRingSizes")); n != np {
-				t.Fatalf("%d of %d ranks passed:\n%s", n, np, out)
-			}
-		})
+		t.Run(fmt.Sprint(np, " ranks"), func(t *testing.T) { passUnderMpirun(t, np, "TestRankAllReduceRingSizes") })
 	}
 }
 
