@@ -1,0 +1,81 @@
+package rollout
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// TestPlanCyclesTasksAcrossSteps: the task groups of consecutive steps go
+// on through the tasks where the last step left off, so that over any
+// len(tasks) consecutive groups every task is played once, even when a
+// step holds fewer groups than there are tasks (a step of one group played
+// the same task at every step).
+func TestPlanCyclesTasksAcrossSteps(t *testing.T) {
+	tasks := allTasks(t)
+	n := len(tasks)
+	for _, prompts := range []int{1, 2, n - 1, n, n + 1} {
+		var played []string
+		for step := 1; step <= 2*n; step++ {
+			specs := Plan(tasks, step, prompts, 2, Streams{Seed: 1})
+			for p := range prompts {
+				played = append(played, specs[p*2].Task)
+			}
+		}
+		for i := 0; i+n <= len(played); i++ {
+			seen := slices.Clone(played[i : i+n])
+			slices.Sort(seen)
+			if len(slices.Compact(seen)) != n {
+				t.Fatalf("%d groups a step: groups %d..%d play %v, not each of the %d tasks once", prompts, i, i+n-1, played[i:i+n], n)
+			}
+		}
+	}
+}
+
+// continuation is a task of two calls: the second claims the first as its
+// parent, with a prompt of the first's prompt and generation, then extra.
+type continuation struct{ extra []int32 }
+
+type continuationEpisode struct {
+	extra []int32
+	gens  [][]int32
+}
+
+func (c continuation) Name() string                    { return "continuation" }
+func (c continuation) NewInstance(*rand.Rand) Instance { return c }
+func (c continuation) NewEpisode() Episode             { return &continuationEpisode{extra: c.extra} }
+
+func (e *continuationEpisode) Observe(gens [][]int32) { e.gens = append(e.gens, gens...) }
+func (e *continuationEpisode) Reward() float64        { return 0 }
+
+func (e *continuationEpisode) Next() []Call {
+	first := []int32{1, 2, 3}
+	switch len(e.gens) {
+	case 0:
+		return []Call{{Prompt: first, Parent: -1}}
+	case 1:
+		return []Call{{Prompt: slices.Concat(first, e.gens[0], e.extra), Parent: 0}}
+	}
+	return nil
+}
+
+// TestContinuationMustExtendItsParent: a call that claims a parent is
+// accepted when its prompt is the parent's prompt and generation followed
+// by new tokens, and refused, naming the parent, when nothing follows
+// (a continuation that adds no tokens is no model turn).
+func TestContinuationMustExtendItsParent(t *testing.T) {
+	for _, c := range []struct {
+		extra []int32
+		ok    bool
+	}{{[]int32{7}, true}, {[]int32{7, 8, 9}, true}, {nil, false}} {
+		specs := Plan([]Task{continuation{extra: c.extra}}, 1, 1, 1, Streams{Seed: 2})
+		_, err := Run(randomPolicy{}, newMemRecorder(t), specs, Streams{Seed: 2})
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("a continuation adding %d tokens: %v", len(c.extra), err)
+		case !c.ok && (err == nil || !strings.Contains(err.Error(), "does not extend the parent's tokens")):
+			t.Errorf("a continuation adding no tokens: %v; want it refused", err)
+		}
+	}
+}
