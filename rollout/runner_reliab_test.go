@@ -35,19 +35,23 @@ func TestPlanCyclesTasksAcrossSteps(t *testing.T) {
 
 // continuation is a task of two calls: the second claims the first as its
 // parent, with a prompt of the first's prompt and generation, then extra.
-type continuation struct{ extra []int32 }
+// Its reward is reward.
+type continuation struct {
+	extra  []int32
+	reward float64
+}
 
 type continuationEpisode struct {
-	extra []int32
-	gens  [][]int32
+	continuation
+	gens [][]int32
 }
 
 func (c continuation) Name() string                    { return "continuation" }
 func (c continuation) NewInstance(*rand.Rand) Instance { return c }
-func (c continuation) NewEpisode() Episode             { return &continuationEpisode{extra: c.extra} }
+func (c continuation) NewEpisode() Episode             { return &continuationEpisode{continuation: c} }
 
 func (e *continuationEpisode) Observe(gens [][]int32) { e.gens = append(e.gens, gens...) }
-func (e *continuationEpisode) Reward() float64        { return 0 }
+func (e *continuationEpisode) Reward() float64        { return e.reward }
 
 func (e *continuationEpisode) Next() []Call {
 	first := []int32{1, 2, 3}
@@ -76,6 +80,52 @@ func TestContinuationMustExtendItsParent(t *testing.T) {
 			t.Errorf("a continuation adding %d tokens: %v", len(c.extra), err)
 		case !c.ok && (err == nil || !strings.Contains(err.Error(), "does not extend the parent's tokens")):
 			t.Errorf("a continuation adding no tokens: %v; want it refused", err)
+		}
+	}
+}
+
+// TestContextLimitIsExact: a prompt of exactly the policy's context leaves
+// it no token to generate, so the episode ends there as an overflow
+// (reward 0) before that call is dispatched; one token less is dispatched.
+func TestContextLimitIsExact(t *testing.T) {
+	// The second prompt: 3 tokens, the first call's 2 generated, 1 more.
+	const second = 3 + 2 + 1
+	for _, c := range []struct {
+		max      int
+		overflow bool
+	}{{second, true}, {second + 1, false}, {second - 1, true}} {
+		specs := Plan([]Task{continuation{extra: []int32{7}, reward: 1}}, 1, 1, 1, Streams{Seed: 4})
+		res, err := Run(longPolicy{n: 2, max: c.max}, newMemRecorder(t), specs, Streams{Seed: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := res[0]
+		calls := 2
+		if c.overflow {
+			calls = 1
+		}
+		if r.ContextOverflow != c.overflow || len(r.Calls) != calls || (c.overflow && r.Reward != 0) {
+			t.Errorf("context %d, second prompt %d tokens: overflow %v after %d calls (reward %v); want overflow %v after %d",
+				c.max, second, r.ContextOverflow, len(r.Calls), r.Reward, c.overflow, calls)
+		}
+	}
+}
+
+// TestRewardOutsideTheUnitIntervalIsRefused: an episode reward outside
+// [0, 1] stops the step naming the rollout and the task, never trained;
+// the interval's ends are rewards.
+func TestRewardOutsideTheUnitIntervalIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		reward float64
+		ok     bool
+	}{{0, true}, {1, true}, {0.25, true}, {1.0000001, false}, {1.5, false}, {-0.5, false}, {-1e-9, false}} {
+		specs := Plan([]Task{continuation{extra: []int32{7}, reward: c.reward}}, 1, 1, 1, Streams{Seed: 5})
+		res, err := Run(randomPolicy{}, newMemRecorder(t), specs, Streams{Seed: 5})
+		switch {
+		case c.ok && (err != nil || res[0].Reward != c.reward):
+			t.Errorf("reward %v: %v, %+v", c.reward, err, res)
+		case !c.ok && (err == nil || !strings.Contains(err.Error(), "outside [0, 1]") || !strings.Contains(err.Error(), specs[0].RolloutID)):
+			t.Errorf("reward %v: %v; want it refused naming the rollout", c.reward, err)
 		}
 	}
 }
