@@ -129,3 +129,28 @@ func TestRewardOutsideTheUnitIntervalIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestCallIDsAreUUID4Hex: every model call id is shaped as NeMo Gym's
+// uuid4().hex: 32 lowercase hex digits, version 4 (the 13th digit) and the
+// RFC 4122 variant (the 17th is 8, 9, a or b), all distinct.
+func TestCallIDsAreUUID4Hex(t *testing.T) {
+	st := Streams{Seed: 9}
+	rec := newMemRecorder(t)
+	res, err := Run(randomPolicy{}, rec, Plan(allTasks(t), 1, 6, 4, st), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range res {
+		for _, c := range r.Calls {
+			id := c.CallID
+			if len(id) != 32 || strings.Trim(id, "0123456789abcdef") != "" || id[12] != '4' || !strings.ContainsRune("89ab", rune(id[16])) || seen[id] {
+				t.Fatalf("%s: call id %q is not a fresh uuid4().hex", r.RolloutID, id)
+			}
+			seen[id] = true
+		}
+	}
+	if len(seen) < 24 {
+		t.Fatalf("%d call ids: too few to tell", len(seen))
+	}
+}
