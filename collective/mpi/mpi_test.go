@@ -436,7 +436,10 @@ func TestRankGoesSilent(t *testing.T) {
 	if r == 2 {
 		time.Sleep(1500 * time.Millisecond)
 	}
-	buf, _ := b.Alloc(kernels.F32, 1000)
+	// Blocks of 1 MiB, past every transport's eager limit: rank 0's first
+	// send, to the stopped rank, cannot complete, so its first wait starts
+	// 1.5 s before rank 2's and its roll call finds rank 2 waiting.
+	buf, _ := b.Alloc(kernels.F32, 3<<18)
 	err = c.AllReduceSum(buf)
 	fmt.Printf("rank-timeout: rank %d: %v\n", r, err)
 	os.Stdout.Sync()
