@@ -84,8 +84,9 @@ bench:
 # The same forward+backward+AdamW step in PyTorch and tracegrpo (same weights,
 # 2 threads), interleaved over 2 rounds and every SIMD path of this CPU: prints
 # the CPU, torch's BLAS and each path's ratio. Debian's default libblas is the
-# reference BLAS; install libopenblas0-pthread for a realistic torch.
+# reference BLAS: scripts/deps.sh bench installs torch with OpenBLAS.
 bench-torch:
+	scripts/deps.sh bench
 	scripts/bench_compare.sh --threads 2 --steps 5 --rounds 2
 
 # The sparse step (Qwen3-MoE, 16 experts, 4 per token) against the dense

@@ -19,6 +19,10 @@ type walker struct {
 	// keys records every key met outside the typed schema, with its class.
 	keys []KeyInfo
 	errs []error
+	// reported are the resolver's errors already in errs (a key that failed
+	// to resolve fails every key that refers to it with the same error).
+	reported map[error]bool
+	sug      suggester // the load's budget of nearest-key suggestions
 	// more counts the errors past maxErrors, reported as a count only: a
 	// recipe with 64k unknown keys must fail in milliseconds with a
 	// readable message, not compute 64k suggestions into a 7 MB one.
@@ -63,9 +67,15 @@ func (w *walker) resolve(n *yaml.Node, path string, deep bool) bool {
 		err = w.r.shallow(n, path)
 	}
 	if err != nil {
-		if len(w.errs) >= maxErrors {
+		switch {
+		case w.reported[err]:
+		case len(w.errs) >= maxErrors:
 			w.more++
-		} else {
+		default:
+			if w.reported == nil {
+				w.reported = map[error]bool{}
+			}
+			w.reported[err] = true
 			w.errs = append(w.errs, err)
 		}
 		return false
@@ -118,6 +128,15 @@ func (w *walker) untyped(k, c *yaml.Node, p string) {
 	case c.Kind == yaml.MappingNode && mapIndex(c, "enabled") >= 0:
 		where = w.ld.where(c.Content[mapIndex(c, "enabled")+1])
 	}
+	if strings.Contains(k.Value, ".") {
+		// OmegaConf keeps a dotted key as one key of that name (it does
+		// not nest it), and NeMo RL reads the nested key, so the value
+		// would be silently unused there.
+		nested := strings.Join(splitPath(p), ": {") + ": ..." + strings.Repeat("}", strings.Count(p, "."))
+		w.fail(k, "key %s holds a dot: OmegaConf keeps it as one key of that name, not as the nested key %s, and NeMo RL reads only the nested one, so this value would have no effect; write it nested (%s) or as the override %s=...",
+			quoted(k.Value), p, nested, p)
+		return
+	}
 	if k.Value == "_override_" {
 		w.ignored[p] = true
 		w.keys = append(w.keys, KeyInfo{Path: p, Class: Ignored, Where: where,
@@ -147,15 +166,13 @@ func (w *walker) untyped(k, c *yaml.Node, p string) {
 			w.more++ // no suggestion computed for an error not shown
 			return
 		}
-		if ForwardCompatible(p) {
-			w.fail(k, "unknown key %s%s", p, suggest(p))
-			return
-		}
-		w.keys = append(w.keys, KeyInfo{Path: p, Class: Unclassified, Where: where,
-			Why: "unknown to tracegrpo (in a section that carries no training math: accepted, not used)" + suggest(p)})
+		w.unknown(k, p, where)
 	case r.Class == Ignored:
 		w.ignored[p] = true
 		w.keys = append(w.keys, KeyInfo{Path: p, Class: Ignored, Why: r.Why, Rule: r, Where: where})
+		if r.KnownOnly {
+			w.unknownUnder(c, p)
+		}
 	case r.Class == Refused && !r.Guard:
 		if !w.resolve(c, p, true) {
 			return
@@ -164,6 +181,51 @@ func (w *walker) untyped(k, c *yaml.Node, p string) {
 	default:
 		// A Used or guarded rule names a Config field: this key is not one.
 		w.fail(k, "key %s: the key table calls it %s, but Config has no such field (a tracegrpo bug)", p, r.Class)
+	}
+}
+
+// unknown records key k (path p), in no class: an error where it may
+// change the math, else a warning (ForwardCompatible); the first
+// maxSuggestions of a load name the nearest known key.
+func (w *walker) unknown(k *yaml.Node, p, where string) {
+	if ForwardCompatible(p) {
+		if len(w.errs) >= maxErrors {
+			w.more++ // no suggestion computed for an error not shown
+			return
+		}
+		w.fail(k, "unknown key %s%s", clip(p), w.sug.suggest(p))
+		return
+	}
+	why := "unknown key"
+	if k := w.sug.nearest(p); k != "" {
+		why += ", did you mean " + k + "?"
+	}
+	w.keys = append(w.keys, KeyInfo{Path: p, Class: Unclassified, Where: where,
+		Why: why + " (accepted and not used: this section carries no training math)"})
+}
+
+// unknownUnder records the keys under c (at path p, a KnownOnly section)
+// that NeMo RL's schema and recipes do not know.
+func (w *walker) unknownUnder(c *yaml.Node, p string) {
+	switch c.Kind {
+	case yaml.MappingNode:
+		for i := 0; i < len(c.Content); i += 2 {
+			k, v := c.Content[i], c.Content[i+1]
+			q := join(p, k.Value)
+			if !knownToNeMoRL(normPath(q)) {
+				where := w.ld.where(k)
+				if v.Kind == yaml.ScalarNode {
+					where = w.ld.where(v)
+				}
+				w.unknown(k, q, where)
+				continue
+			}
+			w.unknownUnder(v, q)
+		}
+	case yaml.SequenceNode:
+		for _, e := range c.Content {
+			w.unknownUnder(e, p) // list elements share the list's key path
+		}
 	}
 }
 
@@ -332,71 +394,6 @@ func normPath(p string) string {
 		out = append(out, s)
 	}
 	return strings.Join(out, ".")
-}
-
-// knownPaths are every key path of the schema and of the key table (for
-// suggestions).
-var knownPaths = func() []string {
-	var out []string
-	var walk func(t reflect.Type, path string)
-	walk = func(t reflect.Type, path string) {
-		for t.Kind() == reflect.Pointer || (t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Struct) {
-			t = t.Elem()
-		}
-		if t.Kind() != reflect.Struct {
-			return
-		}
-		for i := 0; i < t.NumField(); i++ {
-			name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
-			p := join(path, name)
-			out = append(out, p)
-			walk(t.Field(i).Type, p)
-		}
-	}
-	walk(reflect.TypeOf(Config{}), "")
-	for _, r := range keyRules {
-		if !strings.Contains(r.Key, "*") {
-			out = append(out, r.Key)
-		}
-	}
-	sort.Strings(out)
-	return out
-}()
-
-// suggest names the known key nearest to p by edit distance.
-func suggest(p string) string {
-	np := normPath(p)
-	best, bd := "", 1<<30
-	for _, k := range knownPaths {
-		if d := levenshtein(np, k); d < bd {
-			best, bd = k, d
-		}
-	}
-	if best == "" {
-		return ""
-	}
-	return fmt.Sprintf(" (nearest known key: %s)", best)
-}
-
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			c := prev[j-1]
-			if a[i-1] != b[j-1] {
-				c++
-			}
-			c = min(c, prev[j]+1, cur[j-1]+1)
-			cur[j] = c
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }
 
 func sortedKeys(m map[string]bool) []string {

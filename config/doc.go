@@ -34,16 +34,30 @@
 //
 // Every key is then in exactly one class (keys.go, one rule per key or
 // subtree, the most specific winning): Used (decoded into Config, its type
-// checked), Ignored (an engine or service tracegrpo does not run; listed once
-// in Loaded.Ignored), or Refused (it changes the math or the model and
+// checked), Ignored (an engine or service tracegrpo does not run, or a key
+// NeMo RL never reads or overwrites before use; listed once in
+// Loaded.Ignored), or Refused (it changes the math or the model and
 // tracegrpo does not do it; kept with its value, and refused by
-// trainer.Check unless the value is Neutral, such as enabled: false). Typed
-// refused keys are refused by the capability guards of package grpo. A key in
-// no class follows ForwardCompatible: an error naming the file, line, key and
-// nearest known key where it may change the math, a warning elsewhere.
-// gen_nemorl_keys.tsv lists every key of NeMo RL's GRPO schema and recipes at
-// a recorded commit (scripts/nemorl_schema.py); the tests require each in a
-// class.
+// trainer.Check unless the value is Neutral, such as enabled: false; a
+// MoEOnly key only when the model has experts, see Experts). Typed refused
+// keys are refused by the capability guards of package grpo. A key in no
+// class follows ForwardCompatible: an error naming the file, line, key and
+// nearest known key where it may change the math, a warning elsewhere (the
+// first 20 by name, then a count). A literal dotted key ("grpo.seed": 1) is
+// refused: OmegaConf keeps it as one key, which NeMo RL never reads.
+//
+// gen_nemorl_keys.tsv lists every key of NeMo RL's GRPO schema and recipes
+// at a recorded commit, with whether NeMo RL's Python reads it
+// (scripts/nemorl_schema.py reads that Python with ast); it is embedded
+// (keys_nemorl.go): a key NeMo RL never reads is Ignored whatever its rule,
+// a KnownOnly section covers only NeMo RL's keys there, and the nearest-key
+// search (suggest.go: an index by length, at most 20 searches a load) knows
+// them all. The tests require each key in a class.
+//
+// Hostile input is bounded: aliases by maxTreeNodes, every resolved value
+// by a byte budget (maxValueBytes, maxResolvedBytes), a failed resolution is
+// kept on its node and reported once, and values quoted in messages are cut
+// (internal/quote).
 //
 // The optimizer and its schedule are normalized by (*Config).Optim into Optimizer
 // and Schedule, for both recipe kinds: policy.megatron_cfg.{optimizer,scheduler}

@@ -141,7 +141,7 @@ type gparser struct {
 }
 
 func (p *gparser) errf(format string, args ...any) error {
-	return fmt.Errorf("%s at offset %d of %q", fmt.Sprintf(format, args...), p.i, p.s)
+	return fmt.Errorf("%s at offset %d of %s", fmt.Sprintf(format, args...), p.i, quoted(p.s))
 }
 
 func (p *gparser) rest() string { return p.s[p.i:] }

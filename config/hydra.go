@@ -73,15 +73,15 @@ func parseOverride(s string) (*hydraOverride, error) {
 	}
 	key, val, hasVal := strings.Cut(rest, "=")
 	if strings.ContainsAny(key, "/@") {
-		return nil, fmt.Errorf("override %q: %q names a Hydra config group or package; NeMo RL recipes have none (write key.path=value)", s, key)
+		return nil, fmt.Errorf("override %s: %s names a Hydra config group or package; NeMo RL recipes have none (write key.path=value)", quoted(s), quoted(key))
 	}
 	if !hydraKey.MatchString(key) {
-		return nil, fmt.Errorf("override %q: want key.path=value (+key=value adds a key, ++key=value adds or changes, ~key deletes), found the key %q", s, key)
+		return nil, fmt.Errorf("override %s: want key.path=value (+key=value adds a key, ++key=value adds or changes, ~key deletes), found the key %s", quoted(s), quoted(key))
 	}
 	o.key = key
 	if !hasVal {
 		if o.op != hydraDelete {
-			return nil, fmt.Errorf("override %q: want key.path=value (~%s deletes the key)", s, key)
+			return nil, fmt.Errorf("override %s: want key.path=value (~%s deletes the key)", quoted(s), clip(key))
 		}
 		return o, nil
 	}
@@ -94,7 +94,7 @@ func parseOverride(s string) (*hydraOverride, error) {
 	}
 	v, ext, err := p.value()
 	if err != nil {
-		return nil, fmt.Errorf("override %q: %w", s, err)
+		return nil, fmt.Errorf("override %s: %w", quoted(s), err)
 	}
 	o.value, o.extend = v, ext
 	return o, nil
@@ -108,7 +108,7 @@ type hparser struct {
 }
 
 func (p *hparser) errf(format string, args ...any) error {
-	return fmt.Errorf("%s at offset %d of the value %q", fmt.Sprintf(format, args...), p.i, p.s)
+	return fmt.Errorf("%s at offset %d of the value %s", fmt.Sprintf(format, args...), p.i, quoted(p.s))
 }
 
 func (p *hparser) skipWS() {
@@ -144,9 +144,9 @@ func (p *hparser) value() (*yaml.Node, bool, error) {
 	p.skipWS()
 	if p.i < len(p.s) && p.s[p.i] == ',' {
 		if strings.Contains(p.s, "${") {
-			return nil, false, fmt.Errorf("%q: an interpolation holding braces or commas must be quoted, as Hydra requires: 'key=\"%s\"'", p.s, p.s)
+			return nil, false, fmt.Errorf("%s: an interpolation holding braces or commas must be quoted, as Hydra requires: 'key=\"%s\"'", quoted(p.s), clip(p.s))
 		}
-		return nil, false, fmt.Errorf("%q is a sweep (Hydra's multirun: several runs); tracegrpo runs one configuration. For a list write [%s], for a string quote it: '%s'", p.s, p.s, p.s)
+		return nil, false, fmt.Errorf("%s is a sweep (Hydra's multirun: several runs); tracegrpo runs one configuration. For a list write [%s], for a string quote it: '%s'", quoted(p.s), clip(p.s), clip(p.s))
 	}
 	if p.i != len(p.s) {
 		return nil, false, p.errf("unexpected %q", p.s[p.i])
@@ -318,7 +318,7 @@ func hydraCast(name string, n *yaml.Node) (*yaml.Node, error) {
 		return nil, err
 	}
 	fail := func() (*yaml.Node, error) {
-		return nil, fmt.Errorf("cannot cast %s to %s", v.repr(), name)
+		return nil, fmt.Errorf("cannot cast %s to %s", clip(v.repr()), name)
 	}
 	_, f, isInt, isNum := v.number()
 	switch name {
@@ -336,14 +336,16 @@ func hydraCast(name string, n *yaml.Node) (*yaml.Node, error) {
 			i, _, _, _ := v.number()
 			return pyval{kind: pyInt, i: i}.toNode(), nil
 		case isNum:
-			if f != f || f > 9.2e18 || f < -9.2e18 {
+			// Python's int(x) truncates towards zero; an int beyond 64
+			// bits (int(1e20)) is refused, not wrapped.
+			if f != f || f >= 1<<63 || f < -(1<<63) {
 				return fail()
 			}
 			return pyval{kind: pyInt, i: int64(f)}.toNode(), nil
 		case v.kind == pyStr:
-			i, err := strconv.ParseInt(strings.TrimSpace(v.s), 10, 64)
+			i, err := pyParseInt(v.s)
 			if err != nil {
-				return fail()
+				return nil, fmt.Errorf("cannot cast %s to int: %v", clip(v.repr()), err)
 			}
 			return pyval{kind: pyInt, i: i}.toNode(), nil
 		}
@@ -352,7 +354,7 @@ func hydraCast(name string, n *yaml.Node) (*yaml.Node, error) {
 		case isNum:
 			return pyval{kind: pyFloat, f: f}.toNode(), nil
 		case v.kind == pyStr:
-			x, err := strconv.ParseFloat(strings.TrimSpace(v.s), 64)
+			x, err := pyParseFloat(v.s)
 			if err != nil {
 				return fail()
 			}
@@ -491,7 +493,7 @@ func (p *hparser) quoted() (string, error) {
 // applyOverride applies one override to the composed recipe root, as Hydra
 // applies it to NeMo RL's config in struct mode.
 func (ld *loader) applyOverride(root *yaml.Node, o *hydraOverride) error {
-	origin := "override " + o.text
+	origin := "override " + clip(o.text)
 	if o.value != nil {
 		ld.mark(o.value, origin)
 	}
@@ -499,11 +501,18 @@ func (ld *loader) applyOverride(root *yaml.Node, o *hydraOverride) error {
 	sel := func() *yaml.Node {
 		// OmegaConf.select(cfg, key, throw_on_missing=False): the value, with
 		// interpolations resolved; None for an absent key, null or ???.
-		c := deepCopy(root)
-		n := lookup(c, segs)
+		// Resolving works on a copy (the recipe keeps its interpolations),
+		// made only when there is something to resolve: a copy per
+		// override made 60,000 overrides quadratic.
+		n := ld.lookup(root, segs)
 		if n == nil || isNull(n) || isMissing(n) {
 			return nil
 		}
+		if !holdsInterpolation(n) {
+			return n
+		}
+		c := deepCopy(root)
+		n = lookup(c, segs)
 		if err := newResolver(ld, c).deep(n, o.key); err != nil {
 			return n
 		}
@@ -513,21 +522,22 @@ func (ld *loader) applyOverride(root *yaml.Node, o *hydraOverride) error {
 	case hydraDelete:
 		cur := sel()
 		if cur == nil {
-			return fmt.Errorf("config: override %s: could not delete %s: it does not exist", o.text, o.key)
+			return fmt.Errorf("config: override %s: could not delete %s: it does not exist", clip(o.text), clip(o.key))
 		}
 		if o.value != nil && !sameValue(cur, o.value) {
-			return fmt.Errorf("config: override %s: could not delete %s: its value is %s, not %s", o.text, o.key, flowText(cur), flowText(o.value))
+			return fmt.Errorf("config: override %s: could not delete %s: its value is %s, not %s", clip(o.text), clip(o.key), flowText(cur), flowText(o.value))
 		}
 		parent := lookup(root, segs[:len(segs)-1])
 		if parent == nil || parent.Kind != yaml.MappingNode {
-			return fmt.Errorf("config: override %s: could not delete %s: only a mapping's key can be deleted", o.text, o.key)
+			return fmt.Errorf("config: override %s: could not delete %s: only a mapping's key can be deleted", clip(o.text), clip(o.key))
 		}
-		j := mapIndex(parent, segs[len(segs)-1])
+		j := ld.find(parent, segs[len(segs)-1])
 		parent.Content = append(parent.Content[:j:j], parent.Content[j+2:]...)
+		delete(ld.keyAt, parent)
 		return nil
 	case hydraAdd:
 		if sel() != nil && o.value.Kind != yaml.MappingNode && o.value.Kind != yaml.SequenceNode {
-			return fmt.Errorf("config: override %s: could not append to config: an item is already at %s; remove the + to change it (%s), or write ++ to add or change it (+%s)", o.text, o.key, o.text[1:], o.text)
+			return fmt.Errorf("config: override %s: could not append to config: an item is already at %s; remove the + to change it (%s), or write ++ to add or change it (+%s)", clip(o.text), clip(o.key), clip(o.text[1:]), clip(o.text))
 		}
 		return ld.update(root, segs, o, true)
 	case hydraForceAdd:
@@ -540,7 +550,12 @@ func (ld *loader) applyOverride(root *yaml.Node, o *hydraOverride) error {
 // a struct-mode config: without add, every key on the way must exist.
 func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add bool) error {
 	notThere := func(what string) error {
-		return fmt.Errorf("config: override %s: could not override %s: %s is not in the recipe; to add it write +%s", o.text, o.key, what, strings.TrimLeft(o.text, "+"))
+		text := clip(o.text)
+		hint := ""
+		if k := Nearest(what); k != "" && k != normPath(what) {
+			hint = fmt.Sprintf("did you mean %s? ", k)
+		}
+		return fmt.Errorf("config: override %s: could not override %s: %s%s is not in the recipe (a new key is added with +%s)", text, clip(o.key), hint, clip(what), strings.TrimLeft(text, "+"))
 	}
 	cur := root
 	for k, seg := range segs {
@@ -549,7 +564,7 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 		set := func(n *yaml.Node) {}
 		switch cur.Kind {
 		case yaml.MappingNode:
-			j := mapIndex(cur, seg)
+			j := ld.find(cur, seg)
 			if j >= 0 {
 				child = cur.Content[j+1]
 				set = func(n *yaml.Node) { cur.Content[j+1] = n }
@@ -562,7 +577,7 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 		case yaml.SequenceNode:
 			i, ok := index(seg)
 			if !ok || i >= len(cur.Content) {
-				return fmt.Errorf("config: override %s: %s has no element %s", o.text, strings.Join(segs[:k], "."), seg)
+				return fmt.Errorf("config: override %s: %s has no element %s", clip(o.text), clip(strings.Join(segs[:k], ".")), clip(seg))
 			}
 			child = cur.Content[i]
 			set = func(n *yaml.Node) { cur.Content[i] = n }
@@ -590,7 +605,7 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 		switch {
 		case o.extend:
 			if child == nil || child.Kind != yaml.SequenceNode {
-				return fmt.Errorf("config: override %s: extend_list needs a list at %s", o.text, o.key)
+				return fmt.Errorf("config: override %s: extend_list needs a list at %s", clip(o.text), clip(o.key))
 			}
 			child.Content = append(child.Content, v.Content...)
 			return nil
@@ -601,11 +616,87 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 				}
 			}
 			set(omegaMerge(child, v))
+		case child != nil && (child.Kind == yaml.MappingNode && v.Kind == yaml.SequenceNode || child.Kind == yaml.SequenceNode && v.Kind == yaml.MappingNode):
+			// OmegaConf's merge cannot merge a list into a mapping or the
+			// reverse (ConfigTypeError), whatever the prefix.
+			return fmt.Errorf("config: override %s: %s holds %s, and OmegaConf cannot merge %s into it; delete it first (~%s), then add the new value (+%s=...)",
+				clip(o.text), clip(o.key), describe(child), describe(v), clip(o.key), clip(o.key))
 		default:
 			set(v)
 		}
 	}
 	return nil
+}
+
+// holdsInterpolation reports whether n or a node under it is a string
+// holding "${" (or n is itself a "${" at an index path's start).
+func holdsInterpolation(n *yaml.Node) bool {
+	if n.Kind == yaml.ScalarNode {
+		return n.Tag == "!!str" && strings.Contains(n.Value, "${")
+	}
+	for _, c := range n.Content {
+		if holdsInterpolation(c) {
+			return true
+		}
+	}
+	return false
+}
+
+// find is mapIndex(m, key) through an index of m's keys that the loader
+// keeps across overrides (each override's lookup scanned the mapping, so
+// 60,000 overrides of one section were quadratic). The index extends itself
+// over keys appended since it was built; a deletion drops it.
+func (ld *loader) find(m *yaml.Node, key string) int {
+	if len(m.Content) < 32 {
+		return mapIndex(m, key)
+	}
+	if ld.keyAt == nil {
+		ld.keyAt = map[*yaml.Node]*keyPos{}
+	}
+	ix := ld.keyAt[m]
+	if ix == nil || ix.n > len(m.Content) {
+		ix = &keyPos{at: make(map[string]int, len(m.Content)/2)}
+		ld.keyAt[m] = ix
+	}
+	for ; ix.n+1 < len(m.Content); ix.n += 2 {
+		if _, dup := ix.at[m.Content[ix.n].Value]; !dup {
+			ix.at[m.Content[ix.n].Value] = ix.n
+		}
+	}
+	work.keyProbes.Add(1)
+	if j, ok := ix.at[key]; ok && j+1 < len(m.Content) && m.Content[j].Value == key {
+		return j
+	}
+	if _, ok := ix.at[key]; ok { // stale (the mapping was rewritten in place)
+		delete(ld.keyAt, m)
+		return mapIndex(m, key)
+	}
+	return -1
+}
+
+// lookup is lookup through find.
+func (ld *loader) lookup(n *yaml.Node, path []string) *yaml.Node {
+	for _, seg := range path {
+		if n.Kind != yaml.MappingNode {
+			if n = lookup(n, []string{seg}); n == nil { // a list index, or nothing
+				return nil
+			}
+			continue
+		}
+		j := ld.find(n, seg)
+		if j < 0 {
+			return nil
+		}
+		n = n.Content[j+1]
+	}
+	return n
+}
+
+// keyPos indexes one mapping's keys: at[key] is the key node's index, for
+// the first n nodes of its Content.
+type keyPos struct {
+	at map[string]int
+	n  int
 }
 
 // newKey is a key path in src that dst lacks ("" when none).
@@ -626,13 +717,27 @@ func newKey(dst, src *yaml.Node) string {
 	return ""
 }
 
-// sameValue compares two resolved values as Python's == does for config
-// values (1 == 1.0 == true).
+// sameValue compares two resolved values as Python's == compares config
+// values: numbers exactly across int, float and bool (1 == 1.0 == True, but
+// 2^53 + 1 != 2^53 as a float), mappings whatever their key order, lists
+// element by element.
 func sameValue(a, b *yaml.Node) bool {
 	if a.Kind != b.Kind {
 		return false
 	}
-	if a.Kind != yaml.ScalarNode {
+	switch a.Kind {
+	case yaml.MappingNode:
+		if len(a.Content) != len(b.Content) {
+			return false
+		}
+		for i := 0; i < len(a.Content); i += 2 {
+			j := mapIndex(b, a.Content[i].Value)
+			if j < 0 || !sameValue(a.Content[i+1], b.Content[j+1]) {
+				return false
+			}
+		}
+		return true
+	case yaml.SequenceNode:
 		if len(a.Content) != len(b.Content) {
 			return false
 		}
@@ -651,7 +756,7 @@ func sameValue(a, b *yaml.Node) bool {
 	_, xf, _, xn := x.number()
 	_, yf, _, yn := y.number()
 	if xn && yn {
-		return xf == yf
+		return xf == xf && yf == yf && !pyGreater(x, y) && !pyGreater(y, x)
 	}
 	return x.kind == y.kind && x.str() == y.str()
 }

@@ -70,7 +70,7 @@ func TestHydraOverrides(t *testing.T) {
 	}{
 		// The four operations.
 		{"change", []string{"foo.bar=value"}, "foo.bar", "value", ""},
-		{"change a missing key", []string{"foo.nope=1"}, "", "", "foo.nope is not in the recipe; to add it write +foo.nope=1"},
+		{"change a missing key", []string{"foo.nope=1"}, "", "", "foo.nope is not in the recipe (a new key is added with +foo.nope=1)"},
 		{"change below a scalar", []string{"foo.bar.x=1"}, "", "", "could not override foo.bar.x"},
 		{"append", []string{"+foo.new=1"}, "foo.new", "1", ""},
 		{"append a deep key", []string{"+foo.x.y=2"}, "foo.x", "{y: 2}", ""},

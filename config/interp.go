@@ -12,6 +12,16 @@ import (
 // maxInterpDepth bounds nested references (a cycle is reported before this).
 const maxInterpDepth = 256
 
+// maxValueBytes bounds one resolved value (a string, or a container's
+// keys, scalars and nodes), and maxResolvedBytes all the values one load
+// resolves: 40 lines of x_i: ${x_{i-1}}${x_{i-1}} would otherwise build a
+// 2^40-byte string (a fan-out bomb), as YAML aliases would without
+// maxTreeNodes.
+const (
+	maxValueBytes    = 1 << 20
+	maxResolvedBytes = 1 << 24
+)
+
 // missingValue is OmegaConf's mandatory value: a key that a later file or an
 // override must set.
 const missingValue = "???"
@@ -36,13 +46,29 @@ type resolver struct {
 	ld     *loader
 	root   *yaml.Node
 	parent map[*yaml.Node]*yaml.Node
-	state  map[*yaml.Node]int // 1: resolving, 2: done
-	depth  int
+	state  map[*yaml.Node]int // resolving, resolved or failed
+	// failed holds the error of each node whose resolution failed: a second
+	// read of it returns the same error (the walker reports it once), not a
+	// false "cycle".
+	failed map[*yaml.Node]error
+	// stack are the nodes being resolved, outermost first (a cycle is the
+	// part of it from the node met again).
+	stack  []*yaml.Node
+	spent  int64 // bytes of the values resolved so far (maxResolvedBytes)
 	getenv func(string) (string, bool)
 }
 
+// The states of a node holding an interpolation.
+const (
+	unresolved = iota
+	resolving
+	resolved
+	failed
+)
+
 func newResolver(ld *loader, root *yaml.Node) *resolver {
-	r := &resolver{ld: ld, root: root, parent: map[*yaml.Node]*yaml.Node{}, state: map[*yaml.Node]int{}, getenv: os.LookupEnv}
+	r := &resolver{ld: ld, root: root, parent: map[*yaml.Node]*yaml.Node{}, state: map[*yaml.Node]int{},
+		failed: map[*yaml.Node]error{}, getenv: os.LookupEnv}
 	r.index(root)
 	return r
 }
@@ -93,26 +119,45 @@ func join(path, key string) string {
 }
 
 // shallow resolves n itself in place when it is a string holding "${".
+// A node whose resolution failed keeps its error: reading it again returns
+// that error, the same value, so that it is reported once.
 func (r *resolver) shallow(n *yaml.Node, path string) error {
-	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" || !strings.Contains(n.Value, "${") || r.state[n] == 2 {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" || !strings.Contains(n.Value, "${") {
 		return nil
 	}
-	if r.state[n] == 1 {
-		return fmt.Errorf("config: %s: %s: interpolation cycle through %q", r.ld.where(n), path, n.Value)
+	switch r.state[n] {
+	case resolved:
+		return nil
+	case failed:
+		return r.failed[n]
+	case resolving:
+		return r.cycle(n)
 	}
-	r.depth++
-	defer func() { r.depth-- }()
-	if r.depth > maxInterpDepth {
-		return fmt.Errorf("config: %s: %s: interpolation nested deeper than %d", r.ld.where(n), path, maxInterpDepth)
+	if len(r.stack) >= maxInterpDepth {
+		return fmt.Errorf("config: %s: %s: interpolation nested deeper than %d", r.ld.where(n), orRoot(r.pathOf(n, path)), maxInterpDepth)
 	}
-	r.state[n] = 1
+	r.state[n] = resolving
+	r.stack = append(r.stack, n)
+	err := r.resolve(n, path)
+	r.stack = r.stack[:len(r.stack)-1]
+	if err != nil {
+		r.state[n], r.failed[n] = failed, err
+		return err
+	}
+	return nil
+}
+
+func (r *resolver) resolve(n *yaml.Node, path string) error {
 	t, err := parseText(n.Value)
 	if err != nil {
-		return fmt.Errorf("config: %s: %s: %w", r.ld.where(n), path, err)
+		return fmt.Errorf("config: %s: %s: %w", r.ld.where(n), orRoot(path), err)
 	}
 	ctx := &ictx{at: n, path: path}
 	v, err := r.text(t, ctx)
 	if err != nil {
+		return err
+	}
+	if err := r.spend(v, ctx); err != nil {
 		return err
 	}
 	line, col := n.Line, n.Column
@@ -123,8 +168,97 @@ func (r *resolver) shallow(n *yaml.Node, path string) error {
 		r.ld.mark(n, origin)
 	}
 	r.index(n)
-	r.state[n] = 2
+	r.state[n] = resolved
 	return nil
+}
+
+// cycle is the error of node n met again while it is being resolved: the
+// keys of the cycle, in the order they refer to each other.
+func (r *resolver) cycle(n *yaml.Node) error {
+	i := len(r.stack) - 1
+	for i > 0 && r.stack[i] != n {
+		i--
+	}
+	var keys []string
+	for _, m := range r.stack[i:] {
+		keys = append(keys, orRoot(r.pathOf(m, "")))
+	}
+	keys = append(keys, keys[0])
+	return fmt.Errorf("config: %s: interpolation cycle: %s", r.ld.where(n), strings.Join(keys, " -> "))
+}
+
+// pathOf is the key path of node n (list indices as segments), found from
+// the parents; fallback when n is not in the tree.
+func (r *resolver) pathOf(n *yaml.Node, fallback string) string {
+	var segs []string
+	for c := n; c != r.root; {
+		p := r.parent[c]
+		if p == nil {
+			return fallback
+		}
+		switch p.Kind {
+		case yaml.MappingNode:
+			for i := 1; i < len(p.Content); i += 2 {
+				if p.Content[i] == c {
+					segs = append(segs, p.Content[i-1].Value)
+					break
+				}
+			}
+		case yaml.SequenceNode:
+			for i, e := range p.Content {
+				if e == c {
+					segs = append(segs, strconv.Itoa(i))
+					break
+				}
+			}
+		}
+		c = p
+	}
+	for i, j := 0, len(segs)-1; i < j; i, j = i+1, j-1 {
+		segs[i], segs[j] = segs[j], segs[i]
+	}
+	return strings.Join(segs, ".")
+}
+
+// size is the bytes v stands for: a string's length, a container's keys and
+// scalars plus 16 per node; it stops counting past limit.
+func size(v pyval, limit int64) int64 {
+	switch v.kind {
+	case pyStr:
+		return int64(len(v.s))
+	case pyMap, pyList:
+		return nodeSize(v.node, limit)
+	}
+	return 16
+}
+
+func nodeSize(n *yaml.Node, limit int64) int64 {
+	s := int64(16 + len(n.Value))
+	for _, c := range n.Content {
+		if s > limit {
+			break
+		}
+		s += nodeSize(c, limit-s)
+	}
+	return s
+}
+
+// spend charges value v to the budgets: one value at most maxValueBytes,
+// all of them maxResolvedBytes.
+func (r *resolver) spend(v pyval, ctx *ictx) error {
+	s := size(v, maxValueBytes)
+	if s > maxValueBytes {
+		return r.tooLarge(ctx)
+	}
+	r.spent += s
+	if r.spent > maxResolvedBytes {
+		return r.errf(ctx, "the recipe's interpolations resolve to more than %d MiB in all (interpolations that repeat others fan out: each ${x}${x} doubles)", maxResolvedBytes>>20)
+	}
+	return nil
+}
+
+func (r *resolver) tooLarge(ctx *ictx) error {
+	return r.errf(ctx, "the resolved value exceeds %d MiB (interpolations that repeat others fan out: each ${x}${x} doubles)", maxValueBytes>>20)
 }
 
 // ictx is where an interpolation is evaluated: the node holding it.
@@ -154,9 +288,24 @@ func (r *resolver) text(t *itext, ctx *ictx) (pyval, error) {
 		if err != nil {
 			return pyval{}, err
 		}
-		b.WriteString(v.str())
+		if err := r.concat(&b, v, ctx); err != nil {
+			return pyval{}, err
+		}
 	}
 	return pyStrVal(b.String()), nil
+}
+
+// concat appends str(v) to b within maxValueBytes.
+func (r *resolver) concat(b *strings.Builder, v pyval, ctx *ictx) error {
+	if int64(b.Len())+size(v, maxValueBytes) > maxValueBytes {
+		return r.tooLarge(ctx)
+	}
+	s := v.str()
+	if b.Len()+len(s) > maxValueBytes {
+		return r.tooLarge(ctx)
+	}
+	b.WriteString(s)
+	return nil
 }
 
 func (r *resolver) interp(n *inode, ctx *ictx) (pyval, error) {
@@ -169,22 +318,25 @@ func (r *resolver) interp(n *inode, ctx *ictx) (pyval, error) {
 	}
 	target, err := r.selectNode(strings.Repeat(".", n.dots)+key, ctx)
 	if err != nil {
-		return pyval{}, r.errf(ctx, "interpolation %s: %v", n.src, err)
+		return pyval{}, r.errf(ctx, "interpolation %s: %v", clip(n.src), err)
 	}
 	if target == nil {
-		return pyval{}, r.errf(ctx, "interpolation %s: no such key", n.src)
+		return pyval{}, r.errf(ctx, "interpolation %s: no such key", clip(n.src))
 	}
 	if err := r.deep(target, strings.TrimLeft(key, ".")); err != nil {
 		return pyval{}, err
 	}
 	if isMissing(target) {
-		return pyval{}, r.errf(ctx, "interpolation %s: the key is a mandatory value (???) that no file or override set", n.src)
+		return pyval{}, r.errf(ctx, "interpolation %s: the key is a mandatory value (???) that no file or override set", clip(n.src))
 	}
 	v, err := toPy(target)
 	if err != nil {
-		return pyval{}, r.errf(ctx, "interpolation %s: %v", n.src, err)
+		return pyval{}, r.errf(ctx, "interpolation %s: %v", clip(n.src), err)
 	}
 	if v.kind == pyMap || v.kind == pyList {
+		if nodeSize(target, maxValueBytes) > maxValueBytes {
+			return pyval{}, r.tooLarge(ctx)
+		}
 		v.node = deepCopy(target)
 	}
 	return v, nil
@@ -201,7 +353,7 @@ func (r *resolver) keyString(segs []kseg, ctx *ictx) (string, error) {
 				return "", err
 			}
 			if pv.kind != pyStr {
-				return "", r.errf(ctx, "interpolation %s names a key, so it must be a string, found %s", s.sub.src, pv.repr())
+				return "", r.errf(ctx, "interpolation %s names a key, so it must be a string, found %s", clip(s.sub.src), clip(pv.repr()))
 			}
 			v = pv.s
 		}
@@ -304,7 +456,7 @@ func (r *resolver) call(n *inode, ctx *ictx) (pyval, error) {
 		}
 	}
 	bad := func(format string, a ...any) (pyval, error) {
-		return pyval{}, r.errf(ctx, "%s: %s", n.src, fmt.Sprintf(format, a...))
+		return pyval{}, r.errf(ctx, "%s: %s", clip(n.src), fmt.Sprintf(format, a...))
 	}
 	binary := map[string]func(a, b pyval) (pyval, error){"add": pyAdd, "mul": pyMul, "div": pyDiv, "max": pyMax}
 	if op, ok := binary[name]; ok {
@@ -314,6 +466,9 @@ func (r *resolver) call(n *inode, ctx *ictx) (pyval, error) {
 		v, err := op(args[0], args[1])
 		if err != nil {
 			return bad("%v", err)
+		}
+		if size(v, maxValueBytes) > maxValueBytes {
+			return pyval{}, r.tooLarge(ctx)
 		}
 		return v, nil
 	}
@@ -331,7 +486,7 @@ func (r *resolver) call(n *inode, ctx *ictx) (pyval, error) {
 			}
 			return pyStrVal(args[1].str()), nil
 		}
-		return bad("environment variable %s is not set (give a default: ${oc.env:%s,default})", args[0].s, args[0].s)
+		return bad("environment variable %s is not set (give a default: ${oc.env:%s,default})", clip(args[0].s), clip(args[0].s))
 	case "oc.select":
 		if len(args) < 1 || len(args) > 2 || args[0].kind != pyStr {
 			return bad("oc.select takes a key and an optional default")
@@ -356,6 +511,9 @@ func (r *resolver) call(n *inode, ctx *ictx) (pyval, error) {
 			return bad("%v", err)
 		}
 		if v.kind == pyMap || v.kind == pyList {
+			if nodeSize(target, maxValueBytes) > maxValueBytes {
+				return pyval{}, r.tooLarge(ctx)
+			}
 			v.node = deepCopy(target)
 		}
 		return v, nil
@@ -447,7 +605,9 @@ func (r *resolver) element(e *elem, ctx *ictx) (pyval, error) {
 			if err != nil {
 				return pyval{}, err
 			}
-			b.WriteString(v.str())
+			if err := r.concat(&b, v, ctx); err != nil {
+				return pyval{}, err
+			}
 		default:
 			b.WriteString(t.text)
 		}

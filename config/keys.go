@@ -63,6 +63,18 @@ type KeyRule struct {
 	// MappingOnly restricts the rule to keys whose value is a mapping (an
 	// "env.*" rule names environment blocks, not scalar typos under env).
 	MappingOnly bool
+	// KnownOnly restricts an Ignored section's rule to the keys NeMo RL's
+	// schema and recipes know there (gen_nemorl_keys.tsv): any other key
+	// under it is unknown (a typo, warned about with the nearest key).
+	KnownOnly bool
+	// Overwritten names the NeMo RL module that overwrites an Ignored key
+	// before use (the key table's test checks that gen_nemorl_keys.tsv
+	// still records the store there).
+	Overwritten string
+	// MoEOnly marks a key that configures a model's experts: on a dense
+	// model it changes nothing, so it is refused only when the model has
+	// experts (decided where the model is known; see Loaded.Refusals).
+	MoEOnly bool
 }
 
 // The key classes. One rule per line; the most specific rule for a key wins.
@@ -95,9 +107,8 @@ var keyRules = []KeyRule{
 		Why: "dynamic sampling drops and refills prompt groups"},
 	{Key: "grpo.batch_multiplier", Class: Ignored, Why: "a knob of dynamic sampling, which is refused when grpo.use_dynamic_sampling"},
 	{Key: "grpo.dynamic_sampling_max_gen_batches", Class: Ignored, Why: "a knob of dynamic sampling, which is refused when grpo.use_dynamic_sampling"},
-	{Key: "grpo.dynamic_sampling_oversample_ratio", Class: Ignored, Why: "a knob of dynamic sampling, which is refused when grpo.use_dynamic_sampling (NeMo RL does not read it)"},
-	{Key: "grpo.zero_variance_prompt_filtering", Class: Refused, Neutral: falseOr(), Example: "true",
-		Why: "filters out prompt groups whose rewards do not vary; tracegrpo trains every group (NeMo RL does not read this key either)"},
+	{Key: "grpo.dynamic_sampling_oversample_ratio", Class: Ignored, Why: "meant as a knob of dynamic sampling"},
+	{Key: "grpo.zero_variance_prompt_filtering", Class: Ignored, Why: "meant to filter out prompt groups whose rewards do not vary"},
 	{Key: "grpo.seq_logprob_error_threshold", Class: Refused, Guard: true, Example: "1.5",
 		Why: "sequence-level logprob-error masking depends on trace boundaries"},
 	{Key: "grpo.overlong_filtering", Class: Refused, Guard: true, Example: "true",
@@ -112,20 +123,18 @@ var keyRules = []KeyRule{
 		Why: "message-level advantage penalties"},
 	{Key: "grpo.malformed_thinking_advantage", Class: Refused, Guard: true, Example: "-5.0",
 		Why: "message-level advantage penalties"},
-	{Key: "grpo.penalize_invalid_tool_call", Class: Refused, Neutral: falseOr(), Example: "true",
-		Why: "a tool-call penalty on the advantage; tracegrpo implements none (NeMo RL does not read this key; grpo.invalid_tool_call_advantage is its switch)"},
-	{Key: "grpo.penalize_malformed_thinking", Class: Refused, Neutral: falseOr(), Example: "true",
-		Why: "a thinking-tag penalty on the advantage; tracegrpo implements none (NeMo RL does not read this key; grpo.malformed_thinking_advantage is its switch)"},
-	{Key: "grpo.invalid_tool_call_strategy", Class: Ignored, Why: "a knob of the tool-call penalty, which is refused when on (NeMo RL does not read it)"},
-	{Key: "grpo.use_best_at_k", Class: Refused, Neutral: falseOr(), Example: "true",
-		Why: "best-of-k training changes which samples are trained; tracegrpo trains every rollout (NeMo RL does not read this key)"},
-	{Key: "grpo.best_at_k_k", Class: Ignored, Why: "a knob of grpo.use_best_at_k, which is refused when on"},
-	{Key: "grpo.best_at_k_m", Class: Ignored, Why: "a knob of grpo.use_best_at_k, which is refused when on"},
-	{Key: "grpo.use_combined_training", Class: Refused, Neutral: falseOr(), Example: "true",
-		Why: "mixes a best-of-k objective into the loss; tracegrpo implements one objective (NeMo RL does not read this key)"},
-	{Key: "grpo.combined_training_weight_mode", Class: Ignored, Why: "a knob of grpo.use_combined_training, which is refused when on"},
-	{Key: "grpo.combined_training_best_at_k_weight", Class: Ignored, Why: "a knob of grpo.use_combined_training, which is refused when on"},
-	{Key: "grpo.combined_training_pass_at_1_weight", Class: Ignored, Why: "a knob of grpo.use_combined_training, which is refused when on"},
+	// Keys NeMo RL's Python never reads are Ignored whatever their rule
+	// (keys_nemorl.go); these rules say what each was meant to do.
+	{Key: "grpo.penalize_invalid_tool_call", Class: Ignored, Why: "meant as a tool-call penalty on the advantage (the switch NeMo RL reads is grpo.invalid_tool_call_advantage, refused when set)"},
+	{Key: "grpo.penalize_malformed_thinking", Class: Ignored, Why: "meant as a thinking-tag penalty on the advantage (the switch NeMo RL reads is grpo.malformed_thinking_advantage, refused when set)"},
+	{Key: "grpo.invalid_tool_call_strategy", Class: Ignored, Why: "meant as a knob of the tool-call penalty"},
+	{Key: "grpo.use_best_at_k", Class: Ignored, Why: "meant as best-of-k training"},
+	{Key: "grpo.best_at_k_k", Class: Ignored, Why: "meant as a knob of grpo.use_best_at_k"},
+	{Key: "grpo.best_at_k_m", Class: Ignored, Why: "meant as a knob of grpo.use_best_at_k"},
+	{Key: "grpo.use_combined_training", Class: Ignored, Why: "meant to mix a best-of-k objective into the loss"},
+	{Key: "grpo.combined_training_weight_mode", Class: Ignored, Why: "meant as a knob of grpo.use_combined_training"},
+	{Key: "grpo.combined_training_best_at_k_weight", Class: Ignored, Why: "meant as a knob of grpo.use_combined_training"},
+	{Key: "grpo.combined_training_pass_at_1_weight", Class: Ignored, Why: "meant as a knob of grpo.use_combined_training"},
 	{Key: "grpo.skip_reference_policy_logprobs_calculation", Class: Refused, Neutral: skipRefNeutral(), Example: "true",
 		Why: "skips the reference policy's logprobs while loss_fn.reference_policy_kl_penalty needs them (tracegrpo skips the reference policy by itself when the penalty is 0)"},
 	{Key: "grpo.max_rollout_turns", Class: Ignored, Why: "turns of NeMo RL's own rollout loop; NeMo Gym's agents decide the turns of the rollouts tracegrpo trains on"},
@@ -137,7 +146,7 @@ var keyRules = []KeyRule{
 	{Key: "grpo.val_batch_size", Class: Ignored, Why: "validation; tracegrpo runs no validation loop"},
 	{Key: "grpo.max_val_samples", Class: Ignored, Why: "validation; tracegrpo runs no validation loop"},
 	{Key: "grpo.val_num_generations_per_prompt", Class: Ignored, Why: "validation; tracegrpo runs no validation loop"},
-	{Key: "grpo.num_val_generations_per_prompt", Class: Ignored, Why: "validation; tracegrpo runs no validation loop (NeMo RL does not read this spelling)"},
+	{Key: "grpo.num_val_generations_per_prompt", Class: Ignored, Why: "a misspelling of grpo.val_num_generations_per_prompt (validation)"},
 	{Key: "grpo.stop_at_validation_metric", Class: Ignored, Why: "early stop on a validation metric; tracegrpo runs no validation loop"},
 	{Key: "grpo.stop_at_validation_threshold", Class: Ignored, Why: "early stop on a validation metric; tracegrpo runs no validation loop"},
 	{Key: "grpo.calculate_advantages_on_gpu", Class: Ignored, Why: "where NeMo RL computes advantages; the values are the same"},
@@ -222,7 +231,7 @@ var keyRules = []KeyRule{
 	{Key: "policy.make_sequence_length_divisible_by", Class: Ignored, Why: "padding for NeMo RL's parallel layouts"},
 	{Key: "policy.offload_optimizer_for_logprob", Class: Ignored, Why: "memory placement of NeMo RL's engines"},
 	{Key: "policy.refit_buffer_size_gb", Class: Ignored, Why: "weight transfer to NeMo RL's generation engine"},
-	{Key: "policy.activation_checkpointing_enabled", Class: Ignored, Why: "not read by NeMo RL; activation checkpointing is policy.dtensor_cfg/megatron_cfg.activation_checkpointing"},
+	{Key: "policy.activation_checkpointing_enabled", Class: Ignored, Why: "activation checkpointing is policy.dtensor_cfg/megatron_cfg.activation_checkpointing"},
 	{Key: "policy.optimizer.name", Class: Used},
 	{Key: "policy.optimizer.kwargs.lr", Class: Used},
 	{Key: "policy.optimizer.kwargs.weight_decay", Class: Used},
@@ -253,6 +262,9 @@ var keyRules = []KeyRule{
 	{Key: "policy.generation.top_k", Class: Refused, Guard: true, Example: "50",
 		Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (null, 0 or -1 is what it does)"},
 	{Key: "policy.generation.max_new_tokens", Class: Used},
+	{Key: "policy.generation.weights_out", Class: Used},
+	{Key: "policy.generation.weights_dtype", Class: Used},
+	{Key: "policy.generation.weights_keep", Class: Used},
 	{Key: "policy.generation", Class: Ignored, Why: "the generation engine (backend, vLLM/SGLang/TRT-LLM/Dynamo/Megatron settings, refit, ports, stop conditions, validation sampling): NeMo Gym's rollouts were sampled outside tracegrpo, which trains the tokens and logprobs they recorded"},
 
 	// policy.dtensor_cfg: NeMo RL's DTensor (FSDP2) engine.
@@ -263,9 +275,9 @@ var keyRules = []KeyRule{
 	{Key: "policy.dtensor_cfg.automodel_kwargs.freeze_config.freeze_language_model", Class: Refused, Neutral: falseOr(), Example: "true",
 		Why: "freezes the language model; tracegrpo trains every parameter"},
 	{Key: "policy.dtensor_cfg.automodel_kwargs.freeze_config", Class: Ignored, Why: "freezing of multimodal towers; tracegrpo trains text models (policy.is_vlm is refused)"},
-	{Key: "policy.dtensor_cfg.automodel_kwargs.backend.fake_balanced_gate", Class: Refused, Neutral: falseOr(), Example: "true",
+	{Key: "policy.dtensor_cfg.automodel_kwargs.backend.fake_balanced_gate", Class: Refused, MoEOnly: true, Neutral: falseOr(), Example: "true",
 		Why: "replaces MoE routing by a fake balanced gate (for testing)"},
-	{Key: "policy.dtensor_cfg.automodel_kwargs.backend.gate_precision", Class: Refused, Neutral: nullOr(), Example: "float64",
+	{Key: "policy.dtensor_cfg.automodel_kwargs.backend.gate_precision", Class: Refused, MoEOnly: true, Neutral: nullOr(), Example: "float64",
 		Why: "the precision of MoE gates: tracegrpo's router GEMM runs in the policy's precision (its softmax and top-k in float64)"},
 	{Key: "policy.dtensor_cfg.automodel_kwargs", Class: Ignored, Why: "kernels and implementation of NeMo Automodel (attention, linear, norm, MoE dispatch backends, Liger, HF fallback); the math is the model's"},
 	{Key: "policy.dtensor_cfg.moe_parallelizer.lm_head_precision", Class: Refused, Neutral: nullOr("float32", "torch.float32"), Example: "bfloat16",
@@ -308,8 +320,8 @@ var keyRules = []KeyRule{
 	{Key: "policy.megatron_cfg.scheduler.lr_warmup_init", Class: Used},
 	{Key: "policy.megatron_cfg.scheduler.override_opt_param_scheduler", Class: Ignored, Why: "how Megatron restores its scheduler from a checkpoint; tracegrpo's checkpoints hold the step count"},
 	{Key: "policy.megatron_cfg.scheduler.use_checkpoint_opt_param_scheduler", Class: Ignored, Why: "how Megatron restores its scheduler from a checkpoint; tracegrpo's checkpoints hold the step count"},
-	{Key: "policy.megatron_cfg.train_iters", Class: Refused, Neutral: nullOr(), Example: "100000",
-		Why: "Megatron's schedule length; tracegrpo's schedules count grpo.max_num_steps (or lr_decay_iters)"},
+	{Key: "policy.megatron_cfg.train_iters", Class: Ignored, Overwritten: "nemo_rl/algorithms/grpo.py",
+		Why: "NeMo RL's GRPO setup overwrites it before the policy sees it (nemo_rl/algorithms/grpo.py sets it to min(grpo.max_num_steps, grpo.max_num_epochs × the samples), \"the total number of scheduler steps\"), so the recipe's value has no effect; tracegrpo's schedules count grpo.max_num_steps"},
 	{Key: "policy.megatron_cfg.peft", Class: Refused, Neutral: disabled(), Example: "{enabled: true, dim: 8, alpha: 32}",
 		Why: "LoRA adapters train low-rank updates instead of the weights; tracegrpo trains every parameter"},
 	{Key: "policy.megatron_cfg.fp8_cfg", Class: Refused, Neutral: disabled(), Example: "{enabled: true, fp8: e4m3, fp8_recipe: blockwise}",
@@ -321,19 +333,19 @@ var keyRules = []KeyRule{
 		Why: "patches Megatron's model provider (Megatron's field names); the Hugging Face config is patched with policy.hf_config_overrides"},
 	// The MoE router (sparse models; no effect on a dense one).
 	{Key: "policy.megatron_cfg.freeze_moe_router", Class: Used},
-	{Key: "policy.megatron_cfg.moe_router_dtype", Class: Refused, Neutral: nullOr("fp64", "fp32"), Example: "bf16",
+	{Key: "policy.megatron_cfg.moe_router_dtype", Class: Refused, MoEOnly: true, Neutral: nullOr("fp64", "fp32"), Example: "bf16",
 		Why: "a router in bf16 or fp16: tracegrpo's router takes its softmax and top-k in float64 (fp32 and fp64 are honoured)"},
-	{Key: "policy.megatron_cfg.moe_router_load_balancing_type", Class: Refused, Neutral: nullOr("none"), Example: "aux_loss",
+	{Key: "policy.megatron_cfg.moe_router_load_balancing_type", Class: Refused, MoEOnly: true, Neutral: nullOr("none"), Example: "aux_loss",
 		Why: "Megatron's load-balancing losses (aux_loss, seq_aux_loss, global_aux_loss) and Sinkhorn routing are not implemented; the load-balancing loss tracegrpo implements is transformers', switched on by the model's output_router_logits (policy.hf_config_overrides)"},
-	{Key: "policy.megatron_cfg.moe_router_bias_update_rate", Class: Refused, Neutral: zeroOr(), Example: "0.001",
+	{Key: "policy.megatron_cfg.moe_router_bias_update_rate", Class: Refused, MoEOnly: true, Neutral: zeroOr(), Example: "0.001",
 		Why: "expert-bias updates (auxiliary-loss-free balancing) need an expert bias, which the supported routers have none of"},
-	{Key: "policy.megatron_cfg.moe_router_enable_expert_bias", Class: Refused, Neutral: falseOr(), Example: "true",
+	{Key: "policy.megatron_cfg.moe_router_enable_expert_bias", Class: Refused, MoEOnly: true, Neutral: falseOr(), Example: "true",
 		Why: "expert-bias routing; the supported routers (Qwen3-MoE's) have no expert bias"},
-	{Key: "policy.megatron_cfg.moe_aux_loss_coeff", Class: Refused, Neutral: zeroOr(), Example: "0.001",
+	{Key: "policy.megatron_cfg.moe_aux_loss_coeff", Class: Refused, MoEOnly: true, Neutral: zeroOr(), Example: "0.001",
 		Why: "the coefficient of Megatron's load-balancing losses, which are not implemented (see moe_router_load_balancing_type)"},
-	{Key: "policy.megatron_cfg.moe_router_num_groups", Class: Refused, Neutral: nullOr(), Example: "8",
+	{Key: "policy.megatron_cfg.moe_router_num_groups", Class: Refused, MoEOnly: true, Neutral: nullOr(), Example: "8",
 		Why: "group-limited MoE routing (DeepSeek-V3's) is not implemented"},
-	{Key: "policy.megatron_cfg.moe_router_group_topk", Class: Refused, Neutral: nullOr(), Example: "4",
+	{Key: "policy.megatron_cfg.moe_router_group_topk", Class: Refused, MoEOnly: true, Neutral: nullOr(), Example: "4",
 		Why: "group-limited MoE routing (DeepSeek-V3's) is not implemented"},
 	{Key: "policy.megatron_cfg.mtp_num_layers", Class: Refused, Neutral: zeroOr(), Example: "1",
 		Why: "multi-token prediction layers change the model; tracegrpo trains next-token models"},
@@ -360,7 +372,8 @@ var keyRules = []KeyRule{
 	{Key: "checkpointing.checkpoint_dir", Class: Used},
 	{Key: "checkpointing.save_period", Class: Used},
 	{Key: "checkpointing.keep_top_k", Class: Used},
-	{Key: "checkpointing", Class: Ignored, Why: "checkpoint extras of NeMo RL (best-checkpoint metric, save deadline, formats, async saving, fault-tolerance saves, PEFT, model cache); tracegrpo keeps the newest keep_top_k checkpoints in its own format"},
+	{Key: "checkpointing.save_optimizer", Class: Used},
+	{Key: "checkpointing", Class: Ignored, KnownOnly: true, Why: "checkpoint extras of NeMo RL (best-checkpoint metric, save deadline, formats, async saving, fault-tolerance saves, PEFT, model cache); tracegrpo keeps the newest keep_top_k checkpoints in its own format"},
 
 	// env: NeMo Gym's capture settings; other environments.
 	{Key: "env.should_use_nemo_gym", Class: Ignored, Why: "NeMo RL's switch to run NeMo Gym; tracegrpo always trains on Gym's captures (or the built-in job's, recorded in Gym's format)"},
@@ -399,16 +412,18 @@ var keyRules = []KeyRule{
 	// The asynchronous data plane and the single-controller runner.
 	{Key: "data_plane.enabled", Class: Refused, Guard: true, Example: "true",
 		Why: "NeMo RL's asynchronous data plane"},
-	{Key: "data_plane", Class: Ignored, Why: "knobs of the data plane, which is refused when data_plane.enabled"},
+	{Key: "data_plane", Class: Ignored, KnownOnly: true, Why: "knobs of the data plane, which is refused when data_plane.enabled"},
 	{Key: "async_rl.sampler.max_lookahead_versions", Class: Refused, Neutral: zeroOr(), Example: "1",
 		Why: "lets generation run ahead of the trainer, so a step trains rollouts of older policies"},
 	{Key: "async_rl.sampler.max_staleness_versions", Class: Refused, Neutral: zeroOr(), Example: "1",
 		Why: "trains rollouts up to this many policy versions old"},
-	{Key: "async_rl", Class: Ignored, Why: "the single-controller runner's buffering, health checks, routing and failure policy"},
+	{Key: "async_rl", Class: Ignored, KnownOnly: true, Why: "the single-controller runner's buffering, health checks, routing and failure policy"},
 
 	// Data, logging and files of NeMo RL's own services.
-	{Key: "data", Class: Ignored, Why: "data sets, prompts and processors: NeMo Gym serves the rollouts tracegrpo trains on"},
-	{Key: "logger", Class: Ignored, Why: "NeMo RL's logger back ends; tracegrpo writes metrics.jsonl"},
+	{Key: "data", Class: Ignored, KnownOnly: true, Why: "data sets, prompts and processors: NeMo Gym serves the rollouts tracegrpo trains on"},
+	{Key: "logger.log_dir", Class: Used},
+	{Key: "logger.tensorboard_enabled", Class: Used},
+	{Key: "logger", Class: Ignored, KnownOnly: true, Why: "NeMo RL's other logger back ends (W&B, MLflow, SwanLab, GPU monitoring); tracegrpo writes metrics.jsonl and, with tensorboard_enabled, TensorBoard event files, and says at start which enabled back end it does not write"},
 	{Key: "sif_dir", Class: Ignored, Why: "a container image directory of NeMo RL's launch scripts"},
 }
 
@@ -612,7 +627,23 @@ func matchRule(pat []string, segs []string) (score int, ok bool) {
 // ruleFor is the most specific rule covering key path p (list indices
 // dropped), or nil. v is the key's value (for MappingOnly rules; may be nil).
 func ruleFor(p string, v *yaml.Node) *KeyRule {
-	segs := splitPath(normPath(p))
+	np := normPath(p)
+	r := tableRule(np, v)
+	if r == nil || r.Class != Used {
+		if nr := neverRead(np, r); nr != nil {
+			return nr
+		}
+	}
+	if r != nil && r.KnownOnly && np != r.Key && !knownToNeMoRL(np) {
+		return nil
+	}
+	return r
+}
+
+// tableRule is the key table's most specific rule covering normalized key
+// path np, or nil.
+func tableRule(np string, v *yaml.Node) *KeyRule {
+	segs := splitPath(np)
 	var best *KeyRule
 	bestScore := -1
 	for _, first := range []string{segs[0], "*"} {

@@ -1,7 +1,6 @@
 package config
 
 import (
-	"bufio"
 	"os"
 	"reflect"
 	"strings"
@@ -13,42 +12,39 @@ import (
 // other keys.
 func nemorlKeys(t *testing.T) (keys []string, isMapping map[string]bool, commit string) {
 	t.Helper()
-	f, err := os.Open("gen_nemorl_keys.tsv")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
+	tab := nemorlTable(t)
 	isMapping = map[string]bool{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if rest, ok := strings.CutPrefix(line, "# upstream: NVIDIA-NeMo/RL "); ok {
-			commit, _, _ = strings.Cut(rest, " ")
+	for _, k := range tab.paths {
+		keys = append(keys, k)
+		if strings.Contains(tab.keys[k].Type, "mapping") {
+			isMapping[k] = true
 		}
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		cols := strings.Split(line, "\t")
-		if len(cols) != 4 {
-			t.Fatalf("gen_nemorl_keys.tsv: %q: want 4 columns", line)
-		}
-		keys = append(keys, cols[0])
-		if strings.Contains(cols[2], "mapping") {
-			isMapping[cols[0]] = true
-		}
-	}
-	for _, k := range keys {
 		if i := strings.LastIndex(k, "."); i > 0 {
 			isMapping[k[:i]] = true
 		}
 	}
-	if err := sc.Err(); err != nil {
+	return keys, isMapping, tab.fullCommit
+}
+
+// nemorlTable parses gen_nemorl_keys.tsv from the file (the loader embeds
+// the same bytes), requiring a full upstream commit.
+func nemorlTable(t *testing.T) *nemoRLTable {
+	t.Helper()
+	b, err := os.ReadFile("gen_nemorl_keys.tsv")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if len(commit) != 40 {
-		t.Fatalf("gen_nemorl_keys.tsv records no upstream commit (found %q)", commit)
+	if string(b) != nemoRLKeysTSV {
+		t.Fatal("gen_nemorl_keys.tsv differs from the embedded copy (rebuild)")
 	}
-	return keys, isMapping, commit
+	tab, err := parseNeMoRLKeys(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tab.fullCommit) != 40 {
+		t.Fatalf("gen_nemorl_keys.tsv records no upstream commit (found %q)", tab.fullCommit)
+	}
+	return tab
 }
 
 // schemaLeaf reports whether Config types key path p (list indices

@@ -139,6 +139,7 @@ func LoadSources(src Sources) (*Loaded, error) {
 type loader struct {
 	origin map[*yaml.Node]string
 	files  []string
+	keyAt  map[*yaml.Node]*keyPos // mapping key indexes for overrides (find)
 }
 
 // where names a node's origin as "file:line".
@@ -296,7 +297,7 @@ func checkNode(name string, n *yaml.Node, budget *int, depth int) error {
 				return fmt.Errorf("config: %s:%d: unsupported mapping key %s", name, k.Line, describe(k))
 			}
 			if seen[k.Value] {
-				return fmt.Errorf("config: %s:%d: duplicate key %q", name, k.Line, k.Value)
+				return fmt.Errorf("config: %s:%d: duplicate key %s", name, k.Line, quoted(k.Value))
 			}
 			seen[k.Value] = true
 			if err := checkNode(name, n.Content[i+1], budget, depth+1); err != nil {
@@ -323,7 +324,7 @@ func describe(n *yaml.Node) string {
 		if n.Tag == "!!null" {
 			return "null"
 		}
-		return fmt.Sprintf("%q", n.Value)
+		return quoted(n.Value)
 	}
 	return "an unsupported YAML node"
 }
@@ -421,9 +422,11 @@ func pyTruthy(n *yaml.Node) bool {
 func mapIndex(m *yaml.Node, key string) int {
 	for i := 0; i < len(m.Content); i += 2 {
 		if m.Content[i].Value == key {
+			work.keyProbes.Add(int64(i/2 + 1))
 			return i
 		}
 	}
+	work.keyProbes.Add(int64(len(m.Content) / 2))
 	return -1
 }
 

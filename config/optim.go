@@ -357,3 +357,32 @@ func (c *Config) TrainingPrecision() (string, error) {
 		return "", &Refusal{Key: "policy.precision", Value: p, Why: "tracegrpo trains in float32 or bfloat16 (mixed precision)"}
 	}
 }
+
+// The values of policy.generation.weights_dtype.
+const (
+	WeightsBFloat16 = "bfloat16"
+	WeightsFloat16  = "float16"
+	WeightsFloat32  = "float32"
+)
+
+// WeightsOut reads tracegrpo's policy.generation.weights_* keys: the
+// directory the generator's weights are published into ("": none), their
+// dtype and how many to keep.
+func (c *Config) WeightsOut() (dir, dtype string, keep int, err error) {
+	g := c.Policy.Generation
+	switch g.WeightsDType {
+	case WeightsBFloat16, WeightsFloat16, WeightsFloat32:
+	default:
+		return "", "", 0, fmt.Errorf("config: policy.generation.weights_dtype=%q: want bfloat16, float16 or float32 (the dtype the generator serves)", g.WeightsDType)
+	}
+	if g.WeightsKeep < 1 {
+		return "", "", 0, fmt.Errorf("config: policy.generation.weights_keep=%d: want at least 1 (the newest weights directory is the one the generator needs)", g.WeightsKeep)
+	}
+	return g.WeightsOut, g.WeightsDType, g.WeightsKeep, nil
+}
+
+// SavesOptimizer reads checkpointing.save_optimizer (null: true, NeMo RL's
+// default).
+func (c *Config) SavesOptimizer() bool {
+	return c.Checkpointing.SaveOptimizer == nil || *c.Checkpointing.SaveOptimizer
+}

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"math"
+	"math/big"
 	"strconv"
 	"strings"
 
@@ -56,7 +57,7 @@ func toPy(n *yaml.Node) (pyval, error) {
 	case "!!bool":
 		b, err := strconv.ParseBool(n.Value)
 		if err != nil {
-			return pyval{}, fmt.Errorf("bad boolean %q", n.Value)
+			return pyval{}, fmt.Errorf("bad boolean %s", quoted(n.Value))
 		}
 		return pyval{kind: pyBool, b: b}, nil
 	case "!!int":
@@ -68,7 +69,7 @@ func toPy(n *yaml.Node) (pyval, error) {
 	case "!!float":
 		f, err := parseYAMLFloat(n.Value)
 		if err != nil {
-			return pyval{}, fmt.Errorf("bad float %q", n.Value)
+			return pyval{}, fmt.Errorf("bad float %s", quoted(n.Value))
 		}
 		return pyval{kind: pyFloat, f: f}, nil
 	}
@@ -313,21 +314,15 @@ func pyDiv(a, b pyval) (pyval, error) {
 	return pyval{kind: pyFloat, f: af / bf}, nil
 }
 
-// pyMax is Python's max(a, b): a unless b > a.
+// pyMax is Python's max(a, b): a unless b > a (so the first of equal
+// values: max(True, 1) is True, max(1, True) is 1). An int and a float are
+// compared exactly, as Python compares them (2^53 + 1 > 2^53 as a float).
 func pyMax(a, b pyval) (pyval, error) {
-	_, af, _, aNum := a.number()
-	_, bf, _, bNum := b.number()
+	_, _, _, aNum := a.number()
+	_, _, _, bNum := b.number()
 	switch {
 	case aNum && bNum:
-		ai, _, aInt, _ := a.number()
-		bi, _, bInt, _ := b.number()
-		if aInt && bInt {
-			if bi > ai {
-				return b, nil
-			}
-			return a, nil
-		}
-		if bf > af {
+		if pyGreater(b, a) {
 			return b, nil
 		}
 		return a, nil
@@ -338,4 +333,98 @@ func pyMax(a, b pyval) (pyval, error) {
 		return a, nil
 	}
 	return pyval{}, fmt.Errorf("'>' not supported between instances of '%v' and '%v'", b.kind, a.kind)
+}
+
+// pyGreater is Python's x > y for numbers (bool counts as int): exact
+// between int and float, false when either is NaN.
+func pyGreater(x, y pyval) bool {
+	xi, xf, xInt, _ := x.number()
+	yi, yf, yInt, _ := y.number()
+	switch {
+	case xInt && yInt:
+		return xi > yi
+	case !xInt && !yInt:
+		return xf > yf
+	case xf != xf || yf != yf:
+		return false
+	}
+	exact := func(i int64, f float64, isInt bool) *big.Float {
+		if isInt {
+			return new(big.Float).SetInt64(i)
+		}
+		return new(big.Float).SetFloat64(f)
+	}
+	return exact(xi, xf, xInt).Cmp(exact(yi, yf, yInt)) > 0
+}
+
+// pyParseInt is Python's int(s) for a str: blanks around, an optional sign,
+// decimal digits with single underscores between them; the value must fit
+// 64 bits (Python's would not be bounded). Non-ASCII digits, which Python
+// also accepts, are refused.
+func pyParseInt(s string) (int64, error) {
+	t := strings.Trim(s, pyBlanks)
+	digits, sign := t, ""
+	if digits != "" && (digits[0] == '+' || digits[0] == '-') {
+		sign, digits = digits[:1], digits[1:]
+	}
+	if !pyDigitRun(digits) {
+		return 0, fmt.Errorf("not a decimal integer")
+	}
+	i, err := strconv.ParseInt(sign+strings.ReplaceAll(digits, "_", ""), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("does not fit 64 bits")
+	}
+	return i, nil
+}
+
+// pyParseFloat is Python's float(s) for a str: blanks around, an optional
+// sign, then inf, infinity or nan in any case, or decimal digits (single
+// underscores between digits) with an optional fraction and exponent. Go's
+// own hexadecimal and other forms are refused, as Python refuses them.
+func pyParseFloat(s string) (float64, error) {
+	t := strings.Trim(s, pyBlanks)
+	body := t
+	if body != "" && (body[0] == '+' || body[0] == '-') {
+		body = body[1:]
+	}
+	switch strings.ToLower(body) {
+	case "inf", "infinity", "nan":
+		return strconv.ParseFloat(t, 64)
+	}
+	mant, exp := body, ""
+	if i := strings.IndexAny(body, "eE"); i >= 0 {
+		mant, exp = body[:i], body[i+1:]
+		if exp != "" && (exp[0] == '+' || exp[0] == '-') {
+			exp = exp[1:]
+		}
+		if !pyDigitRun(exp) {
+			return 0, fmt.Errorf("bad exponent")
+		}
+	}
+	ip, fp, dot := strings.Cut(mant, ".")
+	if ip == "" && fp == "" || ip != "" && !pyDigitRun(ip) || dot && fp != "" && !pyDigitRun(fp) {
+		return 0, fmt.Errorf("not a decimal number")
+	}
+	return strconv.ParseFloat(strings.ReplaceAll(t, "_", ""), 64)
+}
+
+// pyBlanks are the ASCII characters Python's int() and float() strip.
+const pyBlanks = " \t\n\r\v\f"
+
+// pyDigitRun reports whether s is ASCII digits with single underscores
+// between them.
+func pyDigitRun(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+		case c == '_' && i > 0 && i < len(s)-1 && s[i-1] != '_':
+		default:
+			return false
+		}
+	}
+	return true
 }

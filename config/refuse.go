@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -75,39 +76,92 @@ func SplitRefusals(err error) (refused []Refuser, other []error) {
 	return refused, other
 }
 
+// Experts is what is known of the model's experts when the refusals are
+// decided: a key that configures experts (KeyRule.MoEOnly) changes nothing
+// on a dense model, so it is refused only when the model has experts.
+type Experts int
+
+const (
+	// ExpertsUnknown: the model is not at hand (train config --check without
+	// --init-from); MoE-only keys are left undecided (Loaded.Undecided).
+	ExpertsUnknown Experts = iota
+	// ExpertsNone: a dense model; MoE-only keys are accepted.
+	ExpertsNone
+	// ExpertsSome: a sparse model; MoE-only keys are refused unless neutral.
+	ExpertsSome
+)
+
 // Refusals are the recipe's Refused keys whose values are not neutral, one
-// *Refusal each (joined), or nil. The capability guards of package grpo
+// *Refusal each (joined), or nil, for a model whose experts are unknown:
+// RefusalsFor(ExpertsUnknown).
+func (l *Loaded) Refusals() error { return l.RefusalsFor(ExpertsUnknown) }
+
+// RefusalsFor is Refusals for a model with or without experts: a MoE-only
+// key is refused only when the model has experts (and left out, see
+// Undecided, when that is unknown). The capability guards of package grpo
 // refuse the typed keys; trainer.Check runs both.
-func (l *Loaded) Refusals() error {
+func (l *Loaded) RefusalsFor(e Experts) error {
 	var errs []error
 	for _, k := range l.Keys {
-		if !l.IsRefused(k) {
+		if !l.IsRefused(k) || k.Rule.MoEOnly && e != ExpertsSome {
 			continue
 		}
-		why := k.Rule.Why
-		if k.Rule.Neutral != nil {
-			why += " (accepted: " + k.Rule.Neutral.Desc + ")"
-		}
-		errs = append(errs, &Refusal{Key: k.Path, Value: flowText(k.Value), Why: why, Where: k.Where})
+		errs = append(errs, l.refusal(k))
 	}
 	return errors.Join(errs...)
 }
 
+// Undecided are the refusals of MoE-only keys that are not neutral: made
+// when the model has experts, and accepted when it is dense. Without the
+// model (ExpertsUnknown) they cannot be decided.
+func (l *Loaded) Undecided() []*Refusal {
+	var out []*Refusal
+	for _, k := range l.Keys {
+		if l.IsRefused(k) && k.Rule.MoEOnly {
+			out = append(out, l.refusal(k))
+		}
+	}
+	return out
+}
+
+func (l *Loaded) refusal(k KeyInfo) *Refusal {
+	why := k.Rule.Why
+	if k.Rule.Neutral != nil {
+		why += " (accepted: " + k.Rule.Neutral.Desc + ")"
+	}
+	if k.Rule.MoEOnly {
+		why += "; refused because the model has experts (a dense model has none for it to change)"
+	}
+	return &Refusal{Key: k.Path, Value: flowText(k.Value), Why: why, Where: k.Where}
+}
+
 // IsRefused reports whether key k is refused by its value: a Refused key
 // outside the typed schema whose value is not neutral. (Typed refused keys
-// are refused by the guards of package grpo.)
+// are refused by the guards of package grpo; a MoE-only key only when the
+// model has experts.)
 func (l *Loaded) IsRefused(k KeyInfo) bool {
 	return k.Class == Refused && k.Rule != nil && !k.Rule.Guard && !k.Rule.Neutral.Accepts(k.Value, l.root)
 }
 
+// maxWarnings is the number of unknown keys Warnings names one by one.
+const maxWarnings = 20
+
 // Warnings are the keys in no class that loading accepted (in sections that
-// carry no training math), one line each.
+// carry no training math), one line each: the first maxWarnings, then one
+// line counting the rest (train config --keys lists every one).
 func (l *Loaded) Warnings() []string {
 	var out []string
+	n := 0
 	for _, k := range l.Keys {
-		if k.Class == Unclassified {
+		if k.Class != Unclassified {
+			continue
+		}
+		if n++; n <= maxWarnings {
 			out = append(out, fmt.Sprintf("%s: %s: %s", k.Where, k.Path, k.Why))
 		}
+	}
+	if n > maxWarnings {
+		out = append(out, fmt.Sprintf("... and %d more unknown keys (the first %d are shown; train config --keys lists them all)", n-maxWarnings, maxWarnings))
 	}
 	return out
 }
@@ -129,7 +183,11 @@ func flowText(n *yaml.Node) string {
 	}
 	s = strings.Join(strings.Fields(s), " ")
 	if len(s) > maxFlowText {
-		s = s[:maxFlowText] + "..."
+		n := maxFlowText
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = fmt.Sprintf("%s... (%d bytes)", s[:n], len(s))
 	}
 	return s
 }
@@ -142,4 +200,30 @@ func setFlow(n *yaml.Node) {
 	for _, c := range n.Content {
 		setFlow(c)
 	}
+}
+
+// OtherLoggers are the logger back ends the recipe switches on that
+// tracegrpo does not write (logger.<name>_enabled: true, and
+// logger.monitor_gpus), one line each saying so; tensorboard_enabled is
+// written (Logger.TensorboardEnabled).
+func (l *Loaded) OtherLoggers() []string {
+	lg := lookup(l.root, []string{"logger"})
+	if lg == nil || lg.Kind != yaml.MappingNode {
+		return nil
+	}
+	var out []string
+	for i := 0; i < len(lg.Content); i += 2 {
+		k, v := lg.Content[i].Value, lg.Content[i+1]
+		if k == "tensorboard_enabled" || !strings.HasSuffix(k, "_enabled") && k != "monitor_gpus" {
+			continue
+		}
+		on, ok := boolValue(v)
+		switch {
+		case ok && on:
+			out = append(out, fmt.Sprintf("logger.%s is true: tracegrpo does not write that back end (metrics.jsonl has every metric; logger.tensorboard_enabled writes TensorBoard event files)", k))
+		case !ok && v.Kind == yaml.ScalarNode && strings.Contains(v.Value, "${"):
+			out = append(out, fmt.Sprintf("logger.%s is %s: tracegrpo does not write that back end", k, quoted(v.Value)))
+		}
+	}
+	return out
 }

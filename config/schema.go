@@ -9,6 +9,7 @@ type Config struct {
 	Checkpointing Checkpointing `yaml:"checkpointing"`
 	Env           Env           `yaml:"env"`
 	Cluster       Cluster       `yaml:"cluster"`
+	Logger        Logger        `yaml:"logger"`
 	// DataPlane is NeMo RL's asynchronous data plane; multi-trace requires it
 	// null or disabled.
 	DataPlane *Toggle `yaml:"data_plane"`
@@ -220,6 +221,14 @@ type Generation struct {
 	TopP         float64 `yaml:"top_p"`
 	TopK         *int    `yaml:"top_k"`
 	MaxNewTokens int     `yaml:"max_new_tokens"`
+	// WeightsOut, WeightsDType and WeightsKeep are tracegrpo's own keys
+	// (NeMo RL refits its generator in process): the directory the trainer
+	// publishes the generator's weights into every step (step_<N>/, package
+	// loop; "": none), their dtype (bfloat16, float16 or float32) and how
+	// many of the newest to keep. See Config.WeightsOut.
+	WeightsOut   string `yaml:"weights_out"`
+	WeightsDType string `yaml:"weights_dtype"`
+	WeightsKeep  int    `yaml:"weights_keep"`
 }
 
 // Checkpointing is `checkpointing:`.
@@ -228,6 +237,10 @@ type Checkpointing struct {
 	CheckpointDir string `yaml:"checkpoint_dir"`
 	SavePeriod    int    `yaml:"save_period"`
 	KeepTopK      *int   `yaml:"keep_top_k"`
+	// SaveOptimizer writes the Adam moments into each checkpoint (NeMo RL's
+	// default, true); false writes the weights and trainer state only, and
+	// a resume from such a checkpoint restarts AdamW from zero moments.
+	SaveOptimizer *bool `yaml:"save_optimizer"`
 }
 
 // Env is `env:`. Other environment blocks (env.math, ...) are ignored.
@@ -253,6 +266,14 @@ type TokenIDCapture struct {
 	ExternalStaging bool `yaml:"external_staging"`
 }
 
+// Logger is the part of `logger:` tracegrpo writes: TensorBoard event
+// files of the metrics under log_dir (a relative log_dir is under the run
+// directory). Its other back ends are listed at start as not written.
+type Logger struct {
+	LogDir             OptionalString `yaml:"log_dir"`
+	TensorboardEnabled bool           `yaml:"tensorboard_enabled"`
+}
+
 // Cluster is `cluster:`.
 type Cluster struct {
 	GPUsPerNode int `yaml:"gpus_per_node"`
@@ -274,6 +295,7 @@ const (
 func f64(v float64) *float64 { return &v }
 func i64(v int64) *int64     { return &v }
 func iptr(v int) *int        { return &v }
+func bptr(v bool) *bool      { return &v }
 
 // Default returns NeMo RL's defaults for every key of Config: the values of the
 // shipped base recipe examples/configs/grpo_math_1B.yaml for the keys it sets,
@@ -327,10 +349,10 @@ func Default() Config {
 				{Name: TorchConstantLR, Kwargs: &SchedulerKwargs{Factor: f64(1.0), TotalIters: i64(10000000000)}},
 				{Milestones: []int64{50}},
 			},
-			Generation:   Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512},
+			Generation:   Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512, WeightsDType: WeightsBFloat16, WeightsKeep: 2},
 			SharedPrefix: SharedPrefixAuto,
 		},
-		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3)},
+		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3), SaveOptimizer: bptr(true)},
 		Env: Env{
 			ShouldMaskFlaggedSamples: true,
 			NemoGym: NemoGym{TokenIDCapture: TokenIDCapture{
@@ -338,5 +360,6 @@ func Default() Config {
 			}},
 		},
 		Cluster: Cluster{GPUsPerNode: 1, NumNodes: 1},
+		Logger:  Logger{LogDir: "logs"},
 	}
 }

@@ -41,14 +41,14 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 	path, val, ok := strings.Cut(s, "=")
 	path = strings.TrimSpace(path)
 	if !ok || path == "" || strings.Contains(path, "..") || strings.HasPrefix(path, ".") || strings.HasSuffix(path, ".") {
-		return fmt.Errorf("config: --set %q: want key.path=value", s)
+		return fmt.Errorf("config: --set %s: want key.path=value", quoted(s))
 	}
 	if !utf8.ValidString(s) {
-		return fmt.Errorf("config: --set %q: not valid UTF-8", s)
+		return fmt.Errorf("config: --set %s: not valid UTF-8", quoted(s))
 	}
 	n, err := setValue(path, val)
 	if err != nil {
-		return fmt.Errorf("config: --set %s: %w", s, err)
+		return fmt.Errorf("config: --set %s: %w", clip(s), err)
 	}
 	ld.mark(n, "--set")
 	// Walk down, creating mappings as needed.
@@ -60,7 +60,7 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 		case yaml.SequenceNode:
 			i, ok := index(seg)
 			if !ok || i >= len(cur.Content) {
-				return fmt.Errorf("config: --set %s: %s: no list element %q", s, strings.Join(segs[:k], "."), seg)
+				return fmt.Errorf("config: --set %s: %s: no list element %s", clip(s), clip(strings.Join(segs[:k], ".")), quoted(seg))
 			}
 			if last {
 				cur.Content[i] = n
@@ -90,7 +90,7 @@ func (ld *loader) applySet(root *yaml.Node, s string) error {
 			}
 			cur = cur.Content[j+1]
 		default:
-			return fmt.Errorf("config: --set %s: %s is not a mapping", s, strings.Join(segs[:k], "."))
+			return fmt.Errorf("config: --set %s: %s is not a mapping", clip(s), clip(strings.Join(segs[:k], ".")))
 		}
 	}
 	return nil
@@ -144,10 +144,10 @@ func parseValue(val string) (*yaml.Node, error) {
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal([]byte(val), &doc); err != nil {
-		return nil, fmt.Errorf("value %q is not YAML: %w", val, err)
+		return nil, fmt.Errorf("value %s is not YAML: %w", quoted(val), err)
 	}
 	if len(doc.Content) != 1 {
-		return nil, fmt.Errorf("value %q is not one YAML value", val)
+		return nil, fmt.Errorf("value %s is not one YAML value", quoted(val))
 	}
 	if err := checkTree("--set", doc.Content[0]); err != nil {
 		return nil, err

@@ -55,7 +55,7 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 	if T > 0 {
 		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
 		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
-		if m.cfg.Sparse() {
+		if m.auxStats() {
 			m.queueRouterStats()
 		}
 	}
@@ -67,7 +67,7 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		m.haveForward = false
 		return nil, nil, fmt.Errorf("model: forward: %w", err)
 	}
-	if m.cfg.Sparse() {
+	if m.auxStats() {
 		m.finishRouterStats()
 	}
 	lp, ent := m.outLp[:T], m.outEnt[:T]
@@ -142,6 +142,7 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
 	m.b.UploadI32(m.cu.Slice(0, S+1), m.hCu[:S+1])
+	m.stageForest(m.hCu[:S+1])
 	m.syncWeights()
 	return nil
 }
@@ -258,6 +259,10 @@ func (m *Model) layerForward(l int, full bool) {
 // the MLP's activation h: everything but the down projection (a sparse
 // layer: up to its experts' outputs, everything but their weighted sum).
 func (m *Model) layerBody(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridBody(l)
+		return
+	}
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -309,6 +314,10 @@ func (m *Model) layerBody(l int) {
 // layer's input norm (layer l+1's ln1 weight) or the final norm (the
 // head's).
 func (m *Model) layerTail(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridTail(l)
+		return
+	}
 	b := m.b
 	T, C, I := m.lastT, m.cfg.HiddenSize, m.cfg.IntermediateSize
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
@@ -445,6 +454,10 @@ func (m *Model) backwardHead() {
 // activations first with Options.Recompute): dx holds the gradient of its
 // output on entry and of its input on return.
 func (m *Model) backwardLayer(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridBackward(l)
+		return
+	}
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads

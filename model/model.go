@@ -87,8 +87,13 @@ type layerView struct {
 	ln1, qBias, kBias, vBias, o, qNorm, kNorm, ln2, down kernels.Buf
 	qkv, qkvBias, gu                                     kernels.Buf
 	// A sparse layer's router (E,C), its experts' gate|up (E,2·Im,C) and
-	// down (E,C,Im) runs.
+	// down (E,C,Im) runs (a hybrid MoE block's: up (E,Im,In), down
+	// (E,In,Im)).
 	router, egu, edown kernels.Buf
+	// A hybrid model's blocks: a Mamba-2 mixer's, an MLP's up, and a
+	// sparse block's selection bias, latent projections and shared expert.
+	inProj, conv, convBias, dtBias, aLog, dD, mnorm, outProj kernels.Buf
+	up, ebias, fc1, fc2, shUp, shDown                        kernels.Buf
 }
 
 // gemmWeights are one layer's GEMM weights in the precision of the GEMMs:
@@ -96,6 +101,8 @@ type layerView struct {
 type gemmWeights struct {
 	qkv, o, gu, down   kernels.Buf
 	router, egu, edown kernels.Buf // sparse layers
+	// hybrid blocks
+	inProj, outProj, up, fc1, fc2, shUp, shDown kernels.Buf
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
@@ -169,6 +176,9 @@ type Model struct {
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
 	router  kernels.Router
+	// mamba runs a hybrid model's Mamba-2 mixers and squared ReLUs (nil
+	// on a backend without them, which New refuses for a hybrid config).
+	mamba kernels.Mamba
 
 	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
@@ -192,21 +202,23 @@ type Model struct {
 
 	// Activations.
 	la                  []layerActs
-	qkvOut              kernels.Buf // (T, q|k|v) F32: the fused projection's output
-	fused               kernels.Buf // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
-	xf                  kernels.Buf // (T,C) output of the last layer
-	lnf                 kernels.Buf // (T,C) w
-	rstdf               kernels.Buf // (T)
-	lp, ent, lseHead    kernels.Buf // (T) logprob of targets, entropy, lse
-	dlp                 kernels.Buf // (T)
-	dx, dln, dlnf       kernels.Buf // (T,C)
-	dxW                 kernels.Buf // (T,C) w: dx rounded for the GEMMs (BF16 only)
-	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
-	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
-	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
-	dgate, dup, dh      kernels.Buf // (T,I)
-	tokens, pos, target kernels.Buf // (T) I32; target holds a tree's pair labels (P)
-	cu                  kernels.Buf // (S+1) I32: sequence offsets, or a tree's segment offsets
+	hy                  []hybridActs  // a hybrid model's blocks (hybrid.go)
+	hs                  hybridScratch // a hybrid model's shared buffers
+	qkvOut              kernels.Buf   // (T, q|k|v) F32: the fused projection's output
+	fused               kernels.Buf   // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
+	xf                  kernels.Buf   // (T,C) output of the last layer
+	lnf                 kernels.Buf   // (T,C) w
+	rstdf               kernels.Buf   // (T)
+	lp, ent, lseHead    kernels.Buf   // (T) logprob of targets, entropy, lse
+	dlp                 kernels.Buf   // (T)
+	dx, dln, dlnf       kernels.Buf   // (T,C)
+	dxW                 kernels.Buf   // (T,C) w: dx rounded for the GEMMs (BF16 only)
+	datt, dq, dqraw     kernels.Buf   // (T,NH,HD)
+	dattW               kernels.Buf   // (T,NH,HD) w (BF16 only)
+	dk, dv, dkraw       kernels.Buf   // (T,NKV,HD)
+	dgate, dup, dh      kernels.Buf   // (T,I)
+	tokens, pos, target kernels.Buf   // (T) I32; target holds a tree's pair labels (P)
+	cu                  kernels.Buf   // (S+1) I32: sequence offsets, or a tree's segment offsets
 	// Packed trees (Options.Tree): the pairs' final-layer rows, the tree.
 	xfP                  kernels.Buf // (T,C) F32: xf's rows of the pairs (P ≤ T)
 	treeParent, treeEnds kernels.Buf // (S) I32
@@ -236,6 +248,8 @@ type Model struct {
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32
 	hParent, hEnds, hAnc, hIdx  []int32 // trees only
+	hForest, hFParent, hFEnds   []int32 // a hybrid model's forest of sequences (S+1, S, S)
+	forestNS                    int     // the staged forest's segments
 	hStack                      []int32
 	hLp, hEnt, hDlp             []float32
 	outLp, outEnt               []float32
@@ -264,6 +278,9 @@ func shell(cfg Config, opt Options) (*Model, error) {
 	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision, forwardOnly: opt.ForwardOnly}
 	m.table, m.tidx, m.lidx = newTable(cfg)
 	m.router = kernels.Router{K: cfg.MoE.TopK, Norm: cfg.MoE.NormTopKProb}
+	if cfg.Hybrid() {
+		m.router = cfg.hybridRouter()
+	}
 	return m, nil
 }
 
@@ -275,8 +292,8 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		return nil, err
 	}
 	m.setBackend(b)
-	if cfg.Sparse() && m.experts == nil {
-		return nil, fmt.Errorf("model: the %s backend has no sparse-layer ops (kernels.Experts): it cannot run %s", b.Name(), cfg.Arch)
+	if err := m.checkBackend(); err != nil {
+		return nil, err
 	}
 	sz, p, err := m.sizes()
 	if err != nil {
@@ -364,6 +381,20 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.experts, _ = b.(kernels.Experts)
+	m.mamba, _ = b.(kernels.Mamba)
+}
+
+// checkBackend refuses, naming the backend and the family, a config whose
+// layers need ops the backend lacks.
+func (m *Model) checkBackend() error {
+	if m.cfg.Sparse() && m.experts == nil {
+		return fmt.Errorf("model: the %s backend has no sparse-layer ops (kernels.Experts): it cannot run %s", m.b.Name(), m.cfg.Arch)
+	}
+	if m.cfg.Hybrid() && m.mamba == nil {
+		return fmt.Errorf("model: the %s backend has no Mamba-2 ops (kernels.Mamba: the conv, the scan, the gated norm, the squared ReLU, the sigmoid router): it cannot run %s (Nemotron-H); run it on the CPU backend (--backend cpu)",
+			m.b.Name(), m.cfg.Arch)
+	}
+	return nil
 }
 
 // allocWeights allocates the fp32 parameter arena and, under BF16, its copy.
@@ -385,10 +416,13 @@ func (m *Model) allocWeights(sz arenaSizes) error {
 func (m *Model) hostStaging() {
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	m.hTokens, m.hPos, m.hTarget, m.hCu = make([]int32, T), make([]int32, T), make([]int32, T), make([]int32, S+1)
-	if E := m.cfg.MoE.NumExperts; m.cfg.Sparse() {
+	if E := m.cfg.MoE.NumExperts; m.cfg.Sparse() && !m.cfg.Hybrid() {
 		L := m.cfg.NumHiddenLayers
 		m.hOffsets, m.hPsum = make([]int32, L*(E+1)), make([]float32, L*E)
 		m.hAux, m.hAuxW, m.hF, m.hP = make([]float32, E), make([]float32, E), make([]float64, E), make([]float64, E)
+	}
+	if m.hs.forestOffs.N > 0 {
+		m.hForest, m.hFParent, m.hFEnds = make([]int32, 1, S+1), make([]int32, 0, S), make([]int32, 0, S)
 	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
@@ -444,6 +478,10 @@ func (m *Model) views() {
 				ln2: view(li.ln2, kind), down: view(li.down, kind),
 				qkv: run(li.q, li.v, kind), qkvBias: run(li.qBias, li.vBias, kind), gu: run(li.gate, li.up, kind),
 				router: view(li.router, kind), egu: run(li.eguFirst, li.eguLast, kind), edown: run(li.edownFirst, li.edownLast, kind),
+				inProj: view(li.inProj, kind), conv: view(li.conv, kind), convBias: view(li.convBias, kind),
+				dtBias: view(li.dtBias, kind), aLog: view(li.aLog, kind), dD: view(li.dD, kind), mnorm: view(li.mnorm, kind),
+				outProj: view(li.outProj, kind), up: view(li.up, kind), ebias: view(li.ebias, kind),
+				fc1: view(li.fc1, kind), fc2: view(li.fc2, kind), shUp: view(li.shUp, kind), shDown: view(li.shDown, kind),
 			}
 			if kind == w32 {
 				m.layers = append(m.layers, lv)
@@ -454,6 +492,8 @@ func (m *Model) views() {
 		m.gw = append(m.gw, gemmWeights{
 			qkv: run(li.q, li.v, wW), o: view(li.o, wW), gu: run(li.gate, li.up, wW), down: view(li.down, wW),
 			router: view(li.router, wW), egu: run(li.eguFirst, li.eguLast, wW), edown: run(li.edownFirst, li.edownLast, wW),
+			inProj: view(li.inProj, wW), outProj: view(li.outProj, wW), up: view(li.up, wW),
+			fc1: view(li.fc1, wW), fc2: view(li.fc2, wW), shUp: view(li.shUp, wW), shDown: view(li.shDown, wW),
 		})
 	}
 }
@@ -574,6 +614,9 @@ func (p *actPlan) cut(m *Model, ws *workspace) {
 // experts' activations (moeActs, K rows per token) in place of the dense
 // MLP's.
 func (m *Model) layoutActs() *actPlan {
+	if m.cfg.Hybrid() {
+		return m.layoutHybrid()
+	}
 	c := m.cfg
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads

@@ -310,6 +310,9 @@ func NewSharded(b kernels.Backend, cfg Config, opt Options, so ShardOptions) (*M
 		return nil, err
 	}
 	m.setBackend(b)
+	if err := m.checkBackend(); err != nil {
+		return nil, err
+	}
 	sh, err := NewSharding(&m.table, so.Comm.Size(), so.Comm.Rank())
 	if err != nil {
 		return nil, err

@@ -69,6 +69,16 @@ CASES = [
     ("resolver/div_by_zero", "a: ${div:1,0}\n"),
     ("resolver/max", "a: ${max:1,2}\nb: ${max:2.5,1}\nc: ${max:1,1.0}\nd: ${max:abc,abd}\ne: ${max:-3,-7}\nf: ${max:true,0}\n"),
     ("resolver/max_mixed", "a: ${max:1,abc}\n"),
+    # max keeps the first of equal values (Python's max), whatever their type.
+    ("resolver/max_ties", "a: ${max:true,1}\nb: ${max:1,true}\nc: ${max:1,1.0}\nd: ${max:1.0,1}\ne: ${max:false,0}\nf: ${max:0,false}\ng: ${max:0.0,-0.0}\nh: ${max:-0.0,0.0}\n"),
+    # int against float is compared exactly (2^53 + 1 > 2^53 as a float).
+    ("resolver/max_exact", "a: ${max:9007199254740992.0,9007199254740993}\nb: ${max:9007199254740993,9007199254740992.0}\nc: ${max:9223372036854775807,9.223372036854775807e18}\n"),
+    # Python's ints do not overflow; tracegrpo refuses what 64 bits cannot hold.
+    ("resolver/add_overflow", "a: ${add:9223372036854775807,1}\n"),
+    ("resolver/add_overflow_negative", "a: ${add:-9223372036854775808,-1}\n"),
+    ("resolver/mul_overflow", "a: ${mul:4294967296,4294967296}\n"),
+    ("resolver/mul_min_by_minus_one", "a: ${mul:-9223372036854775808,-1}\n"),
+    ("resolver/add_at_the_limit", "a: ${add:9223372036854775806,1}\nb: ${add:-9223372036854775807,-1}\n"),
     ("resolver/add_str_int", "a: ${add:abc,1}\n"),
     ("resolver/add_three_args", "a: ${add:1,2,3}\n"),
     ("resolver/arg_typing", "a: ${add:1_000,1}\nb: ${add:1e3,1}\nc: ${add:-2,+3}\nd: ${mul:inf,1}\ne: ${add:.5,1}\nf: ${add:foo-bar,_x}\ng: ${add:a/b,.c}\n"),
@@ -87,6 +97,8 @@ CASES = [
     # Mandatory values.
     ("missing/interpolated", "a: ???\nb: ${a}\n"),
     ("missing/plain", "a: ???\nb: 1\n"),
+    # A dotted key stays one key of that name; ${grpo.max_num_steps} is the nested one.
+    ("yaml/dotted_key", "\"grpo.max_num_steps\": 3\ngrpo: {max_num_steps: 5}\nx: ${grpo.max_num_steps}\n"),
 ]
 
 # (name, base yaml, over yaml): OmegaConf.merge(base, over), unresolved.

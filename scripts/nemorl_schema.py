@@ -10,10 +10,30 @@ GRPO configs of the repository: every YAML file (outside .github/) whose name
 contains "grpo", or that has a grpo: block of its own or through its defaults:
 chain.
 
+It also reads how NeMo RL's Python uses each key (READS, below): whether any
+of it reads the key's name, and which modules write it. A key that nothing
+reads cannot change what NeMo RL trains, so tracegrpo ignores it, with that
+reason (config's keys.go reads this column).
+
 It writes config/gen_nemorl_keys.tsv, one key path per line (list indices
-dropped), with where NeMo RL declares it and its declared type, and the
-upstream commit in the header. config's tests check that every key is in
-exactly one of tracegrpo's classes (used, ignored, refused).
+dropped), with where NeMo RL declares it and its declared type, whether its
+Python reads it, where it writes it, and the upstream commit in the header.
+config's tests check that every key is in exactly one of tracegrpo's
+classes (used, ignored, refused).
+
+READS. The Python of nemo_rl/ and examples/ is parsed with `ast` (never
+imported or run). A key's last segment NAME counts as read when NAME appears
+as a whole string constant (cfg["NAME"], cfg.get("NAME"), "NAME" in cfg, a
+list of names looped over; also a segment of a dotted constant such as
+"grpo.NAME"), or as an attribute read (config.grpo.NAME, for the pydantic
+models); declarations (the TypedDict and BaseModel fields) do not count. A
+key also counts as read, "via" its section, when that section is consumed
+whole: splatted (**cfg["kwargs"]), iterated (.items(), .keys(), .values(),
+for ... in), or handed to dict(); the section is the last name of the
+expression (a subscript's constant, an attribute, or what a local variable
+was assigned from). Every other key is "no": nothing reads it. The rule errs
+towards "read": a name read anywhere counts for every key of that name.
+Writes are stores: cfg["NAME"] = ... (the modules are listed).
 
 With --recipes-out DIR it also copies the GRPO recipes themselves (each at its
 path in the repository, so that defaults: chains resolve) into DIR, with
@@ -242,6 +262,119 @@ class Walker:
         self.add(path, source, type_name(a))
 
 
+READ_ROOTS = ("nemo_rl/", "examples/")
+WHOLE_METHODS = {"items", "keys", "values"}
+def section_of(e, aliases):
+    """The section an expression names: the last constant subscript, .get() key or attribute."""
+    if isinstance(e, ast.Subscript):
+        sl = e.slice
+        if isinstance(sl, ast.Constant) and isinstance(sl.value, str):
+            return sl.value
+        return None
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr in ("get", "pop", "setdefault"):
+        if e.args and isinstance(e.args[0], ast.Constant) and isinstance(e.args[0].value, str):
+            return e.args[0].value
+        return None
+    if isinstance(e, ast.Attribute):
+        return e.attr
+    if isinstance(e, ast.Name):
+        return aliases.get(e.id)
+    if isinstance(e, ast.BoolOp):  # cfg.get("x") or {}
+        return section_of(e.values[0], aliases)
+    return None
+
+
+class ReadScan:
+    """How NeMo RL's Python uses configuration names (see READS in the module doc)."""
+
+    def __init__(self):
+        self.names = set()  # names read
+        self.whole = set()  # sections consumed whole
+        self.writes = defaultdict(set)  # name -> modules that store it
+
+    def scan(self, path, tree):
+        decl = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for st in node.body:
+                    if isinstance(st, ast.AnnAssign):
+                        decl.add(id(st.target))
+        for fn in [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            aliases = {}
+            body = fn.body
+            for node in self.own_nodes(body):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    sec = section_of(node.value, aliases)
+                    if sec:
+                        aliases[node.targets[0].id] = sec
+            for node in self.own_nodes(body):
+                self.visit(path, node, aliases, decl)
+
+    @staticmethod
+    def own_nodes(body):
+        """The nodes of a body, not descending into nested functions or classes."""
+        stack = list(body)
+        while stack:
+            n = stack.pop()
+            yield n
+            for c in ast.iter_child_nodes(n):
+                if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                    stack.append(c)
+
+    def visit(self, path, node, aliases, decl):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            v = node.value
+            self.names.add(v)
+            if "." in v and all(p.isidentifier() for p in v.split(".")):
+                self.names.update(v.split("."))
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and id(node) not in decl:
+            self.names.add(node.attr)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+            sl = node.slice
+            if isinstance(sl, ast.Constant) and isinstance(sl.value, str):
+                self.writes[sl.value].add(path)
+        if isinstance(node, ast.keyword) and node.arg is None:
+            self.consume(node.value, aliases)
+        elif isinstance(node, ast.Dict):
+            for k, v in zip(node.keys, node.values):
+                if k is None:
+                    self.consume(v, aliases)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in WHOLE_METHODS and not node.args:
+            self.consume(node.func.value, aliases)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and len(node.args) == 1:
+            self.consume(node.args[0], aliases)
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            self.consume(node.iter, aliases)
+
+    def consume(self, e, aliases):
+        sec = section_of(e, aliases)
+        if sec:
+            self.whole.add(sec)
+
+
+def read_scan(src):
+    rs = ReadScan()
+    for p in src.paths:
+        if p.startswith(READ_ROOTS) and p.endswith(".py"):
+            try:
+                tree = ast.parse(src.read(p))
+            except SyntaxError as e:
+                sys.exit(f"nemorl_schema: {p}: {e}")
+            rs.scan(p, tree)
+    return rs
+
+
+def reads_of(rs, key):
+    """yes, via SECTION, or no (see READS)."""
+    segs = key.split(".")
+    if segs[-1] in rs.names:
+        return "yes"
+    for s in reversed(segs[:-1]):
+        if s in rs.whole:
+            return f"via {s}"
+    return "no"
+
+
 def grpo_configs(src):
     """The GRPO recipes (see the module doc), each with its defaults chain."""
     docs = {}
@@ -346,6 +479,7 @@ def main():
         for k in ks:
             used_by[k] += 1
 
+    rs = read_scan(src)
     rows = []
     for k in sorted(set(w.keys) | set(used_by)):
         if k in w.keys:
@@ -353,7 +487,8 @@ def main():
             typ = " | ".join(sorted(types))
         else:
             source, typ = "recipes", ""
-        rows.append((k, source, typ, used_by.get(k, 0)))
+        writes = ",".join(sorted(rs.writes.get(k.split(".")[-1], ()))) or "-"
+        rows.append((k, source, typ, used_by.get(k, 0), reads_of(rs, k), writes))
 
     out = os.path.abspath(args.out)
     tmp = out + ".tmp"
@@ -361,15 +496,17 @@ def main():
         f.write("# gen_nemorl_keys.tsv: generated by scripts/nemorl_schema.py (make schema); do not edit.\n")
         f.write(f"# upstream: NVIDIA-NeMo/RL {src.commit} ({src.date})\n")
         f.write(f"# root: {ROOT_MODULE}:{ROOT_CLASS}; recipes: {len(recipes)} GRPO configs ({len(files)} files with their defaults chains)\n")
-        f.write("# columns: key path (list indices dropped), where NeMo RL declares it (or \"recipes\"), declared type, GRPO recipe files that write it\n")
-        for k, source, typ, n in rows:
-            f.write(f"{k}\t{source}\t{typ}\t{n}\n")
+        f.write("# columns: key path (list indices dropped), where NeMo RL declares it (or \"recipes\"), declared type, GRPO recipe files that write it,\n")
+        f.write("#   whether NeMo RL's Python reads it (yes; via SECTION: the section is consumed whole; no: nothing reads it), the modules that store it (- for none)\n")
+        for k, source, typ, n, reads, writes in rows:
+            f.write(f"{k}\t{source}\t{typ}\t{n}\t{reads}\t{writes}\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out)
     if args.recipes_out:
         write_recipes(src, recipes, files, os.path.abspath(args.recipes_out))
-    print(f"nemorl_schema: {len(rows)} keys ({len(w.keys)} declared, {len(used_by)} in {len(files)} recipe files) from {src.commit[:12]} -> {os.path.relpath(out)}")
+    never = sum(1 for r in rows if r[4] == "no")
+    print(f"nemorl_schema: {len(rows)} keys ({len(w.keys)} declared, {len(used_by)} in {len(files)} recipe files, {never} never read) from {src.commit[:12]} -> {os.path.relpath(out)}")
 
 
 if __name__ == "__main__":

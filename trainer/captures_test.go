@@ -95,6 +95,10 @@ func TestBuiltinCapturesStayInMemory(t *testing.T) {
 	root := t.TempDir()
 	mem, save, recipe := filepath.Join(root, "memory"), filepath.Join(root, "save"), filepath.Join(root, "recipe")
 	recipeCaps := filepath.Join(root, "recipe-captures")
+	// A capture directory outside --out must exist (train creates none there).
+	if err := os.Mkdir(recipeCaps, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	mustTrain(t, trainArgs(mem, steps)...)
 	mustTrain(t, trainArgs(save, steps, "--save-captures")...)
 	mustTrain(t, trainArgs(recipe, steps, "--set", "env.nemo_gym.token_id_capture.dir="+recipeCaps)...)

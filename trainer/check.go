@@ -6,6 +6,8 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
+	"github.com/tracegrpo/tracegrpo/model"
+	"github.com/tracegrpo/tracegrpo/rollout"
 )
 
 // Check runs every refusal that the configuration alone decides, before any
@@ -15,8 +17,14 @@ import (
 // and the run length (steps: --steps, 0 for grpo.max_num_steps). train runs
 // it first; train config --check runs it and nothing else, so the two refuse
 // the same recipes. It returns every refusal found, joined; each names its
-// key (config.SplitRefusals separates them from other errors).
-func Check(ld *config.Loaded, steps int) error {
+// key (config.SplitRefusals separates them from other errors). The model
+// is not known here: a key that configures experts is left undecided (see
+// CheckFor and config.Loaded.Undecided).
+func Check(ld *config.Loaded, steps int) error { return CheckFor(ld, steps, config.ExpertsUnknown) }
+
+// CheckFor is Check knowing whether the model has experts: a MoE-only key
+// (the router's settings) is refused only when it has.
+func CheckFor(ld *config.Loaded, steps int, experts config.Experts) error {
 	c := &ld.Config
 	var errs []error
 	add := func(err error) {
@@ -24,7 +32,7 @@ func Check(ld *config.Loaded, steps int) error {
 			errs = append(errs, err)
 		}
 	}
-	add(ld.Refusals())
+	add(ld.RefusalsFor(experts))
 	add(grpo.CheckConfig(c))
 	tic := &c.Env.NemoGym.TokenIDCapture
 	const ticKey = "env.nemo_gym.token_id_capture."
@@ -62,4 +70,32 @@ func Check(ld *config.Loaded, steps int) error {
 	}
 	add(checkStepCount(c, steps))
 	return errors.Join(errs...)
+}
+
+// ExpertsOf says whether model mc has experts, for CheckFor.
+func ExpertsOf(mc model.Config) config.Experts {
+	if mc.Sparse() {
+		return config.ExpertsSome
+	}
+	return config.ExpertsNone
+}
+
+// CheckModel runs the checks of the model (its config.json with
+// policy.hf_config_overrides applied) against what the run feeds it, before
+// any work: the built-in job's token ids must be in the vocabulary, and so
+// must the padding token. train runs it when it builds the model, and train
+// config --check when the model is at hand, so that
+// ++policy.hf_config_overrides.vocab_size=7 fails at the check, not at the
+// first step's forward. builtin: the built-in job (no --rollouts).
+func CheckModel(mc model.Config, builtin bool) error {
+	const key = "policy.hf_config_overrides.vocab_size"
+	if builtin && mc.VocabSize < rollout.VocabSize {
+		return &config.Refusal{Key: key, Value: fmt.Sprint(mc.VocabSize),
+			Why: fmt.Sprintf("the model's vocabulary has %d ids, and the built-in job's tasks use ids 0 to %d: want vocab_size >= %d", mc.VocabSize, rollout.VocabSize-1, rollout.VocabSize)}
+	}
+	if pad := padToken(mc); int(pad) >= mc.VocabSize {
+		return &config.Refusal{Key: "pad_token_id", Value: fmt.Sprint(pad),
+			Why: fmt.Sprintf("the model's padding token (config.json pad_token_id, with policy.hf_config_overrides) is outside its vocabulary [0, %d)", mc.VocabSize)}
+	}
+	return nil
 }

@@ -15,11 +15,17 @@ const todaysRecipe = "../config/testdata/nemo-rl/examples/configs/grpo_math_1B.y
 // any other error).
 func refusedKeys(t *testing.T, overrides ...string) []string {
 	t.Helper()
+	return refusedKeysFor(t, config.ExpertsUnknown, overrides...)
+}
+
+// refusedKeysFor is refusedKeys for a model with or without experts.
+func refusedKeysFor(t *testing.T, experts config.Experts, overrides ...string) []string {
+	t.Helper()
 	ld, err := config.LoadSources(config.Sources{Files: []string{todaysRecipe}, Overrides: append(append([]string{}, multiTraceOptIn...), overrides...)})
 	if err != nil {
 		t.Fatalf("%v: %v", overrides, err)
 	}
-	refused, other := config.SplitRefusals(Check(ld, 0))
+	refused, other := config.SplitRefusals(CheckFor(ld, 0, experts))
 	if len(other) > 0 {
 		t.Fatalf("%v: errors that name no refused key: %v", overrides, other)
 	}
@@ -56,7 +62,18 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 			over = append(over, "++"+r.Also)
 		}
 		t.Run(r.Key, func(t *testing.T) {
-			keys := refusedKeys(t, over...)
+			experts := config.ExpertsUnknown
+			if r.MoEOnly {
+				// A key that configures experts changes nothing on a dense
+				// model: refused for a sparse one only.
+				experts = config.ExpertsSome
+				for _, e := range []config.Experts{config.ExpertsNone, config.ExpertsUnknown} {
+					if keys := refusedKeysFor(t, e, over...); len(keys) != 0 {
+						t.Errorf("%v on a model with experts %v: refused for %v", over, e, keys)
+					}
+				}
+			}
+			keys := refusedKeysFor(t, experts, over...)
 			for _, k := range keys {
 				if k == key || strings.HasPrefix(k, key+".") {
 					return
@@ -79,7 +96,6 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		{"on-policy distillation", []string{"on_policy_distillation={enabled: true}"}, "on_policy_distillation"},
 		{"reward penalties", []string{"reward_penalties.penalize_empty_final_answer=true"}, "reward_penalties.penalize_empty_final_answer"},
 		{"minus_baseline", []string{"grpo.adv_estimator.name=reinforce_plus_plus", "grpo.adv_estimator.minus_baseline=true"}, "grpo.adv_estimator.minus_baseline"},
-		{"zero-variance filtering", []string{"++grpo.zero_variance_prompt_filtering=true"}, "grpo.zero_variance_prompt_filtering"},
 		{"optimizer state dtype", []string{"++policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16"}, "policy.optimizer.kwargs.exp_avg_dtype"},
 		{"master weights", []string{"++policy.optimizer.kwargs.master_weights=false"}, "policy.optimizer.kwargs.master_weights"},
 		{"Megatron master params", []string{"policy.megatron_cfg.optimizer.params_dtype=bfloat16"}, "policy.megatron_cfg.optimizer.params_dtype"},
@@ -95,6 +111,31 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		}
 	}
 	t.Logf("%d refused keys of the table, each refused by name", n)
+}
+
+// TestCheckAcceptsKeysNeMoRLIgnores: keys NeMo RL's Python never reads
+// (gen_nemorl_keys.tsv, from scripts/nemorl_schema.py), and
+// policy.megatron_cfg.train_iters, which its GRPO setup overwrites before
+// use, cannot change what NeMo RL trains: Check accepts them at any value,
+// and each is Ignored with that reason (issue 32).
+func TestCheckAcceptsKeysNeMoRLIgnores(t *testing.T) {
+	for _, c := range []struct{ key, value, why string }{
+		{"grpo.penalize_invalid_tool_call", "true", "never reads it"},
+		{"grpo.penalize_malformed_thinking", "true", "never reads it"},
+		{"grpo.zero_variance_prompt_filtering", "true", "never reads it"},
+		{"grpo.use_best_at_k", "true", "never reads it"},
+		{"grpo.use_combined_training", "true", "never reads it"},
+		{"policy.megatron_cfg.train_iters", "100000", "overwrites it before the policy sees it"},
+	} {
+		over := "++" + c.key + "=" + c.value
+		if keys := refusedKeys(t, over); len(keys) != 0 {
+			t.Errorf("%s: refused for %v", over, keys)
+		}
+		cls, r, _ := config.Classify(c.key, nil)
+		if cls != config.Ignored || r == nil || !strings.Contains(r.Why, c.why) {
+			t.Errorf("%s: class %v (%+v); want Ignored, saying %q", c.key, cls, r, c.why)
+		}
+	}
 }
 
 // TestCheckNeutralValuesAccepted: the values of the refused keys that ask

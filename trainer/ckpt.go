@@ -122,6 +122,9 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 		}
 		r := host[p.Offset : p.Offset+p.N]
 		st.Model = append(st.Model, checkpoint.Tensor{Spec: spec(p.Name), F32: r})
+		if !t.cfg.SavesOptimizer() {
+			continue // checkpointing.save_optimizer false: weights only
+		}
 		st.Optimizer = append(st.Optimizer,
 			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg"), F32: m[p.Offset : p.Offset+p.N]},
 			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg_sq"), F32: v[p.Offset : p.Offset+p.N]})
@@ -212,6 +215,9 @@ func (t *Trainer) restore() error {
 			{ot, p.Name + ".exp_avg", m, "optimizer"},
 			{ot, p.Name + ".exp_avg_sq", v, "optimizer"},
 		} {
+			if st.Trainer.NoOptimizer && want.file == "optimizer" {
+				continue // the fresh optimizer's zero moments
+			}
 			x, ok := want.from[want.name]
 			if !ok {
 				return fmt.Errorf("resume: %s: %s has no tensor %s", res.Path, want.file, want.name)
@@ -262,6 +268,14 @@ func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
 	var ostate optim.State
 	if err := json.Unmarshal(st.Trainer.Optimizer, &ostate); err != nil {
 		return fmt.Errorf("resume: %s: optimizer state: %w", res.Path, err)
+	}
+	if st.Trainer.NoOptimizer {
+		// NeMo RL's resume without optimizer state: a fresh AdamW (zero
+		// moments, bias correction from step 1), the schedule where it was.
+		ostate = optim.State{}
+		if t.rank == 0 {
+			fmt.Fprintf(t.o.Log, "train: warning: resume: %s holds no optimizer state (checkpointing.save_optimizer was false): AdamW restarts from zero moments, so the run does not continue bit for bit as an uninterrupted one would\n", res.Path)
+		}
 	}
 	if err := t.opt.SetState(ostate); err != nil {
 		return err
@@ -520,6 +534,9 @@ func (t *Trainer) log(m Metrics, sync bool) error {
 		if err := t.metricsFile.Sync(); err != nil {
 			return fmt.Errorf("metrics: %w", err)
 		}
+	}
+	if err := t.tbLog(m, sync); err != nil {
+		return err
 	}
 	t.progress.step(m)
 	return nil

@@ -78,16 +78,27 @@ type Metrics struct {
 	// them (model.CommStats). Absent when unsharded.
 	CommGatherBytes        int64 `json:"comm_gather_bytes,omitempty"`
 	CommReduceScatterBytes int64 `json:"comm_reduce_scatter_bytes,omitempty"`
+
+	// WeightsBytes is the size of the weights directory published for the
+	// generator after the step (--weights-out; phase_s.export its time).
+	WeightsBytes int64 `json:"weights_bytes,omitempty"`
 }
 
 // PhaseTimes breaks a step's wall time down by phase.
 type PhaseTimes struct {
+	// Wait is the time spent waiting for the step's rollouts file to
+	// appear (a --rollouts directory); Rollout the time reading them (or,
+	// built in, sampling them).
+	Wait       Num `json:"wait"`
 	Rollout    Num `json:"rollout"`
 	Finalize   Num `json:"finalize"`
 	Logprob    Num `json:"logprob"`
 	Train      Num `json:"train"`
 	Optimizer  Num `json:"optimizer"`
 	Checkpoint Num `json:"checkpoint"`
+	// Export is the time publishing the weights for the generator
+	// (--weights-out).
+	Export Num `json:"export,omitempty"`
 }
 
 // Num is a metric value. JSON has no NaN or infinity, so non-finite values

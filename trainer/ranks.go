@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
-	"github.com/tracegrpo/tracegrpo/gym"
 )
 
 // Data parallelism. Every rank runs the same loop on its own share of each
@@ -43,7 +42,7 @@ type shard struct {
 	Rewards   []float64
 	Zeroed    []bool   // loss multiplier 0 (a mask of any kind)
 	Traces    []int    // traces delivered
-	Reasons   []string // Gym's mask reason, "" when delivered
+	Reasons   []string // the mask reason (Gym's code, or the record's), "" when trained
 	Valid     []bool   // the rollout has a trainable row (it votes)
 	Advantage []float64
 
@@ -197,7 +196,7 @@ func rankList(rs []int) string {
 }
 
 // myShard summarizes this rank's share of the step.
-func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch) shard {
+func myShard(logical []grpo.LogicalRollout, reasons []string, b *grpo.Batch) shard {
 	s := shard{
 		Groups: make([]int64, len(logical)), Rewards: make([]float64, len(logical)),
 		Zeroed: make([]bool, len(logical)), Traces: make([]int, len(logical)),
@@ -211,9 +210,7 @@ func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch
 		if lr.Envelope != nil {
 			s.Traces[i] = len(lr.Envelope.Traces)
 		}
-		if fins[i].Masked {
-			s.Reasons[i] = fins[i].Reason
-		}
+		s.Reasons[i] = reasons[i]
 		if i < len(b.Metrics.LogicalValid) {
 			s.Valid[i] = b.Metrics.LogicalValid[i]
 		}

@@ -176,6 +176,7 @@ func (t *Trainer) writeEffectiveConfig() error {
 func (t *Trainer) effectiveConfig() ([]byte, error) {
 	c := t.cfg
 	c.Checkpointing.CheckpointDir = t.checkpointDir()
+	c.Logger.LogDir = config.OptionalString(t.logDir()) // null when nothing is written there
 	capDir := t.source.captures()
 	if capDir != "" {
 		c.Env.NemoGym.TokenIDCapture.Dir = capDir

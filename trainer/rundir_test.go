@@ -273,7 +273,7 @@ func TestEffectiveConfigSaysWhatTheRunDoes(t *testing.T) {
 			t.Errorf("config.yaml lacks %q:\n%s", w, y)
 		}
 	}
-	for _, bad := range []string{"results/grpo", "log_dir"} {
+	for _, bad := range []string{"results/grpo", "log_dir: logs"} {
 		if strings.Contains(y, bad) {
 			t.Errorf("config.yaml names %q, which the run does not use", bad)
 		}

@@ -191,6 +191,9 @@ func (t *Trainer) writeShard(tmp string, id checkpoint.ShardID) (checkpoint.File
 		n := pc.Hi - pc.Lo
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
+		if !t.cfg.SavesOptimizer() { // checkpointing.save_optimizer false: weights only
+			parts[len(parts)-1].Values[checkpoint.KindExpAvg], parts[len(parts)-1].Values[checkpoint.KindExpAvgSq] = nil, nil
+		}
 	}
 	return checkpoint.WriteShard(tmp, t.rank, id, parts)
 }
@@ -269,6 +272,9 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 			continue
 		}
 		for k := range checkpoint.NumKinds {
+			if st.Trainer.NoOptimizer && k != checkpoint.KindWeights {
+				continue // the fresh optimizer's zero moments
+			}
 			var host []float32
 			if inPlace[k] {
 				host = hosts[k][at : at+hi-lo]
@@ -331,6 +337,7 @@ func (t *Trainer) trainerState() (checkpoint.TrainerState, error) {
 	var ts checkpoint.TrainerState
 	var err error
 	ts.Step, ts.ConsumedRollouts, ts.RunID = int64(t.step), t.consumed, t.runID
+	ts.NoOptimizer = !t.cfg.SavesOptimizer()
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
 		return ts, err
 	}

@@ -1,8 +1,11 @@
 package trainer
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/gym"
@@ -16,9 +19,11 @@ import (
 // capture mask, a record already marked mask_sample, and the environment's
 // instance_config.mask_sample when env.should_mask_flagged_samples. A record
 // with missing or malformed correlation is an error naming the record.
-func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRollout, []*gym.Finalized, error) {
-	logical := make([]grpo.LogicalRollout, len(recs))
-	fins := make([]*gym.Finalized, len(recs))
+// reasons[i] says why rollout i is masked ("" when it is not): Gym's reason
+// code, MaskSampleReason or FlaggedReason.
+func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) (logical []grpo.LogicalRollout, reasons []string, err error) {
+	logical = make([]grpo.LogicalRollout, len(recs))
+	reasons = make([]string, len(recs))
 	for i, rec := range recs {
 		keys, err := gym.CorrelationKeysFromRecord(rec)
 		if err != nil {
@@ -37,20 +42,20 @@ func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRo
 		}
 		mult := 1.0
 		if fin.Masked {
-			mult = 0
+			mult, reasons[i] = 0, fin.Reason
 		}
 		if masked, err := rec.MaskSample(); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
-		} else if masked {
-			mult = 0
+		} else if masked && mult != 0 {
+			mult, reasons[i] = 0, MaskSampleReason
 		}
 		if t.cfg.Env.ShouldMaskFlaggedSamples {
 			flagged, err := rec.InstanceMaskSample()
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
 			}
-			if flagged {
-				mult = 0
+			if flagged && mult != 0 {
+				mult, reasons[i] = 0, FlaggedReason
 			}
 		}
 		logical[i] = grpo.LogicalRollout{
@@ -60,9 +65,68 @@ func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRo
 			LossMultiplier: mult,
 			Envelope:       fin.Envelope,
 		}
-		fins[i] = fin
 	}
-	return logical, fins, nil
+	return logical, reasons, nil
+}
+
+// The mask reasons of rollouts that Gym delivered but the record masks.
+const (
+	// MaskSampleReason: the record's own mask_sample is true.
+	MaskSampleReason = "mask_sample"
+	// FlaggedReason: the environment flagged the sample
+	// (instance_config.mask_sample) and env.should_mask_flagged_samples.
+	FlaggedReason = "instance_config.mask_sample"
+)
+
+// checkMasked stops a step whose masked share of logical rollouts exceeds
+// --max-masked-fraction, or that has no eligible training token, naming
+// every mask reason with its count (and what else left nothing to train).
+func (t *Trainer) checkMasked(stepN int, st *step, eligible int) error {
+	counts := map[string]int{}
+	masked, invalid, overlong := 0, 0, 0
+	for _, s := range st.shards {
+		for i, z := range s.Zeroed {
+			if z {
+				masked++
+				counts[cmp.Or(s.Reasons[i], "masked")]++
+			}
+		}
+		invalid += s.Invalid
+		overlong += s.Overlong
+	}
+	why := reasonCounts(counts)
+	hint := ""
+	if 2*counts[gym.ReasonNothingRecorded] >= masked && masked > 0 {
+		hint = " (nothing_recorded: the capture directory holds no call of those rollouts: is --captures the directory their generator captured into?)"
+	}
+	if frac := float64(masked) / float64(max(st.logical, 1)); frac > t.maxMasked {
+		return fmt.Errorf("step %d: %d of %d logical rollouts (%.1f%%) are masked, more than --max-masked-fraction %g: %s%s",
+			stepN, masked, st.logical, 100*frac, t.maxMasked, why, hint)
+	}
+	if eligible == 0 {
+		return fmt.Errorf("step %d: %w: %d logical rollouts, %d masked (%s), %d invalid (no trainable row), %d traces overlong%s",
+			stepN, grpo.ErrNoEligibleTokens, st.logical, masked, cmp.Or(why, "none"), invalid, overlong, hint)
+	}
+	return nil
+}
+
+// reasonCounts renders mask reasons and their counts, most frequent first.
+func reasonCounts(counts map[string]int) string {
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if counts[keys[i]] != counts[keys[j]] {
+			return counts[keys[i]] > counts[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, counts[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // microBatch is one forward and backward pass: whole rows packed as a token

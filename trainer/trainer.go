@@ -13,6 +13,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/internal/inputfile"
+	"github.com/tracegrpo/tracegrpo/internal/tfevents"
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/optim"
@@ -83,6 +84,9 @@ type Trainer struct {
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
 
+	wout      *weightsOut // --weights-out (nil: none)
+	maxMasked float64     // --max-masked-fraction
+
 	shardFull   bool         // fully sharded data parallel (shard.go)
 	shardWhy    string       // what asked for it
 	sampleModel *model.Model // the sampler's gathered weights when sharded (built-in job)
@@ -94,7 +98,8 @@ type Trainer struct {
 	rank        int
 	rowMultiple int // grpo.RowMultiple: physical rows are padded (in count) to it
 
-	metricsFile metricsFile // metrics.jsonl, open for appending (rank 0)
+	metricsFile metricsFile      // metrics.jsonl, open for appending (rank 0)
+	tb          *tfevents.Writer // TensorBoard events (rank 0, logger.tensorboard_enabled)
 	progress    *progressLine
 	unlock      func() // releases the run directory's lock
 
@@ -139,6 +144,10 @@ func New(o Options) (_ *Trainer, err error) {
 	}
 	if o.OnNonFinite == "" {
 		o.OnNonFinite = "skip"
+	}
+	if o.MaxMaskedFraction == nil {
+		f := DefaultMaxMaskedFraction
+		o.MaxMaskedFraction = &f
 	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
@@ -194,8 +203,14 @@ func (t *Trainer) setupConfig() error {
 		return err
 	}
 	c := &t.cfg
-	// The same refusals train config --check makes.
-	if err := Check(t.loaded, o.Steps); err != nil {
+	// The same refusals train config --check makes; the model decides the
+	// keys that configure experts (a model that cannot be resolved fails
+	// in setupPolicy, naming why).
+	experts := config.ExpertsUnknown
+	if mc, _, err := resolveModel(c, o.InitFrom); err == nil {
+		experts = ExpertsOf(mc)
+	}
+	if err := CheckFor(t.loaded, o.Steps, experts); err != nil {
 		return err
 	}
 	t.maxSteps = c.GRPO.MaxNumSteps
@@ -212,6 +227,16 @@ func (t *Trainer) setupConfig() error {
 	}
 	if o.Wait < 0 {
 		return fmt.Errorf("%w: --wait %v: want 0 (do not wait) or a positive duration", ErrUsage, o.Wait)
+	}
+	if f := *o.MaxMaskedFraction; !(f >= 0 && f <= 1) {
+		return fmt.Errorf("%w: --max-masked-fraction %v: want a share from 0 (stop at any mask) to 1 (never stop)", ErrUsage, f)
+	}
+	t.maxMasked = *o.MaxMaskedFraction
+	if o.WeightsKeep < 0 {
+		return fmt.Errorf("%w: --weights-keep %d: want at least 1", ErrUsage, o.WeightsKeep)
+	}
+	if _, _, _, err := c.WeightsOut(); err != nil {
+		return err
 	}
 	if len(o.ConfigFiles) > 0 { // the built-in job runs on any number of ranks
 		if err := checkCluster(c, t.comm.Size()); err != nil {
@@ -242,9 +267,11 @@ func (t *Trainer) setupRunDir() error {
 		}
 	}
 	if t.o.Resume {
-		return t.findCheckpoint()
+		if err := t.findCheckpoint(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return t.setupWeightsOut()
 }
 
 // gatherReserve is the payload, in bytes, the ranks' gather buffers hold
@@ -305,6 +332,9 @@ func (t *Trainer) setupFiles() error {
 			return err
 		}
 	}
+	if err := t.openLoggers(); err != nil {
+		return err
+	}
 	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
 		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
 			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
@@ -350,6 +380,9 @@ func precisionName(p kernels.DType) string {
 func (t *Trainer) Close() {
 	if t.metricsFile != nil {
 		t.metricsFile.Close()
+	}
+	if t.tb != nil {
+		t.tb.Close()
 	}
 	if t.source != nil {
 		t.source.close()
@@ -418,13 +451,25 @@ func (t *Trainer) loadConfig() error {
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
+	if t.o.WeightsOut != "" {
+		sets = append(sets, "policy.generation.weights_out="+t.o.WeightsOut)
+	}
+	if t.o.WeightsDType != "" {
+		if _, ok := weightsDTypes[t.o.WeightsDType]; !ok {
+			return fmt.Errorf("%w: --weights-dtype %q: want bfloat16, float16 or float32", ErrUsage, t.o.WeightsDType)
+		}
+		sets = append(sets, "policy.generation.weights_dtype="+t.o.WeightsDType)
+	}
+	if t.o.WeightsKeep > 0 {
+		sets = append(sets, fmt.Sprintf("policy.generation.weights_keep=%d", t.o.WeightsKeep))
+	}
 	ld, name, err := LoadRecipeWith(t.o.ConfigFiles, t.o.Overrides, sets)
 	if err != nil {
 		return err
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("ignored keys (engines tracegrpo does not run; train config --keys says why): %s", strings.Join(ld.Ignored, ", "))
+		t.logf("%d keys ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", len(ld.Ignored))
 	}
 	for _, w := range ld.Warnings() {
 		// Said even under --quiet: a key the run does not use.
@@ -471,6 +516,9 @@ func (t *Trainer) newModels() error {
 	}
 	for _, n := range t.modelCfg.Notes {
 		t.logf("note: %s", n)
+	}
+	if err := CheckModel(t.modelCfg, t.o.Rollouts == ""); err != nil {
+		return err
 	}
 	t.sparseSettings()
 	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())

@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
 
@@ -19,7 +20,7 @@ func init() {
 	})
 }
 
-const configSynopsis = `train config [--config FILE]... [OVERRIDE]... [--set key.path=value]... [--check [--init-from DIR]] [--keys]
+const configSynopsis = `train config [--config FILE]... [OVERRIDE]... [--set key.path=value]... [--check [--init-from DIR] [--rollouts PATH]] [--keys]
 
 Loads NeMo RL recipes as NeMo RL does and prints the configuration train would
 use, as YAML, with a header naming the files, the keys ignored and any warning.
@@ -59,7 +60,15 @@ data_plane, async_rl, logger and data.
 (trainer.Check: refused keys, capability guards, the multi-trace opt-in,
 optimizer, schedule, precision), and, when the model is at hand (the built-in
 model, a policy.model_name directory, or --init-from DIR), the model's
-config.json with policy.hf_config_overrides.
+config.json with policy.hf_config_overrides and the checks train makes of it
+(the built-in job's token ids and the padding token within its vocabulary;
+--rollouts says the run reads Gym's rollouts instead). Keys that configure a
+model's experts (the MoE router's) are refused only when the model has
+experts; without the model --check says it could not decide them.
+
+NeMo RL keys its Python never reads (scripts/nemorl_schema.py finds them),
+and keys it overwrites before use (policy.megatron_cfg.train_iters), are
+ignored whatever their value: they cannot change what NeMo RL trains.
 
 Flags:`
 
@@ -69,6 +78,7 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	sets := fs.StringArray("set", nil, "override one key after the files and overrides, typed by the schema, e.g. grpo.num_prompts_per_step=4 (repeatable)")
 	check := fs.Bool("check", false, "also run every refusal train runs before any work, and fail on the first recipe train would refuse")
 	initFrom := fs.String("init-from", "", "with --check: the Hugging Face model directory train would start from (its config.json is checked)")
+	rollouts := fs.String("rollouts", "", "with --check: the run reads NeMo Gym rollouts, not the built-in job's tasks (the path is not read)")
 	keys := fs.Bool("keys", false, "list the recipe's keys outside the typed schema with their classes (ignored, refused, unknown) and why, instead of the YAML")
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
@@ -85,10 +95,7 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stderr, "train config: warning: %s\n", w)
 	}
 	if *check {
-		if err := trainer.Check(l, 0); err != nil {
-			return err
-		}
-		if err := checkModel(&l.Config, *initFrom, stderr); err != nil {
+		if err := runCheck(l, *initFrom, *rollouts == "", stderr); err != nil {
 			return err
 		}
 	}
@@ -105,17 +112,49 @@ func runConfig(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// checkModel resolves the model train would build (with the recipe's
-// hf_config_overrides) when it is at hand, and says so when it is not.
-func checkModel(c *config.Config, initFrom string, stderr io.Writer) error {
-	if name := string(c.Policy.ModelName); initFrom == "" && !trainer.IsBuiltinModel(name) {
-		if st, err := os.Stat(filepath.Join(name, "config.json")); name == "" || err != nil || st.IsDir() {
-			fmt.Fprintf(stderr, "train config: note: the model was not checked: policy.model_name %q is not a directory with a config.json here (train needs --init-from DIR for it; give it to --check too)\n", c.Policy.ModelName)
-			return nil
+// runCheck runs every refusal train runs before any work: the recipe's
+// (trainer.CheckFor), deciding the keys that configure experts by the
+// model when it is at hand (the built-in model, a policy.model_name
+// directory, or --init-from DIR), and the model's own checks with
+// policy.hf_config_overrides (trainer.CheckModel). Without the model it
+// says which keys it could not decide. builtin: the run is the built-in
+// job (no --rollouts).
+func runCheck(l *config.Loaded, initFrom string, builtin bool, stderr io.Writer) error {
+	c := &l.Config
+	mc, known, merr := modelAtHand(c, initFrom)
+	experts := config.ExpertsUnknown
+	if known && merr == nil {
+		experts = trainer.ExpertsOf(mc)
+	}
+	if err := trainer.CheckFor(l, 0, experts); err != nil {
+		return err
+	}
+	if merr != nil {
+		return merr
+	}
+	if known {
+		return trainer.CheckModel(mc, builtin)
+	}
+	fmt.Fprintf(stderr, "train config: note: the model was not checked: policy.model_name %q is not a directory with a config.json here (train needs --init-from DIR for it; give it to --check too)\n", c.Policy.ModelName)
+	if u := l.Undecided(); len(u) > 0 {
+		fmt.Fprintf(stderr, "train config: note: could not decide %d key(s) that configure a model's experts without the model: train refuses them if it has experts, and accepts them if it is dense (give --init-from DIR to decide):\n", len(u))
+		for _, r := range u {
+			fmt.Fprintf(stderr, "  %s\n", r.Error())
 		}
 	}
-	_, _, err := trainer.ModelConfig(c, initFrom)
-	return err
+	return nil
+}
+
+// modelAtHand resolves the model train would build (with the recipe's
+// hf_config_overrides) when it is at hand; known is false when it is not.
+func modelAtHand(c *config.Config, initFrom string) (mc model.Config, known bool, err error) {
+	if name := string(c.Policy.ModelName); initFrom == "" && !trainer.IsBuiltinModel(name) {
+		if st, err := os.Stat(filepath.Join(name, "config.json")); name == "" || err != nil || st.IsDir() {
+			return model.Config{}, false, nil
+		}
+	}
+	mc, _, err = trainer.ModelConfig(c, initFrom)
+	return mc, true, err
 }
 
 // printKeys writes the recipe's keys outside the typed schema, one per line:

@@ -9,9 +9,11 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/spf13/pflag"
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/internal/nearest"
 	"github.com/tracegrpo/tracegrpo/internal/quote"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
@@ -91,6 +93,12 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			usage(stdout)
 			return 0
 		}
+	}
+	if name == "" && len(args) > 0 && isWord(args[0]) {
+		// A bare word is no override (key=value) and no flag: a command,
+		// mistyped.
+		fmt.Fprintf(stderr, "train: unknown command %q%s (the commands: %s; train --help)\n", args[0], didYouMean(args[0]), strings.Join(commandNames(), ", "))
+		return 2
 	}
 	if name == "" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
@@ -199,4 +207,38 @@ func newFlags(name, synopsis string, stdout io.Writer) *pflag.FlagSet {
 		fmt.Fprintf(stdout, "Usage: %s\n\n%s", synopsis, fs.FlagUsages())
 	}
 	return fs
+}
+
+// isWord reports whether a is a bare word (letters, digits, - and _),
+// which can be neither a flag nor a Hydra override.
+func isWord(a string) bool {
+	if a == "" || a[0] == '-' {
+		return false
+	}
+	for _, c := range a {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// didYouMean is "; did you mean X?" for the command nearest to a, or "".
+func didYouMean(a string) string {
+	if c, _ := nearest.Of(strings.ToLower(a), commandNames(), max(3, len(a)/2)); c != "" {
+		return fmt.Sprintf("; did you mean %q?", c)
+	}
+	return ""
+}
+
+// commandNames are the subcommands, sorted.
+func commandNames() []string {
+	var out []string
+	for n := range commands {
+		if n != "" {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
 }

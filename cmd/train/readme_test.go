@@ -72,7 +72,7 @@ func TestReadmeRecipeExample(t *testing.T) {
 			args[i] = "../../" + a
 		}
 		if strings.HasPrefix(a, "env.nemo_gym.token_id_capture.dir=") {
-			args[i] = "env.nemo_gym.token_id_capture.dir=" + filepath.Join(dir, "recipe-captures")
+			args[i] = "env.nemo_gym.token_id_capture.dir=" + filepath.Join(dir, "recipe", "captures")
 		}
 	}
 	log := mustTrain(t, append(args, "--backend", "cpu")...)
