@@ -14,7 +14,9 @@ func (b *Backend) AdamW(param, grad, m, v kernels.Buf, s kernels.AdamWStep) {
 	want(m, kernels.F32, N, "AdamW m")
 	want(v, kernels.F32, N, "AdamW v")
 	defer b.lock()()
-	b.elementwise("adamw", N, pa(param), pa(grad), pa(m), pa(v), la(N),
+	// param, m, v read and written, grad read; about 16 operations an element.
+	c := rw(reads(param, grad, m, v), param, m, v).with(16*int64(N), 16)
+	b.elementwise("adamw", c, N, pa(param), pa(grad), pa(m), pa(v), la(N),
 		fa(s.LR), fa(s.Beta1), fa(s.Beta2), fa(s.OneMinusBeta1), fa(s.OneMinusBeta2), fa(s.Eps),
 		fa(s.WeightDecay), fa(s.BiasCorrection1), fa(s.BiasCorrection2), fa(s.GradScale))
 }

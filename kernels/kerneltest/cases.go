@@ -100,6 +100,24 @@ var cases = []testCase{
 			s.check("RMSNormBackward dinp "+tag, dinp, TolReduce)
 			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
 		}
+		// Aligned views (a backend's 16-byte paths) of the widths a model
+		// norms, per head (64, 96, 128) and per token (2048 and wider),
+		// with more rows than a block works on at once, and a width that is
+		// not a multiple of 8.
+		s.aligned = true
+		for _, sh := range []struct{ N, C int }{{300, 128}, {61, 96}, {70, 64}, {9, 2048}, {3, 4096}, {2, 8192}, {4, 4100}} {
+			inp, w := s.randn(sh.N*sh.C, 2), s.randn(sh.C, 1)
+			out, rstd := s.out(sh.N*sh.C), s.out(sh.N)
+			dout, dinp, dw := s.randn(sh.N*sh.C, 1), s.randn(sh.N*sh.C, 1), s.randn(sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.RMSNorm(v(out), v(rstd), v(inp), v(w), sh.N, sh.C, 1e-6)
+				b.RMSNormBackward(v(dinp), v(dw), v(dout), v(inp), v(w), v(rstd), sh.N, sh.C)
+			})
+			tag := fmt.Sprintf("N=%d C=%d aligned", sh.N, sh.C)
+			s.check("RMSNormBackward dinp "+tag, dinp, TolReduce)
+			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
+		}
+		s.aligned = false
 	}},
 	{"RMSNormBF16Fused", func(s *suite) {
 		// RMSNorm's bf16 output (the cast to the next GEMM's input) and the
@@ -171,17 +189,23 @@ var cases = []testCase{
 		for range 200 {
 			vals = append(vals, float32(s.rng.NormFloat64()*math.Pow(10, float64(s.rng.IntN(20)-10))))
 		}
-		x := s.f32(vals)
-		h := s.alloc(kernels.BF16, len(vals)) // each side's own rounding
-		back := s.out(len(vals))
-		keep := s.out(len(vals))
-		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
-			b.Convert(v(h), v(x))
-			b.Convert(v(back), v(h))
-			b.Convert(v(keep), v(x)) // F32 → F32 copies
-		})
-		s.check("Convert F32→BF16→F32", back, TolExact)
-		s.check("Convert F32→F32", keep, TolExact)
+		// Unaligned views and aligned ones (a backend's vector path).
+		for _, aligned := range []bool{false, true} {
+			s.aligned = aligned
+			x := s.f32(vals)
+			h := s.alloc(kernels.BF16, len(vals)) // each side's own rounding
+			back := s.out(len(vals))
+			keep := s.out(len(vals))
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Convert(v(h), v(x))
+				b.Convert(v(back), v(h))
+				b.Convert(v(keep), v(x)) // F32 → F32 copies
+			})
+			tag := fmt.Sprintf(" aligned=%v", aligned)
+			s.check("Convert F32→BF16→F32"+tag, back, TolExact)
+			s.check("Convert F32→F32"+tag, keep, TolExact)
+		}
+		s.aligned = false
 	}},
 	{"CopyCols", func(s *suite) {
 		// Every dtype pair; dst is pre-filled so the elements between its
@@ -841,19 +865,26 @@ var cases = []testCase{
 		}
 	}},
 	{"FillCopyScale", func(s *suite) {
-		for _, N := range []int{1, 777} {
-			x, y := s.out(N), s.randn(N, 1)
-			c := s.out(N)
-			z := s.randn(N, 1)
-			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
-				b.Fill(v(x), -1.25)
-				b.Copy(v(c), v(y))
-				b.Scale(v(z), 0.3)
-			})
-			s.check(fmt.Sprintf("Fill N=%d", N), x, TolExact)
-			s.check(fmt.Sprintf("Copy N=%d", N), c, TolExact)
-			s.check(fmt.Sprintf("Scale N=%d", N), z, TolExact)
+		// Unaligned views and aligned ones (a backend's vector path, with a
+		// tail).
+		for _, aligned := range []bool{false, true} {
+			s.aligned = aligned
+			for _, N := range []int{1, 777} {
+				x, y := s.out(N), s.randn(N, 1)
+				c := s.out(N)
+				z := s.randn(N, 1)
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					b.Fill(v(x), -1.25)
+					b.Copy(v(c), v(y))
+					b.Scale(v(z), 0.3)
+				})
+				tag := fmt.Sprintf("N=%d aligned=%v", N, aligned)
+				s.check("Fill "+tag, x, TolExact)
+				s.check("Copy "+tag, c, TolExact)
+				s.check("Scale "+tag, z, TolExact)
+			}
 		}
+		s.aligned = false
 	}},
 	{"AdamW", func(s *suite) {
 		for _, st := range []kernels.AdamWStep{
