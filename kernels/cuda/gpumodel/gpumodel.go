@@ -62,7 +62,10 @@ func Run(cfg model.Config, s Step, dev cuda.Device) (Result, error) {
 	// The LM head's logits scratch as train sizes it: from the memory left
 	// once the model and the optimizer hold theirs (the metering device
 	// counts its allocations).
-	if b, ok := be.(*cuda.Backend); ok {
+	if b, ok := be.(interface {
+		MemInfo() (free, total int64, err error)
+		SizeLogitsScratch(headroom int64) (int, bool)
+	}); ok {
 		if free, _, err := b.MemInfo(); err == nil {
 			b.SizeLogitsScratch(free)
 		}
