@@ -191,13 +191,17 @@ type TorchOptimizer struct {
 	Kwargs AdamWKwargs `yaml:"kwargs"`
 }
 
-// AdamWKwargs are the torch.optim.AdamW keyword arguments tracegrpo reads
-// (foreach and fused are ignored).
+// AdamWKwargs are the torch.optim.AdamW and TransformerEngine FusedAdam
+// keyword arguments tracegrpo reads (foreach and fused are ignored).
+// ExpAvgDtype and ExpAvgSqDtype are FusedAdam's moment dtypes ("" when
+// unset: float32).
 type AdamWKwargs struct {
-	LR          float64   `yaml:"lr"`
-	WeightDecay float64   `yaml:"weight_decay"`
-	Betas       []float64 `yaml:"betas"`
-	Eps         float64   `yaml:"eps"`
+	LR            float64   `yaml:"lr"`
+	WeightDecay   float64   `yaml:"weight_decay"`
+	Betas         []float64 `yaml:"betas"`
+	Eps           float64   `yaml:"eps"`
+	ExpAvgDtype   string    `yaml:"exp_avg_dtype,omitempty"`
+	ExpAvgSqDtype string    `yaml:"exp_avg_sq_dtype,omitempty"`
 }
 
 // TorchScheduler is one entry of `policy.scheduler`.
@@ -288,6 +292,7 @@ const (
 	BuilderPerRequest    = "per_request"
 	AdvEstimatorGRPO     = "grpo"
 	TorchAdamW           = "torch.optim.AdamW"
+	TEFusedAdam          = "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"
 	TorchLinearLR        = "torch.optim.lr_scheduler.LinearLR"
 	TorchConstantLR      = "torch.optim.lr_scheduler.ConstantLR"
 )

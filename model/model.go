@@ -48,6 +48,16 @@ type Options struct {
 	// C floats) and the tree's parents, subtree ends and pair rows (I32).
 	// MaxSeqs then bounds a tree's segments.
 	Tree bool
+	// HeadFilter makes the LM head's distribution NeMo RL's top-k/top-p
+	// filtered one (policy.generation.top_k and top_p, kernels.TopKTopP):
+	// Forward's logprob is log p_K(token), −Inf where the token is
+	// filtered out, its entropy the filtered distribution's, and Backward
+	// masks the gradient of filtered logits. The backend must implement
+	// kernels.FilteredHead. HeadFull also keeps the unfiltered logprobs
+	// (LogprobsFull) with their gradient (BackwardFull): NeMo RL's KL term
+	// reads them. A reference model (NewReference) is never filtered.
+	HeadFilter kernels.TopKTopP
+	HeadFull   bool
 }
 
 // MaxTokens is the most tokens a micro-batch (Options.MaxTokens), a
@@ -201,25 +211,31 @@ type Model struct {
 	lmHeadW              kernels.Buf   // lm_head (or the tied embedding) in GEMM precision
 
 	// Activations.
-	la                  []layerActs
-	hy                  []hybridActs  // a hybrid model's blocks (hybrid.go)
-	hs                  hybridScratch // a hybrid model's shared buffers
-	mtp                 *mtpState     // a training model's multi-token prediction depths (mtp.go)
-	qkvOut              kernels.Buf   // (T, q|k|v) F32: the fused projection's output
-	fused               kernels.Buf   // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
-	xf                  kernels.Buf   // (T,C) output of the last layer
-	lnf                 kernels.Buf   // (T,C) w
-	rstdf               kernels.Buf   // (T)
-	lp, ent, lseHead    kernels.Buf   // (T) logprob of targets, entropy, lse
-	dlp                 kernels.Buf   // (T)
-	dx, dln, dlnf       kernels.Buf   // (T,C)
-	dxW                 kernels.Buf   // (T,C) w: dx rounded for the GEMMs (BF16 only)
-	datt, dq, dqraw     kernels.Buf   // (T,NH,HD)
-	dattW               kernels.Buf   // (T,NH,HD) w (BF16 only)
-	dk, dv, dkraw       kernels.Buf   // (T,NKV,HD)
-	dgate, dup, dh      kernels.Buf   // (T,I)
-	tokens, pos, target kernels.Buf   // (T) I32; target holds a tree's pair labels (P)
-	cu                  kernels.Buf   // (S+1) I32: sequence offsets, or a tree's segment offsets
+	la               []layerActs
+	hy               []hybridActs  // a hybrid model's blocks (hybrid.go)
+	hs               hybridScratch // a hybrid model's shared buffers
+	mtp              *mtpState     // a training model's multi-token prediction depths (mtp.go)
+	qkvOut           kernels.Buf   // (T, q|k|v) F32: the fused projection's output
+	fused            kernels.Buf   // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
+	xf               kernels.Buf   // (T,C) output of the last layer
+	lnf              kernels.Buf   // (T,C) w
+	rstdf            kernels.Buf   // (T)
+	lp, ent, lseHead kernels.Buf   // (T) logprob of targets, entropy, lse
+	dlp              kernels.Buf   // (T)
+	// The filtered head (Options.HeadFilter): the unfiltered logprob and
+	// lse, each row's cut, and the unfiltered logprob's gradient.
+	lpFull, lseFull     kernels.Buf // (T)
+	cut                 kernels.Buf // (2T) I32
+	dlpFull             kernels.Buf // (T) (HeadFull, with a backward)
+	filtered            kernels.FilteredHead
+	dx, dln, dlnf       kernels.Buf // (T,C)
+	dxW                 kernels.Buf // (T,C) w: dx rounded for the GEMMs (BF16 only)
+	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
+	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
+	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
+	dgate, dup, dh      kernels.Buf // (T,I)
+	tokens, pos, target kernels.Buf // (T) I32; target holds a tree's pair labels (P)
+	cu                  kernels.Buf // (S+1) I32: sequence offsets, or a tree's segment offsets
 	// Packed trees (Options.Tree): the pairs' final-layer rows, the tree.
 	xfP                  kernels.Buf // (T,C) F32: xf's rows of the pairs (P ≤ T)
 	treeParent, treeEnds kernels.Buf // (S) I32
@@ -254,6 +270,8 @@ type Model struct {
 	hStack                      []int32
 	hLp, hEnt, hDlp             []float32
 	outLp, outEnt               []float32
+	hLpFull, hDlpFull, outFull  []float32 // HeadFull only
+	lastFull                    []float32 // the last Forward's unfiltered logprobs (HeadFull)
 
 	// State of the last Forward, for Backward.
 	lastT, lastS, lastMaxLen int
@@ -294,6 +312,9 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 	}
 	m.setBackend(b)
 	if err := m.checkBackend(); err != nil {
+		return nil, err
+	}
+	if err := m.checkFilter(); err != nil {
 		return nil, err
 	}
 	sz, p, err := m.sizes()
@@ -350,7 +371,7 @@ func NewReference(policy *Model) (*Model, error) {
 	if policy.fs != nil {
 		return newShardedReference(policy)
 	}
-	m, err := shell(policy.cfg, policy.opt)
+	m, err := shell(policy.cfg, unfiltered(policy.opt))
 	if err != nil {
 		return nil, err
 	}
@@ -382,7 +403,34 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.experts, _ = b.(kernels.Experts)
+	m.filtered, _ = b.(kernels.FilteredHead)
 	m.mamba, _ = b.(kernels.Mamba)
+}
+
+// headFiltered reports whether the LM head runs under a top-k/top-p
+// filter; headFull whether it also keeps the unfiltered logprobs.
+func (m *Model) headFiltered() bool { return m.opt.HeadFilter.On(m.cfg.VocabSize) }
+func (m *Model) headFull() bool     { return m.headFiltered() && m.opt.HeadFull }
+
+// checkFilter refuses a filtered head on a backend without one, and a
+// top_k above the vocabulary (NeMo RL's torch.topk raises there).
+func (m *Model) checkFilter() error {
+	f := m.opt.HeadFilter
+	if f.TopK > m.cfg.VocabSize {
+		return fmt.Errorf("model: top-k %d exceeds the vocabulary of %d tokens (NeMo RL's torch.topk raises on it)", f.TopK, m.cfg.VocabSize)
+	}
+	if m.headFiltered() && m.filtered == nil {
+		return fmt.Errorf("model: the %s backend has no filtered LM head (kernels.FilteredHead): it cannot compute NeMo RL's top-k/top-p log-probabilities", m.b.Name())
+	}
+	return nil
+}
+
+// unfiltered is opt without the head's filter: a reference model's
+// (NeMo RL computes the reference policy's logprobs unfiltered,
+// dtensor_policy_worker.py use_reference_model, lines 1775-1815).
+func unfiltered(opt Options) Options {
+	opt.HeadFilter, opt.HeadFull = kernels.TopKTopP{}, false
+	return opt
 }
 
 // checkBackend refuses, naming the backend and the family, a config whose
@@ -427,6 +475,9 @@ func (m *Model) hostStaging() {
 	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
+	if m.headFull() {
+		m.hLpFull, m.hDlpFull, m.outFull = make([]float32, T), make([]float32, T), make([]float32, T)
+	}
 	if m.opt.Tree {
 		m.hParent, m.hEnds, m.hAnc, m.hIdx = make([]int32, S), make([]int32, S), make([]int32, S), make([]int32, T)
 		m.hStack = make([]int32, 0, S)
@@ -724,6 +775,14 @@ func (m *Model) layoutActs() *actPlan {
 	w.add(&m.lnf, T*C)
 	for _, x := range []*kernels.Buf{&m.rstdf, &m.lp, &m.ent, &m.lseHead} {
 		f.add(x, T)
+	}
+	if m.headFiltered() {
+		f.add(&m.lpFull, T)
+		f.add(&m.lseFull, T)
+		p.i.add(&m.cut, 2*T)
+		if m.headFull() && !m.forwardOnly {
+			f.add(&m.dlpFull, T)
+		}
 	}
 	m.offsets, m.psum, m.auxGrad = nil, nil, nil
 	if anySparse {

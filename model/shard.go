@@ -313,6 +313,9 @@ func NewSharded(b kernels.Backend, cfg Config, opt Options, so ShardOptions) (*M
 	if err := m.checkBackend(); err != nil {
 		return nil, err
 	}
+	if err := m.checkFilter(); err != nil {
+		return nil, err
+	}
 	sh, err := NewSharding(&m.table, so.Comm.Size(), so.Comm.Rank())
 	if err != nil {
 		return nil, err
@@ -749,7 +752,7 @@ func (m *Model) shardedBackward() {
 // and the vectors, which the forward reads in fp32 as the policy's does),
 // and gathering into the policy's slots.
 func newShardedReference(policy *Model) (*Model, error) {
-	m, err := shell(policy.cfg, policy.opt)
+	m, err := shell(policy.cfg, unfiltered(policy.opt))
 	if err != nil {
 		return nil, err
 	}

@@ -49,6 +49,11 @@ type Metrics struct {
 	// training forward against the no-gradient forward of the same weights.
 	// It is 0 for a deterministic forward; anything else is a bug.
 	PrevLogprobMaxDiff Num `json:"prev_logprob_max_diff"`
+	// FilterMaskedTokens counts the eligible tokens whose current
+	// log-probability is −inf under policy.generation's top-k/top-p filter
+	// (the filter of training no longer keeps the sampled token): masked
+	// to log-probability 0 with no gradient, as NeMo RL does.
+	FilterMaskedTokens int `json:"filter_masked_tokens,omitempty"`
 	// TrainTokens counts the tokens of the rows that ran (valid rows).
 	TrainTokens int `json:"train_tokens"`
 	// ComputedTokens counts the tokens the model ran per training pass:

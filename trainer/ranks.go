@@ -58,6 +58,10 @@ type post struct {
 	Sums         grpo.LossSums
 	EntSum, EntN float64
 	MaxOldDiff   float64
+	// FilteredOut counts the eligible tokens whose current log-probability
+	// is −inf under policy.generation's top-k/top-p filter (masked to 0
+	// with no gradient, as NeMo RL's mask_out_neg_inf_logprobs does).
+	FilteredOut int
 	// A sparse model's load-balancing loss: Σ over micro-batches of its
 	// tokens times its loss, and those tokens.
 	RouterLossSum  float64

@@ -271,6 +271,9 @@ func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		if err := t.forward(t.model, mb, t.rowLPOld, nil); err != nil {
 			return err
 		}
+		for _, r := range mb.rows {
+			maskNegInf(t.rowLPOld[r], nil)
+		}
 		if t.ref != nil {
 			if err := t.forward(t.ref, mb, t.rowLPRef, nil); err != nil {
 				return err
@@ -278,6 +281,33 @@ func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		}
 	}
 	return nil
+}
+
+// scatterOut copies a forward's per-token (stream) or per-pair (tree)
+// values into per-row buffers.
+func scatterOut(dst [][]float64, mb microBatch, v []float32) {
+	if mb.tree == nil {
+		scatter(dst, mb, v)
+	} else {
+		scatterPairs(dst, mb, v)
+	}
+}
+
+// maskNegInf is NeMo RL's mask_out_neg_inf_logprobs
+// (nemo_rl/algorithms/utils.py at 7ea279abfbeb, lines 227-257): a
+// log-probability of −inf (the token fell outside the top-k/top-p
+// filter) becomes 0, recorded in neg (when not nil) so that it gets no
+// gradient; the token stays in the loss's masks.
+func maskNegInf(lp []float64, neg []bool) {
+	for i, x := range lp {
+		inf := math.IsInf(x, -1)
+		if inf {
+			lp[i] = 0
+		}
+		if neg != nil {
+			neg[i] = inf
+		}
+	}
 }
 
 // scatter copies a micro-batch's per-token values into per-row buffers.
@@ -306,11 +336,12 @@ func scatterPairs(dst [][]float64, mb microBatch, v []float32) {
 // rowPost is one row's share of a rank's post: its loss sums, the sum and
 // count of its entropies over eligible tokens, and max |lp − lp_old| there.
 type rowPost struct {
-	sums       grpo.LossSums
-	entSum     float64
-	entN       float64
-	maxOldDiff float64
-	ran        bool
+	sums        grpo.LossSums
+	entSum      float64
+	entN        float64
+	maxOldDiff  float64
+	filteredOut int
+	ran         bool
 }
 
 // train runs forward, the loss with the step's global G_tok (all ranks'
@@ -336,6 +367,12 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	t.rowDLP = rowSlices(t.rowDLP, b)
+	full := t.model.Options().HeadFull
+	if full {
+		t.rowLPFull = rowSlices(t.rowLPFull, b)
+		t.rowDLPFull = rowSlices(t.rowDLPFull, b)
+	}
+	t.rowNegInf = boolRows(t.rowNegInf, b)
 	if cap(t.rowPosts) < len(b.Rows) {
 		t.rowPosts = make([]rowPost, len(b.Rows))
 	}
@@ -348,15 +385,23 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 		if err := t.forward(t.model, mb, t.rowLP, t.rowEnt); err != nil {
 			return out, err
 		}
+		if full {
+			scatterOut(t.rowLPFull, mb, t.model.LogprobsFull())
+		}
 		out.ComputedTokens += mb.computed()
 		for _, r := range mb.rows {
 			row := &b.Rows[r]
+			neg := t.rowNegInf[r]
+			maskNegInf(t.rowLP[r], neg)
 			var ref []float64
 			if t.ref != nil {
 				ref = t.rowLPRef[r]
 			}
 			one := t.lossRows[:1]
 			one[0] = row.LossRow(t.rowLP[r], t.rowLPOld[r], ref, t.rowDLP[r])
+			if full {
+				one[0].LPKL, one[0].DLPKL = t.rowLPFull[r], t.rowDLPFull[r]
+			}
 			sums, err := grpo.Loss(one, gTok, &t.lossOpt)
 			if err != nil {
 				return out, err
@@ -368,7 +413,15 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 						rp.entSum += t.rowEnt[r][i]
 						rp.entN++
 						rp.maxOldDiff = math.Max(rp.maxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
+						if neg[i] {
+							rp.filteredOut++
+						}
 					}
+				}
+			}
+			for i, n := range neg { // a masked −inf is a constant: no gradient
+				if n {
+					t.rowDLP[r][i] = 0
 				}
 			}
 			t.rowPosts[r] = rp
@@ -379,7 +432,11 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 			out.RouterTokens += n
 			t.model.SetRouterLossWeight(float32(t.routerLossCoef * float64(n) / float64(max(stepTokens, 1))))
 		}
-		if err := t.model.Backward(t.dlogprobOf(mb)); err != nil {
+		var dfull []float32
+		if full {
+			dfull = t.dlogprobOf(mb, t.rowDLPFull, &t.dlogprobFull)
+		}
+		if err := t.model.BackwardFull(t.dlogprobOf(mb, t.rowDLP, &t.dlogprob), dfull); err != nil {
 			return out, err
 		}
 	}
@@ -388,24 +445,27 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 			out.Sums.Add(rp.sums)
 			out.EntSum, out.EntN = out.EntSum+rp.entSum, out.EntN+rp.entN
 			out.MaxOldDiff = math.Max(out.MaxOldDiff, rp.maxOldDiff)
+			out.FilteredOut += rp.filteredOut
 		}
 	}
 	return out, nil
 }
 
-// dlogprobOf returns dL/dlogprob for a micro-batch's backward from its rows'
-// gradients: per packed token for a stream; per pair for a tree, where a
-// pair read by several rows (a shared position, e.g. two equal generations)
-// gets the sum of their gradients, added in the tree's row order.
-func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
+// dlogprobOf returns dL/dlogprob for a micro-batch's backward from its
+// rows' gradients (rowD: t.rowDLP, or t.rowDLPFull for the unfiltered
+// log-probs), in *buf's storage: per packed token for a stream; per pair
+// for a tree, where a pair read by several rows (a shared position, e.g.
+// two equal generations) gets the sum of their gradients, added in the
+// tree's row order.
+func (t *Trainer) dlogprobOf(mb microBatch, rowD [][]float64, buf *[]float32) []float32 {
 	if mb.tree == nil {
-		if cap(t.dlogprob) < len(mb.tokens) {
-			t.dlogprob = make([]float32, len(mb.tokens))
+		if cap(*buf) < len(mb.tokens) {
+			*buf = make([]float32, len(mb.tokens))
 		}
-		d := t.dlogprob[:len(mb.tokens)]
+		d := (*buf)[:len(mb.tokens)]
 		for j, r := range mb.rows {
 			off := int(mb.cu[j])
-			for i, g := range t.rowDLP[r] {
+			for i, g := range rowD[r] {
 				d[off+i] = float32(g)
 			}
 		}
@@ -415,15 +475,15 @@ func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
 	if cap(t.dpair) < P {
 		t.dpair = make([]float64, P)
 	}
-	if cap(t.dlogprob) < P {
-		t.dlogprob = make([]float32, P)
+	if cap(*buf) < P {
+		*buf = make([]float32, P)
 	}
-	sum, d := t.dpair[:P], t.dlogprob[:P]
+	sum, d := t.dpair[:P], (*buf)[:P]
 	clear(sum)
 	for j, r := range mb.rows {
 		for i, p := range mb.tree.Pair[j] {
 			if p >= 0 {
-				sum[p] += t.rowDLP[r][i]
+				sum[p] += rowD[r][i]
 			}
 		}
 	}
@@ -431,6 +491,24 @@ func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
 		d[p] = float32(g)
 	}
 	return d
+}
+
+// boolRows returns per-row bool buffers of the batch's row lengths,
+// reusing buf's storage.
+func boolRows(buf [][]bool, b *grpo.Batch) [][]bool {
+	if cap(buf) < len(b.Rows) {
+		buf = make([][]bool, len(b.Rows))
+	}
+	buf = buf[:len(b.Rows)]
+	for i := range b.Rows {
+		n := len(b.Rows[i].TokenIDs)
+		if cap(buf[i]) < n {
+			buf[i] = make([]bool, n)
+		}
+		buf[i] = buf[i][:n]
+		clear(buf[i])
+	}
+	return buf
 }
 
 // metrics assembles the step's metrics line from every rank's share.
@@ -465,6 +543,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		sums.Add(p.Sums)
 		computed += p.ComputedTokens
 		entSum, entN = entSum+p.EntSum, entN+p.EntN
+		m.FilterMaskedTokens += p.FilteredOut
 		routerSum, routerTokens = routerSum+p.RouterLossSum, routerTokens+p.RouterTokens
 		m.PrevLogprobMaxDiff = Num(math.Max(float64(m.PrevLogprobMaxDiff), p.MaxOldDiff))
 		busy = math.Max(busy, p.Logprob+p.Train)

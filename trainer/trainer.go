@@ -115,10 +115,18 @@ type Trainer struct {
 
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
-	lossRows                                  []grpo.LossRow
-	rowPosts                                  []rowPost
-	dlogprob                                  []float32
-	dpair                                     []float64
+	// Under a top-k/top-p filter with a KL penalty: the unfiltered current
+	// log-probs the KL reads and their gradient; and, per row, the
+	// positions whose target the filter drops (NeMo RL's −inf, masked).
+	rowLPFull, rowDLPFull [][]float64
+	rowNegInf             [][]bool
+	stageErr              error       // hostCopy's staging of a bf16 arena failed
+	stage                 kernels.Buf // F32 staging of bf16 moments for checkpoints (the plan's moment_staging)
+	dlogprobFull          []float32
+	lossRows              []grpo.LossRow
+	rowPosts              []rowPost
+	dlogprob              []float32
+	dpair                 []float64
 }
 
 // initSource says where the initial weights came from, so that a resumed run
@@ -335,10 +343,13 @@ func (t *Trainer) setupFiles() error {
 	if err := t.openLoggers(); err != nil {
 		return err
 	}
-	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
-		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
-			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
-			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
+	if f := headFilter(c); f.On(t.modelCfg.VocabSize) {
+		kl := ""
+		if c.LossFn.ReferencePolicyKLPenalty != 0 {
+			kl = "; the KL penalty reads the unfiltered ones, against an unfiltered reference"
+		}
+		t.logf("policy.generation top_k=%s top_p=%v: the training log-probabilities and entropy are NeMo RL's top-k/top-p filtered ones "+
+			"(a token outside the filter counts with log-probability 0 and no gradient, as NeMo RL masks it)%s", ptrStr(c.Policy.Generation.TopK), c.Policy.Generation.TopP, kl)
 	}
 	t.progress = newProgressLine(t.o.Log, t.o.Quiet, t.maxSteps)
 	ranks := ""
@@ -389,6 +400,10 @@ func (t *Trainer) Close() {
 	}
 	if t.opt != nil {
 		t.opt.Close()
+	}
+	if t.stage.N > 0 {
+		t.be.Free(t.stage)
+		t.stage = kernels.Buf{}
 	}
 	if t.ref != nil {
 		t.ref.Close()
@@ -525,6 +540,9 @@ func (t *Trainer) newModels() error {
 	if err != nil {
 		return err
 	}
+	if err := checkTopK(c, t.modelCfg.VocabSize); err != nil {
+		return err
+	}
 	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
 	if on, _ := c.SharedPrefixOn(); on && !t.shared {
 		// The load-balancing loss of a sparse model averages the routing of
@@ -588,6 +606,22 @@ func (t *Trainer) checkPlan() error {
 	}
 	if err := p.Check(free, source); err != nil {
 		return err
+	}
+	// The LM head's logits scratch grows into what the plan leaves free
+	// (CUDA: 128 MiB to 2 GiB); the plan counts it, so it is made again.
+	if sz, ok := backendAs[interface {
+		SizeLogitsScratch(headroom int64) (int, bool)
+	}](t.be); ok {
+		if el, changed := sz.SizeLogitsScratch(free - p.TotalBytes); changed {
+			if p, err = t.Plan(); err != nil {
+				return err
+			}
+			t.plan = p
+			if err := p.Check(free, source); err != nil {
+				return err
+			}
+			t.logf("LM head: a logits scratch of %s, from the %s the plan left free", Bytes(4*int64(el)), Bytes(free-p.TotalBytes))
+		}
 	}
 	t.logf("memory plan: %s of %s free (%s)", Bytes(p.TotalBytes), Bytes(free), source)
 	return nil
@@ -709,6 +743,22 @@ func (t *Trainer) loadInitialWeights(m *model.Model) error {
 	return nil
 }
 
+// adamRule is the update arithmetic of the configured optimizer.
+func adamRule(oc config.Optimizer) kernels.AdamRule {
+	if oc.Class == config.TEFusedAdam {
+		return kernels.FusedAdam
+	}
+	return kernels.TorchAdamW
+}
+
+// momentDType is the dtype of the configured optimizer's Adam moments.
+func momentDType(oc config.Optimizer) kernels.DType {
+	if oc.BF16Moments {
+		return kernels.BF16
+	}
+	return kernels.F32
+}
+
 // newOptimizer builds AdamW over the model's arenas, with weight decay per
 // parameter as the parameter table says, and the configured schedule.
 func (t *Trainer) newOptimizer() error {
@@ -723,7 +773,7 @@ func (t *Trainer) newOptimizer() error {
 	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
-	ocfg := optim.Config{Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
+	ocfg := optim.Config{Rule: adamRule(oc), Moments: momentDType(oc), Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
 	if t.shardFull {
 		groups, ids := shardedGroups(t.model, frozen)
 		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,
@@ -742,6 +792,14 @@ func (t *Trainer) newOptimizer() error {
 	}
 	if err != nil {
 		return err
+	}
+	if ocfg.Moments == kernels.BF16 {
+		// Checkpoints widen the bf16 moments through it (the plan's
+		// moment_staging), held for the run.
+		n := t.model.Params().N
+		if t.stage, err = t.be.Alloc(kernels.F32, min(stageChunk, max(n, 1))); err != nil {
+			return fmt.Errorf("the bf16 moments' staging buffer: %w", err)
+		}
 	}
 	switch sc.Style {
 	case "megatron":
