@@ -155,6 +155,15 @@ type MegatronCfg struct {
 	// FreezeMoERouter leaves a sparse model's routers untrained (NeMo RL's
 	// Megatron default); read when Enabled.
 	FreezeMoERouter bool `yaml:"freeze_moe_router,omitempty"`
+
+	// Multi-token prediction (a Nemotron-H model's MTP blocks; read when
+	// Enabled): nil where the recipe does not state the key, which NeMo
+	// RL's _apply_mtp_config then leaves to Megatron-Bridge's provider
+	// (the checkpoint's num_nextn_predict_layers, trainer/mtp.go).
+	MTPNumLayers         *int     `yaml:"mtp_num_layers,omitempty"`
+	MTPLossScalingFactor *float64 `yaml:"mtp_loss_scaling_factor,omitempty"`
+	MTPUseRepeatedLayer  *bool    `yaml:"mtp_use_repeated_layer,omitempty"`
+	MTPDetachHeads       *bool    `yaml:"mtp_detach_heads,omitempty"`
 }
 
 // MegatronOptimizer is `policy.megatron_cfg.optimizer`.

@@ -682,14 +682,22 @@ func (m *Model) ForwardMTP(tokens []int32, cuSeqlens []int32, temperature float3
 	return lp, ent, m.mtpResults(len(tokens)), nil
 }
 
+// SetMTPGradients gives the next Backward (or BackwardFull) after a
+// ForwardMTP the gradients of the depths' log-probabilities: dmtp[k−1][t]
+// = ∂L/∂mtp[k−1][t], aligned as ForwardMTP returned them (entries where it
+// returned no log-probability are ignored).
+func (m *Model) SetMTPGradients(dmtp [][]float32) error {
+	if m.mtp == nil || !m.mtp.active {
+		return fmt.Errorf("model: backward: MTP gradients without a preceding ForwardMTP")
+	}
+	return m.stageMTPGrads(dmtp)
+}
+
 // BackwardMTP is Backward after a ForwardMTP, given also dmtp[k−1][t] =
 // ∂L/∂mtp[k−1][t] for the depths' log-probabilities (same alignment;
 // entries where ForwardMTP returned no log-probability are ignored).
 func (m *Model) BackwardMTP(dlogprob []float32, dmtp [][]float32) error {
-	if m.mtp == nil || !m.mtp.active {
-		return fmt.Errorf("model: backward: BackwardMTP without a preceding ForwardMTP")
-	}
-	if err := m.stageMTPGrads(dmtp); err != nil {
+	if err := m.SetMTPGradients(dmtp); err != nil {
 		return err
 	}
 	err := m.Backward(dlogprob)

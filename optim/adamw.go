@@ -27,6 +27,9 @@ type Group struct {
 	Decay  bool
 }
 
+// ClipSets is the number of clip sets (Config.ClipSet).
+const ClipSets = 2
+
 // Sharded makes an optimizer step one rank's shard of the parameters
 // (fully sharded data parallel): the gradient norm sums every rank's
 // squared norms per group ID in one all-reduce of IDs floats, so clipping
@@ -92,6 +95,15 @@ type Config struct {
 	// norm is still computed and reported).
 	MaxGradNorm float64
 	NonFinite   NonFinite
+	// ClipSet is the clip set of each group (each group ID when sharded,
+	// over every rank's IDs); nil: all in set 0. Set 0 is the main
+	// gradient norm (Result.GradNorm); set 1 is clipped by its own norm
+	// with the same MaxGradNorm and left out of the main one:
+	// Megatron-Core's separate grad_norm_group "mtp"
+	// (megatron/core/optimizer/optimizer.py clip_grad_norm at
+	// d98e8a64ddf34856e74b24714e3bedb2f5a39553), which tags the MTP
+	// blocks' parameters when mtp_detach_heads.
+	ClipSet []int
 }
 
 // State is the optimizer's host-side state (the moments live in the
@@ -109,6 +121,10 @@ type Result struct {
 	LR, WD      float64 // learning rate and weight decay the update used
 	Step        int64   // optimizer step counter after the update
 	GroupSumSqr []float64
+	// SetNorms is each clip set's L2 norm before clipping (SetNorms[0] is
+	// GradNorm) and SetScales its clip factor, when groups use a clip set
+	// beyond 0 (nil otherwise).
+	SetNorms, SetScales []float64
 }
 
 // AdamW is the optimizer over one parameter arena.
@@ -116,7 +132,9 @@ type AdamW struct {
 	be      Backend
 	cfg     Config
 	groups  []Group
-	runs    []Group // adjacent groups with the same Decay, merged
+	runs    []Group // adjacent groups with the same Decay and clip set, merged
+	runClip []int   // each run's clip set
+	sets    bool    // a group (or an ID) is in a clip set beyond 0
 	param   kernels.Buf
 	grad    kernels.Buf
 	moments kernels.Buf // (2N): m then v
@@ -208,12 +226,29 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		return nil, fmt.Errorf("optim: %v moments: want f32 or bf16", cfg.Moments)
 	}
 	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad, shard: sh}
-	for _, g := range groups {
-		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
+	if cfg.ClipSet != nil {
+		want := len(groups)
+		if sh != nil {
+			want = sh.IDs
+		}
+		if len(cfg.ClipSet) != want {
+			return nil, fmt.Errorf("optim: %d clip sets for %d groups (or group IDs)", len(cfg.ClipSet), want)
+		}
+		for i, c := range cfg.ClipSet {
+			if c < 0 || c >= ClipSets {
+				return nil, fmt.Errorf("optim: group %d: clip set %d: want 0 to %d", i, c, ClipSets-1)
+			}
+			o.sets = o.sets || c != 0
+		}
+	}
+	for i, g := range groups {
+		c := o.setOf(o.slot(i))
+		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runClip[n-1] == c && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
 			o.runs[n-1].N += g.N
 			continue
 		}
 		o.runs = append(o.runs, g)
+		o.runClip = append(o.runClip, c)
 	}
 	var err error
 	nsums := len(groups)
@@ -230,6 +265,9 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 	}
 	o.host = make([]float32, nsums)
 	mt, _ := be.(kernels.MultiAdamW) // nil: the per-run step (a wrapped backend)
+	if o.sets {
+		mt = nil // the multi-tensor step clips by one norm: clip sets take the per-run step
+	}
 	if err := o.initMulti(mt); err != nil {
 		o.Close()
 		return nil, err
@@ -402,16 +440,33 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
 		return o.nonFinite(res, norm, per)
 	}
-	if o.cfg.MaxGradNorm > 0 {
+	scales := [ClipSets]float64{1, 1}
+	if o.sets {
+		// Megatron's clip_grad_norm: the main norm leaves the separate
+		// set out, and each set is clipped by its own norm.
+		var sq [ClipSets]float64
+		for i, x := range per {
+			sq[o.setOf(i)] += x
+		}
+		res.SetNorms, res.SetScales = make([]float64, ClipSets), make([]float64, ClipSets)
+		for k := range sq {
+			res.SetNorms[k], res.SetScales[k] = math.Sqrt(sq[k]), 1
+			if o.cfg.MaxGradNorm > 0 {
+				res.SetScales[k] = kernels.ClipScale(res.SetNorms[k], o.cfg.MaxGradNorm)
+			}
+			scales[k] = res.SetScales[k]
+		}
+		res.GradNorm, res.ClipScale = res.SetNorms[0], res.SetScales[0]
+	} else if o.cfg.MaxGradNorm > 0 {
 		// torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1.
 		res.ClipScale = kernels.ClipScale(norm, o.cfg.MaxGradNorm)
+		scales[0] = res.ClipScale
 	}
 	o.st.Step++
 	res.Step = o.st.Step
-	step := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, res.ClipScale)
 	m, v := o.Moments()
-	for _, r := range o.runs {
-		s := step
+	for ri, r := range o.runs {
+		s := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, scales[o.runClip[ri]])
 		if r.Decay {
 			s.WeightDecay = float32(wd)
 		}
@@ -473,6 +528,15 @@ func (o *AdamW) stepMulti(lr, wd float64) (Result, error) {
 		return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: float64(o.host[0]), Step: next, LR: lr}
 	}
 	return res, nil
+}
+
+// setOf is the clip set of sums slot i (a group's index, or its ID when
+// sharded).
+func (o *AdamW) setOf(i int) int {
+	if o.cfg.ClipSet == nil {
+		return 0
+	}
+	return o.cfg.ClipSet[i]
 }
 
 // nonFinite handles a non-finite gradient norm: the step is skipped

@@ -101,7 +101,6 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		{"optimizer state dtype", []string{"++policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16"}, "policy.optimizer.kwargs.exp_avg_dtype"},
 		{"master weights", []string{"++policy.optimizer.kwargs.master_weights=false"}, "policy.optimizer.kwargs.master_weights"},
 		{"Megatron master params", []string{"policy.megatron_cfg.optimizer.params_dtype=bfloat16"}, "policy.megatron_cfg.optimizer.params_dtype"},
-		{"multi-token prediction", []string{"policy.megatron_cfg.mtp_num_layers=1"}, "policy.megatron_cfg.mtp_num_layers"},
 	} {
 		keys := refusedKeys(t, c.over...)
 		found := false

@@ -44,6 +44,15 @@ type Metrics struct {
 	// load_balancing_loss_func, unweighted), the token-weighted mean over
 	// the step's micro-batches; absent for a dense model.
 	RouterAuxLoss *Num `json:"router_aux_loss,omitempty"`
+	// MTPLoss is each multi-token prediction depth's mean cross-entropy
+	// over its targets (depth k: every eligible token k+1 or more places
+	// into its trace), the step's; absent without MTP. The objective adds
+	// mtp_loss_scaling_factor / mtp_num_layers times each (not in loss).
+	MTPLoss []Num `json:"mtp_loss,omitempty"`
+	// MTPGradNorm is the MTP blocks' gradient norm before clipping, with
+	// mtp_detach_heads (they are clipped by it, and grad_norm leaves them
+	// out, as Megatron's separate grad_norm_group does).
+	MTPGradNorm *Num `json:"mtp_grad_norm,omitempty"`
 
 	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
 	// training forward against the no-gradient forward of the same weights.

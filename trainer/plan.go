@@ -302,7 +302,7 @@ func checkTopK(c *config.Config, V int) error {
 func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	planRuns.Add(1)
 	c := req.Config
-	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, req.Model.Sparse())
+	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, noTrees(req.Model))
 	if err != nil {
 		return nil, err
 	}

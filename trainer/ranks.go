@@ -50,6 +50,9 @@ type shard struct {
 	GTok                                  float64
 	TrainTokens                           int
 	MicroBatches                          int // the rank's packed micro-batches
+	// MTPTargets counts the rank's multi-token prediction targets per
+	// depth (mtp.go): every rank divides by the step's.
+	MTPTargets []int
 }
 
 // post is one rank's loss sums, gathered after the update.
@@ -66,7 +69,10 @@ type post struct {
 	// tokens times its loss, and those tokens.
 	RouterLossSum  float64
 	RouterTokens   int
-	ComputedTokens int     // tokens through the model: each shared prefix once under policy.shared_prefix=auto
+	ComputedTokens int // tokens through the model: each shared prefix once under policy.shared_prefix=auto
+	// MTPCE is each multi-token prediction depth's cross-entropy summed
+	// over the rank's targets.
+	MTPCE          []float64
 	Logprob, Train float64 // this rank's phase seconds
 }
 

@@ -59,6 +59,9 @@ func (t *Trainer) Run() error {
 				err = fmt.Errorf("step %d: %w", step, err)
 			} else {
 				my = myShard(logical, reasons, batch)
+				if t.mtp.run {
+					my.MTPTargets = mtpTargets(batch, t.mtp.depths)
+				}
 				if mbs, err = t.pack(batch); err != nil {
 					err = fmt.Errorf("step %d: pack: %w", step, err)
 				}

@@ -381,8 +381,9 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 	if cap(t.lossRows) < 1 {
 		t.lossRows = make([]grpo.LossRow, 1)
 	}
+	t.mtpStep(st, b, &out)
 	for _, mb := range mbs {
-		if err := t.forward(t.model, mb, t.rowLP, t.rowEnt); err != nil {
+		if err := t.forwardTrain(mb); err != nil {
 			return out, err
 		}
 		if full {
@@ -436,10 +437,14 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 		if full {
 			dfull = t.dlogprobOf(mb, t.rowDLPFull, &t.dlogprobFull)
 		}
+		if err := t.mtpMicroBatch(mb, b); err != nil {
+			return out, err
+		}
 		if err := t.model.BackwardFull(t.dlogprobOf(mb, t.rowDLP, &t.dlogprob), dfull); err != nil {
 			return out, err
 		}
 	}
+	t.mtpSums(&out)
 	for _, rp := range t.rowPosts {
 		if rp.ran {
 			out.Sums.Add(rp.sums)
@@ -571,6 +576,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		m.RouterAuxLoss = &v
 	}
 	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
+	t.mtpMetrics(&m, st, upd.SetNorms)
 	m.TrainTokens, m.ComputedTokens = toks, computed
 	if computed > 0 {
 		m.PrefixReuse = Num(float64(toks) / float64(computed))

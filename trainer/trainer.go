@@ -76,6 +76,9 @@ type Trainer struct {
 	// routerLossCoef weighs a sparse model's load-balancing loss in the
 	// step's loss (0: not part of it; see newModels).
 	routerLossCoef float64
+	// mtp is the multi-token prediction loss (mtp.go).
+	mtp    mtpRun
+	mtpBuf mtpBuffers
 
 	// streams keys every random decision of the built-in rollouts by
 	// (seed, step, task group, rollout, call): nothing to checkpoint.
@@ -536,7 +539,8 @@ func (t *Trainer) newModels() error {
 		return err
 	}
 	t.sparseSettings()
-	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())
+	t.mtp = newMTPRun(c, t.modelCfg)
+	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", noTrees(t.modelCfg))
 	if err != nil {
 		return err
 	}
@@ -544,7 +548,11 @@ func (t *Trainer) newModels() error {
 		return err
 	}
 	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
-	if on, _ := c.SharedPrefixOn(); on && !t.shared {
+	if on, _ := c.SharedPrefixOn(); on && !t.shared && t.modelCfg.MTP.Depths > 0 {
+		// Depth k's inputs at a prefix's last k positions are the next
+		// tokens of each trace: they differ across a branch point.
+		t.logf("note: policy.shared_prefix=auto: multi-token prediction reads each trace's next tokens at every position (across a shared prefix's branch points they differ), so its traces are packed alone")
+	} else if on && !t.shared {
 		// The load-balancing loss of a sparse model averages the routing of
 		// every token of a micro-batch, each shared token once per trace
 		// that holds it: a trie, computing it once, would change that loss.
@@ -699,6 +707,10 @@ func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, 
 		path += " with policy.hf_config_overrides"
 	}
 	mc, err := model.ParseConfig(data, path)
+	if err != nil {
+		return mc, init, err
+	}
+	mc, err = withMTP(c, mc)
 	return mc, init, err
 }
 
@@ -776,18 +788,22 @@ func (t *Trainer) newOptimizer() error {
 	ocfg := optim.Config{Rule: adamRule(oc), Moments: momentDType(oc), Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
 	if t.shardFull {
 		groups, ids := shardedGroups(t.model, frozen)
+		ocfg.ClipSet = mtpClipSets(t.model.Table(), t.mtp.detach, len(t.model.Table().Params), nil)
 		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,
 			optim.Sharded{Comm: t.comm, IDs: len(t.model.Table().Params), GroupID: ids})
 	} else {
 		// One group per parameter: optim merges adjacent ones for the update
 		// and names the parameter whose gradient is not finite.
 		var groups []optim.Group
-		for _, p := range t.model.Table().Params {
+		var ids []int
+		for i, p := range t.model.Table().Params {
 			if frozen && p.Router {
 				continue
 			}
 			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
+			ids = append(ids, i)
 		}
+		ocfg.ClipSet = mtpClipSets(t.model.Table(), t.mtp.detach, 0, ids)
 		t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, ocfg)
 	}
 	if err != nil {
