@@ -186,29 +186,35 @@ func (m *Model) layoutMTP(p *actPlan) {
 		st.depth[d] = s
 		s.la, s.hy = make([]layerActs, P), make([]hybridActs, P)
 		offsets[d], rexp[d] = make([]kernels.Buf, P), make([]kernels.Buf, P)
-		for b, k := range c.MTP.Pattern {
-			f.add(&s.la[b].x, T*C)
-			if !share {
-				m.layoutBlock(p, &s.la[b], &s.hy[b], k)
+		// With Recompute a depth keeps its output, its head's statistics
+		// and its inputs; the rest is one depth's, shared, remade in the
+		// backward (mtpRecompute).
+		if !share || d == 0 {
+			for b, k := range c.MTP.Pattern {
+				f.add(&s.la[b].x, T*C)
+				if !share {
+					m.layoutBlock(p, &s.la[b], &s.hy[b], k)
+				}
+				if k == LayerMoE {
+					p.i.add(&offsets[d][b], c.MoE.NumExperts+1)
+					p.i.add(&rexp[d][b], T*c.MoE.TopK)
+				}
 			}
-			if k == LayerMoE {
-				p.i.add(&offsets[d][b], c.MoE.NumExperts+1)
-				p.i.add(&rexp[d][b], T*c.MoE.TopK)
+			w.add(&st.cat[d], T*2*C)
+			if bf16 {
+				f.add(&st.hin[d], T*C)
 			}
+			f.add(&st.rstdE[d], T)
+			f.add(&st.rstdH[d], T)
+			f.add(&s.xf, T*C)
+			f.add(&s.rstdf, T)
 		}
-		f.add(&st.emb[d], T*C)
-		w.add(&st.cat[d], T*2*C)
-		if bf16 {
-			f.add(&st.hin[d], T*C)
-		}
-		f.add(&st.rstdE[d], T)
-		f.add(&st.rstdH[d], T)
+		f.add(&st.emb[d], T*C) // mtpEmbed writes them all at the start
 		if !c.MTP.Detach {
 			f.add(&st.de[d], T*C)
 		}
-		f.add(&s.xf, T*C)
 		w.add(&s.lnf, T*C)
-		for _, x := range []*kernels.Buf{&s.rstdf, &s.lp, &s.ent, &s.lseHead, &s.dlp} {
+		for _, x := range []*kernels.Buf{&s.lp, &s.ent, &s.lseHead, &s.dlp} {
 			f.add(x, T)
 		}
 		p.i.add(&s.tokens, T)
@@ -235,6 +241,15 @@ func (m *Model) layoutMTP(p *actPlan) {
 		}
 		for d, s := range st.depth {
 			m.shareScratch(s)
+			if share && d > 0 {
+				d0 := st.depth[0]
+				for b := range s.la {
+					s.la[b].x = d0.la[b].x
+				}
+				offsets[d], rexp[d] = offsets[0], rexp[0]
+				st.cat[d], st.hin[d], st.rstdE[d], st.rstdH[d] = st.cat[0], st.hin[0], st.rstdE[0], st.rstdH[0]
+				s.xf, s.rstdf = d0.xf, d0.rstdf
+			}
 			s.offsets = offsets[d]
 			for b, k := range c.MTP.Pattern {
 				if share {
@@ -345,8 +360,9 @@ func (m *Model) mtpEmbed() {
 // mtpForwardDepth queues depth d from the previous depth's output (the
 // main model's lnf for d = 0) to its log-probabilities. block, unless nil,
 // runs before each block's forward (a sharded model gathers there; with
-// run false nothing else is queued).
-func (m *Model) mtpForwardDepth(d int, run bool, block func(b int)) {
+// run false nothing else is queued). Without head it stops before the LM
+// head (mtpRecompute).
+func (m *Model) mtpForwardDepth(d int, run bool, block func(b int), head bool) {
 	if !run {
 		for l := range m.mtp.depth[d].la {
 			block(l)
@@ -383,6 +399,9 @@ func (m *Model) mtpForwardDepth(d int, run bool, block func(b int)) {
 		}
 		s.layerForward(l, true)
 	}
+	if !head {
+		return
+	}
 	b.TokenLogprob(s.lp.Slice(0, T), s.ent.Slice(0, T), s.lseHead.Slice(0, T), tc(s.lnf, C), s.lmHeadW,
 		s.target.Slice(0, T), T, C, c.VocabSize, 1)
 }
@@ -393,7 +412,7 @@ func (m *Model) mtpForward() {
 		return
 	}
 	for d := range m.mtp.depth {
-		m.mtpForwardDepth(d, true, nil)
+		m.mtpForwardDepth(d, true, nil, true)
 	}
 }
 
@@ -417,17 +436,23 @@ func (m *Model) mtpShardedForward(run bool) {
 		return
 	}
 	for d := range m.mtp.depth {
-		gs := m.mtpGroups(d)
-		m.mtpForwardDepth(d, run, func(b int) {
-			m.gather(gs[b])
-			if b+1 < len(gs) {
-				m.gather(gs[b+1])
-			}
-			m.join(gs[b])
-			if b+1 < len(gs) {
-				m.join(gs[b+1])
-			}
-		})
+		m.mtpForwardDepth(d, run, m.mtpGatherHook(d), true)
+	}
+}
+
+// mtpGatherHook gathers block b's group and the next block's (whose norm
+// b's tail reads) before b runs.
+func (m *Model) mtpGatherHook(d int) func(b int) {
+	gs := m.mtpGroups(d)
+	return func(b int) {
+		m.gather(gs[b])
+		if b+1 < len(gs) {
+			m.gather(gs[b+1])
+		}
+		m.join(gs[b])
+		if b+1 < len(gs) {
+			m.join(gs[b+1])
+		}
 	}
 }
 
@@ -577,6 +602,9 @@ func (m *Model) mtpBackward() {
 	D := len(m.mtp.depth)
 	m.b.Fill(m.mtp.dout[(D-1)%2].Slice(0, m.lastT*m.cfg.HiddenSize), 0)
 	for d := D - 1; d >= 0; d-- {
+		if m.opt.Recompute {
+			m.mtpForwardDepth(d, true, nil, false)
+		}
 		m.mtpBackwardDepth(d, true, nil)
 	}
 }
@@ -608,6 +636,9 @@ func (m *Model) mtpShardedBackward(run bool) {
 	}
 	for d := D - 1; d >= 0; d-- {
 		gs := m.mtpGroups(d)
+		if m.opt.Recompute {
+			m.mtpForwardDepth(d, run, m.mtpGatherHook(d), false)
+		}
 		m.mtpBackwardDepth(d, run, func(b int, after bool) {
 			g, r := gs[b], fs.rslotOf[gs[b]]
 			if !after {

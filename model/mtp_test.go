@@ -329,3 +329,42 @@ func TestMTPConfig(t *testing.T) {
 		t.Errorf("WithMTP(0): %v, %d blocks", err, c.MTPBlocks())
 	}
 }
+
+// TestMTPSuperPublished: Nemotron-3-Super-120B-A12B's config.json
+// (testdata/published, PROVENANCE.md) loads with its MTP block ("*E",
+// num_nextn_predict_layers 1); trained as its recipes train it (5 depths of
+// the repeated block) the model holds 123,611,033,088 parameters in 42,683
+// tensors, 41 of them fp32 selection biases: Megatron-Bridge's verification
+// card's count of the BF16 checkpoint's tensors (its paired export
+// reproduces all 42,683 source tensors and 123,611,033,088 elements,
+// including the 41 FP32 router correction-bias tensors); without MTP
+// 120,668,707,840 in 41,643 (the 1,040 mtp.* tensors skipped, as
+// transformers skips them).
+func TestMTPSuperPublished(t *testing.T) {
+	c, err := LoadConfig("testdata/published/nemotron-3-super-120b-a12b.config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Pattern(c.MTP.Pattern) != "*E" || c.MTP.Blocks != 1 || c.MoE.LatentSize != 1024 || c.CountLayers(LayerMoE) != 40 {
+		t.Fatalf("MTP %+v, latent %d, %d MoE blocks", c.MTP, c.MoE.LatentSize, c.CountLayers(LayerMoE))
+	}
+	count := func(c Config) (params, tensors, biases int) {
+		tab := NewParamTable(c)
+		for _, p := range tab.Params {
+			if p.Buffer {
+				biases++
+			}
+		}
+		return tab.Total, len(tab.Params), biases
+	}
+	if p, n, b := count(c); p != 120668707840 || n != 41643 || b != 40 {
+		t.Errorf("without MTP: %d parameters in %d tensors (%d biases); want 120,668,707,840 in 41,643 (40)", p, n, b)
+	}
+	s, err := c.WithMTP(MTPTraining{Depths: 5, Repeated: true, Detach: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, n, b := count(s); p != 123611033088 || n != 42683 || b != 41 {
+		t.Errorf("with MTP: %d parameters in %d tensors (%d biases); want 123,611,033,088 in 42,683 (41)", p, n, b)
+	}
+}

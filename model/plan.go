@@ -46,6 +46,9 @@ func (m *Model) workload(backward bool) kernels.Workload {
 	if c.QKVBias() && backward {
 		w.Biases = []kernels.GEMM{{T: T, OC: qn}, {T: T, OC: kn}}
 	}
+	if c.MTP.Depths > 0 && backward { // the MTP depths' eh_proj (the rest are the main layers' shapes)
+		w.GEMMs = append(w.GEMMs, kernels.GEMM{T: T, C: 2 * C, OC: C, Backward: backward})
+	}
 	return w
 }
 

@@ -33,7 +33,8 @@ The pieces:
 
 Each step's rollouts are three task groups of four; half of the rollouts
 make two calls (the second's prompt holds the first call's prompt and
-generation and a tool turn), which the per_request builder turns into two
+generation and a tool turn; two of them start generating at position 1, so
+the depths have fewer targets than G_tok), which the per_request builder turns into two
 traces (the second trace masks the first call's tokens: they are owned by
 the first trace, no new samples for the main loss nor the MTP loss).
 
@@ -62,7 +63,7 @@ import golden_optim as go  # noqa: E402
 
 torch.set_default_dtype(torch.float64)
 
-SEED = 20261304
+SEED = 20261306
 SCRIPT = "scripts/golden_mtp_grpo.py"
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer", "testdata", "mtp_grpo")
 
@@ -104,6 +105,8 @@ def make_rollouts(rng, V):
         rewards = rng.sample([0.0, 0.25, 0.5, 0.75, 1.0], PER_GROUP)
         for i in range(PER_GROUP):
             prompt = base + [rng.randrange(V) for _ in range(rng.randint(1, 3))]
+            if task == 0 and i < 2:  # generations from position 1: eligible tokens no depth targets
+                prompt = base[:1]
             gen = [rng.randrange(V) for _ in range(rng.randint(2, 6))]
             calls = [dict(prompt=prompt, generation=gen, generation_logprobs=[math.log(rng.uniform(0.05, 0.9)) for _ in gen])]
             if i % 2 == 1:  # a tool turn, then a second call over the whole context

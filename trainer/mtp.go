@@ -350,3 +350,27 @@ func mtpClipSets(tab *model.ParamTable, detach bool, n int, ids []int) []int {
 	}
 	return out
 }
+
+// WithRecipeModel returns a model configuration read from a config.json
+// as the recipe trains it (its multi-token prediction): what ModelConfig
+// does after reading the file.
+func WithRecipeModel(c *config.Config, mc model.Config) (model.Config, error) { return withMTP(c, mc) }
+
+// mtpPlanNote says what a plan's multi-token prediction takes: its
+// parameters and its share of the activations (the plan without it).
+func mtpPlanNote(mc model.Config, opt model.Options, f model.Footprint) (string, error) {
+	if mc.MTP.Depths == 0 {
+		return "", nil
+	}
+	base, err := mc.WithMTP(model.MTPTraining{})
+	if err != nil {
+		return "", err
+	}
+	f0, err := model.PlanModel(base, opt)
+	if err != nil {
+		return "", err
+	}
+	n := model.NewParamTable(mc).Total - model.NewParamTable(base).Total
+	return fmt.Sprintf("multi-token prediction: %d depths of %q, %s parameters (in every part above with the rest); activations %s of the %s",
+		mc.MTP.Depths, model.Pattern(mc.MTP.Pattern), commas(int64(n)), Bytes(f.Activations-f0.Activations), Bytes(f.Activations)), nil
+}

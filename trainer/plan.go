@@ -485,6 +485,11 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 		what += ", activation checkpointing off"
 	}
 	p.add(Component{Name: "activations", Bytes: f.Activations, What: what, Shrink: k["activations"]})
+	if note, err := mtpPlanNote(mc, opt, f); err != nil {
+		return nil, err
+	} else if note != "" {
+		p.Notes = append(p.Notes, note)
+	}
 	if pp.kl {
 		r, err := model.PlanReference(mc, opt)
 		what := "frozen KL reference: weights only, forward in the policy's activations"

@@ -97,6 +97,9 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		if mc, err = model.LoadConfig(*cfgPath); err != nil {
 			return err
 		}
+		if mc, err = trainer.WithRecipeModel(&ld.Config, mc); err != nil {
+			return err
+		}
 		name = *cfgPath
 	} else if mc, name, err = trainer.ModelConfig(&ld.Config, o.InitFrom); err != nil {
 		return err
