@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 sass gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -84,8 +84,9 @@ bench:
 # The same forward+backward+AdamW step in PyTorch and tracegrpo (same weights,
 # 2 threads), interleaved over 2 rounds and every SIMD path of this CPU: prints
 # the CPU, torch's BLAS and each path's ratio. Debian's default libblas is the
-# reference BLAS; install libopenblas0-pthread for a realistic torch.
+# reference BLAS: scripts/deps.sh bench installs torch with OpenBLAS.
 bench-torch:
+	scripts/deps.sh bench
 	scripts/bench_compare.sh --threads 2 --steps 5 --rounds 2
 
 # The sparse step (Qwen3-MoE, 16 experts, 4 per token) against the dense
@@ -138,16 +139,33 @@ run: build
 ptx:
 	CUDA_HOME=$(CUDA_HOME) scripts/deps.sh nvcc
 	$(MAKE) -C kernels/cuda/csrc NVCC=$(NVCC) NVFLAGS="-O3 -std=c++14 -allow-unsupported-compiler"
+	$(MAKE) cubin
 
 # Assemble every committed PTX for Hopper with the ptxas deps.sh provides.
 ptx-sm90: deps
 	$(MAKE) -C kernels/cuda/csrc sm90 PTXAS=$(TOOLS)/ptxas
+
+# The committed sm_90 cubins (kernels/cuda/csrc/gen_*.sm_90.cubin, loaded on
+# a device of compute capability 9.0 instead of compiling the PTX) and
+# their manifest, assembled from the committed PTX by the ptxas deps.sh
+# provides. Run it after make ptx; TestCubinsFresh and TestSASS check them.
+cubin: deps
+	$(MAKE) -C kernels/cuda/csrc cubin PTXAS=$(TOOLS)/ptxas
 
 # Rewrite kernels/cuda/csrc/gen_sass.md (the SASS facts of the committed PTX:
 # tensor-core instructions, registers, spills, blocks per SM) with the ptxas
 # and cuobjdump make deps installs; TestSASS checks the file is current.
 sass: deps
 	$(TEST_ENV) $(GO) test ./kernels/cuda -count=1 -run '^TestSASS$$' -update-sass
+
+# The predicted time per op of one training step on an H200 (the bench
+# shape: Qwen3-1.7B, bf16, 8 × 4096 tokens) and its MFU, from the launch
+# ledger of the step on kernels/cuda's metering device (no GPU; nothing
+# runs). GPU_MODEL_FLAGS adds train gpu-model flags (--rows, --seq, ...).
+GPU_MODEL_CONFIG ?= model/testdata/published/qwen3-1.7b.config.json
+GPU_MODEL_FLAGS  ?=
+gpu-model:
+	$(GO) run ./cmd/train gpu-model --model $(GPU_MODEL_CONFIG) $(GPU_MODEL_FLAGS)
 
 # Build what scripts/gpu-check.sh runs on a GPU machine, stripped, into
 # bin/gpu-check (carry that folder there); prints its size, fails above 48 MiB.

@@ -38,9 +38,16 @@ type Env struct {
 	Size    int
 	Stdout  io.Writer // JSON lines (io.Discard on ranks other than 0)
 	Stderr  io.Writer // notes and the --profile table
-	// Peak measures the backend's peak floating-point rate (GFLOP/s) and
-	// says how, for --profile's fractions of peak; nil where none is known.
-	Peak func() (gflops float64, how string)
+	// Peak measures the backend's peak floating-point rate, for
+	// --profile's fractions of peak; nil where none is known.
+	Peak func() Peak
+}
+
+// Peak is a backend's measured peak floating-point rate.
+type Peak struct {
+	GFLOPS    float64 // all its threads together
+	PerThread float64 // one thread (one core) alone
+	How       string  // how it was measured, for the profile
 }
 
 // Common are the settings both kinds of run share.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
 	"github.com/tracegrpo/tracegrpo/kernels/cpu"
@@ -69,20 +70,25 @@ func TestProfileCountsFLOPs(t *testing.T) {
 		}
 	}
 	// The report gives the counted ops a rate and a fraction of the peak
-	// it is handed, and the others none.
+	// it is handed, and the others none. (Each op's times are set, so that
+	// the report does not depend on how long the calls took.)
+	for _, s := range p.stats {
+		s.cur, s.cpu = time.Millisecond, time.Millisecond
+	}
+	p.cpuOK = true
 	p.endStep()
 	var buf bytes.Buffer
-	p.report(&buf, 1, 1000, 100, "test peak")
+	p.report(&buf, 1, 1000, Peak{GFLOPS: 100, PerThread: 50, How: "test peak"})
 	for _, l := range strings.Split(buf.String(), "\n") {
 		f := strings.Fields(l)
 		if len(f) == 0 {
 			continue
 		}
 		switch {
-		case f[0] == "Fill" && (len(f) != 8 || f[6] != "-" || f[7] != "-"):
+		case f[0] == "Fill" && (len(f) != 11 || f[6] != "-" || f[7] != "-" || f[9] != "-" || f[10] != "-"):
 			t.Errorf("Fill has a rate: %q", l)
-		case want[f[0]] > 0 && (len(f) != 8 || !strings.HasSuffix(f[7], "%")):
-			t.Errorf("%s has no fraction of peak: %q", f[0], l)
+		case want[f[0]] > 0 && (len(f) != 11 || !strings.HasSuffix(f[7], "%") || !strings.HasSuffix(f[10], "%")):
+			t.Errorf("%s has no fraction of peak or of a core's peak: %q", f[0], l)
 		}
 	}
 	if !strings.Contains(buf.String(), "(matrix ops)") || !strings.Contains(buf.String(), "peak: test peak") {

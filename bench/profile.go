@@ -14,6 +14,7 @@ import (
 type opStat struct {
 	calls int
 	dur   time.Duration
+	cpu   time.Duration // the process's CPU time during the calls
 	flops float64       // 0: the op is not counted (memory-bound, or no formula)
 	cur   time.Duration // in the step under way
 	best  time.Duration // in the step that took it least (endStep)
@@ -25,6 +26,7 @@ type timedBackend struct {
 	kernels.Backend
 	stats map[string]*opStat
 	err   error
+	cpuOK bool // the CPU time of the calls was read
 }
 
 // Unwrap returns the backend being timed (its memory plan and free memory
@@ -54,11 +56,13 @@ func (p *timedBackend) time(name string, f func()) { p.timeWork(name, 0, f) }
 // timeWork times op name, which does flops floating-point operations
 // (flops.go counts them from the op's shapes).
 func (p *timedBackend) timeWork(name string, flops float64, f func()) {
+	c0, cpuOK := processCPU()
 	t0 := time.Now()
 	f()
 	if err := p.Backend.Sync(); err != nil && p.err == nil {
 		p.err = err
 	}
+	c1, _ := processCPU()
 	s := p.stats[name]
 	if s == nil {
 		s = &opStat{}
@@ -69,6 +73,10 @@ func (p *timedBackend) timeWork(name string, flops float64, f func()) {
 	s.dur += d
 	s.cur += d
 	s.flops += flops
+	if cpuOK {
+		s.cpu += c1 - c0
+		p.cpuOK = true
+	}
 }
 
 // Sync returns an error the timing syncs collected first.
@@ -81,52 +89,66 @@ func (p *timedBackend) Sync() error {
 	return p.Backend.Sync()
 }
 
-// report prints the time per op over steps timed steps (totalMs in all),
-// and for the ops whose work flops.go counts, their rate in their best step
-// and its fraction of peak (GFLOP/s; 0: no peak known), whose measurement
-// how describes.
-func (p *timedBackend) report(w io.Writer, steps int, totalMs, peak float64, how string) {
+// report prints the time per op over steps timed steps (totalMs in all).
+// For the ops whose work flops.go counts it adds their rate in their best
+// step (wall time) and its fraction of peak.GFLOPS, and their rate per
+// core-second of the process's CPU time and its fraction of
+// peak.PerThread: on a machine shared with other processes, whose threads
+// stretch the wall time of every step, the second still says how well the
+// op uses the cores it gets.
+func (p *timedBackend) report(w io.Writer, steps int, totalMs float64, peak Peak) {
 	names := make([]string, 0, len(p.stats))
-	var opMs, mxMs, mxBest, mxFlops float64
+	var opMs float64
+	var mx opStat // the matrix ops together
 	for n, s := range p.stats {
 		names = append(names, n)
-		ms := float64(s.dur.Microseconds()) / 1e3
-		opMs += ms
+		opMs += ms(s.dur)
 		if s.flops > 0 {
-			mxMs += ms
-			mxBest += float64(s.best.Microseconds()) / 1e3
-			mxFlops += s.flops / float64(steps)
+			mx.dur += s.dur
+			mx.best += s.best
+			mx.cpu += s.cpu
+			mx.flops += s.flops
 		}
 	}
 	sort.Slice(names, func(i, j int) bool { return p.stats[names[i]].dur > p.stats[names[j]].dur })
-	rate := func(flops, ms float64) (string, string) {
-		if flops == 0 || ms == 0 {
+	rate := func(flops float64, d time.Duration, peak float64) (string, string) {
+		if flops == 0 || d <= 0 {
 			return "-", "-"
 		}
-		g := flops / (ms / 1e3) / 1e9
+		g := flops / d.Seconds() / 1e9
 		if peak <= 0 {
 			return fmt.Sprintf("%.1f", g), "-"
 		}
 		return fmt.Sprintf("%.1f", g), fmt.Sprintf("%.1f%%", 100*g/peak)
 	}
-	const row = "%-22s %8s %12s %10s %7s %10s %10s %8s\n"
-	fmt.Fprintf(w, row, "op", "calls", "ms/step", "ms/call", "share", "best ms", "GFLOP/s", "of peak")
+	const row = "%-22s %6s %10s %9s %7s %10s %8s %8s %10s %8s %8s\n"
+	fmt.Fprintf(w, row, "op", "calls", "ms/step", "ms/call", "share", "best ms", "GFLOP/s", "of peak", "cpu ms", "/core", "of core")
+	line := func(name, calls string, s *opStat, callMs string) {
+		g, f := rate(s.flops/float64(steps), s.best, peak.GFLOPS)
+		cpuMs, cg, cf := "-", "-", "-"
+		if p.cpuOK {
+			cpuMs = fmt.Sprintf("%.2f", ms(s.cpu)/float64(steps))
+			cg, cf = rate(s.flops, s.cpu, peak.PerThread)
+		}
+		fmt.Fprintf(w, row, name, calls, fmt.Sprintf("%.2f", ms(s.dur)/float64(steps)), callMs,
+			fmt.Sprintf("%.1f%%", 100*ms(s.dur)/totalMs), fmt.Sprintf("%.2f", ms(s.best)), g, f, cpuMs, cg, cf)
+	}
 	for _, n := range names {
 		s := p.stats[n]
-		ms, best := float64(s.dur.Microseconds())/1e3, float64(s.best.Microseconds())/1e3
-		g, f := rate(s.flops/float64(steps), best)
-		fmt.Fprintf(w, row, n, fmt.Sprint(s.calls/steps), fmt.Sprintf("%.2f", ms/float64(steps)), fmt.Sprintf("%.3f", ms/float64(s.calls)),
-			fmt.Sprintf("%.1f%%", 100*ms/totalMs), fmt.Sprintf("%.2f", best), g, f)
+		line(n, fmt.Sprint(s.calls/steps), s, fmt.Sprintf("%.3f", ms(s.dur)/float64(s.calls)))
 	}
-	fmt.Fprintf(w, row, "(outside ops)", "", fmt.Sprintf("%.2f", (totalMs-opMs)/float64(steps)), "", fmt.Sprintf("%.1f%%", 100*(totalMs-opMs)/totalMs), "", "", "")
-	g, f := rate(mxFlops, mxBest)
-	fmt.Fprintf(w, row, "(matrix ops)", "", fmt.Sprintf("%.2f", mxMs/float64(steps)), "", fmt.Sprintf("%.1f%%", 100*mxMs/totalMs), fmt.Sprintf("%.2f", mxBest), g, f)
-	fmt.Fprintf(w, "GFLOP/s: the op's FLOPs (bench/flops.go: the products it computes, causal halves of attention) over its time in its best step of %d; matrix ops: the ops that have one\n", steps)
-	if how != "" {
-		fmt.Fprintf(w, "peak: %s\n", how)
+	out := totalMs - opMs
+	fmt.Fprintf(w, row, "(outside ops)", "", fmt.Sprintf("%.2f", out/float64(steps)), "", fmt.Sprintf("%.1f%%", 100*out/totalMs), "", "", "", "", "", "")
+	line("(matrix ops)", "", &mx, "")
+	fmt.Fprintf(w, "GFLOP/s: the op's FLOPs (bench/flops.go: the products it computes, causal halves of attention) over its time in its best step of %d, of the peak of all threads; "+
+		"/core: over the CPU time the process used during its calls, of one thread's peak; matrix ops: the ops that have FLOPs\n", steps)
+	if peak.How != "" {
+		fmt.Fprintf(w, "peak: %s\n", peak.How)
 	}
 	fmt.Fprintf(w, "goroutines %d, GOMAXPROCS %d\n", runtime.NumGoroutine(), runtime.GOMAXPROCS(0))
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 
 // experts is the timed backend's sparse ops (the cpu and cuda backends
 // both have them).

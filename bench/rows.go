@@ -221,12 +221,11 @@ func RunRows(env Env, r Rows) error {
 		}
 	}
 	if prof != nil {
-		var peak float64
-		var how string
+		var peak Peak
 		if env.Peak != nil {
-			peak, how = env.Peak()
+			peak = env.Peak()
 		}
-		prof.report(env.Stderr, r.Steps, sumOf(times), peak, how)
+		prof.report(env.Stderr, r.Steps, sumOf(times), peak)
 	}
 	b, _ := json.Marshal(res)
 	fmt.Fprintln(env.Stdout, string(b))

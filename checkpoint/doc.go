@@ -10,7 +10,8 @@
 //
 //	<dir>/step_<N>/model.safetensors      HF weights (with config.json, any HF tool loads the directory)
 //	<dir>/step_<N>/config.json            the HF model config, bytes as given
-//	<dir>/step_<N>/optimizer.safetensors  Adam moments, fp32 (optimizer.safetensors.zst when compressed)
+//	<dir>/step_<N>/optimizer.safetensors  Adam moments, fp32 (optimizer.safetensors.zst when compressed;
+//	                                      none when trainer_state.json says no_optimizer)
 //	<dir>/step_<N>/trainer_state.json     TrainerState (format_version 1)
 //	<dir>/step_<N>/manifest.json          Manifest: size and sha256 of each file above
 //	<dir>/step_<N>/DONE                   "sha256:<hex of manifest.json>\n", written last

@@ -257,8 +257,8 @@ func ParseManifest(b []byte) (Manifest, error) {
 		}
 		return m, nil
 	}
-	if model != 1 || config != 1 || optim != 1 || ts != 1 {
-		return Manifest{}, fmt.Errorf("files: want %s, %s, one optimizer file and %s, found %d entries", ModelFile, ConfigFile, TrainerStateFile, len(m.Files))
+	if model != 1 || config != 1 || optim > 1 || ts != 1 {
+		return Manifest{}, fmt.Errorf("files: want %s, %s, one optimizer file (none for a weights-only checkpoint) and %s, found %d entries", ModelFile, ConfigFile, TrainerStateFile, len(m.Files))
 	}
 	return m, nil
 }
@@ -331,11 +331,13 @@ func Load(path string, opt LoadOptions) (*State, error) {
 	}()
 	optPath := filepath.Join(path, optEntry.Name)
 	var optErr error
-	if optEntry.UncompressedSize > 0 {
+	switch {
+	case st.Trainer.NoOptimizer:
+	case optEntry.UncompressedSize > 0:
 		if optErr = checkHash(optPath, optEntry); optErr == nil {
 			st.Optimizer, optErr = readTensors(optPath, optEntry.UncompressedSize, "checkpoint-optimizer", man.Step)
 		}
-	} else {
+	default:
 		st.Optimizer, optErr = loadTensorFile(optPath, optEntry, "checkpoint-optimizer", man.Step)
 	}
 	wg.Wait()
@@ -370,6 +372,16 @@ func loadMeta(path string, man Manifest, opt LoadOptions) (*State, error) {
 	}
 	if st.Trainer.Step != man.Step {
 		return nil, fmt.Errorf("%w: %s: step: want %d (the manifest's), found %d", ErrCorrupt, tsPath, man.Step, st.Trainer.Step)
+	}
+	if !man.Sharded() {
+		hasOpt := false
+		for _, f := range man.Files {
+			hasOpt = hasOpt || f.Name == OptimizerFile || f.Name == OptimizerZstdFile
+		}
+		if hasOpt == st.Trainer.NoOptimizer {
+			return nil, fmt.Errorf("%w: %s: no_optimizer is %v, but the manifest lists %s optimizer file: the checkpoint lost its Adam moments, or was assembled from two",
+				ErrCorrupt, tsPath, st.Trainer.NoOptimizer, map[bool]string{true: "an", false: "no"}[hasOpt])
+		}
 	}
 	if st.ModelConfig, err = readChecked(ConfigFile); err != nil {
 		return nil, err

@@ -70,13 +70,18 @@ type TrainerState struct {
 	RolloutCursor json.RawMessage `json:"rollout_cursor"`
 	// Config is the effective run configuration.
 	Config json.RawMessage `json:"config"`
+	// NoOptimizer says the checkpoint holds no Adam moments
+	// (checkpointing.save_optimizer false): its manifest lists no optimizer
+	// file and a sharded one's shard files hold weights only. A resume
+	// restarts the optimizer from zero moments.
+	NoOptimizer bool `json:"no_optimizer,omitempty"`
 }
 
 // State is everything one checkpoint holds.
 type State struct {
 	Model       []Tensor // HF-named weights
 	ModelConfig []byte   // HF config.json, bytes as given
-	Optimizer   []Tensor // Adam moments (fp32)
+	Optimizer   []Tensor // Adam moments (fp32); none when Trainer.NoOptimizer
 	Trainer     TrainerState
 }
 
@@ -337,6 +342,9 @@ func writeFiles(tmp string, st *State, opt SaveOptions) ([]FileEntry, error) {
 	if opt.CompressOptimizer {
 		optName = OptimizerZstdFile
 	}
+	if ts.NoOptimizer != (len(st.Optimizer) == 0) {
+		return nil, fmt.Errorf("checkpoint: save: %d optimizer tensors, but trainer state no_optimizer=%v", len(st.Optimizer), ts.NoOptimizer)
+	}
 	var wg sync.WaitGroup
 	var modelE, optE FileEntry
 	var modelErr, optErr error
@@ -345,7 +353,9 @@ func writeFiles(tmp string, st *State, opt SaveOptions) ([]FileEntry, error) {
 		defer wg.Done()
 		modelE, modelErr = writeTensors(filepath.Join(tmp, ModelFile), st.Model, meta("checkpoint-model"), false)
 	}()
-	optE, optErr = writeTensors(filepath.Join(tmp, optName), st.Optimizer, meta("checkpoint-optimizer"), opt.CompressOptimizer)
+	if !ts.NoOptimizer {
+		optE, optErr = writeTensors(filepath.Join(tmp, optName), st.Optimizer, meta("checkpoint-optimizer"), opt.CompressOptimizer)
+	}
 	wg.Wait()
 	if err := errors.Join(modelErr, optErr); err != nil {
 		return nil, err
@@ -357,6 +367,9 @@ func writeFiles(tmp string, st *State, opt SaveOptions) ([]FileEntry, error) {
 	tsE, err := writeBytes(filepath.Join(tmp, TrainerStateFile), tb)
 	if err != nil {
 		return nil, err
+	}
+	if ts.NoOptimizer {
+		return []FileEntry{modelE, cfgE, tsE}, nil
 	}
 	return []FileEntry{modelE, cfgE, optE, tsE}, nil
 }

@@ -32,6 +32,7 @@ import (
 //	<dir>/step_<N>/shards.index.json                 ShardIndex: every parameter's pieces
 //	<dir>/step_<N>/shard-<RRRRR>-of-<WWWWW>.safetensors  rank R of W: for each piece it
 //	        owns, the 1-D F32 tensors <name>, <name>.exp_avg, <name>.exp_avg_sq
+//	        (<name> alone when the trainer state says no_optimizer)
 //	<dir>/step_<N>/manifest.json, DONE               as unsharded: every file's size and sha256
 //
 // A shard file's __metadata__ holds tracegrpo_format "checkpoint-shard",
@@ -234,6 +235,9 @@ func WriteShard(dir string, rank int, id ShardID, parts []ShardPart) (FileEntry,
 		meta["range:"+p.Name] = fmt.Sprintf("%d-%d", p.Lo, p.Hi)
 		for k := range NumKinds {
 			v := p.Values[k]
+			if v == nil && k != KindWeights {
+				continue // a weights-only checkpoint (no_optimizer)
+			}
 			if int64(len(v)) != p.Hi-p.Lo {
 				return FileEntry{}, fmt.Errorf("checkpoint: shard %s: %s%s: %d values for elements [%d, %d)", name, p.Name, KindSuffix[k], len(v), p.Lo, p.Hi)
 			}

@@ -318,44 +318,28 @@ func TestLocalCollectives(t *testing.T) {
 // ErrRankTimeout naming the silent rank, and so does every later one; a
 // rank that comes late but within the timeout is waited for.
 func TestLocalRankTimeout(t *testing.T) {
-	const n = 3
-	mems := make([]kernels.Backend, n)
-	for i := range mems {
-		b := cpu.New(1)
-		t.Cleanup(b.Close)
-		mems[i] = b
-	}
-	comms := Local(mems)
-	comms[0].(Deadliner).SetTimeout(1500 * time.Millisecond)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if r == 1 {
-				time.Sleep(100 * time.Millisecond) // late, within the timeout
-			}
-			if err := comms[r].Barrier(); err != nil {
-				errs[r] = fmt.Errorf("first barrier: %w", err)
-				return
-			}
-			if r == 1 {
-				return // goes silent
-			}
-			if err := comms[r].Barrier(); err == nil {
-				errs[r] = fmt.Errorf("a barrier rank 1 never reached returned")
-			} else if !errors.Is(err, ErrRankTimeout) || !strings.Contains(err.Error(), "rank 1 is silent") {
-				errs[r] = fmt.Errorf("second barrier: %v; want ErrRankTimeout naming rank 1", err)
-			} else if err2 := comms[r].Barrier(); !errors.Is(err2, ErrRankTimeout) {
-				errs[r] = fmt.Errorf("a barrier after the timeout: %v", err2)
-			}
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
+	runRanks(t, 3, func(c Comm, _ kernels.Backend) error {
+		c.(Deadliner).SetTimeout(1500 * time.Millisecond)
+		r := c.Rank()
+		if r == 1 {
+			time.Sleep(100 * time.Millisecond) // late, within the timeout
 		}
-	}
+		if err := c.Barrier(); err != nil {
+			return fmt.Errorf("first barrier: %w", err)
+		}
+		if r == 1 {
+			return nil // goes silent
+		}
+		err := c.Barrier()
+		switch {
+		case err == nil:
+			return fmt.Errorf("a barrier rank 1 never reached returned")
+		case !errors.Is(err, ErrRankTimeout) || !strings.Contains(err.Error(), "rank 1 is silent"):
+			return fmt.Errorf("second barrier: %v; want ErrRankTimeout naming rank 1", err)
+		}
+		if err := c.Barrier(); !errors.Is(err, ErrRankTimeout) {
+			return fmt.Errorf("a barrier after the timeout: %v", err)
+		}
+		return nil
+	})
 }

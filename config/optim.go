@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Optimizer is the normalized optimizer of either recipe kind. Both are Adam
@@ -22,6 +23,13 @@ type Optimizer struct {
 	// ClipGrad is the global gradient-norm limit; 0 means no clipping
 	// (policy.max_grad_norm null).
 	ClipGrad float64
+	// Class is the optimizer whose arithmetic the update follows:
+	// TorchAdamW (policy.optimizer.name torch.optim.AdamW, and Megatron's
+	// adam) or TEFusedAdam (TransformerEngine's FusedAdam).
+	Class string
+	// BF16Moments: Adam's moments are kept in bfloat16 (FusedAdam's
+	// exp_avg_dtype and exp_avg_sq_dtype torch.bfloat16).
+	BF16Moments bool
 }
 
 // Schedule is the normalized learning-rate and weight-decay schedule, counted
@@ -143,14 +151,19 @@ func (c *Config) Optim() (Optimizer, Schedule, error) {
 	if o == nil {
 		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.optimizer", Value: "null", Why: "no optimizer configured: policy.megatron_cfg.enabled is false too"}
 	}
-	if o.Name != TorchAdamW {
-		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.optimizer.name", Value: o.Name, Why: "tracegrpo implements " + TorchAdamW}
+	if o.Name != TorchAdamW && o.Name != TEFusedAdam {
+		return Optimizer{}, Schedule{}, &Refusal{Key: "policy.optimizer.name", Value: o.Name, Why: "tracegrpo implements " + TorchAdamW + " and " + TEFusedAdam}
 	}
 	k := o.Kwargs
 	if len(k.Betas) != 2 {
 		return Optimizer{}, Schedule{}, fmt.Errorf("config: policy.optimizer.kwargs.betas: want 2 numbers, found %d", len(k.Betas))
 	}
-	opt := Optimizer{Source: "torch", LR: k.LR, WeightDecay: k.WeightDecay, Beta1: k.Betas[0], Beta2: k.Betas[1], Eps: k.Eps, ClipGrad: clip}
+	bf16, err := momentDtypes(o.Name, k)
+	if err != nil {
+		return Optimizer{}, Schedule{}, err
+	}
+	opt := Optimizer{Source: "torch", LR: k.LR, WeightDecay: k.WeightDecay, Beta1: k.Betas[0], Beta2: k.Betas[1], Eps: k.Eps, ClipGrad: clip,
+		Class: o.Name, BF16Moments: bf16}
 	if err := opt.check("policy.optimizer.kwargs"); err != nil {
 		return Optimizer{}, Schedule{}, err
 	}
@@ -162,6 +175,41 @@ func (c *Config) Optim() (Optimizer, Schedule, error) {
 	return opt, sch, nil
 }
 
+// momentDtypes reads FusedAdam's exp_avg_dtype and exp_avg_sq_dtype
+// (resolved from their "torch." strings as NeMo RL's automodel setup
+// does): both float32 (or unset), or both bfloat16, which
+// TransformerEngine's multi_tensor_adam requires to match; float16 and
+// uint8 (FP8) moments are refused, as are the keys on torch.optim.AdamW,
+// which takes no such argument.
+func momentDtypes(name string, k AdamWKwargs) (bf16 bool, err error) {
+	const p = "policy.optimizer.kwargs."
+	kind := func(key, v string) (string, error) {
+		switch strings.TrimPrefix(v, "torch.") {
+		case "", "float32":
+			return "float32", nil
+		case "bfloat16":
+			if name != TEFusedAdam {
+				return "", &Refusal{Key: p + key, Value: v, Why: name + " takes no " + key + " (only " + TEFusedAdam + " keeps its moments in bfloat16)"}
+			}
+			return "bfloat16", nil
+		}
+		return "", &Refusal{Key: p + key, Value: v, Why: "tracegrpo keeps Adam's moments in float32 or bfloat16 (FusedAdam's float16 and FP8 moments scale by a per-tensor factor it does not implement)"}
+	}
+	a, err := kind("exp_avg_dtype", k.ExpAvgDtype)
+	if err != nil {
+		return false, err
+	}
+	b, err := kind("exp_avg_sq_dtype", k.ExpAvgSqDtype)
+	if err != nil {
+		return false, err
+	}
+	if a != b {
+		return false, &Refusal{Key: p + "exp_avg_sq_dtype", Value: k.ExpAvgSqDtype,
+			Why: fmt.Sprintf("differs from exp_avg_dtype %q: TransformerEngine's FusedAdam keeps both moments in float32 or both in bfloat16", k.ExpAvgDtype)}
+	}
+	return a == "bfloat16", nil
+}
+
 func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
 	m, s := c.Policy.MegatronCfg.Optimizer, c.Policy.MegatronCfg.Scheduler
 	if m.Optimizer != "adam" {
@@ -171,7 +219,8 @@ func (c *Config) megatronOptim() (Optimizer, Schedule, error) {
 	if m.ClipGrad != nil {
 		clip = *m.ClipGrad
 	}
-	opt := Optimizer{Source: "megatron", LR: m.LR, MinLR: m.MinLR, WeightDecay: m.WeightDecay, Beta1: m.AdamBeta1, Beta2: m.AdamBeta2, Eps: m.AdamEps, ClipGrad: clip}
+	opt := Optimizer{Source: "megatron", LR: m.LR, MinLR: m.MinLR, WeightDecay: m.WeightDecay, Beta1: m.AdamBeta1, Beta2: m.AdamBeta2, Eps: m.AdamEps, ClipGrad: clip,
+		Class: TorchAdamW}
 	if err := opt.check("policy.megatron_cfg.optimizer"); err != nil {
 		return Optimizer{}, Schedule{}, err
 	}
@@ -356,4 +405,33 @@ func (c *Config) TrainingPrecision() (string, error) {
 	default:
 		return "", &Refusal{Key: "policy.precision", Value: p, Why: "tracegrpo trains in float32 or bfloat16 (mixed precision)"}
 	}
+}
+
+// The values of policy.generation.weights_dtype.
+const (
+	WeightsBFloat16 = "bfloat16"
+	WeightsFloat16  = "float16"
+	WeightsFloat32  = "float32"
+)
+
+// WeightsOut reads tracegrpo's policy.generation.weights_* keys: the
+// directory the generator's weights are published into ("": none), their
+// dtype and how many to keep.
+func (c *Config) WeightsOut() (dir, dtype string, keep int, err error) {
+	g := c.Policy.Generation
+	switch g.WeightsDType {
+	case WeightsBFloat16, WeightsFloat16, WeightsFloat32:
+	default:
+		return "", "", 0, fmt.Errorf("config: policy.generation.weights_dtype=%q: want bfloat16, float16 or float32 (the dtype the generator serves)", g.WeightsDType)
+	}
+	if g.WeightsKeep < 1 {
+		return "", "", 0, fmt.Errorf("config: policy.generation.weights_keep=%d: want at least 1 (the newest weights directory is the one the generator needs)", g.WeightsKeep)
+	}
+	return g.WeightsOut, g.WeightsDType, g.WeightsKeep, nil
+}
+
+// SavesOptimizer reads checkpointing.save_optimizer (null: true, NeMo RL's
+// default).
+func (c *Config) SavesOptimizer() bool {
+	return c.Checkpointing.SaveOptimizer == nil || *c.Checkpointing.SaveOptimizer
 }

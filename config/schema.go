@@ -155,6 +155,15 @@ type MegatronCfg struct {
 	// FreezeMoERouter leaves a sparse model's routers untrained (NeMo RL's
 	// Megatron default); read when Enabled.
 	FreezeMoERouter bool `yaml:"freeze_moe_router,omitempty"`
+
+	// Multi-token prediction (a Nemotron-H model's MTP blocks; read when
+	// Enabled): nil where the recipe does not state the key, which NeMo
+	// RL's _apply_mtp_config then leaves to Megatron-Bridge's provider
+	// (the checkpoint's num_nextn_predict_layers, trainer/mtp.go).
+	MTPNumLayers         *int     `yaml:"mtp_num_layers,omitempty"`
+	MTPLossScalingFactor *float64 `yaml:"mtp_loss_scaling_factor,omitempty"`
+	MTPUseRepeatedLayer  *bool    `yaml:"mtp_use_repeated_layer,omitempty"`
+	MTPDetachHeads       *bool    `yaml:"mtp_detach_heads,omitempty"`
 }
 
 // MegatronOptimizer is `policy.megatron_cfg.optimizer`.
@@ -191,13 +200,17 @@ type TorchOptimizer struct {
 	Kwargs AdamWKwargs `yaml:"kwargs"`
 }
 
-// AdamWKwargs are the torch.optim.AdamW keyword arguments tracegrpo reads
-// (foreach and fused are ignored).
+// AdamWKwargs are the torch.optim.AdamW and TransformerEngine FusedAdam
+// keyword arguments tracegrpo reads (foreach and fused are ignored).
+// ExpAvgDtype and ExpAvgSqDtype are FusedAdam's moment dtypes ("" when
+// unset: float32).
 type AdamWKwargs struct {
-	LR          float64   `yaml:"lr"`
-	WeightDecay float64   `yaml:"weight_decay"`
-	Betas       []float64 `yaml:"betas"`
-	Eps         float64   `yaml:"eps"`
+	LR            float64   `yaml:"lr"`
+	WeightDecay   float64   `yaml:"weight_decay"`
+	Betas         []float64 `yaml:"betas"`
+	Eps           float64   `yaml:"eps"`
+	ExpAvgDtype   string    `yaml:"exp_avg_dtype,omitempty"`
+	ExpAvgSqDtype string    `yaml:"exp_avg_sq_dtype,omitempty"`
 }
 
 // TorchScheduler is one entry of `policy.scheduler`.
@@ -221,6 +234,14 @@ type Generation struct {
 	TopP         float64 `yaml:"top_p"`
 	TopK         *int    `yaml:"top_k"`
 	MaxNewTokens int     `yaml:"max_new_tokens"`
+	// WeightsOut, WeightsDType and WeightsKeep are tracegrpo's own keys
+	// (NeMo RL refits its generator in process): the directory the trainer
+	// publishes the generator's weights into every step (step_<N>/, package
+	// loop; "": none), their dtype (bfloat16, float16 or float32) and how
+	// many of the newest to keep. See Config.WeightsOut.
+	WeightsOut   string `yaml:"weights_out"`
+	WeightsDType string `yaml:"weights_dtype"`
+	WeightsKeep  int    `yaml:"weights_keep"`
 }
 
 // Checkpointing is `checkpointing:`.
@@ -229,6 +250,10 @@ type Checkpointing struct {
 	CheckpointDir string `yaml:"checkpoint_dir"`
 	SavePeriod    int    `yaml:"save_period"`
 	KeepTopK      *int   `yaml:"keep_top_k"`
+	// SaveOptimizer writes the Adam moments into each checkpoint (NeMo RL's
+	// default, true); false writes the weights and trainer state only, and
+	// a resume from such a checkpoint restarts AdamW from zero moments.
+	SaveOptimizer *bool `yaml:"save_optimizer"`
 }
 
 // Env is `env:`. Other environment blocks (env.math, ...) are ignored.
@@ -276,6 +301,7 @@ const (
 	BuilderPerRequest    = "per_request"
 	AdvEstimatorGRPO     = "grpo"
 	TorchAdamW           = "torch.optim.AdamW"
+	TEFusedAdam          = "transformer_engine.pytorch.optimizers.fused_adam.FusedAdam"
 	TorchLinearLR        = "torch.optim.lr_scheduler.LinearLR"
 	TorchConstantLR      = "torch.optim.lr_scheduler.ConstantLR"
 )
@@ -283,6 +309,7 @@ const (
 func f64(v float64) *float64 { return &v }
 func i64(v int64) *int64     { return &v }
 func iptr(v int) *int        { return &v }
+func bptr(v bool) *bool      { return &v }
 
 // Default returns NeMo RL's defaults for every key of Config: the values of the
 // shipped base recipe examples/configs/grpo_math_1B.yaml for the keys it sets,
@@ -336,10 +363,10 @@ func Default() Config {
 				{Name: TorchConstantLR, Kwargs: &SchedulerKwargs{Factor: f64(1.0), TotalIters: i64(10000000000)}},
 				{Milestones: []int64{50}},
 			},
-			Generation:   Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512},
+			Generation:   Generation{Temperature: 1.0, TopP: 1.0, MaxNewTokens: 512, WeightsDType: WeightsBFloat16, WeightsKeep: 2},
 			SharedPrefix: SharedPrefixAuto,
 		},
-		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3)},
+		Checkpointing: Checkpointing{Enabled: true, CheckpointDir: "results/grpo", SavePeriod: 10, KeepTopK: iptr(3), SaveOptimizer: bptr(true)},
 		Env: Env{
 			ShouldMaskFlaggedSamples: true,
 			NemoGym: NemoGym{TokenIDCapture: TokenIDCapture{

@@ -163,6 +163,14 @@ type LossRow struct {
 	SampleMask float64
 	Advantage  float64
 	DLP        []float64 // (T) output: dLoss/dLP, assigned (=); DLP[0] = 0
+	// LPKL, when not nil, are the current log-probs the KL term reads
+	// instead of LP: under a top-k/top-p filter NeMo RL's actor loss reads
+	// the filtered log-probs and its KL penalty (and the KL's importance
+	// weights) the unfiltered ones, curr_logprobs_unfiltered
+	// (nemo_rl/algorithms/loss/loss_functions.py at 7ea279abfbeb, lines
+	// 393-395 and 468-500). The KL's gradient then goes to DLPKL (=).
+	LPKL  []float64 // (T)
+	DLPKL []float64 // (T) output with LPKL
 }
 
 // LossSums are a micro-batch's contributions. Loss, ActorLoss and KLLoss are
@@ -287,7 +295,9 @@ func finiteOr0(x float64) float64 {
 //	        without importance correction; w carries no gradient
 //	KL      logr = clamp(lp_ref − lp, ±in); kl_w = exp(lp − lp_gen) (on-policy
 //	        approximation) or exp(lp − sg(lp)); both detached where the input
-//	        clamp is active; kl_t = β·clamp(kl_w·k(logr), ±out)
+//	        clamp is active; kl_t = β·clamp(kl_w·k(logr), ±out); with LPKL
+//	        the KL term reads lp_kl where it reads lp, and its gradient is
+//	        DLPKL's
 //	loss    Σ (w·ℓ + kl_t)·s
 //
 // Ties of max/min split the gradient evenly, as torch does.
@@ -306,12 +316,18 @@ func Loss(rows []LossRow, gTok float64, o *LossOptions) (LossSums, error) {
 			return LossSums{}, fmt.Errorf("grpo: loss: row %d: lengths lp %d, lp_old %d, lp_gen %d, lp_ref %d, mask %d, dlp %d; want equal (lp_old unless force_on_policy_ratio, lp_ref when β != 0)",
 				b, T, len(r.LPOld), len(r.LPGen), len(r.LPRef), len(r.Mask), len(r.DLP))
 		}
+		if r.LPKL != nil && (len(r.LPKL) != T || len(r.DLPKL) != T) {
+			return LossSums{}, fmt.Errorf("grpo: loss: row %d: lp_kl %d and dlp_kl %d entries, want %d", b, len(r.LPKL), len(r.DLPKL), T)
+		}
 		if math.IsNaN(r.SampleMask) || r.SampleMask < 0 || math.IsInf(r.SampleMask, 0) || math.IsNaN(r.Advantage) || math.IsInf(r.Advantage, 0) {
 			return LossSums{}, fmt.Errorf("grpo: loss: row %d: sample mask %v, advantage %v; want finite, mask >= 0", b, r.SampleMask, r.Advantage)
 		}
 		A := r.Advantage
 		for t := range T {
 			r.DLP[t] = 0
+			if r.LPKL != nil {
+				r.DLPKL[t] = 0
+			}
 			if t == 0 {
 				continue
 			}
@@ -400,8 +416,14 @@ func Loss(rows []LossRow, gTok float64, o *LossOptions) (LossSums, error) {
 
 			// KL penalty.
 			var klT, dKL float64
+			lpKL := lp
+			if r.LPKL != nil {
+				if lpKL = r.LPKL[t]; math.IsNaN(lpKL) || math.IsInf(lpKL, 0) {
+					return LossSums{}, fmt.Errorf("grpo: loss: row %d position %d: unfiltered log-prob %v on a loss token, want finite", b, t, lpKL)
+				}
+			}
 			if o.KLPenalty != 0 {
-				raw := r.LPRef[t] - lp
+				raw := r.LPRef[t] - lpKL
 				logr, dLogr := raw, -1.0
 				inClamped := false
 				if raw > o.KLInputClamp {
@@ -412,7 +434,7 @@ func Loss(rows []LossRow, gTok float64, o *LossOptions) (LossSums, error) {
 				k, dk := kl(o.KLType, logr)
 				kw, dkw := 1.0, 1.0
 				if o.OnPolicyKLApprox {
-					kw = math.Exp(lp - lpGen)
+					kw = math.Exp(lpKL - lpGen)
 					dkw = kw
 				}
 				if math.IsNaN(kw) || math.IsInf(kw, 0) {
@@ -433,7 +455,12 @@ func Loss(rows []LossRow, gTok float64, o *LossOptions) (LossSums, error) {
 
 			actor += w * ell * mk
 			klTot += klT * mk
-			r.DLP[t] = (w*dEll + dKL) * mk / d
+			if r.LPKL != nil {
+				r.DLP[t] = w * dEll * mk / d
+				r.DLPKL[t] = dKL * mk / d
+			} else {
+				r.DLP[t] = (w*dEll + dKL) * mk / d
+			}
 
 			sums.Tokens += mk
 			sums.EligibleTokens++

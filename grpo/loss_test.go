@@ -441,3 +441,78 @@ func TestNewLossOptionsRejects(t *testing.T) {
 		}
 	}
 }
+
+// TestLossKLReadsLPKL: with LPKL set (the unfiltered log-probs of a
+// top-k/top-p run), the KL term and its importance weights read LPKL and
+// send their gradient to DLPKL, the actor term reads LP: at advantage 0
+// the loss is the KL of LP := LPKL, with DLPKL that run's DLP and DLP 0;
+// and with LPKL = LP the losses are the same and DLP + DLPKL is the
+// gradient without LPKL.
+func TestLossKLReadsLPKL(t *testing.T) {
+	rng := rand.New(rand.NewPCG(32, 3))
+	for vi, o := range lossVariants(t) {
+		if o.KLPenalty == 0 {
+			continue
+		}
+		for it := range 20 {
+			rows := randomRows(rng, 4)
+			for i := range rows {
+				rows[i].Advantage = 0
+				rows[i].LPKL = make([]float64, len(rows[i].LP))
+				rows[i].DLPKL = make([]float64, len(rows[i].LP))
+				for p := range rows[i].LP {
+					rows[i].LPKL[p] = rows[i].LP[p] + 0.5*rng.NormFloat64()
+				}
+			}
+			got, err := Loss(rows, 17, &o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := copyRows(rows, []int{0, 1, 2, 3})
+			for i := range ref {
+				ref[i].LP, ref[i].LPKL, ref[i].DLPKL = rows[i].LPKL, nil, nil
+			}
+			want, err := Loss(ref, 17, &o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if math.Abs(got.KLLoss-want.KLLoss) > tolSum || got.ActorLoss != 0 {
+				t.Fatalf("variant %d iteration %d: KL loss %g (actor %g), want %g from LP = LPKL", vi, it, got.KLLoss, got.ActorLoss, want.KLLoss)
+			}
+			for i := range rows {
+				for p := range rows[i].LP {
+					if rows[i].DLP[p] != 0 || math.Abs(rows[i].DLPKL[p]-ref[i].DLP[p]) > tolSum {
+						t.Fatalf("variant %d row %d position %d: dlp %g dlp_kl %g, want 0 and %g", vi, i, p, rows[i].DLP[p], rows[i].DLPKL[p], ref[i].DLP[p])
+					}
+				}
+			}
+		}
+	}
+	// LPKL = LP splits the gradient without changing it.
+	for vi, o := range lossVariants(t) {
+		rows := randomRows(rng, 5)
+		plain := copyRows(rows, []int{0, 1, 2, 3, 4})
+		for i := range rows {
+			rows[i].LPKL = rows[i].LP
+			rows[i].DLPKL = make([]float64, len(rows[i].LP))
+		}
+		got, err := Loss(rows, 23, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := Loss(plain, 23, &o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(got.Loss-want.Loss) > tolSum {
+			t.Fatalf("variant %d: loss %g, want %g", vi, got.Loss, want.Loss)
+		}
+		for i := range rows {
+			for p := range rows[i].LP {
+				if d := rows[i].DLP[p] + rows[i].DLPKL[p] - plain[i].DLP[p]; math.Abs(d) > tolSum {
+					t.Fatalf("variant %d row %d position %d: dlp + dlp_kl off by %g", vi, i, p, d)
+				}
+			}
+		}
+	}
+}

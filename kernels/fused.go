@@ -1,5 +1,7 @@
 package kernels
 
+import "math"
+
 // Optional fused fast paths. A backend may implement any of these small
 // interfaces besides Ops; callers find them by type assertion and fall back
 // to the core ops, which compute the same thing. kernels/cpu implements
@@ -60,4 +62,68 @@ type RopeConverter interface {
 	// unchanged. A row whose position is outside the tables is copied
 	// unrotated and reported at Sync, as Rope leaves it.
 	RopeConvert(out, x, pos, cos, sin Buf, T, H, HD int)
+}
+
+// AdamChunk is one piece of a multi-tensor AdamW step: elements
+// [Off, Off+N) of the arenas, all in one parameter group (Group, which
+// the non-finite check reports) with weight decay or without.
+type AdamChunk struct {
+	Off   int64
+	N     int32
+	Group int32
+	Decay bool
+}
+
+// AdamChunkWords is the I32 words a chunk takes in a device chunk table:
+// Off's low and high halves, N, and Group<<1 | Decay.
+const AdamChunkWords = 4
+
+// EncodeAdamChunks writes chunks as a chunk table (AdamChunkWords I32 words
+// each) for AdamWMulti.
+func EncodeAdamChunks(chunks []AdamChunk) []int32 {
+	out := make([]int32, 0, AdamChunkWords*len(chunks))
+	for _, c := range chunks {
+		d := int32(0)
+		if c.Decay {
+			d = 1
+		}
+		out = append(out, int32(uint32(c.Off)), int32(uint32(uint64(c.Off)>>32)), c.N, c.Group<<1|d)
+	}
+	return out
+}
+
+// MultiAdamW is a whole optimizer step's AdamW over many parameter groups
+// in one pass, with the gradient clip and both non-finite checks on the
+// backend: the update needs no host round trip after the gradient norm,
+// and the new weights no second pass to be checked.
+type MultiAdamW interface {
+	// AdamWMulti: from sums (nsums) F32, the groups' Σ g² (after any
+	// all-reduce), in float64: S = Σ_i sums[i] (i ascending), norm =
+	// sqrt(S). If norm is not finite nothing changes and flags[0] = 1.
+	// Otherwise flags[0] = 0, flags[1] holds the float32 bits of the clip
+	// factor c = float32(ClipScale(norm, maxNorm)) (torch's
+	// clip_grad_norm_), and every chunk of table (nchunks chunks,
+	// EncodeAdamChunks) is updated as AdamW updates it with step
+	// (GradScale = c; step.WeightDecay on the Decay chunks, 0 on the
+	// others). flags (2+groups) I32 =: flags[2+g] = 1 when an updated
+	// weight of group g is not finite or its square overflows float32
+	// (|p| ≥ 2⁶⁴), else 0.
+	// param and grad are F32; m and v as AdamW takes them under the rule.
+	AdamWMulti(param, grad, m, v, sums, table, flags Buf, nsums, nchunks int, step AdamWStep, maxNorm float64)
+}
+
+// ClipScale is AdamWMulti's clip factor for the gradient norm norm: the
+// host's and every backend's computation of it, in float64.
+func ClipScale(norm, maxNorm float64) float64 {
+	if maxNorm <= 0 {
+		return 1
+	}
+	return math.Min(1, maxNorm/(norm+1e-6))
+}
+
+// WeightTooLarge reports whether a weight fails AdamWMulti's check: not
+// finite, or too large to square in float32.
+func WeightTooLarge(p float32) bool {
+	a := math.Abs(float64(p))
+	return !(a < 1<<64)
 }

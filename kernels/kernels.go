@@ -114,36 +114,96 @@ type Seqs struct {
 	MaxLen    int // longest sequence, for launch sizing
 }
 
-// AdamWStep holds the scalars of one AdamW update (decoupled weight decay,
-// torch.optim.AdamW order of operations):
-//
-//	g  = grad · GradScale
-//	p  = p · (1 − LR·WeightDecay)
-//	m  = β1·m + (1−β1)·g
-//	v  = β2·v + (1−β2)·g²
-//	p  = p − (LR/BiasCorrection1) · m / (sqrt(v)/sqrt(BiasCorrection2) + Eps)
-//
-// BiasCorrectionK is 1 − βK^step. OneMinusBetaK is 1 − βK computed in
-// float64 and rounded once, as torch does with its Python-double β: computed
-// from the float32 β2 = 0.999 it would be off by 1.3e-5 relative, and every
-// element of v would inherit that error. Build steps with NewAdamWStep.
+// AdamRule is the arithmetic of an AdamW update: which optimizer's
+// order of operations and rounding it reproduces.
+type AdamRule uint8
+
+const (
+	// TorchAdamW is torch.optim.AdamW (single-tensor, torch 1.13):
+	//
+	//	g  = grad · GradScale
+	//	p  = p · (1 − LR·WeightDecay)
+	//	m  = β1·m + (1−β1)·g
+	//	v  = β2·v + (1−β2)·g²
+	//	p  = p − (LR/BiasCorrection1) · m / (sqrt(v)/sqrt(BiasCorrection2) + Eps)
+	//
+	// with 1−βK computed in float64 and rounded once (OneMinusBetaK), as
+	// torch does with its Python-double β. Moments are F32.
+	TorchAdamW AdamRule = iota
+	// FusedAdam is TransformerEngine's FusedAdam in its default AdamW mode
+	// (adam_w_mode, bias_correction; transformer_engine/common/
+	// multi_tensor/adam.cu at NVIDIA/TransformerEngine d0067d0, AdamFunctor
+	// lines 329-340), every scalar a float32 (the kernel's arguments):
+	//
+	//	g  = grad · GradScale
+	//	m  = β1·m + (1−β1)·g                 (1−β1 in float32)
+	//	v  = β2·v + (1−β2)·g·g
+	//	u  = (m/BiasCorrection1) / (sqrt(v/BiasCorrection2) + Eps) + WeightDecay·p
+	//	p  = p − LR·u
+	//
+	// in float32 (MATH_T), the moments read from and stored to their dtype
+	// (F32, or BF16 rounded to nearest even: exp_avg_dtype and
+	// exp_avg_sq_dtype torch.bfloat16, which TE requires to be equal) and
+	// BiasCorrectionK = float32(1 − pow(float64(βK), step)) (adam.cu's
+	// host code, lines 594-597).
+	FusedAdam
+)
+
+func (r AdamRule) String() string {
+	switch r {
+	case TorchAdamW:
+		return "torch.optim.AdamW"
+	case FusedAdam:
+		return "transformer_engine FusedAdam"
+	}
+	return fmt.Sprintf("AdamRule(%d)", uint8(r))
+}
+
+// AdamWStep holds the scalars of one AdamW update (decoupled weight decay)
+// under Rule (see AdamRule for each rule's order of operations).
+// BiasCorrectionK is 1 − βK^step. Build steps with NewAdamWStep.
 type AdamWStep struct {
+	Rule                               AdamRule
 	LR, Beta1, Beta2, Eps, WeightDecay float32
 	OneMinusBeta1, OneMinusBeta2       float32
 	BiasCorrection1, BiasCorrection2   float32
 	GradScale                          float32
 }
 
-// NewAdamWStep returns the scalars of update number step (1-based), each
-// computed in float64 and rounded once to float32.
-func NewAdamWStep(lr, beta1, beta2, eps, weightDecay float64, step int64, gradScale float64) AdamWStep {
+// NewAdamWStep returns the scalars of update number step (1-based) under
+// rule: for TorchAdamW each computed in float64 and rounded once to
+// float32; for FusedAdam as TransformerEngine forms them (β, LR, Eps and
+// the decay rounded to float32 first, 1 − β in float32, the bias
+// corrections from the float32 β in float64).
+func NewAdamWStep(rule AdamRule, lr, beta1, beta2, eps, weightDecay float64, step int64, gradScale float64) AdamWStep {
 	k := float64(step)
-	return AdamWStep{
+	if rule == FusedAdam {
+		b1, b2 := float32(beta1), float32(beta2)
+		return AdamWStep{Rule: rule,
+			LR: float32(lr), Beta1: b1, Beta2: b2, Eps: float32(eps), WeightDecay: float32(weightDecay),
+			OneMinusBeta1: 1 - b1, OneMinusBeta2: 1 - b2,
+			BiasCorrection1: float32(1 - math.Pow(float64(b1), k)), BiasCorrection2: float32(1 - math.Pow(float64(b2), k)),
+			GradScale: float32(gradScale),
+		}
+	}
+	return AdamWStep{Rule: rule,
 		LR: float32(lr), Beta1: float32(beta1), Beta2: float32(beta2), Eps: float32(eps),
 		WeightDecay:   float32(weightDecay),
 		OneMinusBeta1: float32(1 - beta1), OneMinusBeta2: float32(1 - beta2),
 		BiasCorrection1: float32(1 - math.Pow(beta1, k)), BiasCorrection2: float32(1 - math.Pow(beta2, k)),
 		GradScale: float32(gradScale),
+	}
+}
+
+// CheckMoments panics unless m and v are n elements of one dtype that rule
+// keeps Adam's moments in (F32; BF16 too under FusedAdam); every
+// backend's AdamW calls it (backend names the backend in the message).
+func CheckMoments(backend string, m, v Buf, n int, rule AdamRule) {
+	if m.DType != v.DType || m.N != n || v.N != n {
+		panic(fmt.Sprintf("%s: AdamW moments %d %s and %d %s for %d parameters", backend, m.N, m.DType, v.N, v.DType, n))
+	}
+	if m.DType != F32 && !(m.DType == BF16 && rule == FusedAdam) {
+		panic(fmt.Sprintf("%s: AdamW with %s moments under %v", backend, m.DType, rule))
 	}
 }
 
@@ -305,7 +365,9 @@ type Ops interface {
 	// Scale: x *= s.
 	Scale(x Buf, s float32)
 
-	// AdamW updates param, m and v (N) in place from grad (N); see AdamWStep.
+	// AdamW updates param, m and v (N) in place from grad (N); see
+	// AdamWStep and AdamRule. param and grad are F32; m and v are F32, or
+	// BF16 (same) under FusedAdam.
 	AdamW(param, grad, m, v Buf, step AdamWStep)
 	// SumSquares: out (1) = Σ x², accumulated at least in fp32 with a fixed
 	// reduction order (deterministic for a given backend and length).

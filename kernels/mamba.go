@@ -120,7 +120,12 @@ type Mamba interface {
 	// final (NS,MH,MP,DS) F32, unless empty (N == 0), = each segment's
 	// final state S after its last token (the sampler's prefill keeps it).
 	// The math is fp32 (a CUDA backend may round the operands of its
-	// tensor-core products to bf16 when xbc is bf16).
+	// tensor-core products to bf16 when xbc is bf16). kernels/cpu aligns
+	// its chunks to context positions (multiples of s.Chunk from the
+	// root's first token) and runs a child's first chunk again from the
+	// boundary before it, so that a tree's outputs are its paths' run as
+	// packed sequences bit for bit; other backends may differ from that by
+	// rounding.
 	SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d Buf, tree Tree, T int, s Scan)
 	// SSMScanBackward: from dy (T,MH,MP) F32 = ∂L/∂y, the gradients of
 	// SSMScan's inputs:

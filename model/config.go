@@ -48,9 +48,18 @@ type Config struct {
 	TorchDType            string // torch_dtype (or dtype), e.g. "bfloat16"
 	EOSTokenIDs           []int32
 
-	// MoE is a sparse model's experts and router (qwen3_moe); zero for a
-	// dense model.
+	// MoE is a sparse model's experts and router (qwen3_moe, nemotron_h);
+	// zero for a dense model.
 	MoE MoE
+
+	// Layers is a hybrid model's blocks in order (nemotron_h: Mamba-2,
+	// attention, MLP, MoE); nil for the other families, whose every layer
+	// is attention then an MLP (dense or sparse). Mamba is its Mamba-2
+	// mixers.
+	Layers []LayerKind
+	Mamba  MambaConfig
+	// MTP is a hybrid model's multi-token prediction (config_mtp.go).
+	MTP MTP
 
 	// Form records how config.json stated RoPE and the dtype, so that JSON
 	// writes them back the same way.
@@ -83,6 +92,13 @@ type ConfigForm struct {
 	// NumLocalExperts: the expert count was stated as num_local_experts
 	// (transformers v5's Qwen3MoeConfig writes that name).
 	NumLocalExperts bool
+	// A nemotron_h config's spellings: Names maps each key read to the
+	// name it was read by (NemotronHConfig's attribute or its __init__
+	// argument); Pattern, BlockTypes and NumLayers record whether the
+	// blocks were stated as hybrid_override_pattern, layers_block_type (or
+	// both) and num_hidden_layers.
+	Names                          map[string]string
+	Pattern, BlockTypes, NumLayers bool
 }
 
 // QKNorm reports whether attention has Qwen3's per-head q_norm/k_norm.
@@ -91,13 +107,19 @@ func (c Config) QKNorm() bool { return c.Arch == Qwen3 || c.Arch == Qwen3MoE }
 // QKVBias reports whether the q, k and v projections carry a bias (Qwen2).
 func (c Config) QKVBias() bool { return c.Arch == Qwen2 }
 
-// configKeys are the keys Config reads; JSON writes them from the fields.
-var configKeys = []string{
-	"model_type", "architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
-	"num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta",
-	"vocab_size", "tie_word_embeddings", "max_position_embeddings", "torch_dtype", "dtype",
-	"eos_token_id", "mlp_bias", "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window",
-}
+// sharedKeys are the keys Config reads for every family; uniformKeys
+// those of the families whose every layer is attention then an MLP. JSON
+// writes them from the fields.
+var (
+	sharedKeys = []string{
+		"model_type", "architectures", "hidden_size", "vocab_size", "tie_word_embeddings", "max_position_embeddings",
+		"torch_dtype", "dtype", "eos_token_id",
+	}
+	uniformKeys = []string{
+		"intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
+		"rope_theta", "mlp_bias", "hidden_act", "rope_scaling", "rope_parameters", "use_sliding_window",
+	}
+)
 
 // LoadConfig reads an HF config.json.
 func LoadConfig(path string) (Config, error) {
@@ -111,7 +133,7 @@ func LoadConfig(path string) (Config, error) {
 // ParseConfig parses config.json bytes; name is used in error messages.
 func ParseConfig(data []byte, name string) (Config, error) {
 	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
+	if err := json.Unmarshal(StrictJSON(data), &raw); err != nil {
 		return Config{}, fmt.Errorf("model: %s: %w", name, err)
 	}
 	var c Config
@@ -132,36 +154,27 @@ func ParseConfig(data []byte, name string) (Config, error) {
 			return c, r.bad("architectures", fmt.Sprintf(`["%s"]`, fam.class), string(v))
 		}
 	}
-	for _, f := range []struct {
+	required := []struct {
 		k   string
 		dst *int
-	}{
-		{"hidden_size", &c.HiddenSize}, {"intermediate_size", &c.IntermediateSize},
-		{"num_hidden_layers", &c.NumHiddenLayers}, {"num_attention_heads", &c.NumAttentionHeads},
-		{"vocab_size", &c.VocabSize},
-	} {
+	}{{"hidden_size", &c.HiddenSize}}
+	if !fam.own {
+		required = append(required, []struct {
+			k   string
+			dst *int
+		}{{"intermediate_size", &c.IntermediateSize}, {"num_hidden_layers", &c.NumHiddenLayers}, {"num_attention_heads", &c.NumAttentionHeads}}...)
+	}
+	for _, f := range append(required, struct {
+		k   string
+		dst *int
+	}{"vocab_size", &c.VocabSize}) {
 		if _, err := r.intf(f.k, true, f.dst); err != nil {
 			return c, err
 		}
 	}
-	c.NumKeyValueHeads = c.NumAttentionHeads
-	if _, err := r.intf("num_key_value_heads", false, &c.NumKeyValueHeads); err != nil {
-		return c, err
-	}
-	if c.NumAttentionHeads > 0 {
-		c.HeadDim = c.HiddenSize / c.NumAttentionHeads
-	}
-	if _, err := r.intf("head_dim", false, &c.HeadDim); err != nil {
-		return c, err
-	}
 	if _, err := r.intf("max_position_embeddings", false, &c.MaxPositionEmbeddings); err != nil {
 		return c, err
 	}
-	eps := 1e-6
-	if _, err := r.num("rms_norm_eps", false, &eps); err != nil {
-		return c, err
-	}
-	c.RMSNormEps = float32(eps)
 	if err := r.boolf("tie_word_embeddings", &c.TieWordEmbeddings); err != nil {
 		return c, err
 	}
@@ -176,11 +189,10 @@ func ParseConfig(data []byte, name string) (Config, error) {
 			return c, r.bad("eos_token_id", "an integer or a list of integers", string(v))
 		}
 	}
-	if err := c.parseRope(r); err != nil {
-		return c, err
-	}
-	if err := c.checkUnsupported(r); err != nil {
-		return c, err
+	if !fam.own {
+		if err := c.parseUniform(r); err != nil {
+			return c, err
+		}
 	}
 	if fam.parse != nil {
 		if err := fam.parse(&c, r); err != nil {
@@ -188,13 +200,39 @@ func ParseConfig(data []byte, name string) (Config, error) {
 		}
 	}
 	c.Extra = compactExtra(raw, fam)
-	if c.Arch != Qwen2 {
+	if !fam.own && c.Arch != Qwen2 {
 		delete(c.Extra, "attention_bias") // interpreted (must be false) and written back
 	}
 	if err := c.Validate(); err != nil {
 		return c, fmt.Errorf("model: %s: %w", name, err)
 	}
 	return c, nil
+}
+
+// parseUniform reads the keys of the families whose every layer is
+// attention then an MLP (the heads, the norms' eps, RoPE; ParseConfig
+// reads their required sizes) and refuses what their math does not
+// implement.
+func (c *Config) parseUniform(r configReader) error {
+	c.NumKeyValueHeads = c.NumAttentionHeads
+	if _, err := r.intf("num_key_value_heads", false, &c.NumKeyValueHeads); err != nil {
+		return err
+	}
+	if c.NumAttentionHeads > 0 {
+		c.HeadDim = c.HiddenSize / c.NumAttentionHeads
+	}
+	if _, err := r.intf("head_dim", false, &c.HeadDim); err != nil {
+		return err
+	}
+	eps := 1e-6
+	if _, err := r.num("rms_norm_eps", false, &eps); err != nil {
+		return err
+	}
+	c.RMSNormEps = float32(eps)
+	if err := c.parseRope(r); err != nil {
+		return err
+	}
+	return c.checkUnsupported(r)
 }
 
 // parseDType reads torch_dtype and dtype (transformers v5's name for it).
@@ -294,9 +332,35 @@ func (c Config) Validate() error {
 		k      string
 		v, max int
 	}{
-		{"hidden_size", c.HiddenSize, MaxHiddenSize}, {"intermediate_size", c.IntermediateSize, MaxIntermediateSize},
+		{"hidden_size", c.HiddenSize, MaxHiddenSize}, {"vocab_size", c.VocabSize, MaxVocabSize},
+	} {
+		if f.v <= 0 || f.v > f.max {
+			return fmt.Errorf("field %s: expected an integer in [1, %d], found %d", f.k, f.max, f.v)
+		}
+	}
+	if !fam.own {
+		if err := c.validateUniform(); err != nil {
+			return err
+		}
+	}
+	if fam.validate != nil {
+		if err := fam.validate(c); err != nil {
+			return err
+		}
+	}
+	return c.validateMTP()
+}
+
+// validateUniform checks the sizes of the families whose every layer is
+// attention then an MLP.
+func (c Config) validateUniform() error {
+	for _, f := range []struct {
+		k      string
+		v, max int
+	}{
+		{"intermediate_size", c.IntermediateSize, MaxIntermediateSize},
 		{"num_hidden_layers", c.NumHiddenLayers, MaxLayers}, {"num_attention_heads", c.NumAttentionHeads, MaxHeads},
-		{"num_key_value_heads", c.NumKeyValueHeads, MaxHeads}, {"head_dim", c.HeadDim, MaxHeadDim}, {"vocab_size", c.VocabSize, MaxVocabSize},
+		{"num_key_value_heads", c.NumKeyValueHeads, MaxHeads}, {"head_dim", c.HeadDim, MaxHeadDim},
 	} {
 		if f.v <= 0 || f.v > f.max {
 			return fmt.Errorf("field %s: expected an integer in [1, %d], found %d", f.k, f.max, f.v)
@@ -311,11 +375,6 @@ func (c Config) Validate() error {
 	if !(c.RMSNormEps > 0) || !(c.RopeTheta > 0) || math.IsInf(float64(c.RopeTheta), 0) {
 		return fmt.Errorf("fields rms_norm_eps, rope_theta: expected positive numbers, found %g, %g", c.RMSNormEps, c.RopeTheta)
 	}
-	if fam.validate != nil {
-		if err := fam.validate(c); err != nil {
-			return err
-		}
-	}
 	return c.RopeScaling.validate()
 }
 
@@ -328,15 +387,10 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 	for k, v := range c.Extra {
 		out[k] = v
 	}
+	fam := families[c.Arch]
 	out["model_type"] = string(c.Arch)
-	out["architectures"] = []string{families[c.Arch].class}
+	out["architectures"] = []string{fam.class}
 	out["hidden_size"] = c.HiddenSize
-	out["intermediate_size"] = c.IntermediateSize
-	out["num_hidden_layers"] = c.NumHiddenLayers
-	out["num_attention_heads"] = c.NumAttentionHeads
-	out["num_key_value_heads"] = c.NumKeyValueHeads
-	out["head_dim"] = c.HeadDim
-	out["rms_norm_eps"] = c.RMSNormEps
 	out["vocab_size"] = c.VocabSize
 	out["tie_word_embeddings"] = c.TieWordEmbeddings
 	if c.MaxPositionEmbeddings > 0 {
@@ -348,10 +402,18 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 	if c.Form.TorchDType || !c.Form.DType {
 		out["torch_dtype"] = dtype
 	}
-	c.ropeJSON(out)
-	out["hidden_act"] = "silu"
-	if f := families[c.Arch].json; f != nil {
-		f(c, out)
+	if !fam.own {
+		out["intermediate_size"] = c.IntermediateSize
+		out["num_hidden_layers"] = c.NumHiddenLayers
+		out["num_attention_heads"] = c.NumAttentionHeads
+		out["num_key_value_heads"] = c.NumKeyValueHeads
+		out["head_dim"] = c.HeadDim
+		out["rms_norm_eps"] = c.RMSNormEps
+		c.ropeJSON(out)
+		out["hidden_act"] = "silu"
+	}
+	if fam.json != nil {
+		fam.json(c, out)
 	}
 	switch len(c.EOSTokenIDs) {
 	case 0:
@@ -383,5 +445,5 @@ func (c Config) JSON(dtype string) ([]byte, error) {
 		b.WriteByte('\n')
 	}
 	b.WriteString("}\n")
-	return b.Bytes(), nil
+	return PythonJSON(b.Bytes()), nil
 }

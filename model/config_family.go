@@ -16,8 +16,11 @@ import (
 
 // family is one model_type's share of config.json.
 type family struct {
-	class string   // the HF class name written to architectures
-	keys  []string // the family's own keys, read by parse and written by json
+	class string // the HF class name written to architectures
+	// own: the family reads its own sizes and norms (parse) instead of the
+	// uniform families' keys (config.go's parseUniform): a hybrid model.
+	own  bool
+	keys []string // the family's own keys, read by parse and written by json
 	// parse reads the family's keys after the common ones (nil: none).
 	parse func(c *Config, r configReader) error
 	// validate checks the family's sizes after the common checks (nil: none).
@@ -46,6 +49,8 @@ var families = map[Arch]family{
 			out["use_sliding_window"] = false
 			c.moeJSON(out)
 		}},
+	NemotronH: {class: "NemotronHForCausalLM", own: true, keys: nemotronHKeys, parse: (*Config).parseNemotronH,
+		validate: Config.validateNemotronH, json: Config.nemotronHJSON},
 }
 
 // supportedArchs lists the model_type values, for error messages.
@@ -65,8 +70,13 @@ func compactExtra(raw map[string]json.RawMessage, f family) map[string]json.RawM
 	for k, v := range raw {
 		extra[k] = compactJSON(v)
 	}
-	for _, k := range configKeys {
+	for _, k := range sharedKeys {
 		delete(extra, k)
+	}
+	if !f.own {
+		for _, k := range uniformKeys {
+			delete(extra, k)
+		}
 	}
 	for _, k := range f.keys {
 		delete(extra, k)

@@ -33,15 +33,39 @@ type MoE struct {
 	MLPOnlyLayers      []int   // mlp_only_layers
 	RouterAuxLossCoef  float64 // router_aux_loss_coef
 	OutputRouterLogits bool    // output_router_logits
+
+	// Nemotron-H's sparse blocks (nemotron_h, transformers' NemotronHMoE):
+	// a sigmoid router whose choice adds e_score_correction_bias, limited
+	// to TopGroups of Groups groups, weights times RoutedScaling; experts
+	// of up (IntermediateSize) → relu² → down; a shared expert of
+	// SharedSize on the block's input; with LatentSize > 0, the routed
+	// experts run in a latent space (fc1_latent_proj C → LatentSize,
+	// fc2_latent_proj back).
+	Sigmoid           bool    // the sigmoid router (set for nemotron_h)
+	RoutedScaling     float64 // routed_scaling_factor
+	Groups, TopGroups int     // n_group, topk_group
+	SharedSize        int     // moe_shared_expert_intermediate_size
+	LatentSize        int     // moe_latent_size (0: none)
 }
 
 // Sparse reports whether the model has sparse (mixture-of-experts) layers.
-func (c Config) Sparse() bool { return c.Arch == Qwen3MoE && c.MoE.NumExperts > 0 }
+func (c Config) Sparse() bool {
+	switch c.Arch {
+	case Qwen3MoE:
+		return c.MoE.NumExperts > 0
+	case NemotronH:
+		return c.CountLayers(LayerMoE) > 0
+	}
+	return false
+}
 
 // SparseLayer reports whether decoder layer l is sparse (transformers'
 // Qwen3MoeDecoderLayer: not in mlp_only_layers, and (l+1) a multiple of
-// decoder_sparse_step).
+// decoder_sparse_step; a hybrid model's MoE blocks).
 func (c Config) SparseLayer(l int) bool {
+	if c.Hybrid() {
+		return c.Layers[l] == LayerMoE
+	}
 	m := c.MoE
 	if !c.Sparse() || m.DecoderSparseStep <= 0 || (l+1)%m.DecoderSparseStep != 0 {
 		return false

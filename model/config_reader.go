@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 )
 
 // configReader reads typed fields of one JSON object, naming the file and
@@ -96,4 +97,100 @@ func compactJSON(v json.RawMessage) json.RawMessage {
 		return v
 	}
 	return buf.Bytes()
+}
+
+// Python's json module writes the floats inf, -inf and nan as the bare
+// words Infinity, -Infinity and NaN, which strict JSON has no spelling for
+// (transformers writes time_step_limit: [0.0, Infinity] so). StrictJSON
+// turns each such word outside a string into a string holding pyNonFinite
+// and the word, so encoding/json reads the file; the readers of numbers
+// that allow them (configReader.pyFloat) read it back, every other reader
+// refuses it as a non-number, and PythonJSON turns it back into the bare
+// word when a config is written.
+const pyNonFinite = `\u0000py:`
+
+// StrictJSON returns data with Python's non-finite floats quoted (see
+// pyNonFinite); data without them is returned unchanged.
+func StrictJSON(data []byte) []byte {
+	var out bytes.Buffer
+	last := 0 // data[:last] is in out
+	in := false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		if in {
+			switch c {
+			case '\\':
+				i++
+			case '"':
+				in = false
+			}
+			continue
+		}
+		if c == '"' {
+			in = true
+			continue
+		}
+		for _, w := range pyWords {
+			if bytes.HasPrefix(data[i:], []byte(w)) {
+				out.Write(data[last:i])
+				out.WriteString(`"` + pyNonFinite + w + `"`)
+				i += len(w) - 1
+				last = i + 1
+				break
+			}
+		}
+	}
+	if last == 0 {
+		return data
+	}
+	out.Write(data[last:])
+	return out.Bytes()
+}
+
+// pyWords are Python json's spellings of the non-finite floats.
+var pyWords = []string{"-Infinity", "Infinity", "NaN"}
+
+// PythonJSON is StrictJSON's inverse: each quoted non-finite word becomes
+// the bare word Python's json writes and reads.
+func PythonJSON(data []byte) []byte {
+	for _, w := range pyWords {
+		data = bytes.ReplaceAll(data, []byte(`"`+pyNonFinite+w+`"`), []byte(w))
+	}
+	return data
+}
+
+// pyFloat reads a number as Python's json reads one: a JSON number, or
+// Infinity, -Infinity or NaN (StrictJSON's quoted words).
+func pyNumber(v json.RawMessage) (float64, bool) {
+	var f float64
+	if json.Unmarshal(v, &f) == nil {
+		return f, true
+	}
+	var s string
+	if json.Unmarshal(v, &s) != nil || !strings.HasPrefix(s, "\x00py:") {
+		return 0, false
+	}
+	switch s[len("\x00py:"):] {
+	case "Infinity":
+		return math.Inf(1), true
+	case "-Infinity":
+		return math.Inf(-1), true
+	case "NaN":
+		return math.NaN(), true
+	}
+	return 0, false
+}
+
+// pyNumberJSON renders f as Python's json writes it: a float with a
+// decimal point, or a non-finite word (quoted, for PythonJSON).
+func pyNumberJSON(f float64) json.RawMessage {
+	switch {
+	case math.IsInf(f, 1):
+		return json.RawMessage(`"` + pyNonFinite + `Infinity"`)
+	case math.IsInf(f, -1):
+		return json.RawMessage(`"` + pyNonFinite + `-Infinity"`)
+	case math.IsNaN(f):
+		return json.RawMessage(`"` + pyNonFinite + `NaN"`)
+	}
+	return pyFloat(f)
 }

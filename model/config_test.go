@@ -52,7 +52,7 @@ var llama31Block = `{"factor":8.0,"high_freq_factor":4.0,"low_freq_factor":1.0,"
 
 // configCases are configs that must be refused, each naming its field.
 var configCases = []struct{ name, json, want string }{
-	{"unknown arch", `{"model_type":"gpt2"}`, `model_type "gpt2" is not supported; supported: llama, qwen2, qwen3, qwen3_moe`},
+	{"unknown arch", `{"model_type":"gpt2"}`, `model_type "gpt2" is not supported; supported: llama, nemotron_h, qwen2, qwen3, qwen3_moe`},
 	{"moe k above experts", `{"model_type":"qwen3_moe",` + cfgBase + `,"num_experts":4,"num_experts_per_tok":5}`, "field num_experts_per_tok: expected an integer in [1, num_experts 4], found 5"},
 	{"moe k zero", `{"model_type":"qwen3_moe",` + cfgBase + `,"num_experts":4,"num_experts_per_tok":0}`, "field num_experts_per_tok"},
 	{"moe sparse step zero", `{"model_type":"qwen3_moe",` + cfgBase + `,"decoder_sparse_step":0}`, "field decoder_sparse_step: expected a positive integer, found 0"},
@@ -62,9 +62,9 @@ var configCases = []struct{ name, json, want string }{
 	{"moe aux coef negative", `{"model_type":"qwen3_moe",` + cfgBase + `,"router_aux_loss_coef":-0.1}`, "field router_aux_loss_coef"},
 	{"moe norm not a bool", `{"model_type":"qwen3_moe",` + cfgBase + `,"norm_topk_prob":"yes"}`, "field norm_topk_prob"},
 	{"moe architectures", `{"model_type":"qwen3_moe","architectures":["Qwen3ForCausalLM"],` + cfgBase + `}`, "field architectures"},
-	{"gemma3", `{"model_type":"gemma3",` + cfgBase + `}`, `model_type "gemma3" is not supported; supported: llama, qwen2, qwen3, qwen3_moe`},
-	{"nemotron_h", `{"model_type":"nemotron_h"}`, `model_type "nemotron_h" is not supported; supported: llama, qwen2, qwen3, qwen3_moe`},
-	{"deepseek_v3", `{"model_type":"deepseek_v3"}`, `model_type "deepseek_v3" is not supported; supported: llama, qwen2, qwen3, qwen3_moe`},
+	{"gemma3", `{"model_type":"gemma3",` + cfgBase + `}`, `model_type "gemma3" is not supported; supported: llama, nemotron_h, qwen2, qwen3, qwen3_moe`},
+	{"nemotron_h without sizes", `{"model_type":"nemotron_h"}`, `field hidden_size: expected an integer, found nothing`},
+	{"deepseek_v3", `{"model_type":"deepseek_v3"}`, `model_type "deepseek_v3" is not supported; supported: llama, nemotron_h, qwen2, qwen3, qwen3_moe`},
 	{"architectures mismatch", `{"model_type":"qwen3",` + cfgBase + `,"architectures":["LlamaForCausalLM"]}`, "field architectures"},
 	{"qwen2 class", `{"model_type":"qwen2",` + cfgBase + `,"architectures":["Qwen2MoeForCausalLM"]}`, "field architectures"},
 	{"llama3 without factor", `{"model_type":"llama",` + cfgBase + `,"rope_scaling":{"rope_type":"llama3","low_freq_factor":1,"high_freq_factor":4,"original_max_position_embeddings":8192}}`, "field rope_scaling.factor"},

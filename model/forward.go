@@ -31,6 +31,12 @@ func (m *Model) Forward(tokens []int32, cuSeqlens []int32, temperature float32) 
 // Backward then ignores dlogprob at those positions. Use it to skip prompt
 // and tool-output tokens that carry no loss.
 func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool) (logprob, entropy []float32, err error) {
+	return m.forwardMasked(tokens, cuSeqlens, temperature, need, false)
+}
+
+// forwardMasked is ForwardMasked, running the multi-token prediction
+// depths too when withMTP (ForwardMTP).
+func (m *Model) forwardMasked(tokens []int32, cuSeqlens []int32, temperature float32, need []bool, withMTP bool) (logprob, entropy []float32, err error) {
 	T := len(tokens)
 	if need != nil && len(need) != T {
 		m.haveForward = false
@@ -50,12 +56,21 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		}
 		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
+	if withMTP {
+		m.stageMTP(tokens, cuSeqlens, need)
+	}
 	m.forward()
 	b := m.b
+	if withMTP {
+		m.queueMTPDownloads(T)
+	}
 	if T > 0 {
 		b.DownloadF32(m.hLp[:T], m.lp.Slice(0, T))
 		b.DownloadF32(m.hEnt[:T], m.ent.Slice(0, T))
-		if m.cfg.Sparse() {
+		if m.headFull() {
+			b.DownloadF32(m.hLpFull[:T], m.lpFull.Slice(0, T))
+		}
+		if m.auxStats() {
 			m.queueRouterStats()
 		}
 	}
@@ -67,7 +82,7 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		m.haveForward = false
 		return nil, nil, fmt.Errorf("model: forward: %w", err)
 	}
-	if m.cfg.Sparse() {
+	if m.auxStats() {
 		m.finishRouterStats()
 	}
 	lp, ent := m.outLp[:T], m.outEnt[:T]
@@ -81,8 +96,27 @@ func (m *Model) ForwardMasked(tokens []int32, cuSeqlens []int32, temperature flo
 		lp[lo], ent[lo] = 0, 0
 		copy(lp[lo+1:hi], m.hLp[lo:hi-1])
 		copy(ent[lo+1:hi], m.hEnt[lo:hi-1])
+		if m.headFull() {
+			m.outFull[lo] = 0
+			copy(m.outFull[lo+1:hi], m.hLpFull[lo:hi-1])
+		}
+	}
+	if m.headFull() {
+		m.lastFull = m.outFull[:T]
 	}
 	return lp, ent, nil
+}
+
+// LogprobsFull returns the unfiltered logprobs of the last Forward or
+// ForwardTree (aligned as its logprob), or nil unless the model was built
+// with Options.HeadFilter and HeadFull: NeMo RL's KL term reads these
+// while its actor loss reads the filtered ones. The slice belongs to the
+// model and is overwritten by the next Forward.
+func (m *Model) LogprobsFull() []float32 {
+	if !m.headFull() || !m.haveForward {
+		return nil
+	}
+	return m.lastFull
 }
 
 // stage checks a micro-batch and uploads tokens, positions, targets and
@@ -133,6 +167,9 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 	}
 	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, S, maxLen, 1/temperature
 	m.lastTree = false
+	if m.mtp != nil {
+		m.mtp.active, m.mtp.grads = false, false
+	}
 	m.ws.last = m // the staged inputs and, next, the activations are this model's
 	copy(m.hTokens, tokens)
 	copy(m.hCu, cu)
@@ -142,6 +179,7 @@ func (m *Model) stage(tokens []int32, cu []int32, temperature float32) error {
 		m.b.UploadI32(m.target.Slice(0, T), m.hTarget[:T])
 	}
 	m.b.UploadI32(m.cu.Slice(0, S+1), m.hCu[:S+1])
+	m.stageForest(m.hCu[:S+1])
 	m.syncWeights()
 	return nil
 }
@@ -163,6 +201,7 @@ func (m *Model) forward() {
 	}
 	m.forwardBody(nil)
 	m.head()
+	m.mtpForward()
 	m.haveForward = true
 }
 
@@ -172,6 +211,7 @@ func (m *Model) forward() {
 // Options.Recompute they are overwritten by the next layer).
 func (m *Model) forwardBody(after func(l int)) {
 	m.embed()
+	m.mtpEmbed()
 	m.norm1(0)
 	for l := range m.la {
 		m.layerForward(l, true)
@@ -194,9 +234,42 @@ func (m *Model) head() {
 		m.headTree()
 		return
 	}
-	T := m.lastT
-	m.b.TokenLogprob(m.lp.Slice(0, T), m.ent.Slice(0, T), m.lseHead.Slice(0, T), m.lnf.Slice(0, T*m.cfg.HiddenSize), m.lmHeadW,
-		m.target.Slice(0, T), T, m.cfg.HiddenSize, m.cfg.VocabSize, m.lastInvTemp)
+	m.headRows(m.lastT)
+}
+
+// headRows queues the LM head over the first n rows of lnf against their
+// targets: TokenLogprob, or under Options.HeadFilter the filtered head.
+func (m *Model) headRows(n int) {
+	C, V := m.cfg.HiddenSize, m.cfg.VocabSize
+	hidden, targets := m.lnf.Slice(0, n*C), m.target.Slice(0, n)
+	if m.headFiltered() {
+		m.filtered.TokenLogprobFiltered(m.headOut(n), hidden, m.lmHeadW, targets, n, C, V, m.lastInvTemp, m.opt.HeadFilter)
+		return
+	}
+	m.b.TokenLogprob(m.lp.Slice(0, n), m.ent.Slice(0, n), m.lseHead.Slice(0, n), hidden, m.lmHeadW, targets, n, C, V, m.lastInvTemp)
+}
+
+// headOut is the filtered head's outputs for n rows.
+func (m *Model) headOut(n int) kernels.HeadOut {
+	return kernels.HeadOut{Logprob: m.lp.Slice(0, n), Entropy: m.ent.Slice(0, n), LSE: m.lseHead.Slice(0, n),
+		LogprobFull: m.lpFull.Slice(0, n), LSEFull: m.lseFull.Slice(0, n), Cut: m.cut.Slice(0, 2*n)}
+}
+
+// headRowsBackward queues headRows' backward from dlp (and, HeadFull,
+// dlpFull) into dlnf (n,C), which it accumulates, and the head's weight
+// gradient.
+func (m *Model) headRowsBackward(n int) {
+	C, V := m.cfg.HiddenSize, m.cfg.VocabSize
+	dlnf, hidden, targets := m.dlnf.Slice(0, n*C), m.lnf.Slice(0, n*C), m.target.Slice(0, n)
+	if m.headFiltered() {
+		var dfull kernels.Buf
+		if m.headFull() {
+			dfull = m.dlpFull.Slice(0, n)
+		}
+		m.filtered.TokenLogprobFilteredBackward(dlnf, m.dlmHead, m.dlp.Slice(0, n), dfull, hidden, m.lmHeadW, targets, m.headOut(n), n, C, V, m.lastInvTemp)
+		return
+	}
+	m.b.TokenLogprobBackward(dlnf, m.dlmHead, m.dlp.Slice(0, n), hidden, m.lmHeadW, targets, m.lseHead.Slice(0, n), n, C, V, m.lastInvTemp)
 }
 
 // norm1 queues layer l's input norm: ln1 of la[l].x.
@@ -258,6 +331,10 @@ func (m *Model) layerForward(l int, full bool) {
 // the MLP's activation h: everything but the down projection (a sparse
 // layer: up to its experts' outputs, everything but their weighted sum).
 func (m *Model) layerBody(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridBody(l)
+		return
+	}
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -309,6 +386,10 @@ func (m *Model) layerBody(l int) {
 // layer's input norm (layer l+1's ln1 weight) or the final norm (the
 // head's).
 func (m *Model) layerTail(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridTail(l)
+		return
+	}
 	b := m.b
 	T, C, I := m.lastT, m.cfg.HiddenSize, m.cfg.IntermediateSize
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
@@ -342,7 +423,17 @@ func (m *Model) layerTail(l int) {
 // parameter, given dlogprob[t] = ∂L/∂logprob[t] for the logprobs of the last
 // Forward (same alignment; entries at each sequence's first token are
 // ignored). Entropy is treated as a metric and receives no gradient.
-func (m *Model) Backward(dlogprob []float32) error {
+func (m *Model) Backward(dlogprob []float32) error { return m.BackwardFull(dlogprob, nil) }
+
+// BackwardFull is Backward with dlogprobFull = ∂L/∂LogprobsFull too (nil
+// means zero), for a model built with Options.HeadFilter and HeadFull.
+func (m *Model) BackwardFull(dlogprob, dlogprobFull []float32) error {
+	if dlogprobFull != nil && !m.headFull() {
+		return errors.New("model: backward: a gradient of the unfiltered logprobs, but the model keeps none (Options.HeadFilter with HeadFull)")
+	}
+	if dlogprobFull != nil && len(dlogprobFull) != len(dlogprob) {
+		return fmt.Errorf("model: backward: dlogprobFull has %d entries, dlogprob %d", len(dlogprobFull), len(dlogprob))
+	}
 	if m.forwardOnly {
 		return ErrForwardOnly
 	}
@@ -360,6 +451,13 @@ func (m *Model) Backward(dlogprob []float32) error {
 		}
 		if m.lastP > 0 {
 			m.b.UploadF32(m.dlp.Slice(0, m.lastP), dlogprob)
+			if m.headFull() {
+				if dlogprobFull != nil {
+					m.b.UploadF32(m.dlpFull.Slice(0, m.lastP), dlogprobFull)
+				} else {
+					m.b.Fill(m.dlpFull.Slice(0, m.lastP), 0)
+				}
+			}
 		}
 		return m.runBackward()
 	}
@@ -376,8 +474,19 @@ func (m *Model) Backward(dlogprob []float32) error {
 		}
 		copy(m.hDlp[lo:hi-1], dlogprob[lo+1:hi])
 		m.hDlp[hi-1] = 0
+		if m.headFull() {
+			m.hDlpFull[hi-1] = 0
+			if dlogprobFull != nil {
+				copy(m.hDlpFull[lo:hi-1], dlogprobFull[lo+1:hi])
+			} else {
+				clear(m.hDlpFull[lo : hi-1])
+			}
+		}
 	}
 	m.b.UploadF32(m.dlp.Slice(0, T), m.hDlp[:T])
+	if m.headFull() {
+		m.b.UploadF32(m.dlpFull.Slice(0, T), m.hDlpFull[:T])
+	}
 	return m.runBackward()
 }
 
@@ -404,6 +513,7 @@ func (m *Model) backward() {
 		m.shardedBackward()
 		return
 	}
+	m.mtpBackward()
 	m.backwardHead()
 	for l := len(m.la) - 1; l >= 0; l-- {
 		m.backwardLayer(l)
@@ -435,8 +545,8 @@ func (m *Model) backwardHead() {
 	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
 	dx := tc(m.dx, C)
 	b.Fill(tc(m.dlnf, C), 0)
-	b.TokenLogprobBackward(tc(m.dlnf, C), m.dlmHead, m.dlp.Slice(0, T), tc(m.lnf, C), m.lmHeadW,
-		m.target.Slice(0, T), m.lseHead.Slice(0, T), T, C, c.VocabSize, m.lastInvTemp)
+	m.headRowsBackward(T)
+	m.mtpHiddenGrad(tc(m.dlnf, C))
 	b.Fill(dx, 0)
 	b.RMSNormBackward(dx, m.dnorm, tc(m.dlnf, C), tc(m.xf, C), m.norm, m.rstdf.Slice(0, T), T, C)
 }
@@ -445,6 +555,10 @@ func (m *Model) backwardHead() {
 // activations first with Options.Recompute): dx holds the gradient of its
 // output on entry and of its input on return.
 func (m *Model) backwardLayer(l int) {
+	if m.cfg.Hybrid() {
+		m.hybridBackward(l)
+		return
+	}
 	b, c := m.b, m.cfg
 	T := m.lastT
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -510,4 +624,5 @@ func (m *Model) backwardLayer(l int) {
 func (m *Model) backwardEmbed() {
 	T, C := m.lastT, m.cfg.HiddenSize
 	m.b.EmbeddingBackward(m.dwte, m.dx.Slice(0, T*C), m.tokens.Slice(0, T), T, C)
+	m.mtpEmbedGrad()
 }

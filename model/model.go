@@ -48,6 +48,16 @@ type Options struct {
 	// C floats) and the tree's parents, subtree ends and pair rows (I32).
 	// MaxSeqs then bounds a tree's segments.
 	Tree bool
+	// HeadFilter makes the LM head's distribution NeMo RL's top-k/top-p
+	// filtered one (policy.generation.top_k and top_p, kernels.TopKTopP):
+	// Forward's logprob is log p_K(token), −Inf where the token is
+	// filtered out, its entropy the filtered distribution's, and Backward
+	// masks the gradient of filtered logits. The backend must implement
+	// kernels.FilteredHead. HeadFull also keeps the unfiltered logprobs
+	// (LogprobsFull) with their gradient (BackwardFull): NeMo RL's KL term
+	// reads them. A reference model (NewReference) is never filtered.
+	HeadFilter kernels.TopKTopP
+	HeadFull   bool
 }
 
 // MaxTokens is the most tokens a micro-batch (Options.MaxTokens), a
@@ -87,8 +97,13 @@ type layerView struct {
 	ln1, qBias, kBias, vBias, o, qNorm, kNorm, ln2, down kernels.Buf
 	qkv, qkvBias, gu                                     kernels.Buf
 	// A sparse layer's router (E,C), its experts' gate|up (E,2·Im,C) and
-	// down (E,C,Im) runs.
+	// down (E,C,Im) runs (a hybrid MoE block's: up (E,Im,In), down
+	// (E,In,Im)).
 	router, egu, edown kernels.Buf
+	// A hybrid model's blocks: a Mamba-2 mixer's, an MLP's up, and a
+	// sparse block's selection bias, latent projections and shared expert.
+	inProj, conv, convBias, dtBias, aLog, dD, mnorm, outProj kernels.Buf
+	up, ebias, fc1, fc2, shUp, shDown                        kernels.Buf
 }
 
 // gemmWeights are one layer's GEMM weights in the precision of the GEMMs:
@@ -96,6 +111,8 @@ type layerView struct {
 type gemmWeights struct {
 	qkv, o, gu, down   kernels.Buf
 	router, egu, edown kernels.Buf // sparse layers
+	// hybrid blocks
+	inProj, outProj, up, fc1, fc2, shUp, shDown kernels.Buf
 }
 
 // layerActs are the activations of one layer saved for the backward pass,
@@ -169,6 +186,9 @@ type Model struct {
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
 	router  kernels.Router
+	// mamba runs a hybrid model's Mamba-2 mixers and squared ReLUs (nil
+	// on a backend without them, which New refuses for a hybrid config).
+	mamba kernels.Mamba
 
 	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
@@ -191,14 +211,23 @@ type Model struct {
 	lmHeadW              kernels.Buf   // lm_head (or the tied embedding) in GEMM precision
 
 	// Activations.
-	la                  []layerActs
-	qkvOut              kernels.Buf // (T, q|k|v) F32: the fused projection's output
-	fused               kernels.Buf // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
-	xf                  kernels.Buf // (T,C) output of the last layer
-	lnf                 kernels.Buf // (T,C) w
-	rstdf               kernels.Buf // (T)
-	lp, ent, lseHead    kernels.Buf // (T) logprob of targets, entropy, lse
-	dlp                 kernels.Buf // (T)
+	la               []layerActs
+	hy               []hybridActs  // a hybrid model's blocks (hybrid.go)
+	hs               hybridScratch // a hybrid model's shared buffers
+	mtp              *mtpState     // a training model's multi-token prediction depths (mtp.go)
+	qkvOut           kernels.Buf   // (T, q|k|v) F32: the fused projection's output
+	fused            kernels.Buf   // (T, max(q|k|v, 2I)) w: gate|up output; packed q|k|v and gate|up gradients
+	xf               kernels.Buf   // (T,C) output of the last layer
+	lnf              kernels.Buf   // (T,C) w
+	rstdf            kernels.Buf   // (T)
+	lp, ent, lseHead kernels.Buf   // (T) logprob of targets, entropy, lse
+	dlp              kernels.Buf   // (T)
+	// The filtered head (Options.HeadFilter): the unfiltered logprob and
+	// lse, each row's cut, and the unfiltered logprob's gradient.
+	lpFull, lseFull     kernels.Buf // (T)
+	cut                 kernels.Buf // (2T) I32
+	dlpFull             kernels.Buf // (T) (HeadFull, with a backward)
+	filtered            kernels.FilteredHead
 	dx, dln, dlnf       kernels.Buf // (T,C)
 	dxW                 kernels.Buf // (T,C) w: dx rounded for the GEMMs (BF16 only)
 	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
@@ -236,9 +265,13 @@ type Model struct {
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32
 	hParent, hEnds, hAnc, hIdx  []int32 // trees only
+	hForest, hFParent, hFEnds   []int32 // a hybrid model's forest of sequences (S+1, S, S)
+	forestNS                    int     // the staged forest's segments
 	hStack                      []int32
 	hLp, hEnt, hDlp             []float32
 	outLp, outEnt               []float32
+	hLpFull, hDlpFull, outFull  []float32 // HeadFull only
+	lastFull                    []float32 // the last Forward's unfiltered logprobs (HeadFull)
 
 	// State of the last Forward, for Backward.
 	lastT, lastS, lastMaxLen int
@@ -264,6 +297,9 @@ func shell(cfg Config, opt Options) (*Model, error) {
 	m := &Model{cfg: cfg, opt: opt, wdt: opt.Precision, forwardOnly: opt.ForwardOnly}
 	m.table, m.tidx, m.lidx = newTable(cfg)
 	m.router = kernels.Router{K: cfg.MoE.TopK, Norm: cfg.MoE.NormTopKProb}
+	if cfg.Hybrid() {
+		m.router = cfg.hybridRouter()
+	}
 	return m, nil
 }
 
@@ -275,8 +311,11 @@ func New(b kernels.Backend, cfg Config, opt Options) (*Model, error) {
 		return nil, err
 	}
 	m.setBackend(b)
-	if cfg.Sparse() && m.experts == nil {
-		return nil, fmt.Errorf("model: the %s backend has no sparse-layer ops (kernels.Experts): it cannot run %s", b.Name(), cfg.Arch)
+	if err := m.checkBackend(); err != nil {
+		return nil, err
+	}
+	if err := m.checkFilter(); err != nil {
+		return nil, err
 	}
 	sz, p, err := m.sizes()
 	if err != nil {
@@ -332,7 +371,7 @@ func NewReference(policy *Model) (*Model, error) {
 	if policy.fs != nil {
 		return newShardedReference(policy)
 	}
-	m, err := shell(policy.cfg, policy.opt)
+	m, err := shell(policy.cfg, unfiltered(policy.opt))
 	if err != nil {
 		return nil, err
 	}
@@ -364,6 +403,47 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.experts, _ = b.(kernels.Experts)
+	m.filtered, _ = b.(kernels.FilteredHead)
+	m.mamba, _ = b.(kernels.Mamba)
+}
+
+// headFiltered reports whether the LM head runs under a top-k/top-p
+// filter; headFull whether it also keeps the unfiltered logprobs.
+func (m *Model) headFiltered() bool { return m.opt.HeadFilter.On(m.cfg.VocabSize) }
+func (m *Model) headFull() bool     { return m.headFiltered() && m.opt.HeadFull }
+
+// checkFilter refuses a filtered head on a backend without one, and a
+// top_k above the vocabulary (NeMo RL's torch.topk raises there).
+func (m *Model) checkFilter() error {
+	f := m.opt.HeadFilter
+	if f.TopK > m.cfg.VocabSize {
+		return fmt.Errorf("model: top-k %d exceeds the vocabulary of %d tokens (NeMo RL's torch.topk raises on it)", f.TopK, m.cfg.VocabSize)
+	}
+	if m.headFiltered() && m.filtered == nil {
+		return fmt.Errorf("model: the %s backend has no filtered LM head (kernels.FilteredHead): it cannot compute NeMo RL's top-k/top-p log-probabilities", m.b.Name())
+	}
+	return nil
+}
+
+// unfiltered is opt without the head's filter: a reference model's
+// (NeMo RL computes the reference policy's logprobs unfiltered,
+// dtensor_policy_worker.py use_reference_model, lines 1775-1815).
+func unfiltered(opt Options) Options {
+	opt.HeadFilter, opt.HeadFull = kernels.TopKTopP{}, false
+	return opt
+}
+
+// checkBackend refuses, naming the backend and the family, a config whose
+// layers need ops the backend lacks.
+func (m *Model) checkBackend() error {
+	if m.cfg.Sparse() && m.experts == nil {
+		return fmt.Errorf("model: the %s backend has no sparse-layer ops (kernels.Experts): it cannot run %s", m.b.Name(), m.cfg.Arch)
+	}
+	if m.cfg.Hybrid() && m.mamba == nil {
+		return fmt.Errorf("model: the %s backend has no Mamba-2 ops (kernels.Mamba: the conv, the scan, the gated norm, the squared ReLU, the sigmoid router): it cannot run %s (Nemotron-H); run it on the CPU backend (--backend cpu)",
+			m.b.Name(), m.cfg.Arch)
+	}
+	return nil
 }
 
 // allocWeights allocates the fp32 parameter arena and, under BF16, its copy.
@@ -385,13 +465,19 @@ func (m *Model) allocWeights(sz arenaSizes) error {
 func (m *Model) hostStaging() {
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	m.hTokens, m.hPos, m.hTarget, m.hCu = make([]int32, T), make([]int32, T), make([]int32, T), make([]int32, S+1)
-	if E := m.cfg.MoE.NumExperts; m.cfg.Sparse() {
+	if E := m.cfg.MoE.NumExperts; m.cfg.Sparse() && !m.cfg.Hybrid() {
 		L := m.cfg.NumHiddenLayers
 		m.hOffsets, m.hPsum = make([]int32, L*(E+1)), make([]float32, L*E)
 		m.hAux, m.hAuxW, m.hF, m.hP = make([]float32, E), make([]float32, E), make([]float64, E), make([]float64, E)
 	}
+	if m.hs.forestOffs.N > 0 {
+		m.hForest, m.hFParent, m.hFEnds = make([]int32, 1, S+1), make([]int32, 0, S), make([]int32, 0, S)
+	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)
+	if m.headFull() {
+		m.hLpFull, m.hDlpFull, m.outFull = make([]float32, T), make([]float32, T), make([]float32, T)
+	}
 	if m.opt.Tree {
 		m.hParent, m.hEnds, m.hAnc, m.hIdx = make([]int32, S), make([]int32, S), make([]int32, S), make([]int32, T)
 		m.hStack = make([]int32, 0, S)
@@ -444,6 +530,10 @@ func (m *Model) views() {
 				ln2: view(li.ln2, kind), down: view(li.down, kind),
 				qkv: run(li.q, li.v, kind), qkvBias: run(li.qBias, li.vBias, kind), gu: run(li.gate, li.up, kind),
 				router: view(li.router, kind), egu: run(li.eguFirst, li.eguLast, kind), edown: run(li.edownFirst, li.edownLast, kind),
+				inProj: view(li.inProj, kind), conv: view(li.conv, kind), convBias: view(li.convBias, kind),
+				dtBias: view(li.dtBias, kind), aLog: view(li.aLog, kind), dD: view(li.dD, kind), mnorm: view(li.mnorm, kind),
+				outProj: view(li.outProj, kind), up: view(li.up, kind), ebias: view(li.ebias, kind),
+				fc1: view(li.fc1, kind), fc2: view(li.fc2, kind), shUp: view(li.shUp, kind), shDown: view(li.shDown, kind),
 			}
 			if kind == w32 {
 				m.layers = append(m.layers, lv)
@@ -454,8 +544,11 @@ func (m *Model) views() {
 		m.gw = append(m.gw, gemmWeights{
 			qkv: run(li.q, li.v, wW), o: view(li.o, wW), gu: run(li.gate, li.up, wW), down: view(li.down, wW),
 			router: view(li.router, wW), egu: run(li.eguFirst, li.eguLast, wW), edown: run(li.edownFirst, li.edownLast, wW),
+			inProj: view(li.inProj, wW), outProj: view(li.outProj, wW), up: view(li.up, wW),
+			fc1: view(li.fc1, wW), fc2: view(li.fc2, wW), shUp: view(li.shUp, wW), shDown: view(li.shDown, wW),
 		})
 	}
+	m.mtpViews()
 }
 
 // arenaPlan cuts named views out of one allocation. Every view starts on a
@@ -574,6 +667,9 @@ func (p *actPlan) cut(m *Model, ws *workspace) {
 // experts' activations (moeActs, K rows per token) in place of the dense
 // MLP's.
 func (m *Model) layoutActs() *actPlan {
+	if m.cfg.Hybrid() {
+		return m.layoutHybrid()
+	}
 	c := m.cfg
 	T, S := m.opt.MaxTokens, m.opt.MaxSeqs
 	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
@@ -679,6 +775,14 @@ func (m *Model) layoutActs() *actPlan {
 	w.add(&m.lnf, T*C)
 	for _, x := range []*kernels.Buf{&m.rstdf, &m.lp, &m.ent, &m.lseHead} {
 		f.add(x, T)
+	}
+	if m.headFiltered() {
+		f.add(&m.lpFull, T)
+		f.add(&m.lseFull, T)
+		p.i.add(&m.cut, 2*T)
+		if m.headFull() && !m.forwardOnly {
+			f.add(&m.dlpFull, T)
+		}
 	}
 	m.offsets, m.psum, m.auxGrad = nil, nil, nil
 	if anySparse {

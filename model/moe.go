@@ -174,11 +174,16 @@ func (m *Model) finishRouterStats() {
 	m.routerLoss *= float64(E)
 }
 
+// auxStats reports whether the model keeps the load-balancing loss's
+// statistics: a sparse model of the uniform families (a hybrid model's
+// sigmoid routers balance by their selection bias instead).
+func (m *Model) auxStats() bool { return m.cfg.Sparse() && !m.cfg.Hybrid() }
+
 // RouterLoss returns the load-balancing loss of the last Forward
 // (transformers' load_balancing_loss_func over every sparse layer's
-// tokens), and false for a dense model or before any Forward.
+// tokens), and false for a dense or hybrid model or before any Forward.
 func (m *Model) RouterLoss() (float64, bool) {
-	if !m.cfg.Sparse() || m.lastT == 0 {
+	if !m.auxStats() || m.lastT == 0 {
 		return 0, false
 	}
 	return m.routerLoss, true
@@ -193,7 +198,7 @@ func (m *Model) SetRouterLossWeight(w float32) { m.routerLossWeight = w }
 // uploadAuxGrad writes ∂(w·aux)/∂probs of the last Forward into every
 // sparse layer's auxGrad (E).
 func (m *Model) uploadAuxGrad() {
-	if m.routerLossWeight == 0 || !m.cfg.Sparse() {
+	if m.routerLossWeight == 0 || !m.auxStats() {
 		return
 	}
 	for e, f := range m.hAux {

@@ -11,6 +11,15 @@ type Param struct {
 	Decay  bool   // weight decay applies (false for 1-D parameters: norm weights and biases)
 	Bias   bool   // a Linear's bias (Qwen2's q/k/v): zero at InitRandom
 	Router bool   // a sparse layer's router (mlp.gate.weight): frozen by freeze_moe_router
+	// Buffer marks state that is no trained parameter: Nemotron-H's
+	// e_score_correction_bias, which Model.UpdateExpertBias changes once
+	// per step (Megatron's aux-loss-free balancing). It has no gradient,
+	// no decay, no optimizer state, and is saved in fp32 whatever the
+	// weights' dtype.
+	Buffer bool
+	// Init is how InitRandom draws the parameter (InitDefault: by its
+	// shape, Bias and Buffer).
+	Init InitKind
 
 	// Group is the index in ParamTable.Groups of the unit the parameter is
 	// sharded, gathered and reduce-scattered with (fully sharded data
@@ -25,6 +34,25 @@ type Param struct {
 	Flat       FlatKind
 	FlatOffset int
 }
+
+// InitKind is a parameter's random initialisation (transformers'
+// _init_weights for the model's family).
+type InitKind uint8
+
+const (
+	// InitDefault: N(0, InitStd²) for a matrix, 1 for a 1-D parameter, 0
+	// for a Bias or a Buffer.
+	InitDefault InitKind = iota
+	// InitALog: a Mamba-2 mixer's A_log, log(1..MH) by head.
+	InitALog
+	// InitDtBias: a Mamba-2 mixer's dt_bias, the inverse softplus of dt
+	// drawn log-uniformly in [time_step_min, time_step_max], at least
+	// time_step_floor.
+	InitDtBias
+	// InitConv: a depthwise conv's weight, PyTorch's Conv1d default
+	// U(−1/√KW, 1/√KW).
+	InitConv
+)
 
 // FlatKind names one of a ParamGroup's two flats.
 type FlatKind uint8
@@ -101,6 +129,17 @@ func (t *ParamTable) Lookup(name string) (Param, bool) {
 }
 
 func (t *ParamTable) add(name string, decay bool, shape ...int) int {
+	flat := FlatMatrix
+	if len(shape) < 2 {
+		flat = FlatVector
+	}
+	return t.addFlat(name, decay, flat, shape...)
+}
+
+// addFlat is add with the parameter's flat chosen: FlatVector for a tensor
+// of two or more dimensions that the kernels read in fp32 whatever the
+// compute precision (Nemotron-H's conv weights and routers).
+func (t *ParamTable) addFlat(name string, decay bool, flat FlatKind, shape ...int) int {
 	n := 1
 	for _, d := range shape {
 		n *= d
@@ -112,10 +151,6 @@ func (t *ParamTable) add(name string, decay bool, shape ...int) int {
 		panic("model: parameter declared before any group: " + name)
 	}
 	g := &t.Groups[len(t.Groups)-1]
-	flat := FlatMatrix
-	if len(shape) < 2 {
-		flat = FlatVector
-	}
 	t.byName[name] = len(t.Params)
 	t.Params = append(t.Params, Param{Name: name, Shape: shape, Offset: t.Total, N: n, Decay: decay,
 		Group: len(t.Groups) - 1, Flat: flat, FlatOffset: g.FlatN[flat]})
@@ -154,8 +189,20 @@ type layerIdx struct {
 	ln1, q, k, v, qBias, kBias, vBias, o, qNorm, kNorm, ln2, gate, up, down int
 	// A sparse layer's router, and the first and last indices of its
 	// experts' gate|up run and down run: -1 in a dense layer (and gate, up,
-	// down are -1 in a sparse one).
+	// down are -1 in a sparse one). A hybrid MoE block's experts have no
+	// gate: the run is their up projections.
 	router, eguFirst, eguLast, edownFirst, edownLast int
+	// A hybrid model's blocks (ln1 is the block's norm; attention uses q,
+	// k, v, o; an MLP up and down): a Mamba-2 mixer's weights, and an MoE
+	// block's selection bias, latent projections and shared expert.
+	inProj, conv, convBias, dtBias, aLog, dD, mnorm, outProj int
+	ebias, fc1, fc2, shUp, shDown                            int
+}
+
+// noLayer is a layerIdx with no parameters (every index -1).
+func noLayer() layerIdx {
+	return layerIdx{-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+		-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1}
 }
 
 // NewParamTable lays out cfg's parameters with HF names.
@@ -167,9 +214,13 @@ func NewParamTable(cfg Config) ParamTable {
 // tableIdx holds the indices of the non-layer parameters (-1 when absent).
 type tableIdx struct {
 	wte, norm, lmHead int
+	mtp               mtpTable // a hybrid model's multi-token prediction blocks (mtp.go)
 }
 
 func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
+	if cfg.Hybrid() {
+		return newHybridTable(cfg)
+	}
 	C, I, HD := cfg.HiddenSize, cfg.IntermediateSize, cfg.HeadDim
 	NH, NKV, V := cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize
 	t := ParamTable{byName: map[string]int{}}
@@ -181,6 +232,7 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 		p := fmt.Sprintf("model.layers.%d.", l)
 		t.beginGroup(fmt.Sprintf("layers.%d", l), l)
 		li := &layers[l]
+		*li = noLayer()
 		li.ln1 = t.add(p+"input_layernorm.weight", false, C)
 		li.q = t.add(p+"self_attn.q_proj.weight", true, NH*HD, C)
 		li.k = t.add(p+"self_attn.k_proj.weight", true, NKV*HD, C)
@@ -246,7 +298,13 @@ func newTable(cfg Config) (ParamTable, tableIdx, []layerIdx) {
 // (E − K of them, each 3·Im·C).
 func ActiveParams(cfg Config) int {
 	n := NewParamTable(cfg).Total
-	if m := cfg.MoE; cfg.Sparse() {
+	if m := cfg.MoE; cfg.Hybrid() {
+		in := cfg.HiddenSize
+		if m.LatentSize > 0 {
+			in = m.LatentSize
+		}
+		n -= cfg.SparseLayers() * (m.NumExperts - m.TopK) * 2 * m.IntermediateSize * in
+	} else if cfg.Sparse() {
 		n -= cfg.SparseLayers() * (m.NumExperts - m.TopK) * 3 * m.IntermediateSize * cfg.HiddenSize
 	}
 	return n

@@ -24,7 +24,7 @@ func (m *Model) workload(backward bool) kernels.Workload {
 			{T: T, C: C, OC: qn + 2*kn, Backward: backward},
 			{T: T, C: qn, OC: C, Backward: backward},
 		},
-		Heads:     []kernels.Head{{T: T, C: C, V: V, Backward: backward}},
+		Heads:     []kernels.Head{{T: T, C: C, V: V, Backward: backward, Filtered: m.headFiltered(), BF16: m.wdt == kernels.BF16}},
 		RowNorms:  []kernels.RowNorm{{N: T, C: C, Backward: backward}},
 		Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), Backward: backward}},
 	}

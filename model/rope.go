@@ -95,6 +95,10 @@ func (m *Model) ensureRope(P int) error {
 	if P <= m.ropeP {
 		return nil
 	}
+	if ropeElems(m.cfg, P) == 0 { // no RoPE (a hybrid model): P only bounds the positions
+		m.ropeP = P
+		return nil
+	}
 	half := m.cfg.HeadDim / 2
 	buf, err := m.b.Alloc(kernels.F32, ropeElems(m.cfg, P))
 	if err != nil {
@@ -116,7 +120,14 @@ func (m *Model) ensureRope(P int) error {
 }
 
 // ropeElems is the size of the cos and sin tables for P positions.
-func ropeElems(c Config, P int) int { return 2 * P * (c.HeadDim / 2) }
+// A hybrid model has none (Nemotron-H's attention has no positional
+// embedding).
+func ropeElems(c Config, P int) int {
+	if c.Hybrid() {
+		return 0
+	}
+	return 2 * P * (c.HeadDim / 2)
+}
 
 // ropeTables returns the RoPE tables a forward uses: the model's own, or
 // those of the policy a reference borrows them from.

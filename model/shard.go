@@ -310,6 +310,12 @@ func NewSharded(b kernels.Backend, cfg Config, opt Options, so ShardOptions) (*M
 		return nil, err
 	}
 	m.setBackend(b)
+	if err := m.checkBackend(); err != nil {
+		return nil, err
+	}
+	if err := m.checkFilter(); err != nil {
+		return nil, err
+	}
 	sh, err := NewSharding(&m.table, so.Comm.Size(), so.Comm.Rank())
 	if err != nil {
 		return nil, err
@@ -668,6 +674,7 @@ func (m *Model) shardedForward() {
 	m.join(m.layerGroup(0))
 	if run {
 		m.embed()
+		m.mtpEmbed()
 		m.norm1(0)
 	}
 	for l := range L {
@@ -693,6 +700,7 @@ func (m *Model) shardedForward() {
 	if run {
 		m.head()
 	}
+	m.mtpShardedForward(run)
 }
 
 // shardedBackward runs the backward pass of the last forward, reducing
@@ -708,6 +716,7 @@ func (m *Model) shardedBackward() {
 		m.takeGrads(eg)
 	}
 	m.takeGrads(hg)
+	m.mtpShardedBackward(run)
 	if run {
 		m.backwardHead()
 	}
@@ -743,7 +752,7 @@ func (m *Model) shardedBackward() {
 // and the vectors, which the forward reads in fp32 as the policy's does),
 // and gathering into the policy's slots.
 func newShardedReference(policy *Model) (*Model, error) {
-	m, err := shell(policy.cfg, policy.opt)
+	m, err := shell(policy.cfg, unfiltered(policy.opt))
 	if err != nil {
 		return nil, err
 	}

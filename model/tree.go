@@ -57,6 +57,9 @@ func (m *Model) ForwardTree(tr Tree, temperature float32) (logprob, entropy []fl
 	if P > 0 {
 		m.b.DownloadF32(m.outLp[:P], m.lp.Slice(0, P))
 		m.b.DownloadF32(m.outEnt[:P], m.ent.Slice(0, P))
+		if m.headFull() {
+			m.b.DownloadF32(m.outFull[:P], m.lpFull.Slice(0, P))
+		}
 	}
 	if err := m.commErr(); err != nil {
 		m.haveForward = false
@@ -65,6 +68,9 @@ func (m *Model) ForwardTree(tr Tree, temperature float32) (logprob, entropy []fl
 	if err := m.b.Sync(); err != nil {
 		m.haveForward = false
 		return nil, nil, fmt.Errorf("model: forward tree: %w", err)
+	}
+	if m.headFull() {
+		m.lastFull = m.outFull[:P]
 	}
 	return m.outLp[:P], m.outEnt[:P], nil
 }
@@ -214,7 +220,7 @@ func (m *Model) finalNorm(xf, xmid kernels.Buf) {
 // headTree queues the LM head over a tree's pairs: their rows of xf
 // gathered, normed into lnf, scored against their labels.
 func (m *Model) headTree() {
-	T, C, V := m.lastT, m.cfg.HiddenSize, m.cfg.VocabSize
+	T, C := m.lastT, m.cfg.HiddenSize
 	P := m.lastP
 	if P == 0 {
 		return
@@ -222,15 +228,14 @@ func (m *Model) headTree() {
 	xfP := m.xfP.Slice(0, P*C)
 	m.b.Embedding(xfP, m.xf.Slice(0, T*C), m.pairIdx.Slice(0, P), P, C)
 	m.b.RMSNorm(m.lnf.Slice(0, P*C), m.rstdf.Slice(0, P), xfP, m.norm, P, C, m.cfg.RMSNormEps)
-	m.b.TokenLogprob(m.lp.Slice(0, P), m.ent.Slice(0, P), m.lseHead.Slice(0, P), m.lnf.Slice(0, P*C), m.lmHeadW,
-		m.target.Slice(0, P), P, C, V, m.lastInvTemp)
+	m.headRows(P)
 }
 
 // backwardHeadTree queues headTree's backward from dlp (P) into dx (T,C),
 // which it assigns: the pairs' final-norm gradients scatter-added back onto
 // their rows in pair order.
 func (m *Model) backwardHeadTree() {
-	b, C, V := m.b, m.cfg.HiddenSize, m.cfg.VocabSize
+	b, C := m.b, m.cfg.HiddenSize
 	T, P := m.lastT, m.lastP
 	dx := m.dx.Slice(0, T*C)
 	b.Fill(dx, 0)
@@ -239,8 +244,7 @@ func (m *Model) backwardHeadTree() {
 	}
 	dlnf, dxfP := m.dlnf.Slice(0, P*C), m.dln.Slice(0, P*C) // dln is free until the layers' backward
 	b.Fill(dlnf, 0)
-	b.TokenLogprobBackward(dlnf, m.dlmHead, m.dlp.Slice(0, P), m.lnf.Slice(0, P*C), m.lmHeadW,
-		m.target.Slice(0, P), m.lseHead.Slice(0, P), P, C, V, m.lastInvTemp)
+	m.headRowsBackward(P)
 	b.Fill(dxfP, 0)
 	b.RMSNormBackward(dxfP, m.dnorm, dlnf, m.xfP.Slice(0, P*C), m.norm, m.rstdf.Slice(0, P), P, C)
 	b.EmbeddingBackward(dx, dxfP, m.pairIdx.Slice(0, P), P, C)

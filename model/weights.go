@@ -28,7 +28,9 @@ const (
 
 // InitRandom sets every weight matrix to N(0, InitStd²), every norm weight
 // to 1 and every bias to 0, from a PCG seeded with seed (HF's _init_weights
-// for these models). It stages initChunk values at a time, in the order the
+// for these models); a Mamba-2 mixer's A_log, dt_bias and conv weight as
+// transformers' NemotronH _init_weights and PyTorch's Conv1d draw them
+// (Param.Init), its selection biases 0. It stages initChunk values at a time, in the order the
 // generator draws them, so a model of any size needs 4 MiB of host memory
 // beyond what its memory plan counts (staging a whole embedding of a
 // Llama-3.2-1B held 1 GiB that the plan did not).
@@ -39,12 +41,28 @@ func (m *Model) InitRandom(seed uint64) {
 		largest = max(largest, p.N)
 	}
 	host := make([]float32, min(largest, initChunk))
+	mc := m.cfg.Mamba
 	for i, p := range m.table.Params {
 		lo, hi, at := m.Owned(i) // a sharded model draws every value and keeps its own
 		for off := 0; off < p.N; off += len(host) {
 			dst := host[:min(len(host), p.N-off)]
 			switch {
-			case p.Bias:
+			case p.Init == InitALog:
+				for i := range dst {
+					dst[i] = float32(math.Log(float64(off + i + 1)))
+				}
+			case p.Init == InitDtBias:
+				lmin, lmax := math.Log(mc.TimeStepMin), math.Log(mc.TimeStepMax)
+				for i := range dst {
+					dt := math.Max(math.Exp(r.Float64()*(lmax-lmin)+lmin), mc.TimeStepFloor)
+					dst[i] = float32(dt + math.Log(-math.Expm1(-dt))) // softplus⁻¹(dt)
+				}
+			case p.Init == InitConv:
+				bound := 1 / math.Sqrt(float64(p.Shape[len(p.Shape)-1]))
+				for i := range dst {
+					dst[i] = float32((2*r.Float64() - 1) * bound)
+				}
+			case p.Bias || p.Buffer:
 				clear(dst)
 			case len(p.Shape) == 1:
 				for i := range dst {
@@ -85,10 +103,13 @@ func (m *Model) SetParamsHost(host []float32) error {
 	return nil
 }
 
-// ignoredTensors are HF tensors that carry no weights (old Llama checkpoints
-// store the rotary inverse frequencies).
-func ignoredTensor(name string) bool {
-	return strings.HasSuffix(name, ".rotary_emb.inv_freq")
+// ignoredTensor reports HF tensors that carry no weights of the model (old
+// Llama checkpoints store the rotary inverse frequencies) or that
+// transformers does not load: a Nemotron-H checkpoint's multi-token
+// prediction layers (NemotronHPreTrainedModel's
+// _keys_to_ignore_on_load_unexpected, mtp.*).
+func (m *Model) ignoredTensor(name string) bool {
+	return strings.HasSuffix(name, ".rotary_emb.inv_freq") || (m.cfg.Hybrid() && strings.HasPrefix(name, "mtp."))
 }
 
 // LoadHF reads dir/model.safetensors (or the shards of
@@ -118,7 +139,7 @@ func (m *Model) LoadHF(dir string) error {
 	}
 	tiedHead := false
 	for _, ti := range set.Tensors() {
-		if _, ok := m.table.Lookup(ti.Name); ok || used[ti.Name] || ignoredTensor(ti.Name) {
+		if _, ok := m.table.Lookup(ti.Name); ok || used[ti.Name] || m.ignoredTensor(ti.Name) {
 			continue
 		}
 		if ti.Name == "lm_head.weight" && m.cfg.TieWordEmbeddings {
@@ -199,16 +220,26 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		return nil
 	}
 	for i, p := range m.table.Params {
-		if ti, ok := set.Tensor(p.Name); ok {
-			if err := check(p.Name, ti, p.Shape); err != nil {
+		name := p.Name
+		if _, ok := set.Tensor(name); !ok && m.cfg.Hybrid() && strings.HasPrefix(name, "backbone.") {
+			name = "model." + strings.TrimPrefix(name, "backbone.") // transformers' in-memory name
+		}
+		if ti, ok := set.Tensor(name); ok {
+			if err := check(name, ti, p.Shape); err != nil {
 				return nil, nil, err
 			}
-			srcs[i] = source{tensor: p.Name}
+			srcs[i] = source{tensor: name}
+			used[name] = true
+		}
+	}
+	if m.cfg.Hybrid() {
+		if err := m.stackedExperts(set, srcs, used, check); err != nil {
+			return nil, nil, err
 		}
 	}
 	C, E, Im := m.cfg.HiddenSize, m.cfg.MoE.NumExperts, m.cfg.MoE.IntermediateSize
 	for l, li := range m.lidx {
-		if li.router < 0 {
+		if li.router < 0 || m.cfg.Hybrid() {
 			continue
 		}
 		p := fmt.Sprintf("model.layers.%d.", l)
@@ -248,7 +279,10 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		if srcs[i].tensor != "" {
 			continue
 		}
-		if l, ok := expertLayer(m.lidx, i); ok {
+		if l, ok := expertLayer(m.lidx, i); ok && m.cfg.Hybrid() {
+			return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json; or transformers' stacked backbone.layers.%d.mixer.experts.up_proj and down_proj)",
+				set.Source(), p.Name, p.Shape, l)
+		} else if ok {
 			pre := fmt.Sprintf("model.layers.%d.", l)
 			return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json; or transformers v5's fused %s and %s)",
 				set.Source(), p.Name, p.Shape, fusedGateUp(pre), fusedDown(pre))
@@ -256,6 +290,49 @@ func (m *Model) sources(set *safetensors.Set) ([]source, map[string]bool, error)
 		return nil, nil, fmt.Errorf("model: load %s: tensor %s is missing (expected shape %v for this config.json)", set.Source(), p.Name, p.Shape)
 	}
 	return srcs, used, nil
+}
+
+// stackedExperts finds a hybrid model's experts stored as transformers
+// holds them in memory (NemotronHExperts: mixer.experts.up_proj
+// (E, Im, In) and mixer.experts.down_proj (E, In, Im), under backbone. or
+// model.); a block holds one layout.
+func (m *Model) stackedExperts(set *safetensors.Set, srcs []source, used map[string]bool,
+	check func(string, safetensors.TensorInfo, []int) error) error {
+	E, Im, In := m.cfg.MoE.NumExperts, m.cfg.MoE.IntermediateSize, m.cfg.expertIn()
+	for l, li := range m.lidx {
+		if li.router < 0 {
+			continue
+		}
+		for _, pre := range []string{"backbone.", "model."} {
+			up, hasUp := set.Tensor(fmt.Sprintf("%slayers.%d.mixer.experts.up_proj", pre, l))
+			dn, hasDown := set.Tensor(fmt.Sprintf("%slayers.%d.mixer.experts.down_proj", pre, l))
+			if !hasUp && !hasDown {
+				continue
+			}
+			for i := li.eguFirst; i <= li.edownLast; i++ {
+				if srcs[i].tensor != "" {
+					return fmt.Errorf("model: load %s: block %d stores its experts both per expert (mixer.experts.N.*_proj.weight) and stacked (mixer.experts.up_proj, down_proj): expected one layout", set.Source(), l)
+				}
+			}
+			if !hasUp || !hasDown {
+				return fmt.Errorf("model: load %s: block %d stores its experts stacked but has only one of %sLAYER.mixer.experts.up_proj and down_proj", set.Source(), l, pre)
+			}
+			if err := check(up.Name, up, []int{E, Im, In}); err != nil {
+				return err
+			}
+			if err := check(dn.Name, dn, []int{E, In, Im}); err != nil {
+				return err
+			}
+			used[up.Name], used[dn.Name] = true, true
+			for i := li.eguFirst; i <= li.eguLast; i++ {
+				srcs[i] = source{tensor: up.Name, off: (i - li.eguFirst) * Im * In}
+			}
+			for i := li.edownFirst; i <= li.edownLast; i++ {
+				srcs[i] = source{tensor: dn.Name, off: (i - li.edownFirst) * In * Im}
+			}
+		}
+	}
+	return nil
 }
 
 // expertLayer returns the layer of an expert weight's table index.
@@ -293,119 +370,33 @@ func (m *Model) SaveHFAs(dir string, dtype safetensors.DType) error {
 }
 
 // SaveHFWith is SaveHFAs with meta as the file's __metadata__ (nil: format
-// "pt" with FormatName and FormatVersion), for a checkpoint's own.
+// "pt" with FormatName and FormatVersion), for a checkpoint's own. A sharded
+// model's save is a collective (see WriteHF): every rank calls it, and rank
+// 0 writes the files.
 func (m *Model) SaveHFWith(dir string, dtype safetensors.DType, meta map[string]string) error {
-	if meta == nil {
-		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
-	}
-	torchName := map[safetensors.DType]string{safetensors.F32: "float32", safetensors.BF16: "bfloat16", safetensors.F16: "float16"}[dtype]
-	if torchName == "" {
-		return fmt.Errorf("model: save: dtype %s: expected F32, BF16 or F16", dtype)
-	}
-	if m.fs != nil {
-		return m.saveSharded(dir, dtype, torchName, meta)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	specs := make([]safetensors.Spec, len(m.table.Params))
-	largest := 0
-	for i, p := range m.table.Params {
-		specs[i] = safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape}
-		largest = max(largest, p.N)
-	}
-	host := make([]float32, largest)
-	err := safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, func(w *safetensors.Writer) error {
-		for _, t := range w.Tensors() {
-			p, _ := m.table.Lookup(t.Name)
-			m.b.DownloadF32(host[:p.N], m.params.Slice(p.Offset, p.N))
-			if err := m.b.Sync(); err != nil {
-				return err
-			}
-			if err := w.WriteF32(t.Name, host[:p.N]); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	cfgJSON, err := m.cfg.JSON(torchName)
+	torchName, err := torchDType(dtype)
 	if err != nil {
 		return err
 	}
-	if err := atomicfile.WriteFile(filepath.Join(dir, "config.json"), cfgJSON); err != nil {
-		return fmt.Errorf("model: %w", err)
-	}
-	return nil
-}
-
-// saveSharded is SaveHFAs of a sharded model, a collective: the ranks
-// gather one group at a time, in the file's tensor order, and rank 0
-// streams each tensor into its writer, so no rank holds more than one
-// group. The file is the one a model holding every weight writes, byte for
-// byte.
-func (m *Model) saveSharded(dir string, dtype safetensors.DType, torchName string, meta map[string]string) error {
-	rank0 := m.fs.sh.Rank == 0
-	var werr error // rank 0's own failure: it keeps gathering with the others
+	rank0 := m.fs == nil || m.fs.sh.Rank == 0
+	var f *atomicfile.File
+	var werr error // rank 0's own failure: under sharding it keeps gathering with the others
 	if rank0 {
-		werr = os.MkdirAll(dir, 0o755)
-	}
-	specs := make([]safetensors.Spec, len(m.table.Params))
-	for i, p := range m.table.Params {
-		specs[i] = safetensors.Spec{Name: p.Name, DType: dtype, Shape: p.Shape}
-	}
-	order, err := safetensors.NewWriter(io.Discard, specs, meta)
-	if err != nil {
-		return fmt.Errorf("model: save: %w", err)
-	}
-	var groups []int
-	var runs [][]int
-	for _, t := range order.Tensors() {
-		i := m.table.byName[t.Name]
-		g := m.table.Params[i].Group
-		if len(groups) == 0 || groups[len(groups)-1] != g {
-			groups, runs = append(groups, g), append(runs, nil)
+		if werr = os.MkdirAll(dir, 0o755); werr == nil {
+			f, werr = atomicfile.Create(filepath.Join(dir, safetensors.SingleFileName))
 		}
-		runs[len(runs)-1] = append(runs[len(runs)-1], i)
 	}
-	var host []float32
-	if rank0 {
-		host = make([]float32, initChunk)
+	if werr != nil && m.fs == nil {
+		return fmt.Errorf("model: save: %w", werr)
 	}
-	called := false
-	write := func(w *safetensors.Writer) error {
-		called = true
-		k := 0
-		err := m.gatherGroups(groups, func(g int, mat, vec kernels.Buf) {
-			run := runs[k]
-			k++
-			if w == nil || werr != nil {
-				return
-			}
-			for _, i := range run {
-				p := m.table.Params[i]
-				src := mat
-				if p.Flat == FlatVector {
-					src = vec
-				}
-				for off := 0; off < p.N && werr == nil; off += len(host) {
-					n := min(len(host), p.N-off)
-					m.b.DownloadF32(host[:n], src.Slice(p.FlatOffset+off, n))
-					if werr = m.b.Sync(); werr == nil {
-						werr = w.WriteF32(p.Name, host[:n])
-					}
-				}
-			}
-		})
-		return errors.Join(err, werr)
+	var w io.Writer
+	if f != nil {
+		defer f.Abort()
+		w = f
 	}
-	if rank0 && werr == nil {
-		err = safetensors.WriteFileStream(filepath.Join(dir, safetensors.SingleFileName), specs, meta, write)
-	}
-	if !called { // every rank gathers, whatever rank 0 met
-		err = errors.Join(err, werr, write(nil))
+	err = errors.Join(werr, m.WriteHF(w, dtype, meta))
+	if err == nil && f != nil {
+		err = f.Commit()
 	}
 	if err != nil {
 		return fmt.Errorf("model: save: %w", err)
@@ -421,4 +412,133 @@ func (m *Model) saveSharded(dir string, dtype safetensors.DType, torchName strin
 		return fmt.Errorf("model: %w", err)
 	}
 	return nil
+}
+
+// HFConfigJSON is the config.json of the model's weights saved in dtype
+// (its torch_dtype), as SaveHFAs writes it.
+func (m *Model) HFConfigJSON(dtype safetensors.DType) ([]byte, error) {
+	torchName, err := torchDType(dtype)
+	if err != nil {
+		return nil, err
+	}
+	return m.cfg.JSON(torchName)
+}
+
+func torchDType(dtype safetensors.DType) (string, error) {
+	torchName := map[safetensors.DType]string{safetensors.F32: "float32", safetensors.BF16: "bfloat16", safetensors.F16: "float16"}[dtype]
+	if torchName == "" {
+		return "", fmt.Errorf("model: save: dtype %s: expected F32, BF16 or F16", dtype)
+	}
+	return torchName, nil
+}
+
+// WriteHF streams the weights to out as one safetensors file: HF names,
+// rounded to dtype (F32, BF16 or F16), with meta as its __metadata__ (nil:
+// format "pt" with FormatName and FormatVersion). One tensor, or one chunk
+// of one, is on the host at a time.
+//
+// For a sharded model it is a collective: every rank calls it, and the ranks
+// gather one group at a time, in the file's tensor order, while rank 0
+// streams each tensor into out (the other ranks pass nil), so no rank holds
+// more than one group. The bytes are those a model holding every weight
+// writes. A rank 0 with a nil out (it could not open its file) still takes
+// part in every gather, so that no rank waits for it.
+func (m *Model) WriteHF(out io.Writer, dtype safetensors.DType, meta map[string]string) error {
+	if _, err := torchDType(dtype); err != nil {
+		return err
+	}
+	if meta == nil {
+		meta = map[string]string{"format": "pt", "tracegrpo_format": FormatName, "tracegrpo_format_version": FormatVersion}
+	}
+	specs := m.saveSpecs(dtype)
+	if m.fs != nil {
+		return m.writeSharded(out, specs, meta)
+	}
+	w, err := safetensors.NewWriter(out, specs, meta)
+	if err != nil {
+		return err
+	}
+	largest := 0
+	for _, p := range m.table.Params {
+		largest = max(largest, p.N)
+	}
+	host := make([]float32, largest)
+	for _, t := range w.Tensors() {
+		p, _ := m.table.Lookup(t.Name)
+		m.b.DownloadF32(host[:p.N], m.params.Slice(p.Offset, p.N))
+		if err := m.b.Sync(); err != nil {
+			return err
+		}
+		if err := w.WriteF32(t.Name, host[:p.N]); err != nil {
+			return err
+		}
+	}
+	return w.Close()
+}
+
+// saveSpecs are the tensors WriteHF writes: every parameter in dtype, the
+// buffers (Nemotron-H's e_score_correction_bias) in fp32 whatever it is,
+// as transformers keeps them (_keep_in_fp32_modules_strict).
+func (m *Model) saveSpecs(dtype safetensors.DType) []safetensors.Spec {
+	specs := make([]safetensors.Spec, len(m.table.Params))
+	for i, p := range m.table.Params {
+		dt := dtype
+		if p.Buffer {
+			dt = safetensors.F32
+		}
+		specs[i] = safetensors.Spec{Name: p.Name, DType: dt, Shape: p.Shape}
+	}
+	return specs
+}
+
+// writeSharded is WriteHF of a sharded model.
+func (m *Model) writeSharded(out io.Writer, specs []safetensors.Spec, meta map[string]string) error {
+	rank0 := m.fs.sh.Rank == 0
+	order, err := safetensors.NewWriter(io.Discard, specs, meta)
+	if err != nil {
+		return err
+	}
+	var groups []int
+	var runs [][]int
+	for _, t := range order.Tensors() {
+		i := m.table.byName[t.Name]
+		g := m.table.Params[i].Group
+		if len(groups) == 0 || groups[len(groups)-1] != g {
+			groups, runs = append(groups, g), append(runs, nil)
+		}
+		runs[len(runs)-1] = append(runs[len(runs)-1], i)
+	}
+	var w *safetensors.Writer
+	var werr error // rank 0's own failure: it keeps gathering with the others
+	var host []float32
+	if rank0 && out != nil {
+		w, werr = safetensors.NewWriter(out, specs, meta)
+		host = make([]float32, initChunk)
+	}
+	k := 0
+	err = m.gatherGroups(groups, func(g int, mat, vec kernels.Buf) {
+		run := runs[k]
+		k++
+		if w == nil || werr != nil {
+			return
+		}
+		for _, i := range run {
+			p := m.table.Params[i]
+			src := mat
+			if p.Flat == FlatVector {
+				src = vec
+			}
+			for off := 0; off < p.N && werr == nil; off += len(host) {
+				n := min(len(host), p.N-off)
+				m.b.DownloadF32(host[:n], src.Slice(p.FlatOffset+off, n))
+				if werr = m.b.Sync(); werr == nil {
+					werr = w.WriteF32(p.Name, host[:n])
+				}
+			}
+		}
+	})
+	if err == nil && werr == nil && w != nil {
+		werr = w.Close()
+	}
+	return errors.Join(err, werr)
 }

@@ -27,6 +27,9 @@ type Group struct {
 	Decay  bool
 }
 
+// ClipSets is the number of clip sets (Config.ClipSet).
+const ClipSets = 2
+
 // Sharded makes an optimizer step one rank's shard of the parameters
 // (fully sharded data parallel): the gradient norm sums every rank's
 // squared norms per group ID in one all-reduce of IDs floats, so clipping
@@ -80,12 +83,27 @@ func (e *WeightsError) Unwrap() error { return ErrNonFiniteWeights }
 
 // Config holds AdamW's hyperparameters (NeMo RL's optimizer keys).
 type Config struct {
+	// Rule is the optimizer whose arithmetic the update follows:
+	// torch.optim.AdamW (the zero value) or TransformerEngine's FusedAdam.
+	Rule kernels.AdamRule
+	// Moments is the Adam moments' dtype: F32 (0 means F32), or BF16
+	// (FusedAdam's exp_avg_dtype and exp_avg_sq_dtype torch.bfloat16).
+	Moments      kernels.DType
 	Beta1, Beta2 float64 // adam_beta1, adam_beta2
 	Eps          float64 // adam_eps
 	// MaxGradNorm is clip_grad / max_grad_norm; <= 0 disables clipping (the
 	// norm is still computed and reported).
 	MaxGradNorm float64
 	NonFinite   NonFinite
+	// ClipSet is the clip set of each group (each group ID when sharded,
+	// over every rank's IDs); nil: all in set 0. Set 0 is the main
+	// gradient norm (Result.GradNorm); set 1 is clipped by its own norm
+	// with the same MaxGradNorm and left out of the main one:
+	// Megatron-Core's separate grad_norm_group "mtp"
+	// (megatron/core/optimizer/optimizer.py clip_grad_norm at
+	// d98e8a64ddf34856e74b24714e3bedb2f5a39553), which tags the MTP
+	// blocks' parameters when mtp_detach_heads.
+	ClipSet []int
 }
 
 // State is the optimizer's host-side state (the moments live in the
@@ -103,6 +121,10 @@ type Result struct {
 	LR, WD      float64 // learning rate and weight decay the update used
 	Step        int64   // optimizer step counter after the update
 	GroupSumSqr []float64
+	// SetNorms is each clip set's L2 norm before clipping (SetNorms[0] is
+	// GradNorm) and SetScales its clip factor, when groups use a clip set
+	// beyond 0 (nil otherwise).
+	SetNorms, SetScales []float64
 }
 
 // AdamW is the optimizer over one parameter arena.
@@ -110,7 +132,9 @@ type AdamW struct {
 	be      Backend
 	cfg     Config
 	groups  []Group
-	runs    []Group // adjacent groups with the same Decay, merged
+	runs    []Group // adjacent groups with the same Decay and clip set, merged
+	runClip []int   // each run's clip set
+	sets    bool    // a group (or an ID) is in a clip set beyond 0
 	param   kernels.Buf
 	grad    kernels.Buf
 	moments kernels.Buf // (2N): m then v
@@ -118,7 +142,18 @@ type AdamW struct {
 	shard   *Sharded
 	host    []float32
 	st      State
+	// The multi-tensor step (kernels.MultiAdamW, when the backend has it):
+	// the chunk table, its flags (2 + groups: the skip, the clip factor,
+	// then one per group) and their host copy.
+	multi   kernels.MultiAdamW
+	table   kernels.Buf
+	nchunks int
+	flags   kernels.Buf
+	hflags  []int32
 }
+
+// multiChunk is the most elements of one chunk of the multi-tensor step.
+const multiChunk = 1 << 16
 
 // New allocates the moment arena (zeroed) and returns an optimizer for param
 // and grad, two F32 buffers of the same length. Groups must be sorted,
@@ -179,13 +214,41 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 	if cfg.NonFinite != SkipNonFinite && cfg.NonFinite != AbortNonFinite {
 		return nil, fmt.Errorf("optim: unknown non-finite policy %d", cfg.NonFinite)
 	}
+	if cfg.Moments == 0 {
+		cfg.Moments = kernels.F32
+	}
+	switch {
+	case cfg.Rule != kernels.TorchAdamW && cfg.Rule != kernels.FusedAdam:
+		return nil, fmt.Errorf("optim: unknown update rule %v", cfg.Rule)
+	case cfg.Moments == kernels.BF16 && cfg.Rule != kernels.FusedAdam:
+		return nil, fmt.Errorf("optim: bf16 moments under %v: only FusedAdam keeps them (torch.optim.AdamW has no exp_avg_dtype)", cfg.Rule)
+	case cfg.Moments != kernels.F32 && cfg.Moments != kernels.BF16:
+		return nil, fmt.Errorf("optim: %v moments: want f32 or bf16", cfg.Moments)
+	}
 	o := &AdamW{be: be, cfg: cfg, groups: append([]Group(nil), groups...), param: param, grad: grad, shard: sh}
-	for _, g := range groups {
-		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
+	if cfg.ClipSet != nil {
+		want := len(groups)
+		if sh != nil {
+			want = sh.IDs
+		}
+		if len(cfg.ClipSet) != want {
+			return nil, fmt.Errorf("optim: %d clip sets for %d groups (or group IDs)", len(cfg.ClipSet), want)
+		}
+		for i, c := range cfg.ClipSet {
+			if c < 0 || c >= ClipSets {
+				return nil, fmt.Errorf("optim: group %d: clip set %d: want 0 to %d", i, c, ClipSets-1)
+			}
+			o.sets = o.sets || c != 0
+		}
+	}
+	for i, g := range groups {
+		c := o.setOf(o.slot(i))
+		if n := len(o.runs); n > 0 && o.runs[n-1].Decay == g.Decay && o.runClip[n-1] == c && o.runs[n-1].Off+o.runs[n-1].N == g.Off {
 			o.runs[n-1].N += g.N
 			continue
 		}
 		o.runs = append(o.runs, g)
+		o.runClip = append(o.runClip, c)
 	}
 	var err error
 	nsums := len(groups)
@@ -193,7 +256,7 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		nsums = sh.IDs
 	}
 	moments, sums := sizes(param.N, nsums)
-	if o.moments, err = be.Alloc(kernels.F32, moments); err != nil {
+	if o.moments, err = be.Alloc(cfg.Moments, moments); err != nil {
 		return nil, fmt.Errorf("optim: allocate moments (%d elements): %w", moments, err)
 	}
 	if o.sums, err = be.Alloc(kernels.F32, sums); err != nil {
@@ -201,18 +264,70 @@ func newAdamW(be Backend, param, grad kernels.Buf, groups []Group, cfg Config, s
 		return nil, fmt.Errorf("optim: allocate norm scratch: %w", err)
 	}
 	o.host = make([]float32, nsums)
+	mt, _ := be.(kernels.MultiAdamW) // nil: the per-run step (a wrapped backend)
+	if o.sets {
+		mt = nil // the multi-tensor step clips by one norm: clip sets take the per-run step
+	}
+	if err := o.initMulti(mt); err != nil {
+		o.Close()
+		return nil, err
+	}
 	return o, nil
 }
 
-// sizes are the F32 elements New allocates for n parameters in groups
-// groups: both moments, and one gradient norm partial per group.
+// initMulti builds the multi-tensor step's chunk table: each group cut
+// into chunks of at most multiChunk elements. The table and the flags are
+// allocated whether or not the backend runs the step (mt nil), so that
+// PlanBytes is the allocation on every backend.
+func (o *AdamW) initMulti(mt kernels.MultiAdamW) error {
+	var chunks []kernels.AdamChunk
+	for i, g := range o.groups {
+		for off := 0; off < g.N; off += multiChunk {
+			chunks = append(chunks, kernels.AdamChunk{Off: int64(g.Off + off), N: int32(min(multiChunk, g.N-off)), Group: int32(i), Decay: g.Decay})
+		}
+	}
+	words := kernels.EncodeAdamChunks(chunks)
+	// Sized as PlanBytes counts them: a table for nsums + n/multiChunk
+	// chunks (Σ_g ⌈N_g/multiChunk⌉ never exceeds it), flags for nsums
+	// groups.
+	nsums := len(o.host)
+	tw, fw := multiSizes(o.param.N, nsums)
+	if len(words) > tw || 2+len(o.groups) > fw {
+		return fmt.Errorf("optim: %d chunk words and %d groups exceed the planned %d and %d", len(words), len(o.groups), tw, fw-2)
+	}
+	var err error
+	if o.table, err = o.be.Alloc(kernels.I32, tw); err != nil {
+		return fmt.Errorf("optim: allocate the chunk table: %w", err)
+	}
+	if o.flags, err = o.be.Alloc(kernels.I32, fw); err != nil {
+		return fmt.Errorf("optim: allocate the update flags: %w", err)
+	}
+	if len(words) > 0 {
+		o.be.UploadI32(o.table.Slice(0, len(words)), words)
+	}
+	o.multi, o.nchunks, o.hflags = mt, len(chunks), make([]int32, fw)
+	return nil
+}
+
+// multiSizes are the I32 elements of the multi-tensor step's chunk table
+// and flags for n parameters in groups groups (or group IDs).
+func multiSizes(n, groups int) (table, flags int) {
+	return kernels.AdamChunkWords * (groups + n/multiChunk), 2 + groups
+}
+
+// sizes are the elements New allocates for n parameters in groups
+// groups: both moments (in their dtype), and one F32 gradient norm partial
+// per group.
 func sizes(n, groups int) (moments, sums int) { return 2 * n, groups }
 
 // PlanBytes returns the bytes New allocates on its backend for n
-// parameters in groups groups.
-func PlanBytes(n, groups int) int64 {
+// parameters in groups groups with moments of the given dtype (F32, or
+// BF16: 2 bytes a moment), with the multi-tensor step's chunk table and
+// flags (at the bound multiSizes gives).
+func PlanBytes(n, groups int, moments kernels.DType) int64 {
 	m, s := sizes(n, groups)
-	return 4 * int64(m+s)
+	tw, fw := multiSizes(n, groups)
+	return int64(moments.Size())*int64(m) + 4*int64(s) + 4*int64(tw+fw)
 }
 
 // Close frees the moment arena.
@@ -220,13 +335,17 @@ func (o *AdamW) Close() {
 	if o.be == nil {
 		return
 	}
-	o.be.Free(o.moments)
-	o.be.Free(o.sums)
+	for _, b := range []kernels.Buf{o.moments, o.sums, o.table, o.flags} {
+		if b.N > 0 {
+			o.be.Free(b)
+		}
+	}
 	o.be = nil
 }
 
 // Moments returns the first and second moment arenas, each of the parameter
-// arena's length, as views of the single moment arena.
+// arena's length, as views of the single moment arena (Config.Moments'
+// dtype).
 func (o *AdamW) Moments() (m, v kernels.Buf) {
 	n := o.param.N
 	return o.moments.Slice(0, n), o.moments.Slice(n, n)
@@ -272,6 +391,15 @@ func (o *AdamW) GradNorm() (float64, []float64, error) {
 // index, or its ID when sharded (the other IDs' slots are 0, or, with
 // overRanks, every rank's sums after one all-reduce).
 func (o *AdamW) groupSums(buf kernels.Buf, overRanks bool) error {
+	if err := o.queueSums(buf, overRanks); err != nil {
+		return err
+	}
+	o.be.DownloadF32(o.host, o.sums)
+	return o.be.Sync()
+}
+
+// queueSums is groupSums without the download: the sums stay in o.sums.
+func (o *AdamW) queueSums(buf kernels.Buf, overRanks bool) error {
 	if o.shard != nil {
 		o.be.Fill(o.sums, 0)
 	}
@@ -283,8 +411,7 @@ func (o *AdamW) groupSums(buf kernels.Buf, overRanks bool) error {
 			return err
 		}
 	}
-	o.be.DownloadF32(o.host, o.sums)
-	return o.be.Sync()
+	return nil
 }
 
 // slot is group i's place in the sums: i, or its ID when sharded.
@@ -302,12 +429,120 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 	if o.be == nil {
 		panic("optim: Step after Close")
 	}
+	if o.multi != nil {
+		return o.stepMulti(lr, wd)
+	}
 	norm, per, err := o.GradNorm()
 	if err != nil {
 		return Result{}, err
 	}
 	res := Result{GradNorm: norm, ClipScale: 1, LR: lr, WD: wd, Step: o.st.Step, GroupSumSqr: per}
 	if math.IsNaN(norm) || math.IsInf(norm, 0) {
+		return o.nonFinite(res, norm, per)
+	}
+	scales := [ClipSets]float64{1, 1}
+	if o.sets {
+		// Megatron's clip_grad_norm: the main norm leaves the separate
+		// set out, and each set is clipped by its own norm.
+		var sq [ClipSets]float64
+		for i, x := range per {
+			sq[o.setOf(i)] += x
+		}
+		res.SetNorms, res.SetScales = make([]float64, ClipSets), make([]float64, ClipSets)
+		for k := range sq {
+			res.SetNorms[k], res.SetScales[k] = math.Sqrt(sq[k]), 1
+			if o.cfg.MaxGradNorm > 0 {
+				res.SetScales[k] = kernels.ClipScale(res.SetNorms[k], o.cfg.MaxGradNorm)
+			}
+			scales[k] = res.SetScales[k]
+		}
+		res.GradNorm, res.ClipScale = res.SetNorms[0], res.SetScales[0]
+	} else if o.cfg.MaxGradNorm > 0 {
+		// torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1.
+		res.ClipScale = kernels.ClipScale(norm, o.cfg.MaxGradNorm)
+		scales[0] = res.ClipScale
+	}
+	o.st.Step++
+	res.Step = o.st.Step
+	m, v := o.Moments()
+	for ri, r := range o.runs {
+		s := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, scales[o.runClip[ri]])
+		if r.Decay {
+			s.WeightDecay = float32(wd)
+		}
+		o.be.AdamW(o.param.Slice(r.Off, r.N), o.grad.Slice(r.Off, r.N), m.Slice(r.Off, r.N), v.Slice(r.Off, r.N), s)
+	}
+	// The new weights: an update can overflow where the gradient did not.
+	if err := o.groupSums(o.param, false); err != nil {
+		return res, fmt.Errorf("optim: AdamW step %d: %w", o.st.Step, err)
+	}
+	for i, g := range o.groups {
+		if x := float64(o.host[o.slot(i)]); math.IsNaN(x) || math.IsInf(x, 0) {
+			return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: x, Step: o.st.Step, LR: lr}
+		}
+	}
+	return res, nil
+}
+
+// stepMulti is Step on a backend with kernels.MultiAdamW: the groups'
+// sums of squares and the update queued back to back (the clip factor and
+// the skip decided on the device from the same float64 sums the host then
+// reads), and one download of the sums and the flags for the result.
+func (o *AdamW) stepMulti(lr, wd float64) (Result, error) {
+	if err := o.queueSums(o.grad, true); err != nil {
+		return Result{}, fmt.Errorf("optim: gradient norm: %w", err)
+	}
+	next := o.st.Step + 1
+	step := kernels.NewAdamWStep(o.cfg.Rule, lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, wd, next, 1)
+	m, v := o.Moments()
+	o.multi.AdamWMulti(o.param, o.grad, m, v, o.sums, o.table.Slice(0, kernels.AdamChunkWords*o.nchunks), o.flags, len(o.host), o.nchunks, step, o.cfg.MaxGradNorm)
+	o.be.DownloadF32(o.host, o.sums)
+	o.be.DownloadI32(o.hflags, o.flags)
+	if err := o.be.Sync(); err != nil {
+		return Result{}, fmt.Errorf("optim: AdamW step %d: %w", next, err)
+	}
+	per := make([]float64, len(o.host))
+	total := 0.0
+	for i, s := range o.host {
+		per[i] = float64(s)
+		total += float64(s)
+	}
+	norm := math.Sqrt(total)
+	res := Result{GradNorm: norm, ClipScale: 1, LR: lr, WD: wd, Step: o.st.Step, GroupSumSqr: per}
+	if math.IsNaN(norm) || math.IsInf(norm, 0) || o.hflags[0] != 0 {
+		return o.nonFinite(res, norm, per) // the device updated nothing
+	}
+	res.ClipScale = kernels.ClipScale(norm, o.cfg.MaxGradNorm)
+	o.st.Step = next
+	res.Step = next
+	for i, g := range o.groups {
+		if o.hflags[2+i] == 0 {
+			continue
+		}
+		// The error's sum of squares, computed only here.
+		o.be.SumSquares(o.sums.Slice(0, 1), o.param.Slice(g.Off, g.N))
+		o.be.DownloadF32(o.host[:1], o.sums.Slice(0, 1))
+		if err := o.be.Sync(); err != nil {
+			return res, fmt.Errorf("optim: AdamW step %d: %w", next, err)
+		}
+		return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: float64(o.host[0]), Step: next, LR: lr}
+	}
+	return res, nil
+}
+
+// setOf is the clip set of sums slot i (a group's index, or its ID when
+// sharded).
+func (o *AdamW) setOf(i int) int {
+	if o.cfg.ClipSet == nil {
+		return 0
+	}
+	return o.cfg.ClipSet[i]
+}
+
+// nonFinite handles a non-finite gradient norm: the step is skipped
+// (counted) or refused, as configured; nothing was updated.
+func (o *AdamW) nonFinite(res Result, norm float64, per []float64) (Result, error) {
+	{
 		first := 0
 		for i, s := range per {
 			if math.IsNaN(s) || math.IsInf(s, 0) {
@@ -326,29 +561,4 @@ func (o *AdamW) Step(lr, wd float64) (Result, error) {
 		res.Skipped = true
 		return res, nil
 	}
-	if o.cfg.MaxGradNorm > 0 {
-		// torch.nn.utils.clip_grad_norm_: coef = max/(norm+1e-6), clamped to 1.
-		res.ClipScale = math.Min(1, o.cfg.MaxGradNorm/(norm+1e-6))
-	}
-	o.st.Step++
-	res.Step = o.st.Step
-	step := kernels.NewAdamWStep(lr, o.cfg.Beta1, o.cfg.Beta2, o.cfg.Eps, 0, o.st.Step, res.ClipScale)
-	m, v := o.Moments()
-	for _, r := range o.runs {
-		s := step
-		if r.Decay {
-			s.WeightDecay = float32(wd)
-		}
-		o.be.AdamW(o.param.Slice(r.Off, r.N), o.grad.Slice(r.Off, r.N), m.Slice(r.Off, r.N), v.Slice(r.Off, r.N), s)
-	}
-	// The new weights: an update can overflow where the gradient did not.
-	if err := o.groupSums(o.param, false); err != nil {
-		return res, fmt.Errorf("optim: AdamW step %d: %w", o.st.Step, err)
-	}
-	for i, g := range o.groups {
-		if x := float64(o.host[o.slot(i)]); math.IsNaN(x) || math.IsInf(x, 0) {
-			return res, &WeightsError{Group: o.slot(i), Off: g.Off, N: g.N, SumSq: x, Step: o.st.Step, LR: lr}
-		}
-	}
-	return res, nil
 }

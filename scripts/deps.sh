@@ -14,6 +14,8 @@
 #                       with TRACEGRPO_NEMORL_REPO set)
 #   bash, make, sed,    internal/docs runs README.md's and docs/*.md's shell
 #   mkdir, mv           blocks with bash, and these are the programs they run
+#   python3             docs/loop.md's block runs scripts/gym_vllm_loop.py --fake
+#                       (the standard library only; Debian package python3)
 #   ptxas, cuobjdump,   assemble the committed PTX for sm_80/sm_90 and read its
 #   nvdisasm            SASS (tensor-core instructions, spills); cuobjdump -sass
 #                       runs nvdisasm. Debian ships them only inside
@@ -40,6 +42,10 @@
 #                            python3-crcmod (the TensorBoard event file's
 #                            reference), the independent references
 #                            `make golden` runs
+#   scripts/deps.sh bench    python3-torch and libopenblas0-pthread, the
+#                            PyTorch that `make bench-torch` times (with
+#                            OpenBLAS, not the reference BLAS; installing it
+#                            also makes it the system's libblas.so.3)
 #
 # It needs root (or sudo) only when something is missing. It prints what it
 # does and fails, naming the package, when an install fails.
@@ -48,7 +54,7 @@ cd "$(dirname "$0")/.."
 TOOLS=${TOOLS:-$PWD/.cache/tools/bin}
 CUDA_HOME=${CUDA_HOME:-$PWD/.cache/cuda}
 mode=${1:-test}
-case $mode in test|nvcc|golden) ;; *) echo "usage: scripts/deps.sh [test|nvcc|golden]" >&2; exit 2;; esac
+case $mode in test|nvcc|golden|bench) ;; *) echo "usage: scripts/deps.sh [test|nvcc|golden|bench]" >&2; exit 2;; esac
 
 sudo=""
 if [ "$(id -u)" != 0 ]; then
@@ -98,13 +104,15 @@ trap 'rm -rf "$tmp"' EXIT
 # with apt-get into the system directories. One line each (testtool parses
 # them).
 toolkit_tools="ptxas cuobjdump nvdisasm"
-system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar bash:bash make:make sed:sed mkdir:coreutils mv:coreutils"
+system_tools="g++:g++ gcc:g++ mpirun:openmpi-bin pgrep:procps kill:procps cp:coreutils sync:coreutils sh:dash git:git tar:tar bash:bash make:make sed:sed mkdir:coreutils mv:coreutils python3:python3"
 syspath=/usr/sbin:/usr/bin:/sbin:/bin
 
 case $mode in
-golden)
+golden | bench)
+	pkgs="python3-torch python3-numpy python3-omegaconf python3-protobuf python3-crcmod"
+	[ "$mode" = golden ] || pkgs="python3-torch libopenblas0-pthread"
 	need=()
-	for p in python3-torch python3-numpy python3-omegaconf python3-protobuf python3-crcmod; do
+	for p in $pkgs; do
 		dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 	done
 	[ ${#need[@]} = 0 ] || apt_install "${need[@]}"

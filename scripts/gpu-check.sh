@@ -39,7 +39,9 @@
 # 30 + 240 + 150 = 420 s: the script refuses to start if the budgets add up to
 # more than 7 minutes. GPU_CHECK_EXTRA=1 adds a fourth stage outside that
 # budget (every conformance case and shape, the op-level measurements, the
-# per-op profile of the step, optim's AdamW goldens, NCCL with two ranks).
+# per-op profile of the step, optim's AdamW goldens, NCCL with two ranks), and
+# GPU_CHECK_LOOP=1 a fifth (scripts/gpu-check-loop.sh: transformers loads the
+# weights directory a CUDA run publishes with --weights-out; loop.log).
 #
 # OUTDIR gets at most 6 files (the device tool returns 8), each appended to as
 # the run goes:
@@ -343,5 +345,14 @@ if [ "${GPU_CHECK_EXTRA:-0}" = 1 ]; then
 		say "NOT RUN: NCCL with 2 ranks (no torchrun, or a dry run)"
 	fi
 	say "stage extra: $(($(date +%s) - t0)) s (outside the 7-minute budget)"
+fi
+
+# ---- 5. loop, GPU_CHECK_LOOP=1 (outside the budget): scripts/gpu-check-loop.sh
+# (transformers loads the weights a CUDA run publishes for its generator; loop.log)
+if [ "${GPU_CHECK_LOOP:-0}" = 1 ]; then
+	t0=$(date +%s)
+	"$root/scripts/gpu-check-loop.sh" $([ $dry = 1 ] && echo --dry) "$out" "$bin/train" | tee -a "$summary"
+	[ "${PIPESTATUS[0]}" = 0 ] || status=1
+	say "stage loop: $(($(date +%s) - t0)) s (outside the 7-minute budget)"
 fi
 exit $status

@@ -72,6 +72,7 @@ func (t *Trainer) startIdentity() ([]identityItem, error) {
 	add(true, "--shard", o.Shard)
 	add(true, "--reshard-after-forward", strconv.FormatBool(!o.NoReshard))
 	add(true, "--shared-prefix", o.SharedPrefix)
+	add(true, "--max-masked-fraction", strconv.FormatFloat(*o.MaxMaskedFraction, 'g', -1, 64))
 	if _, ok := t.source.(*builtinSource); ok {
 		add(true, "--tasks", strings.Join(o.Tasks, ","))
 	}

@@ -48,15 +48,11 @@ func CheckFor(ld *config.Loaded, steps int, experts config.Experts) error {
 		}
 	}
 	// NeMo RL filters the training logits by top-k/top-p to match generation
-	// (nemo_rl/algorithms/logits_sampling_utils.py); tracegrpo does not.
-	g := &c.Policy.Generation
-	if g.TopP != 1 {
+	// (nemo_rl/algorithms/logits_sampling_utils.py): so does the model
+	// (model.Options.HeadFilter). vLLM takes top_p in (0, 1].
+	if g := &c.Policy.Generation; !(g.TopP > 0 && g.TopP <= 1) {
 		add(&config.Refusal{Key: "policy.generation.top_p", Value: fmt.Sprint(g.TopP),
-			Why: "NeMo RL computes the training log-probabilities under the top-p filtered distribution, to match generation; tracegrpo's are unfiltered (top_p: 1.0)"})
-	}
-	if g.TopK != nil && *g.TopK > 0 {
-		add(&config.Refusal{Key: "policy.generation.top_k", Value: fmt.Sprint(*g.TopK),
-			Why: "NeMo RL computes the training log-probabilities under the top-k filtered distribution, to match generation; tracegrpo's are unfiltered (top_k: null)"})
+			Why: "top_p must be in (0, 1] (1 keeps every token)"})
 	}
 	if _, _, err := c.Optim(); err != nil {
 		add(err)

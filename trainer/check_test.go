@@ -1,6 +1,8 @@
 package trainer
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -99,7 +101,6 @@ func TestCheckRefusesEveryRefusedKey(t *testing.T) {
 		{"optimizer state dtype", []string{"++policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16"}, "policy.optimizer.kwargs.exp_avg_dtype"},
 		{"master weights", []string{"++policy.optimizer.kwargs.master_weights=false"}, "policy.optimizer.kwargs.master_weights"},
 		{"Megatron master params", []string{"policy.megatron_cfg.optimizer.params_dtype=bfloat16"}, "policy.megatron_cfg.optimizer.params_dtype"},
-		{"multi-token prediction", []string{"policy.megatron_cfg.mtp_num_layers=1"}, "policy.megatron_cfg.mtp_num_layers"},
 	} {
 		keys := refusedKeys(t, c.over...)
 		found := false
@@ -204,5 +205,38 @@ func TestNullModelNameNeedsInitFrom(t *testing.T) {
 	}
 	if _, _, err := ModelConfig(&ld.Config, "../model/testdata/qwen2_tied"); err != nil {
 		t.Errorf("--init-from: %v", err)
+	}
+}
+
+// TestCheckTopKTopP: policy.generation's top_k and top_p are used (NeMo
+// RL's filtered training log-probabilities), not refused; a top_p outside
+// (0, 1] (which vLLM refuses) is refused naming the key, and so, where
+// the model is known, is a top_k above its vocabulary (NeMo RL's
+// torch.topk raises there).
+func TestCheckTopKTopP(t *testing.T) {
+	for _, over := range [][]string{
+		{"policy.generation.top_p=0.9", "policy.generation.top_k=50"},
+		{"policy.generation.top_p=1.0", "policy.generation.top_k=-1"},
+		{"policy.generation.top_k=null"},
+	} {
+		if keys := refusedKeys(t, over...); len(keys) != 0 {
+			t.Errorf("%v: refused for %v", over, keys)
+		}
+	}
+	for _, p := range []string{"0", "1.5", "-0.1"} {
+		if keys := refusedKeys(t, "policy.generation.top_p="+p); !slices.Contains(keys, "policy.generation.top_p") {
+			t.Errorf("top_p %s: refused for %v, want policy.generation.top_p", p, keys)
+		}
+	}
+	ld, err := config.LoadSources(config.Sources{Files: []string{todaysRecipe}, Overrides: []string{"policy.generation.top_k=33"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r *config.Refusal
+	if err := checkTopK(&ld.Config, 32); !errors.As(err, &r) || r.Key != "policy.generation.top_k" {
+		t.Errorf("top_k 33 of a 32-token vocabulary: %v, want a refusal of policy.generation.top_k", err)
+	}
+	if err := checkTopK(&ld.Config, 33); err != nil {
+		t.Errorf("top_k 33 of a 33-token vocabulary: %v", err)
 	}
 }

@@ -112,6 +112,9 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 	if err := t.be.Sync(); err != nil {
 		return nil, err
 	}
+	if err := t.takeStageErr(); err != nil {
+		return nil, err
+	}
 	if err := t.checkFinite(host, m, v, func(i int) string { return paramAt(table, i) }); err != nil {
 		return nil, err
 	}
@@ -122,6 +125,9 @@ func (t *Trainer) prepare() (*checkpoint.Pending, error) {
 		}
 		r := host[p.Offset : p.Offset+p.N]
 		st.Model = append(st.Model, checkpoint.Tensor{Spec: spec(p.Name), F32: r})
+		if !t.cfg.SavesOptimizer() {
+			continue // checkpointing.save_optimizer false: weights only
+		}
 		st.Optimizer = append(st.Optimizer,
 			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg"), F32: m[p.Offset : p.Offset+p.N]},
 			checkpoint.Tensor{Spec: spec(p.Name + ".exp_avg_sq"), F32: v[p.Offset : p.Offset+p.N]})
@@ -212,6 +218,9 @@ func (t *Trainer) restore() error {
 			{ot, p.Name + ".exp_avg", m, "optimizer"},
 			{ot, p.Name + ".exp_avg_sq", v, "optimizer"},
 		} {
+			if st.Trainer.NoOptimizer && want.file == "optimizer" {
+				continue // the fresh optimizer's zero moments
+			}
 			x, ok := want.from[want.name]
 			if !ok {
 				return fmt.Errorf("resume: %s: %s has no tensor %s", res.Path, want.file, want.name)
@@ -228,7 +237,9 @@ func (t *Trainer) restore() error {
 		host []float32
 	}{{t.model.Params(), host}, {mBuf, m}, {vBuf, v}} {
 		if _, ok := t.hostView(x.buf); !ok {
-			t.be.UploadF32(x.buf, x.host)
+			if err := uploadHost(t.be, x.buf, x.host, t.stage); err != nil {
+				return fmt.Errorf("resume: %w", err)
+			}
 		}
 	}
 	t.model.ParamsChanged()
@@ -262,6 +273,14 @@ func (t *Trainer) restoreState(path string, st *checkpoint.State) error {
 	var ostate optim.State
 	if err := json.Unmarshal(st.Trainer.Optimizer, &ostate); err != nil {
 		return fmt.Errorf("resume: %s: optimizer state: %w", res.Path, err)
+	}
+	if st.Trainer.NoOptimizer {
+		// NeMo RL's resume without optimizer state: a fresh AdamW (zero
+		// moments, bias correction from step 1), the schedule where it was.
+		ostate = optim.State{}
+		if t.rank == 0 {
+			fmt.Fprintf(t.o.Log, "train: warning: resume: %s holds no optimizer state (checkpointing.save_optimizer was false): AdamW restarts from zero moments, so the run does not continue bit for bit as an uninterrupted one would\n", res.Path)
+		}
 	}
 	if err := t.opt.SetState(ostate); err != nil {
 		return err
@@ -536,25 +555,99 @@ var stopAfterStep = 0
 var errSimulatedCrash = errors.New("simulated crash")
 
 // hostView returns buf's elements in place when the backend keeps them in
-// host memory (the CPU backend): a checkpoint is written from, and read
-// into, the arenas themselves, with no second copy of the weights and
-// moments.
+// host memory (the CPU backend) as float32: a checkpoint is written from,
+// and read into, the arenas themselves, with no second copy of the
+// weights and moments. A BF16 buffer (FusedAdam's bf16 moments) has none.
 func (t *Trainer) hostView(buf kernels.Buf) ([]float32, bool) {
-	if v, ok := t.be.(interface{ F32(kernels.Buf) []float32 }); ok {
+	if v, ok := t.be.(interface{ F32(kernels.Buf) []float32 }); ok && buf.DType == kernels.F32 {
 		return v.F32(buf), true
 	}
 	return nil, false
 }
 
 // hostCopy returns buf's elements for reading on the host: in place on the
-// CPU, else a download (complete after the next Sync).
+// CPU, else a download (complete after the next Sync). A BF16 buffer is
+// widened (exactly) as float32, a stage at a time: a checkpoint keeps
+// bf16 moments as float32, as FusedAdam's state_dict casts them (resume
+// rounds them back, exactly).
 func (t *Trainer) hostCopy(buf kernels.Buf) []float32 {
 	if v, ok := t.hostView(buf); ok {
 		return v
 	}
 	h := make([]float32, buf.N)
+	if buf.DType == kernels.BF16 {
+		if err := downloadWide(t.be, h, buf, t.stage); err != nil {
+			t.stageErr = err
+		}
+		return h
+	}
 	t.be.DownloadF32(h, buf)
 	return h
+}
+
+// downloadWide copies the BF16 buffer src into host widened to float32,
+// through the float32 staging buffer stage (the trainer's, allocated with
+// the bf16 moments; when empty, one of at most stageChunk elements for
+// the call).
+func downloadWide(be kernels.Backend, host []float32, src, stage kernels.Buf) error {
+	tmp, done, err := stagingBuf(be, stage, src.N)
+	if err != nil {
+		return err
+	}
+	defer done()
+	for off := 0; off < src.N; off += tmp.N {
+		n := min(tmp.N, src.N-off)
+		be.Convert(tmp.Slice(0, n), src.Slice(off, n))
+		be.DownloadF32(host[off:off+n], tmp.Slice(0, n))
+		if err := be.Sync(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// stagingBuf is stage, or (stage empty) a float32 buffer of at most
+// stageChunk elements for n values, freed by done.
+func stagingBuf(be kernels.Backend, stage kernels.Buf, n int) (tmp kernels.Buf, done func(), err error) {
+	if stage.N > 0 {
+		return stage, func() {}, nil
+	}
+	if tmp, err = be.Alloc(kernels.F32, min(stageChunk, max(n, 1))); err != nil {
+		return tmp, nil, fmt.Errorf("staging bf16 values: %w", err)
+	}
+	return tmp, func() { be.Free(tmp) }, nil
+}
+
+// takeStageErr returns (and clears) the error of hostCopy's staging.
+func (t *Trainer) takeStageErr() error {
+	err := t.stageErr
+	t.stageErr = nil
+	return err
+}
+
+// uploadHost copies host into dst: an upload of an F32 buffer (complete
+// after the next Sync), or for a BF16 one a stage at a time through a
+// float32 buffer, rounded as Convert rounds (exact for values a bf16
+// buffer held).
+func uploadHost(be kernels.Backend, dst kernels.Buf, host []float32, stage kernels.Buf) error {
+	if dst.DType != kernels.BF16 {
+		be.UploadF32(dst, host)
+		return nil
+	}
+	tmp, done, err := stagingBuf(be, stage, dst.N)
+	if err != nil {
+		return err
+	}
+	defer done()
+	for off := 0; off < dst.N; off += tmp.N {
+		n := min(tmp.N, dst.N-off)
+		be.UploadF32(tmp.Slice(0, n), host[off:off+n])
+		be.Convert(dst.Slice(off, n), tmp.Slice(0, n))
+		if err := be.Sync(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // hostTarget returns where buf's new elements are written on the host: in

@@ -61,7 +61,7 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 		if inPlace {
 			h = host[at : at+hi-lo]
 		}
-		if rerr = readOwned(be, tens, p.Name, checkpoint.KindWeights, lo, m.Params().Slice(at, hi-lo), h, &stage); rerr != nil {
+		if rerr = readOwned(be, tens, p.Name, checkpoint.KindWeights, lo, m.Params().Slice(at, hi-lo), h, &stage, kernels.Buf{}); rerr != nil {
 			break
 		}
 	}

@@ -484,6 +484,8 @@ func TestIdentityCoversEveryFlag(t *testing.T) {
 		"config": "its keys are, in the effective config", "set": "in the effective config",
 		"override": "in the effective config", "steps": "in the effective config (grpo.max_num_steps)",
 		"quiet": "changes output only", "wait": "rank 0's decides for every rank",
+		"weights-out": "in the effective config (policy.generation.weights_out)", "weights-dtype": "in the effective config (policy.generation.weights_dtype)",
+		"weights-keep": "in the effective config (policy.generation.weights_keep)",
 	}
 	var keys map[string]bool
 	errs, logs := eachLocalRank(t, 1, trainArgs(t.TempDir(), 1), nil, func(_ int, tr *Trainer) error {

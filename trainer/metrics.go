@@ -44,11 +44,25 @@ type Metrics struct {
 	// load_balancing_loss_func, unweighted), the token-weighted mean over
 	// the step's micro-batches; absent for a dense model.
 	RouterAuxLoss *Num `json:"router_aux_loss,omitempty"`
+	// MTPLoss is each multi-token prediction depth's mean cross-entropy
+	// over its targets (depth k: every eligible token k+1 or more places
+	// into its trace), the step's; absent without MTP. The objective adds
+	// mtp_loss_scaling_factor / mtp_num_layers times each (not in loss).
+	MTPLoss []Num `json:"mtp_loss,omitempty"`
+	// MTPGradNorm is the MTP blocks' gradient norm before clipping, with
+	// mtp_detach_heads (they are clipped by it, and grad_norm leaves them
+	// out, as Megatron's separate grad_norm_group does).
+	MTPGradNorm *Num `json:"mtp_grad_norm,omitempty"`
 
 	// PrevLogprobMaxDiff is max |lp − lp_old| over eligible tokens: the
 	// training forward against the no-gradient forward of the same weights.
 	// It is 0 for a deterministic forward; anything else is a bug.
 	PrevLogprobMaxDiff Num `json:"prev_logprob_max_diff"`
+	// FilterMaskedTokens counts the eligible tokens whose current
+	// log-probability is −inf under policy.generation's top-k/top-p filter
+	// (the filter of training no longer keeps the sampled token): masked
+	// to log-probability 0 with no gradient, as NeMo RL does.
+	FilterMaskedTokens int `json:"filter_masked_tokens,omitempty"`
 	// TrainTokens counts the tokens of the rows that ran (valid rows).
 	TrainTokens int `json:"train_tokens"`
 	// ComputedTokens counts the tokens the model ran per training pass:
@@ -78,16 +92,27 @@ type Metrics struct {
 	// them (model.CommStats). Absent when unsharded.
 	CommGatherBytes        int64 `json:"comm_gather_bytes,omitempty"`
 	CommReduceScatterBytes int64 `json:"comm_reduce_scatter_bytes,omitempty"`
+
+	// WeightsBytes is the size of the weights directory published for the
+	// generator after the step (--weights-out; phase_s.export its time).
+	WeightsBytes int64 `json:"weights_bytes,omitempty"`
 }
 
 // PhaseTimes breaks a step's wall time down by phase.
 type PhaseTimes struct {
+	// Wait is the time spent waiting for the step's rollouts file to
+	// appear (a --rollouts directory); Rollout the time reading them (or,
+	// built in, sampling them).
+	Wait       Num `json:"wait"`
 	Rollout    Num `json:"rollout"`
 	Finalize   Num `json:"finalize"`
 	Logprob    Num `json:"logprob"`
 	Train      Num `json:"train"`
 	Optimizer  Num `json:"optimizer"`
 	Checkpoint Num `json:"checkpoint"`
+	// Export is the time publishing the weights for the generator
+	// (--weights-out).
+	Export Num `json:"export,omitempty"`
 }
 
 // Num is a metric value. JSON has no NaN or infinity, so non-finite values

@@ -53,6 +53,17 @@ type Options struct {
 	// env.nemo_gym.token_id_capture.dir) instead of keeping them in memory.
 	SaveCaptures bool
 
+	// WeightsOut, WeightsDType and WeightsKeep set
+	// policy.generation.weights_out, weights_dtype and weights_keep ("" and
+	// 0: the config's): a servable weights directory for the generator
+	// every step (package loop).
+	WeightsOut   string
+	WeightsDType string
+	WeightsKeep  int
+	// MaxMaskedFraction stops a step whose masked share of logical
+	// rollouts exceeds it (nil: DefaultMaxMaskedFraction).
+	MaxMaskedFraction *float64
+
 	// Log receives setup lines and one progress line per step (nil: none).
 	Log io.Writer
 	// Backend runs the model and the optimizer. Required; the caller closes it.
@@ -71,6 +82,9 @@ type Options struct {
 // defaultWait is --wait's default.
 const defaultWait = 10 * time.Minute
 
+// DefaultMaxMaskedFraction is --max-masked-fraction's default.
+const DefaultMaxMaskedFraction = 0.5
+
 // AddFlags registers the run's flags on fs, writing into o.
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringArrayVar(&o.ConfigFiles, "config", nil, "NeMo RL recipe (YAML); repeatable, later files override earlier ones")
@@ -83,7 +97,16 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Rollouts, "rollouts", "", "train on NeMo Gym rollout records: a JSONL file, or a directory of step_<N>.jsonl files")
 	fs.StringVar(&o.Captures, "captures", "", "NeMo Gym capture directory of --rollouts (default env.nemo_gym.token_id_capture.dir)")
 	fs.BoolVar(&o.SaveCaptures, "save-captures", false, "built-in job: write its captures in NeMo Gym's format to --out/captures (or env.nemo_gym.token_id_capture.dir); by default they are kept in memory, one step at a time, and never written")
-	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl to appear (0: do not wait)")
+	fs.DurationVar(&o.Wait, "wait", defaultWait, "with a --rollouts directory: how long to wait for each step_<N>.jsonl to appear (0: do not wait); a line every 30s says what is awaited")
+	fs.StringVar(&o.WeightsOut, "weights-out", "", "publish the policy's weights for a generator (vLLM, transformers) into DIR: step_0/ (the initial weights) before the first step, step_<N>/ after step N's update, "+
+		"each a servable Hugging Face directory (config.json, model.safetensors, the tokenizer files and generation_config.json of --init-from; no optimizer state; mode 0644) "+
+		"whose DONE file is written last; sets policy.generation.weights_out (docs/loop.md has the protocol)")
+	fs.StringVar(&o.WeightsDType, "weights-dtype", "", "with --weights-out: the weights' dtype, bfloat16 (the default), float16 or float32; sets policy.generation.weights_dtype")
+	fs.IntVar(&o.WeightsKeep, "weights-keep", 0, "with --weights-out: keep the newest K step directories (default 2; the newest is never deleted); sets policy.generation.weights_keep")
+	o.MaxMaskedFraction = new(float64)
+	*o.MaxMaskedFraction = DefaultMaxMaskedFraction
+	fs.Float64Var(o.MaxMaskedFraction, "max-masked-fraction", DefaultMaxMaskedFraction, "stop a step whose masked share of logical rollouts exceeds F (0 to 1), naming each mask reason with its count: "+
+		"a capture directory that does not match the rollouts masks them all (nothing_recorded); 1 never stops")
 	fs.StringSliceVar(&o.Tasks, "tasks", rollout.TaskNames(), "built-in tasks to cycle through")
 	fs.StringVar(&o.OnNonFinite, "on-nonfinite", "skip", "a non-finite loss or gradient: skip the update (and count it) or abort; an update that makes the weights non-finite always stops the run, saving nothing of that step")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no setup lines and no progress line per step (the backend choice is still printed)")

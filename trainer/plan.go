@@ -257,6 +257,10 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bo
 	if s.precision == config.PrecisionBFloat16 && (backend != "cpu" || cpuMixedPrecision) {
 		s.opt.Precision = kernels.BF16
 	}
+	if !trainUnfiltered {
+		s.opt.HeadFilter = headFilter(c)
+		s.opt.HeadFull = s.opt.HeadFilter != (kernels.TopKTopP{}) && c.LossFn.ReferencePolicyKLPenalty != 0
+	}
 	if builtin {
 		s.sampler = true
 		s.samplerB, s.samplerL = samplerSlots(c), seq
@@ -264,12 +268,45 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bo
 	return s, nil
 }
 
+// trainUnfiltered makes the training head ignore policy.generation's
+// filter (the sampler still applies it): tests show with it what the
+// filter changes.
+var trainUnfiltered = false
+
+// headFilter is policy.generation's top-k/top-p filter, which NeMo RL's
+// training log-probabilities use (kernels.TopKTopP): top_k null or ≤ 0
+// and top_p 1 switch it off.
+func headFilter(c *config.Config) kernels.TopKTopP {
+	g := &c.Policy.Generation
+	var f kernels.TopKTopP
+	if g.TopK != nil && *g.TopK > 0 {
+		f.TopK = *g.TopK
+	}
+	if g.TopP != 1 {
+		f.TopP = g.TopP
+	}
+	return f
+}
+
+// checkTopK refuses a top_k above the model's vocabulary: NeMo RL's
+// torch.topk raises there (the filter keeps every token at top_k = V).
+func checkTopK(c *config.Config, V int) error {
+	if g := c.Policy.Generation; g.TopK != nil && *g.TopK > V {
+		return &config.Refusal{Key: "policy.generation.top_k", Value: fmt.Sprint(*g.TopK),
+			Why: fmt.Sprintf("more than the model's vocabulary of %d tokens: NeMo RL's torch.topk raises (selected index k out of range); top_k %d keeps every token", V, V)}
+	}
+	return nil
+}
+
 // PlanRun returns the memory plan of a train run.
 func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	planRuns.Add(1)
 	c := req.Config
-	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, req.Model.Sparse())
+	sh, err := shapeOf(c, req.Backend, req.Rows, req.Seq, req.Builtin, noTrees(req.Model))
 	if err != nil {
+		return nil, err
+	}
+	if err := checkTopK(c, req.Model.VocabSize); err != nil {
 		return nil, err
 	}
 	defer func(r PlanRequest) {
@@ -397,7 +434,19 @@ func buildPlan(pp planParts) (*MemPlan, error) {
 	p.add(Component{Name: "gradients", Bytes: f.Grads, What: "fp32 gradients" + shard, Shrink: k["gradients"]})
 	if pp.optimizer {
 		groups := len(table.Params)
-		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups), What: "AdamW's two fp32 moments" + shard, Shrink: k["adam_moments"]})
+		mdt, what := kernels.F32, "AdamW's two fp32 moments"
+		if req.Config != nil {
+			if oc, _, err := req.Config.Optim(); err == nil && oc.BF16Moments {
+				mdt, what = kernels.BF16, "AdamW's two bf16 moments (FusedAdam exp_avg_dtype, exp_avg_sq_dtype)"
+			}
+		}
+		p.add(Component{Name: "adam_moments", Bytes: optim.PlanBytes(stateN, groups, mdt), What: what + shard, Shrink: k["adam_moments"]})
+		if mdt == kernels.BF16 {
+			if opt.Precision == kernels.BF16 {
+				p.Precision = "bfloat16 (mixed: fp32 master weights and gradients, bf16 Adam moments)"
+			}
+			p.add(Component{Name: "moment_staging", Bytes: int64(4 * min(stageChunk, stateN)), What: "float32 staging of the bf16 moments while a checkpoint is written or read"})
+		}
 	}
 	if req.Shard {
 		re := "two decoder layers at a time (reshard after forward)"

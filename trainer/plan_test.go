@@ -130,6 +130,11 @@ func TestPlanEqualsAllocated(t *testing.T) {
 		{"checkpointing and a KL reference", 1, []string{"--set", "policy.megatron_cfg.activation_checkpointing=true",
 			"--set", "loss_fn.reference_policy_kl_penalty=0.01"}, 0, false, 2},
 		{"bf16 mixed precision", 1, []string{"--set", "policy.precision=bfloat16"}, 1, true, 2},
+		// FusedAdam's bf16 moments: 2 bytes a moment, and the float32 staging
+		// of a checkpoint (save_period 2: step 2 writes one).
+		{"FusedAdam with bf16 moments", 1, fusedAdamBF16, 0, false, 2},
+		{"FusedAdam with bf16 moments, sharded", 2, append([]string{"--shard", "full"}, fusedAdamBF16...), 0, false, 2},
+
 		{"external rollouts (no sampler)", 1, []string{"--rollouts", recs, "--captures", caps,
 			"--set", "grpo.num_prompts_per_step=2", "--set", "policy.train_micro_batch_size=2"}, 0, false, 1},
 		{"2 ranks", 2, nil, 0, false, 2},

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
-	"github.com/tracegrpo/tracegrpo/gym"
 )
 
 // Data parallelism. Every rank runs the same loop on its own share of each
@@ -43,7 +42,7 @@ type shard struct {
 	Rewards   []float64
 	Zeroed    []bool   // loss multiplier 0 (a mask of any kind)
 	Traces    []int    // traces delivered
-	Reasons   []string // Gym's mask reason, "" when delivered
+	Reasons   []string // the mask reason (Gym's code, or the record's), "" when trained
 	Valid     []bool   // the rollout has a trainable row (it votes)
 	Advantage []float64
 
@@ -51,6 +50,9 @@ type shard struct {
 	GTok                                  float64
 	TrainTokens                           int
 	MicroBatches                          int // the rank's packed micro-batches
+	// MTPTargets counts the rank's multi-token prediction targets per
+	// depth (mtp.go): every rank divides by the step's.
+	MTPTargets []int
 }
 
 // post is one rank's loss sums, gathered after the update.
@@ -59,11 +61,18 @@ type post struct {
 	Sums         grpo.LossSums
 	EntSum, EntN float64
 	MaxOldDiff   float64
+	// FilteredOut counts the eligible tokens whose current log-probability
+	// is −inf under policy.generation's top-k/top-p filter (masked to 0
+	// with no gradient, as NeMo RL's mask_out_neg_inf_logprobs does).
+	FilteredOut int
 	// A sparse model's load-balancing loss: Σ over micro-batches of its
 	// tokens times its loss, and those tokens.
 	RouterLossSum  float64
 	RouterTokens   int
-	ComputedTokens int     // tokens through the model: each shared prefix once under policy.shared_prefix=auto
+	ComputedTokens int // tokens through the model: each shared prefix once under policy.shared_prefix=auto
+	// MTPCE is each multi-token prediction depth's cross-entropy summed
+	// over the rank's targets.
+	MTPCE          []float64
 	Logprob, Train float64 // this rank's phase seconds
 }
 
@@ -197,7 +206,7 @@ func rankList(rs []int) string {
 }
 
 // myShard summarizes this rank's share of the step.
-func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch) shard {
+func myShard(logical []grpo.LogicalRollout, reasons []string, b *grpo.Batch) shard {
 	s := shard{
 		Groups: make([]int64, len(logical)), Rewards: make([]float64, len(logical)),
 		Zeroed: make([]bool, len(logical)), Traces: make([]int, len(logical)),
@@ -211,9 +220,7 @@ func myShard(logical []grpo.LogicalRollout, fins []*gym.Finalized, b *grpo.Batch
 		if lr.Envelope != nil {
 			s.Traces[i] = len(lr.Envelope.Traces)
 		}
-		if fins[i].Masked {
-			s.Reasons[i] = fins[i].Reason
-		}
+		s.Reasons[i] = reasons[i]
 		if i < len(b.Metrics.LogicalValid) {
 			s.Valid[i] = b.Metrics.LogicalValid[i]
 		}

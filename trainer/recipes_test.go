@@ -180,8 +180,11 @@ func TestNeMoRLRecipesThreeClasses(t *testing.T) {
 		{"examples/configs/recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-lora.yaml", []string{"policy.megatron_cfg.peft"}},
 		{"examples/configs/gdpo_math_1B.yaml", []string{"grpo.adv_estimator.name"}},
 		{"examples/configs/prorlv2.v2.yaml", []string{"grpo.adv_estimator.name", "grpo.adv_estimator.minus_baseline"}},
-		{"examples/configs/recipes/llm/grpo-qwen3.5-35ba3b-dapo-4n8g-automodel.yaml", []string{"policy.optimizer.kwargs.exp_avg_dtype", "policy.optimizer.name"}},
-		{"examples/configs/recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50.yaml", []string{"policy.generation.top_p", "policy.generation.top_k"}},
+		// TransformerEngine's FusedAdam with bf16 moments is accepted (optim's
+		// kernels.FusedAdam); DAPO's reward shaping and scaling are not.
+		{"examples/configs/recipes/llm/grpo-qwen3.5-35ba3b-dapo-4n8g-automodel.yaml", []string{"grpo.reward_shaping.enabled", "grpo.reward_scaling.enabled"}},
+		// top_p 0.9 and top_k 50: NeMo RL's filtered training logprobs (model.Options.HeadFilter).
+		{"examples/configs/recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50.yaml", nil},
 	} {
 		keys, ok := byPath[c.path]
 		if !ok {

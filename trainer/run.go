@@ -8,13 +8,17 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/grpo"
-	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/optim"
 )
 
 // Run is the GRPO loop. It reads top to bottom as one step. With several
 // ranks (see ranks.go) each runs it on its share of the step's task groups.
 func (t *Trainer) Run() error {
+	// 0. The weights the first step file must come from, for the
+	// generator: the initial ones (step_0), or a resumed run's.
+	if err := t.publishFirst(); err != nil {
+		return err
+	}
 	for t.step < t.maxSteps {
 		step := t.step + 1
 		var ph PhaseTimes
@@ -30,13 +34,15 @@ func (t *Trainer) Run() error {
 			my.Stop, err = true, nil
 		}
 		ph.Rollout = sw.lap()
+		ph.Wait = Num(t.source.waited().Seconds())
+		ph.Rollout = max(0, ph.Rollout-ph.Wait) // reading or sampling them
 
 		// 2. Finalize each rollout against its captures: training_traces, or
 		// a mask with its reason. Bad correlation fails the step.
 		var logical []grpo.LogicalRollout
-		var fins []*gym.Finalized
+		var reasons []string
 		if err == nil && !my.Stop {
-			if logical, fins, err = t.finalize(recs, captures); err != nil {
+			if logical, reasons, err = t.finalize(recs, captures); err != nil {
 				err = fmt.Errorf("step %d: %w", step, err)
 			}
 		} else if err != nil {
@@ -52,7 +58,10 @@ func (t *Trainer) Run() error {
 			if batch, err = grpo.BuildBatch(logical, t.batchOpt); err != nil {
 				err = fmt.Errorf("step %d: %w", step, err)
 			} else {
-				my = myShard(logical, fins, batch)
+				my = myShard(logical, reasons, batch)
+				if t.mtp.run {
+					my.MTPTargets = mtpTargets(batch, t.mtp.depths)
+				}
 				if mbs, err = t.pack(batch); err != nil {
 					err = fmt.Errorf("step %d: pack: %w", step, err)
 				}
@@ -208,8 +217,10 @@ func (t *Trainer) exchange(stepN int, my shard, myErr error) (*step, error) {
 				stepN, shards[0].Input, r, s.Input)}
 		}
 	}
-	if !st.stop && eligible == 0 {
-		return nil, &agreedError{err: fmt.Errorf("step %d: %w", stepN, grpo.ErrNoEligibleTokens)}
+	if !st.stop {
+		if err := t.checkMasked(stepN, st, eligible); err != nil {
+			return nil, &agreedError{err: err}
+		}
 	}
 	return st, nil
 }
@@ -247,10 +258,21 @@ func (t *Trainer) finish(stepN int, st *step, upd optim.Result, ph PhaseTimes, s
 		}
 	}
 	ph.Checkpoint = sw.lap()
+	// The weights for the generator, before the step's line: a generator
+	// may start on the next step as soon as they are there.
+	exp, err := t.publishWeights(stepN)
+	if err != nil {
+		if pending != nil {
+			pending.Discard()
+		}
+		return fmt.Errorf("step %d: %w", stepN, err)
+	}
+	ph.Export = sw.lap()
 	if t.rank != 0 {
 		return nil
 	}
 	m := t.metrics(stepN, st, upd, ph, sw.total())
+	m.WeightsBytes = exp.bytes
 	if err := t.log(m, pending != nil); err != nil {
 		if pending != nil {
 			pending.Discard()

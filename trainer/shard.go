@@ -175,6 +175,9 @@ func (t *Trainer) writeShard(tmp string, id checkpoint.ShardID) (checkpoint.File
 	if err := t.be.Sync(); err != nil {
 		return checkpoint.FileEntry{}, err
 	}
+	if err := t.takeStageErr(); err != nil {
+		return checkpoint.FileEntry{}, err
+	}
 	pieces := t.model.Sharding().Pieces(tab)
 	if err := t.checkFinite(host, m, v, func(i int) string {
 		for _, pc := range pieces {
@@ -191,6 +194,9 @@ func (t *Trainer) writeShard(tmp string, id checkpoint.ShardID) (checkpoint.File
 		n := pc.Hi - pc.Lo
 		parts = append(parts, checkpoint.ShardPart{Name: tab.Params[pc.Param].Name, Lo: int64(pc.Lo), Hi: int64(pc.Hi),
 			Values: [checkpoint.NumKinds][]float32{host[pc.At : pc.At+n], m[pc.At : pc.At+n], v[pc.At : pc.At+n]}})
+		if !t.cfg.SavesOptimizer() { // checkpointing.save_optimizer false: weights only
+			parts[len(parts)-1].Values[checkpoint.KindExpAvg], parts[len(parts)-1].Values[checkpoint.KindExpAvgSq] = nil, nil
+		}
 	}
 	return checkpoint.WriteShard(tmp, t.rank, id, parts)
 }
@@ -269,11 +275,14 @@ func (t *Trainer) restoreRanges(path string, st *checkpoint.State) error {
 			continue
 		}
 		for k := range checkpoint.NumKinds {
+			if st.Trainer.NoOptimizer && k != checkpoint.KindWeights {
+				continue // the fresh optimizer's zero moments
+			}
 			var host []float32
 			if inPlace[k] {
 				host = hosts[k][at : at+hi-lo]
 			}
-			if err := readOwned(t.be, tens, p.Name, k, lo, arenas[k].Slice(at, hi-lo), host, &stage); err != nil {
+			if err := readOwned(t.be, tens, p.Name, k, lo, arenas[k].Slice(at, hi-lo), host, &stage, t.stage); err != nil {
 				return fmt.Errorf("resume: %w", err)
 			}
 		}
@@ -291,8 +300,9 @@ var stageChunk = 1 << 20
 // of kind from tens into dst: straight into host, dst's elements, when the
 // backend keeps them in host memory (the CPU), else through a staging
 // slice (*stage, grown to stageChunk floats) uploaded a chunk at a time,
-// each chunk to its own offset. Resume and export share it.
-func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, lo int, dst kernels.Buf, host []float32, stage *[]float32) error {
+// each chunk to its own offset (a BF16 dst through the device staging
+// buffer devStage). Resume and export share it.
+func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, lo int, dst kernels.Buf, host []float32, stage *[]float32, devStage kernels.Buf) error {
 	if host != nil {
 		return tens.Read(name, kind, int64(lo), host)
 	}
@@ -304,7 +314,9 @@ func readOwned(be kernels.Backend, tens *checkpoint.Tensors, name string, kind, 
 		if err := tens.Read(name, kind, int64(lo+off), (*stage)[:n]); err != nil {
 			return err
 		}
-		be.UploadF32(dst.Slice(off, n), (*stage)[:n])
+		if err := uploadHost(be, dst.Slice(off, n), (*stage)[:n], devStage); err != nil {
+			return err
+		}
 		if err := be.Sync(); err != nil {
 			return err
 		}
@@ -331,6 +343,7 @@ func (t *Trainer) trainerState() (checkpoint.TrainerState, error) {
 	var ts checkpoint.TrainerState
 	var err error
 	ts.Step, ts.ConsumedRollouts, ts.RunID = int64(t.step), t.consumed, t.runID
+	ts.NoOptimizer = !t.cfg.SavesOptimizer()
 	if ts.Optimizer, err = json.Marshal(t.opt.State()); err != nil {
 		return ts, err
 	}

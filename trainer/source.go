@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,8 +16,10 @@ import (
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/gym"
 	"github.com/tracegrpo/tracegrpo/internal/inputfile"
+	"github.com/tracegrpo/tracegrpo/loop"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/rollout"
+	"github.com/tracegrpo/tracegrpo/rollout/modelpolicy"
 )
 
 // rolloutSource yields each step's rollout records and the captures they
@@ -41,6 +41,9 @@ type rolloutSource interface {
 	// writes), once started; "" when the built-in job keeps its captures
 	// in memory.
 	captures() string
+	// waited is how long the last next waited for its step file to
+	// appear (part of its time).
+	waited() time.Duration
 	close()
 }
 
@@ -103,7 +106,7 @@ type builtinSource struct {
 	writer     *gym.Writer
 	reader     *gym.Reader
 	rec        *rollout.GymRecorder
-	policy     *samplerPolicy
+	policy     *modelpolicy.Policy
 }
 
 func (s *builtinSource) start(t *Trainer) error {
@@ -130,7 +133,6 @@ func (s *builtinSource) start(t *Trainer) error {
 		}
 		s.rec = &rollout.GymRecorder{W: s.writer, Model: string(t.cfg.Policy.ModelName)}
 	}
-	g := t.cfg.Policy.Generation
 	// The longest call: every prompt and generation fits one trace.
 	sm := t.model
 	if t.sampleModel != nil { // sharded: the whole weights, gathered each step
@@ -140,19 +142,7 @@ func (s *builtinSource) start(t *Trainer) error {
 	if err != nil {
 		return err
 	}
-	opt := model.SampleOptions{
-		Temperature: float32(g.Temperature), TopP: g.TopP, MaxNewTokens: g.MaxNewTokens,
-		StopTokens: []int32{rollout.EOS},
-		// More calls in a round than slots decode in turn, each finished
-		// slot taking the next waiting prompt: the batch stays full. Every
-		// call draws from its own random stream, so the samples do not
-		// depend on the slot count.
-		Refill: true,
-	}
-	if g.TopK != nil {
-		opt.TopK = *g.TopK
-	}
-	s.policy = &samplerPolicy{s: sampler, opt: opt, t: t, max: t.cfg.Policy.MaxTotalSequenceLength}
+	s.policy = &modelpolicy.Policy{S: sampler, Opt: modelpolicy.Options(t.cfg.Policy.Generation), Max: t.cfg.Policy.MaxTotalSequenceLength}
 	return nil
 }
 
@@ -208,51 +198,22 @@ func (s *builtinSource) cursor() (json.RawMessage, error) {
 func (s *builtinSource) restore(json.RawMessage) error { return nil }
 func (s *builtinSource) captures() string              { return s.captureDir }
 func (s *builtinSource) stepInput() string             { return "" }
+func (s *builtinSource) waited() time.Duration         { return 0 }
 
 func (s *builtinSource) close() {
 	if s.policy != nil {
-		s.policy.s.Close() // its KV cache and buffers, on the backend
+		s.policy.S.Close() // its KV cache and buffers, on the backend
 		s.policy = nil
 	}
 	s.writer, s.reader, s.rec = nil, nil, nil
 }
 
-// samplerPolicy samples with the current policy's KV-cache sampler.
-type samplerPolicy struct {
-	s   *model.Sampler
-	opt model.SampleOptions
-	t   *Trainer
-	max int // policy.max_total_sequence_length: prompt and generation
-}
-
-// MaxContext implements rollout.ContextLimit: a call's prompt and
-// generation fit one trace of policy.max_total_sequence_length tokens.
-func (p *samplerPolicy) MaxContext() int { return p.max }
-
-func (p *samplerPolicy) Sample(prompts [][]int32, rngs []*rand.Rand) ([]rollout.Completion, error) {
-	out, err := p.s.Sample(prompts, p.opt, rngs)
-	if err != nil {
-		return nil, err
-	}
-	cs := make([]rollout.Completion, len(out))
-	for i, o := range out {
-		lp := make([]float64, len(o.Logprobs))
-		for j, x := range o.Logprobs {
-			lp[j] = float64(x)
-			if math.IsNaN(lp[j]) || math.IsInf(lp[j], 0) {
-				return nil, fmt.Errorf("the policy sampled token %d of prompt %d with log-probability %v: its weights are not finite or its logits overflow (earlier non-finite updates were skipped; see skipped_update in metrics.jsonl)", j, i, x)
-			}
-		}
-		cs[i] = rollout.Completion{Tokens: o.Tokens, Logprobs: lp}
-	}
-	return cs, nil
-}
-
 // externalSource reads rollout records that NeMo Gym wrote: a JSONL file
 // consumed train_global_batch_size records per step, or a directory of
-// step_<N>.jsonl files (one per step) waited for as a generator writes them.
-// A writer of that directory must create each file whole (write, then
-// rename into place).
+// step_<N>.jsonl files (one per step) waited for as a generator writes them
+// (package loop's protocol): a writer of that directory creates each file
+// whole (write, then rename into place), its sidecar step_<N>.meta.json
+// first, which names the weights that generated it.
 type externalSource struct {
 	t       *Trainer
 	stopped <-chan struct{} // closed by a stop request: stop waiting
@@ -268,6 +229,10 @@ type externalSource struct {
 	consumed int64
 	lastID   string
 	digest   string // the last step file read, with its sha256
+
+	waitedFor time.Duration // the last step file's wait
+	sidecars  bool          // a step file had a sidecar: every later one must
+	warned    bool          // the warning for a step file without one was given
 
 	size   int64  // the rollouts file's bytes, when checked
 	sha256 string // and its sha256
@@ -406,10 +371,17 @@ func (s *externalSource) readStep(step int) ([]*gym.Record, error) {
 	return recs, nil
 }
 
-// readStepFile waits for DIR/step_<N>.jsonl and reads all of it.
+// readStepFile waits for DIR/step_<N>.jsonl, checks the policy version its
+// sidecar names, and reads all of it.
 func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
-	path := filepath.Join(s.path, fmt.Sprintf("step_%d.jsonl", step))
-	if err := s.waitFor(path); err != nil {
+	path := loop.StepFile(s.path, int64(step))
+	start := time.Now()
+	err := s.waitFor(path, step)
+	s.waitedFor = time.Since(start)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkPolicy(step); err != nil {
 		return nil, err
 	}
 	f, err := inputfile.Open(path, inputfile.Records)
@@ -437,6 +409,39 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 	return recs, nil
 }
 
+// checkPolicy checks step's sidecar: the rollouts came from the weights of
+// the step before, with the sha256 the trainer published them with (rank
+// 0, with --weights-out; otherwise the step alone is checked). A step file
+// without a sidecar trains with one warning, unless an earlier one had a
+// sidecar (a generator that writes its sidecar after the step file races
+// the trainer).
+func (s *externalSource) checkPolicy(step int) error {
+	path := loop.MetaFile(s.path, int64(step))
+	m, err := loop.ReadMeta(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist) && s.sidecars:
+		return fmt.Errorf("%s has no sidecar %s, though the step files before it had one: a generator writes the sidecar first, then renames the step file into place (loop.WriteStep)",
+			loop.StepFile(s.path, int64(step)), filepath.Base(path))
+	case errors.Is(err, os.ErrNotExist):
+		if !s.warned && s.t.rank == 0 {
+			s.warned = true
+			fmt.Fprintf(s.t.o.Log, "train: warning: policy versions not checked: %s has no sidecar %s ({\"policy_step\": K, \"weights_sha256\": ...}); "+
+				"the steps are trained without checking which weights generated their rollouts (docs/loop.md)\n", loop.StepFile(s.path, int64(step)), filepath.Base(path))
+		}
+		return nil
+	case err != nil:
+		return err
+	}
+	if !s.sidecars && s.t.wout == nil && s.t.rank == 0 {
+		s.t.logf("note: the sidecars' weights_sha256 is not checked without --weights-out (policy_step is)")
+	}
+	s.sidecars = true
+	return loop.CheckMeta(path, m, int64(step), s.t.publishedSHA(step-1))
+}
+
+// waitProgressEvery is how often a wait for a step file says so.
+var waitProgressEvery = 30 * time.Second
+
 // waitPoll is one rank's view of the step file the ranks wait for, shared
 // at every poll.
 type waitPoll struct {
@@ -455,8 +460,10 @@ const waitPollInterval = 200 * time.Millisecond
 // reached one of them, so a SIGTERM to any rank stops every rank within a
 // poll, and all give up together when rank 0's --wait runs out (--wait 0:
 // at the first look).
-func (s *externalSource) waitFor(path string) error {
-	deadline := time.Now().Add(s.wait)
+func (s *externalSource) waitFor(path string, step int) error {
+	start := time.Now()
+	deadline := start.Add(s.wait)
+	said := start
 	for {
 		var my waitPoll
 		if _, err := os.Stat(path); err == nil {
@@ -493,6 +500,14 @@ func (s *externalSource) waitFor(path string) error {
 		default:
 			return fmt.Errorf("rollouts: %s appeared for rank %s but not for rank %s within --wait %v: is %s on a file system every rank shares?",
 				path, strings.Join(seen, ", "), strings.Join(missing, ", "), s.wait, s.path)
+		}
+		if now := time.Now(); now.Sub(said) >= waitProgressEvery && s.t.rank == 0 {
+			said = now
+			from := ""
+			if w := s.t.wout; w != nil {
+				from = fmt.Sprintf("; its generator serves %s", loop.WeightsDir(w.dir, int64(step-1)))
+			}
+			s.t.logf("waiting for %s: %v so far (--wait %v)%s", path, now.Sub(start).Round(time.Second), s.wait, from)
 		}
 		select {
 		case <-s.stopped:
@@ -536,8 +551,9 @@ func (s *externalSource) restore(raw json.RawMessage) error {
 	return nil
 }
 
-func (s *externalSource) captures() string  { return s.capDir }
-func (s *externalSource) stepInput() string { return s.digest }
+func (s *externalSource) captures() string      { return s.capDir }
+func (s *externalSource) stepInput() string     { return s.digest }
+func (s *externalSource) waited() time.Duration { return s.waitedFor }
 
 func (s *externalSource) close() {
 	if s.f != nil {

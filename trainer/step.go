@@ -1,8 +1,11 @@
 package trainer
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"sort"
+	"strings"
 
 	"github.com/tracegrpo/tracegrpo/grpo"
 	"github.com/tracegrpo/tracegrpo/gym"
@@ -16,9 +19,11 @@ import (
 // capture mask, a record already marked mask_sample, and the environment's
 // instance_config.mask_sample when env.should_mask_flagged_samples. A record
 // with missing or malformed correlation is an error naming the record.
-func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRollout, []*gym.Finalized, error) {
-	logical := make([]grpo.LogicalRollout, len(recs))
-	fins := make([]*gym.Finalized, len(recs))
+// reasons[i] says why rollout i is masked ("" when it is not): Gym's reason
+// code, MaskSampleReason or FlaggedReason.
+func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) (logical []grpo.LogicalRollout, reasons []string, err error) {
+	logical = make([]grpo.LogicalRollout, len(recs))
+	reasons = make([]string, len(recs))
 	for i, rec := range recs {
 		keys, err := gym.CorrelationKeysFromRecord(rec)
 		if err != nil {
@@ -37,20 +42,20 @@ func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRo
 		}
 		mult := 1.0
 		if fin.Masked {
-			mult = 0
+			mult, reasons[i] = 0, fin.Reason
 		}
 		if masked, err := rec.MaskSample(); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
-		} else if masked {
-			mult = 0
+		} else if masked && mult != 0 {
+			mult, reasons[i] = 0, MaskSampleReason
 		}
 		if t.cfg.Env.ShouldMaskFlaggedSamples {
 			flagged, err := rec.InstanceMaskSample()
 			if err != nil {
 				return nil, nil, fmt.Errorf("%s: %w", rec.Where(), err)
 			}
-			if flagged {
-				mult = 0
+			if flagged && mult != 0 {
+				mult, reasons[i] = 0, FlaggedReason
 			}
 		}
 		logical[i] = grpo.LogicalRollout{
@@ -60,9 +65,68 @@ func (t *Trainer) finalize(recs []*gym.Record, src gym.Source) ([]grpo.LogicalRo
 			LossMultiplier: mult,
 			Envelope:       fin.Envelope,
 		}
-		fins[i] = fin
 	}
-	return logical, fins, nil
+	return logical, reasons, nil
+}
+
+// The mask reasons of rollouts that Gym delivered but the record masks.
+const (
+	// MaskSampleReason: the record's own mask_sample is true.
+	MaskSampleReason = "mask_sample"
+	// FlaggedReason: the environment flagged the sample
+	// (instance_config.mask_sample) and env.should_mask_flagged_samples.
+	FlaggedReason = "instance_config.mask_sample"
+)
+
+// checkMasked stops a step whose masked share of logical rollouts exceeds
+// --max-masked-fraction, or that has no eligible training token, naming
+// every mask reason with its count (and what else left nothing to train).
+func (t *Trainer) checkMasked(stepN int, st *step, eligible int) error {
+	counts := map[string]int{}
+	masked, invalid, overlong := 0, 0, 0
+	for _, s := range st.shards {
+		for i, z := range s.Zeroed {
+			if z {
+				masked++
+				counts[cmp.Or(s.Reasons[i], "masked")]++
+			}
+		}
+		invalid += s.Invalid
+		overlong += s.Overlong
+	}
+	why := reasonCounts(counts)
+	hint := ""
+	if 2*counts[gym.ReasonNothingRecorded] >= masked && masked > 0 {
+		hint = " (nothing_recorded: the capture directory holds no call of those rollouts: is --captures the directory their generator captured into?)"
+	}
+	if frac := float64(masked) / float64(max(st.logical, 1)); frac > t.maxMasked {
+		return fmt.Errorf("step %d: %d of %d logical rollouts (%.1f%%) are masked, more than --max-masked-fraction %g: %s%s",
+			stepN, masked, st.logical, 100*frac, t.maxMasked, why, hint)
+	}
+	if eligible == 0 {
+		return fmt.Errorf("step %d: %w: %d logical rollouts, %d masked (%s), %d invalid (no trainable row), %d traces overlong%s",
+			stepN, grpo.ErrNoEligibleTokens, st.logical, masked, cmp.Or(why, "none"), invalid, overlong, hint)
+	}
+	return nil
+}
+
+// reasonCounts renders mask reasons and their counts, most frequent first.
+func reasonCounts(counts map[string]int) string {
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if counts[keys[i]] != counts[keys[j]] {
+			return counts[keys[i]] > counts[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s %d", k, counts[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 // microBatch is one forward and backward pass: whole rows packed as a token
@@ -207,6 +271,9 @@ func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		if err := t.forward(t.model, mb, t.rowLPOld, nil); err != nil {
 			return err
 		}
+		for _, r := range mb.rows {
+			maskNegInf(t.rowLPOld[r], nil)
+		}
 		if t.ref != nil {
 			if err := t.forward(t.ref, mb, t.rowLPRef, nil); err != nil {
 				return err
@@ -214,6 +281,33 @@ func (t *Trainer) logprobs(mbs []microBatch, b *grpo.Batch) error {
 		}
 	}
 	return nil
+}
+
+// scatterOut copies a forward's per-token (stream) or per-pair (tree)
+// values into per-row buffers.
+func scatterOut(dst [][]float64, mb microBatch, v []float32) {
+	if mb.tree == nil {
+		scatter(dst, mb, v)
+	} else {
+		scatterPairs(dst, mb, v)
+	}
+}
+
+// maskNegInf is NeMo RL's mask_out_neg_inf_logprobs
+// (nemo_rl/algorithms/utils.py at 7ea279abfbeb, lines 227-257): a
+// log-probability of −inf (the token fell outside the top-k/top-p
+// filter) becomes 0, recorded in neg (when not nil) so that it gets no
+// gradient; the token stays in the loss's masks.
+func maskNegInf(lp []float64, neg []bool) {
+	for i, x := range lp {
+		inf := math.IsInf(x, -1)
+		if inf {
+			lp[i] = 0
+		}
+		if neg != nil {
+			neg[i] = inf
+		}
+	}
 }
 
 // scatter copies a micro-batch's per-token values into per-row buffers.
@@ -242,11 +336,12 @@ func scatterPairs(dst [][]float64, mb microBatch, v []float32) {
 // rowPost is one row's share of a rank's post: its loss sums, the sum and
 // count of its entropies over eligible tokens, and max |lp − lp_old| there.
 type rowPost struct {
-	sums       grpo.LossSums
-	entSum     float64
-	entN       float64
-	maxOldDiff float64
-	ran        bool
+	sums        grpo.LossSums
+	entSum      float64
+	entN        float64
+	maxOldDiff  float64
+	filteredOut int
+	ran         bool
 }
 
 // train runs forward, the loss with the step's global G_tok (all ranks'
@@ -272,6 +367,12 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 	t.rowLP = rowSlices(t.rowLP, b)
 	t.rowEnt = rowSlices(t.rowEnt, b)
 	t.rowDLP = rowSlices(t.rowDLP, b)
+	full := t.model.Options().HeadFull
+	if full {
+		t.rowLPFull = rowSlices(t.rowLPFull, b)
+		t.rowDLPFull = rowSlices(t.rowDLPFull, b)
+	}
+	t.rowNegInf = boolRows(t.rowNegInf, b)
 	if cap(t.rowPosts) < len(b.Rows) {
 		t.rowPosts = make([]rowPost, len(b.Rows))
 	}
@@ -280,19 +381,28 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 	if cap(t.lossRows) < 1 {
 		t.lossRows = make([]grpo.LossRow, 1)
 	}
+	t.mtpStep(st, b, &out)
 	for _, mb := range mbs {
-		if err := t.forward(t.model, mb, t.rowLP, t.rowEnt); err != nil {
+		if err := t.forwardTrain(mb); err != nil {
 			return out, err
+		}
+		if full {
+			scatterOut(t.rowLPFull, mb, t.model.LogprobsFull())
 		}
 		out.ComputedTokens += mb.computed()
 		for _, r := range mb.rows {
 			row := &b.Rows[r]
+			neg := t.rowNegInf[r]
+			maskNegInf(t.rowLP[r], neg)
 			var ref []float64
 			if t.ref != nil {
 				ref = t.rowLPRef[r]
 			}
 			one := t.lossRows[:1]
 			one[0] = row.LossRow(t.rowLP[r], t.rowLPOld[r], ref, t.rowDLP[r])
+			if full {
+				one[0].LPKL, one[0].DLPKL = t.rowLPFull[r], t.rowDLPFull[r]
+			}
 			sums, err := grpo.Loss(one, gTok, &t.lossOpt)
 			if err != nil {
 				return out, err
@@ -304,7 +414,15 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 						rp.entSum += t.rowEnt[r][i]
 						rp.entN++
 						rp.maxOldDiff = math.Max(rp.maxOldDiff, math.Abs(t.rowLP[r][i]-t.rowLPOld[r][i]))
+						if neg[i] {
+							rp.filteredOut++
+						}
 					}
+				}
+			}
+			for i, n := range neg { // a masked −inf is a constant: no gradient
+				if n {
+					t.rowDLP[r][i] = 0
 				}
 			}
 			t.rowPosts[r] = rp
@@ -315,33 +433,44 @@ func (t *Trainer) train(mbs []microBatch, b *grpo.Batch, st *step) (post, error)
 			out.RouterTokens += n
 			t.model.SetRouterLossWeight(float32(t.routerLossCoef * float64(n) / float64(max(stepTokens, 1))))
 		}
-		if err := t.model.Backward(t.dlogprobOf(mb)); err != nil {
+		var dfull []float32
+		if full {
+			dfull = t.dlogprobOf(mb, t.rowDLPFull, &t.dlogprobFull)
+		}
+		if err := t.mtpMicroBatch(mb, b); err != nil {
+			return out, err
+		}
+		if err := t.model.BackwardFull(t.dlogprobOf(mb, t.rowDLP, &t.dlogprob), dfull); err != nil {
 			return out, err
 		}
 	}
+	t.mtpSums(&out)
 	for _, rp := range t.rowPosts {
 		if rp.ran {
 			out.Sums.Add(rp.sums)
 			out.EntSum, out.EntN = out.EntSum+rp.entSum, out.EntN+rp.entN
 			out.MaxOldDiff = math.Max(out.MaxOldDiff, rp.maxOldDiff)
+			out.FilteredOut += rp.filteredOut
 		}
 	}
 	return out, nil
 }
 
-// dlogprobOf returns dL/dlogprob for a micro-batch's backward from its rows'
-// gradients: per packed token for a stream; per pair for a tree, where a
-// pair read by several rows (a shared position, e.g. two equal generations)
-// gets the sum of their gradients, added in the tree's row order.
-func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
+// dlogprobOf returns dL/dlogprob for a micro-batch's backward from its
+// rows' gradients (rowD: t.rowDLP, or t.rowDLPFull for the unfiltered
+// log-probs), in *buf's storage: per packed token for a stream; per pair
+// for a tree, where a pair read by several rows (a shared position, e.g.
+// two equal generations) gets the sum of their gradients, added in the
+// tree's row order.
+func (t *Trainer) dlogprobOf(mb microBatch, rowD [][]float64, buf *[]float32) []float32 {
 	if mb.tree == nil {
-		if cap(t.dlogprob) < len(mb.tokens) {
-			t.dlogprob = make([]float32, len(mb.tokens))
+		if cap(*buf) < len(mb.tokens) {
+			*buf = make([]float32, len(mb.tokens))
 		}
-		d := t.dlogprob[:len(mb.tokens)]
+		d := (*buf)[:len(mb.tokens)]
 		for j, r := range mb.rows {
 			off := int(mb.cu[j])
-			for i, g := range t.rowDLP[r] {
+			for i, g := range rowD[r] {
 				d[off+i] = float32(g)
 			}
 		}
@@ -351,15 +480,15 @@ func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
 	if cap(t.dpair) < P {
 		t.dpair = make([]float64, P)
 	}
-	if cap(t.dlogprob) < P {
-		t.dlogprob = make([]float32, P)
+	if cap(*buf) < P {
+		*buf = make([]float32, P)
 	}
-	sum, d := t.dpair[:P], t.dlogprob[:P]
+	sum, d := t.dpair[:P], (*buf)[:P]
 	clear(sum)
 	for j, r := range mb.rows {
 		for i, p := range mb.tree.Pair[j] {
 			if p >= 0 {
-				sum[p] += t.rowDLP[r][i]
+				sum[p] += rowD[r][i]
 			}
 		}
 	}
@@ -367,6 +496,24 @@ func (t *Trainer) dlogprobOf(mb microBatch) []float32 {
 		d[p] = float32(g)
 	}
 	return d
+}
+
+// boolRows returns per-row bool buffers of the batch's row lengths,
+// reusing buf's storage.
+func boolRows(buf [][]bool, b *grpo.Batch) [][]bool {
+	if cap(buf) < len(b.Rows) {
+		buf = make([][]bool, len(b.Rows))
+	}
+	buf = buf[:len(b.Rows)]
+	for i := range b.Rows {
+		n := len(b.Rows[i].TokenIDs)
+		if cap(buf[i]) < n {
+			buf[i] = make([]bool, n)
+		}
+		buf[i] = buf[i][:n]
+		clear(buf[i])
+	}
+	return buf
 }
 
 // metrics assembles the step's metrics line from every rank's share.
@@ -401,6 +548,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		sums.Add(p.Sums)
 		computed += p.ComputedTokens
 		entSum, entN = entSum+p.EntSum, entN+p.EntN
+		m.FilterMaskedTokens += p.FilteredOut
 		routerSum, routerTokens = routerSum+p.RouterLossSum, routerTokens+p.RouterTokens
 		m.PrevLogprobMaxDiff = Num(math.Max(float64(m.PrevLogprobMaxDiff), p.MaxOldDiff))
 		busy = math.Max(busy, p.Logprob+p.Train)
@@ -428,6 +576,7 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		m.RouterAuxLoss = &v
 	}
 	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
+	t.mtpMetrics(&m, st, upd.SetNorms)
 	m.TrainTokens, m.ComputedTokens = toks, computed
 	if computed > 0 {
 		m.PrefixReuse = Num(float64(toks) / float64(computed))

@@ -395,7 +395,8 @@ func TestTrainStepMasksDamagedRollouts(t *testing.T) {
 	b, _ = os.ReadFile(base("ext-0-2") + gym.SuffixEntries)
 	os.WriteFile(base("ext-0-2")+gym.SuffixEntries, b[:bytes.IndexByte(b, '\n')+1], 0o644)
 	out := filepath.Join(dir, "run")
-	mustTrain(t, append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps}, externalSets...)...)
+	// 5 of 8 masked: over the default --max-masked-fraction.
+	mustTrain(t, append([]string{"--out", out, "--steps", "1", "--rollouts", recs, "--captures", caps, "--max-masked-fraction", "1"}, externalSets...)...)
 	m := metricsNoTimes(t, out)[0]
 	want := map[string]int{gym.ReasonNothingRecorded: 1, gym.ReasonConflictingPayloads: 1,
 		gym.ReasonInvalidState: 1, gym.ReasonUnsupportedSchema: 1, gym.ReasonIndexMismatch: 1}
@@ -854,5 +855,69 @@ func TestSharedPrefixShapes(t *testing.T) {
 		if sh.opt.Tree != c.tree {
 			t.Errorf("%s, sparse %v: Options.Tree %v, want %v", c.set, c.sparse, sh.opt.Tree, c.tree)
 		}
+	}
+}
+
+// TestMaskedFractionStops: a step whose masked share of logical rollouts
+// exceeds --max-masked-fraction stops before training, naming each mask
+// reason with its count (a capture directory that is not the rollouts':
+// every one nothing_recorded; records that arrive masked, masked_upstream); at the limit
+// it trains, and with nothing eligible left the error names the reasons.
+func TestMaskedFractionStops(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	empty := filepath.Join(dir, "empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Two records masked by their own mask_sample: with the fixture's two
+	// Gym masks, 4 of 8.
+	b, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(b), "\n")
+	for _, i := range []int{0, 1} {
+		lines[i] = strings.Replace(lines[i], `"reward"`, `"mask_sample": true, "reward"`, 1)
+	}
+	half := filepath.Join(dir, "half.jsonl")
+	if err := os.WriteFile(half, []byte(strings.Join(lines, "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := func(out, rollouts, captures string, extra ...string) []string {
+		return append(append([]string{"--out", filepath.Join(dir, out), "--steps", "1", "--rollouts", rollouts, "--captures", captures}, externalSets...), extra...)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string // "": trains
+	}{
+		{"wrong captures", args("a", recs, empty), []string{"step 1: 8 of 8 logical rollouts (100.0%) are masked, more than --max-masked-fraction 0.5: nothing_recorded 8",
+			"is --captures the directory their generator captured into?"}},
+		{"half, at the limit", args("b", half, caps), nil},
+		{"half, over a lower limit", args("c", half, caps, "--max-masked-fraction", "0.4"),
+			[]string{"4 of 8 logical rollouts (50.0%) are masked, more than --max-masked-fraction 0.4: masked_upstream 2, conflicting_payloads 1, nothing_recorded 1"}},
+		{"nothing eligible", args("d", recs, empty, "--max-masked-fraction", "1"),
+			[]string{"no eligible training tokens: 8 logical rollouts, 8 masked (nothing_recorded 8), 8 invalid (no trainable row), 0 traces overlong"}},
+		{"a fraction above 1", args("e", recs, caps, "--max-masked-fraction", "1.5"), []string{"--max-masked-fraction 1.5: want a share from 0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.want == nil {
+				mustTrain(t, c.args...)
+				if m := metricsNoTimes(t, filepath.Join(dir, "b"))[0]; m.MaskedRollouts != 4 || m.MaskReasons[gym.ReasonMaskedUpstream] != 2 {
+					t.Errorf("masked %d, reasons %v; want 4 with %s 2", m.MaskedRollouts, m.MaskReasons, gym.ReasonMaskedUpstream)
+				}
+				return
+			}
+			msg := failTrain(t, c.args...)
+			for _, w := range c.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("message lacks %q:\n%s", w, msg)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(dir, c.args[1], "checkpoints")); err == nil {
+				t.Errorf("a stopped step wrote a checkpoint")
+			}
+		})
 	}
 }

@@ -76,6 +76,9 @@ type Trainer struct {
 	// routerLossCoef weighs a sparse model's load-balancing loss in the
 	// step's loss (0: not part of it; see newModels).
 	routerLossCoef float64
+	// mtp is the multi-token prediction loss (mtp.go).
+	mtp    mtpRun
+	mtpBuf mtpBuffers
 
 	// streams keys every random decision of the built-in rollouts by
 	// (seed, step, task group, rollout, call): nothing to checkpoint.
@@ -83,6 +86,9 @@ type Trainer struct {
 	source  rolloutSource
 
 	stop *stopWatch // the first stop request (SIGINT/SIGTERM)
+
+	wout      *weightsOut // --weights-out (nil: none)
+	maxMasked float64     // --max-masked-fraction
 
 	shardFull   bool         // fully sharded data parallel (shard.go)
 	shardWhy    string       // what asked for it
@@ -112,10 +118,18 @@ type Trainer struct {
 
 	// per-step scratch, sized on first use
 	rowLP, rowLPOld, rowLPRef, rowEnt, rowDLP [][]float64
-	lossRows                                  []grpo.LossRow
-	rowPosts                                  []rowPost
-	dlogprob                                  []float32
-	dpair                                     []float64
+	// Under a top-k/top-p filter with a KL penalty: the unfiltered current
+	// log-probs the KL reads and their gradient; and, per row, the
+	// positions whose target the filter drops (NeMo RL's −inf, masked).
+	rowLPFull, rowDLPFull [][]float64
+	rowNegInf             [][]bool
+	stageErr              error       // hostCopy's staging of a bf16 arena failed
+	stage                 kernels.Buf // F32 staging of bf16 moments for checkpoints (the plan's moment_staging)
+	dlogprobFull          []float32
+	lossRows              []grpo.LossRow
+	rowPosts              []rowPost
+	dlogprob              []float32
+	dpair                 []float64
 }
 
 // initSource says where the initial weights came from, so that a resumed run
@@ -141,6 +155,10 @@ func New(o Options) (_ *Trainer, err error) {
 	}
 	if o.OnNonFinite == "" {
 		o.OnNonFinite = "skip"
+	}
+	if o.MaxMaskedFraction == nil {
+		f := DefaultMaxMaskedFraction
+		o.MaxMaskedFraction = &f
 	}
 	t := &Trainer{o: o, comm: o.Comm, be: o.Backend}
 	if t.comm == nil {
@@ -221,6 +239,16 @@ func (t *Trainer) setupConfig() error {
 	if o.Wait < 0 {
 		return fmt.Errorf("%w: --wait %v: want 0 (do not wait) or a positive duration", ErrUsage, o.Wait)
 	}
+	if f := *o.MaxMaskedFraction; !(f >= 0 && f <= 1) {
+		return fmt.Errorf("%w: --max-masked-fraction %v: want a share from 0 (stop at any mask) to 1 (never stop)", ErrUsage, f)
+	}
+	t.maxMasked = *o.MaxMaskedFraction
+	if o.WeightsKeep < 0 {
+		return fmt.Errorf("%w: --weights-keep %d: want at least 1", ErrUsage, o.WeightsKeep)
+	}
+	if _, _, _, err := c.WeightsOut(); err != nil {
+		return err
+	}
 	if len(o.ConfigFiles) > 0 { // the built-in job runs on any number of ranks
 		if err := checkCluster(c, t.comm.Size()); err != nil {
 			return err
@@ -250,9 +278,11 @@ func (t *Trainer) setupRunDir() error {
 		}
 	}
 	if t.o.Resume {
-		return t.findCheckpoint()
+		if err := t.findCheckpoint(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return t.setupWeightsOut()
 }
 
 // gatherReserve is the payload, in bytes, the ranks' gather buffers hold
@@ -316,10 +346,13 @@ func (t *Trainer) setupFiles() error {
 	if err := t.openLoggers(); err != nil {
 		return err
 	}
-	if g := c.Policy.Generation; (g.TopP > 0 && g.TopP < 1) || (g.TopK != nil && *g.TopK > 0) {
-		t.logf("warning: policy.generation top_p=%v top_k=%v: behaviour log-probabilities are renormalized over the kept tokens, "+
-			"but training log-probabilities are over the full vocabulary, so the importance ratio against them is biased; "+
-			"watch gen_kl_error and token_mult_prob_error", g.TopP, ptrStr(g.TopK))
+	if f := headFilter(c); f.On(t.modelCfg.VocabSize) {
+		kl := ""
+		if c.LossFn.ReferencePolicyKLPenalty != 0 {
+			kl = "; the KL penalty reads the unfiltered ones, against an unfiltered reference"
+		}
+		t.logf("policy.generation top_k=%s top_p=%v: the training log-probabilities and entropy are NeMo RL's top-k/top-p filtered ones "+
+			"(a token outside the filter counts with log-probability 0 and no gradient, as NeMo RL masks it)%s", ptrStr(c.Policy.Generation.TopK), c.Policy.Generation.TopP, kl)
 	}
 	t.progress = newProgressLine(t.o.Log, t.o.Quiet, t.maxSteps)
 	ranks := ""
@@ -370,6 +403,10 @@ func (t *Trainer) Close() {
 	}
 	if t.opt != nil {
 		t.opt.Close()
+	}
+	if t.stage.N > 0 {
+		t.be.Free(t.stage)
+		t.stage = kernels.Buf{}
 	}
 	if t.ref != nil {
 		t.ref.Close()
@@ -432,6 +469,18 @@ func (t *Trainer) loadConfig() error {
 	if t.o.Steps > 0 {
 		sets = append(sets, fmt.Sprintf("grpo.max_num_steps=%d", t.o.Steps))
 	}
+	if t.o.WeightsOut != "" {
+		sets = append(sets, "policy.generation.weights_out="+t.o.WeightsOut)
+	}
+	if t.o.WeightsDType != "" {
+		if _, ok := weightsDTypes[t.o.WeightsDType]; !ok {
+			return fmt.Errorf("%w: --weights-dtype %q: want bfloat16, float16 or float32", ErrUsage, t.o.WeightsDType)
+		}
+		sets = append(sets, "policy.generation.weights_dtype="+t.o.WeightsDType)
+	}
+	if t.o.WeightsKeep > 0 {
+		sets = append(sets, fmt.Sprintf("policy.generation.weights_keep=%d", t.o.WeightsKeep))
+	}
 	ld, name, err := LoadRecipeWith(t.o.ConfigFiles, t.o.Overrides, sets)
 	if err != nil {
 		return err
@@ -490,12 +539,20 @@ func (t *Trainer) newModels() error {
 		return err
 	}
 	t.sparseSettings()
-	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", t.modelCfg.Sparse())
+	t.mtp = newMTPRun(c, t.modelCfg)
+	sh, err := shapeOf(c, t.be.Name(), 0, 0, t.o.Rollouts == "", noTrees(t.modelCfg))
 	if err != nil {
 		return err
 	}
+	if err := checkTopK(c, t.modelCfg.VocabSize); err != nil {
+		return err
+	}
 	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
-	if on, _ := c.SharedPrefixOn(); on && !t.shared {
+	if on, _ := c.SharedPrefixOn(); on && !t.shared && t.modelCfg.MTP.Depths > 0 {
+		// Depth k's inputs at a prefix's last k positions are the next
+		// tokens of each trace: they differ across a branch point.
+		t.logf("note: policy.shared_prefix=auto: multi-token prediction reads each trace's next tokens at every position (across a shared prefix's branch points they differ), so its traces are packed alone")
+	} else if on && !t.shared {
 		// The load-balancing loss of a sparse model averages the routing of
 		// every token of a micro-batch, each shared token once per trace
 		// that holds it: a trie, computing it once, would change that loss.
@@ -557,6 +614,22 @@ func (t *Trainer) checkPlan() error {
 	}
 	if err := p.Check(free, source); err != nil {
 		return err
+	}
+	// The LM head's logits scratch grows into what the plan leaves free
+	// (CUDA: 128 MiB to 2 GiB); the plan counts it, so it is made again.
+	if sz, ok := backendAs[interface {
+		SizeLogitsScratch(headroom int64) (int, bool)
+	}](t.be); ok {
+		if el, changed := sz.SizeLogitsScratch(free - p.TotalBytes); changed {
+			if p, err = t.Plan(); err != nil {
+				return err
+			}
+			t.plan = p
+			if err := p.Check(free, source); err != nil {
+				return err
+			}
+			t.logf("LM head: a logits scratch of %s, from the %s the plan left free", Bytes(4*int64(el)), Bytes(free-p.TotalBytes))
+		}
 	}
 	t.logf("memory plan: %s of %s free (%s)", Bytes(p.TotalBytes), Bytes(free), source)
 	return nil
@@ -634,6 +707,10 @@ func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, 
 		path += " with policy.hf_config_overrides"
 	}
 	mc, err := model.ParseConfig(data, path)
+	if err != nil {
+		return mc, init, err
+	}
+	mc, err = withMTP(c, mc)
 	return mc, init, err
 }
 
@@ -678,6 +755,22 @@ func (t *Trainer) loadInitialWeights(m *model.Model) error {
 	return nil
 }
 
+// adamRule is the update arithmetic of the configured optimizer.
+func adamRule(oc config.Optimizer) kernels.AdamRule {
+	if oc.Class == config.TEFusedAdam {
+		return kernels.FusedAdam
+	}
+	return kernels.TorchAdamW
+}
+
+// momentDType is the dtype of the configured optimizer's Adam moments.
+func momentDType(oc config.Optimizer) kernels.DType {
+	if oc.BF16Moments {
+		return kernels.BF16
+	}
+	return kernels.F32
+}
+
 // newOptimizer builds AdamW over the model's arenas, with weight decay per
 // parameter as the parameter table says, and the configured schedule.
 func (t *Trainer) newOptimizer() error {
@@ -692,25 +785,37 @@ func (t *Trainer) newOptimizer() error {
 	if t.o.OnNonFinite == "abort" {
 		nf = optim.AbortNonFinite
 	}
-	ocfg := optim.Config{Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
+	ocfg := optim.Config{Rule: adamRule(oc), Moments: momentDType(oc), Beta1: oc.Beta1, Beta2: oc.Beta2, Eps: oc.Eps, MaxGradNorm: oc.ClipGrad, NonFinite: nf}
 	if t.shardFull {
 		groups, ids := shardedGroups(t.model, frozen)
+		ocfg.ClipSet = mtpClipSets(t.model.Table(), t.mtp.detach, len(t.model.Table().Params), nil)
 		t.opt, err = optim.NewSharded(t.be, t.model.Params(), t.model.Grads(), groups, ocfg,
 			optim.Sharded{Comm: t.comm, IDs: len(t.model.Table().Params), GroupID: ids})
 	} else {
 		// One group per parameter: optim merges adjacent ones for the update
 		// and names the parameter whose gradient is not finite.
 		var groups []optim.Group
-		for _, p := range t.model.Table().Params {
+		var ids []int
+		for i, p := range t.model.Table().Params {
 			if frozen && p.Router {
 				continue
 			}
 			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
+			ids = append(ids, i)
 		}
+		ocfg.ClipSet = mtpClipSets(t.model.Table(), t.mtp.detach, 0, ids)
 		t.opt, err = optim.New(t.be, t.model.Params(), t.model.Grads(), groups, ocfg)
 	}
 	if err != nil {
 		return err
+	}
+	if ocfg.Moments == kernels.BF16 {
+		// Checkpoints widen the bf16 moments through it (the plan's
+		// moment_staging), held for the run.
+		n := t.model.Params().N
+		if t.stage, err = t.be.Alloc(kernels.F32, min(stageChunk, max(n, 1))); err != nil {
+			return fmt.Errorf("the bf16 moments' staging buffer: %w", err)
+		}
 	}
 	switch sc.Style {
 	case "megatron":

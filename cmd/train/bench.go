@@ -116,7 +116,10 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		}
 		defer c.Close()
 		env.Backend, env.Threads = c, c.Threads()
-		env.Peak = func() (float64, string) { return cpu.PeakSummary(c.Threads()) }
+		env.Peak = func() bench.Peak {
+			p, how := cpu.PeakSummary(c.Threads())
+			return bench.Peak{GFLOPS: p.GFLOPS(), PerThread: p.PerThread, How: how}
+		}
 		fmt.Fprintf(stderr, "bench: backend cpu (%d threads), %s\n", c.Threads(), cpu.SIMDChoice())
 	case "cuda":
 		if env.Backend, err = cuda.Open(cuda.Options{Device: l.LocalRank}); err != nil {

@@ -60,7 +60,7 @@ const defaultRankTimeout = 30 * time.Minute
 // addRankTimeout registers --rank-timeout on a command that opens the
 // collectives.
 func addRankTimeout(fs *pflag.FlagSet) *time.Duration {
-	return fs.Duration("rank-timeout", defaultRankTimeout, "with several ranks: how long a collective waits for the others before every rank stops, "+
+	return fs.Duration("rank-timeout", defaultRankTimeout, "with several ranks: how long a collective may wait for the others without progress before every rank stops, "+
 		"naming the ranks that went silent (a stopped or hung process, a dead node); 0 waits forever. Enforced by --dist mpi, not by nccl (its collectives run on the device)")
 }
 

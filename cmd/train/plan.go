@@ -72,6 +72,8 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	f := fs.VarPF(newNegBool(&o.NoReshard), "reshard-after-forward", "", "with --shard full: layers gathered again for backward (false: every layer kept gathered)")
 	f.NoOptDefVal, f.DefValue = "true", "true"
 	memory := fs.String("memory", "", "check the plan against this much memory per rank (e.g. 80G) and name the smallest fully sharded world size that fits")
+	diskPlan := fs.Bool("disk", false, "also print the disk plan: the bytes a step writes (the weights for the generator with --weights-out, every step; the full checkpoint every checkpointing.save_period steps) and their time at --write-rate")
+	writeRate := fs.String("write-rate", "1G", "with --disk: the write rate, bytes a second (e.g. 2G)")
 	if err := parseFlags(fs, args, -1); err != nil {
 		return err
 	}
@@ -139,10 +141,21 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		}
 		fit = p.Check(n, "--memory")
 	}
+	rate, err := trainer.ParseBytes(*writeRate)
+	if err != nil || rate <= 0 {
+		return fmt.Errorf("%w: plan: --write-rate %q: want a positive size a second, e.g. 2G", errUsage, *writeRate)
+	}
+	disk, err := trainer.PlanDisk(&ld.Config, mc)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		fmt.Fprintf(stdout, "%s\n", p.JSON())
 	} else {
 		p.WriteText(stdout)
+		if *diskPlan {
+			disk.WriteText(stdout, rate)
+		}
 	}
 	if fit != nil {
 		return fit

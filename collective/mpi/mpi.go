@@ -112,7 +112,8 @@ static tg_h tg_type(tg_mpi* m, int kind) { return kind == 2 ? m->byte : kind == 
 
 // Every operation is started nonblocking and completed by tg_wait, which
 // polls it (as Open MPI's blocking calls poll their progress engine), so
-// that a wait can end: after timeout_ns without completing it returns
+// that a wait can end: after timeout_ns without completing (each step of a
+// ring is its own wait: the clock measures a lack of progress) it returns
 // TG_TIMEOUT, and the caller takes a roll call (tg_rollcall) to name the
 // ranks that went silent. While it polls, a rank answers the roll calls of
 // others (tg_serve): each rank keeps a receive posted for a question from

@@ -54,18 +54,23 @@ func TestOpenErrors(t *testing.T) {
 }
 
 // TestCollectivesUnderMpirun runs TestRankCollectives in 3 ranks.
-func TestCollectivesUnderMpirun(t *testing.T) {
+func TestCollectivesUnderMpirun(t *testing.T) { passUnderMpirun(t, 3, "TestRankCollectives") }
+
+// passUnderMpirun runs the test named test (one rank's side) in n ranks
+// under mpirun, and fails unless every rank passes it.
+func passUnderMpirun(t *testing.T, n int, test string) {
+	t.Helper()
 	if os.Getenv("TRACEGRPO_MPI_CHILD") != "" {
 		t.Skip("in an mpirun child")
 	}
-	cmd := Mpirun(t, 3, os.Args[0], "-test.run=^TestRankCollectives$", "-test.v", "-test.count=1")
+	cmd := Mpirun(t, n, os.Args[0], "-test.run=^"+test+"$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("mpirun: %v\n%s", err, out)
 	}
-	if n := bytes.Count(out, []byte("--- PASS: TestRankCollectives")); n != 3 {
-		t.Fatalf("%d of 3 ranks passed:\n%s", n, out)
+	if got := bytes.Count(out, []byte("--- PASS: "+test)); got != n {
+		t.Fatalf("%d of %d ranks passed:\n%s", got, n, out)
 	}
 }
 
@@ -250,17 +255,7 @@ func TestAllReduceRingSizesUnderMpirun(t *testing.T) {
 		t.Skip("in an mpirun child")
 	}
 	for _, np := range []int{2, 3, 4} {
-		t.Run(fmt.Sprint(np, " ranks"), func(t *testing.T) {
-			cmd := Mpirun(t, np, os.Args[0], "-test.run=^TestRankAllReduceRingSizes$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "TRACEGRPO_MPI_CHILD=1")
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("mpirun: %v\n%s", err, out)
-			}
-			if n := bytes.Count(out, []byte("--- PASS: TestRankAllReduceRingSizes")); n != np {
-				t.Fatalf("%d of %d ranks passed:\n%s", n, np, out)
-			}
-		})
+		t.Run(fmt.Sprint(np, " ranks"), func(t *testing.T) { passUnderMpirun(t, np, "TestRankAllReduceRingSizes") })
 	}
 }
 
@@ -382,15 +377,40 @@ func TestRankTimeoutUnderMpirun(t *testing.T) {
 	}
 	got := out.String()
 	t.Logf("mpirun's output:\n%s", got)
-	if !strings.Contains(got, "rank-timeout: ") || !strings.Contains(got, "rank 1 is silent") || strings.Contains(got, "rank 0 is silent") || strings.Contains(got, "rank 2 is silent") {
-		t.Fatalf("no rank named rank 1 (alone) silent:\n%s", got)
-	}
+	checkSilent(t, got, "rank-timeout: ", "rank 1 is silent")
+
 	if strings.Count(got, "late barrier passed") != 3 {
 		t.Fatalf("the barrier that rank 1 reached late did not pass on all 3 ranks:\n%s", got)
 	}
 }
 
-// TestRankGoesSilent is one rank's side of TestRankTimeoutUnderMpirun.
+// checkSilent fails unless some line of out that starts with prefix names
+// silent ("rank 1 is silent"), and every such line names it or says that
+// every rank answered after all (Open MPI continues a stopped rank before
+// it kills it, so a roll call taken while another rank ends the job may
+// find it answering): never another set of ranks.
+func checkSilent(t *testing.T, out, prefix, silent string) {
+	t.Helper()
+	named := 0
+	for _, l := range strings.Split(out, "\n") {
+		if _, rest, ok := strings.Cut(l, prefix); ok {
+			switch {
+			case strings.Contains(rest, silent+":"):
+				named++
+			case !strings.Contains(rest, "then every rank answered"):
+				t.Errorf("a rank named other ranks than %q: %s", silent, l)
+			}
+		}
+	}
+	if named == 0 {
+		t.Errorf("no rank said %q:\n%s", silent, out)
+	}
+}
+
+// TestRankGoesSilent is one rank's side of TestRankTimeoutUnderMpirun:
+// rank 2 enters the collective after the silent one 1.5 s later than rank
+// 0, so that rank 0's roll call finds it waiting, before its own timeout,
+// and it must answer from its wait.
 func TestRankGoesSilent(t *testing.T) {
 	if os.Getenv("TRACEGRPO_MPI_CHILD") == "" {
 		t.Skip("runs under mpirun (TestRankTimeoutUnderMpirun)")
@@ -413,7 +433,13 @@ func TestRankGoesSilent(t *testing.T) {
 	if r == 1 {
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	}
-	buf, _ := b.Alloc(kernels.F32, 1000)
+	if r == 2 {
+		time.Sleep(1500 * time.Millisecond)
+	}
+	// Blocks of 1 MiB, past every transport's eager limit: rank 0's first
+	// send, to the stopped rank, cannot complete, so its first wait starts
+	// 1.5 s before rank 2's and its roll call finds rank 2 waiting.
+	buf, _ := b.Alloc(kernels.F32, 3<<18)
 	err = c.AllReduceSum(buf)
 	fmt.Printf("rank-timeout: rank %d: %v\n", r, err)
 	os.Stdout.Sync()

@@ -358,9 +358,12 @@ func genRecipeCounts(e *Env) (string, error) {
 	for _, x := range top[:min(5, len(top))] {
 		most = append(most, fmt.Sprintf("`%s` %d", x.k, x.n))
 	}
-	return wrap(fmt.Sprintf("%d GRPO configs of NVIDIA-NeMo/RL `%s` (%s): %d load, %d are refused naming what they need "+
-		"that tracegrpo does not do (most often: %s), and none fails otherwise.",
-		len(recipes), commit[:7], date, loads, refused, strings.Join(most, ", "))), nil
+	var b strings.Builder
+	fmt.Fprintf(&b, "| GRPO configs of NVIDIA-NeMo/RL `%s` (%s), with the multi-trace opt-in | recipes |\n|---|---|\n", commit[:7], date)
+	fmt.Fprintf(&b, "| load and pass every check `train` runs before any work | %d |\n", loads)
+	fmt.Fprintf(&b, "| refused before any work, naming what they need that tracegrpo does not do (most often: %s) | %d |\n", strings.Join(most, ", "), refused)
+	fmt.Fprintf(&b, "| fail otherwise | 0 |\n| all | %d |\n", len(recipes))
+	return b.String(), nil
 }
 
 // manifest reads the GRPO configs of MANIFEST.tsv, the upstream commit and

@@ -47,6 +47,9 @@ var (
 	// Metrics is a run's metrics.jsonl, read whole to be truncated on
 	// resume or plotted.
 	Metrics = Kind{Name: "metrics log", Max: 1 << 30}
+	// LoopJSON is a file of the trainer–generator protocol (package loop):
+	// a weights directory's DONE marker or a step file's sidecar.
+	LoopJSON = Kind{Name: "loop protocol JSON", Max: 1 << 20}
 )
 
 // ErrNotRegular is wrapped by the error for an input that is not a regular

@@ -31,25 +31,24 @@ type Writer struct {
 	scratch []byte
 }
 
-// NewWriter checks the specs, writes the header to w and returns a Writer
-// for the data. metadata goes into __metadata__, with "format": "pt" added
-// when absent.
-func NewWriter(w io.Writer, specs []Spec, metadata map[string]string) (*Writer, error) {
+// layout checks the specs and places the tensors in HF's order, returning
+// them with the file's header.
+func layout(specs []Spec, metadata map[string]string) ([]TensorInfo, []byte, error) {
 	tensors := make([]TensorInfo, len(specs))
 	seen := map[string]bool{}
 	for i, s := range specs {
 		switch {
 		case s.Name == "" || s.Name == metadataKey:
-			return nil, fmt.Errorf("safetensors: write: tensor %d: invalid name %q", i, s.Name)
+			return nil, nil, fmt.Errorf("safetensors: write: tensor %d: invalid name %q", i, s.Name)
 		case seen[s.Name]:
-			return nil, fmt.Errorf("safetensors: write: tensor %q declared twice", s.Name)
+			return nil, nil, fmt.Errorf("safetensors: write: tensor %q declared twice", s.Name)
 		case !s.DType.Known():
-			return nil, fmt.Errorf("safetensors: write: tensor %q: unknown dtype %q", s.Name, s.DType)
+			return nil, nil, fmt.Errorf("safetensors: write: tensor %q: unknown dtype %q", s.Name, s.DType)
 		}
 		seen[s.Name] = true
 		for _, d := range s.Shape {
 			if d < 0 {
-				return nil, fmt.Errorf("safetensors: write: tensor %q: negative dimension in shape %v", s.Name, s.Shape)
+				return nil, nil, fmt.Errorf("safetensors: write: tensor %q: negative dimension in shape %v", s.Name, s.Shape)
 			}
 		}
 		tensors[i] = TensorInfo{Name: s.Name, DType: s.DType, Shape: append([]int(nil), s.Shape...)}
@@ -69,6 +68,28 @@ func NewWriter(w io.Writer, specs []Spec, metadata map[string]string) (*Writer, 
 		tensors[i].End = off
 	}
 	hdr, err := encodeHeader(tensors, metadata)
+	return tensors, hdr, err
+}
+
+// FileSize is the size of the file a Writer of specs and metadata writes:
+// the 8-byte header length, the header and the tensors' bytes.
+func FileSize(specs []Spec, metadata map[string]string) (int64, error) {
+	tensors, hdr, err := layout(specs, metadata)
+	if err != nil {
+		return 0, err
+	}
+	n := 8 + int64(len(hdr))
+	if len(tensors) > 0 {
+		n += tensors[len(tensors)-1].End
+	}
+	return n, nil
+}
+
+// NewWriter checks the specs, writes the header to w and returns a Writer
+// for the data. metadata goes into __metadata__, with "format": "pt" added
+// when absent.
+func NewWriter(w io.Writer, specs []Spec, metadata map[string]string) (*Writer, error) {
+	tensors, hdr, err := layout(specs, metadata)
 	if err != nil {
 		return nil, err
 	}

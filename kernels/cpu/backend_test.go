@@ -371,7 +371,7 @@ func TestNoAllocsAfterWarmup(t *testing.T) {
 		e.b.SwiGLU(ao, q, q, T*NH*HD)
 		e.b.TokenLogprob(lp, ent, lse2, x, wv, tb, T, C, V, 1)
 		e.b.TokenLogprobBackward(dx, dwv, lp, x, wv, tb, lse2, T, C, V, 1)
-		e.b.AdamW(w, dw, mom, vel, kernels.NewAdamWStep(1e-3, 0.9, 0.999, 1e-8, 0, 1, 1))
+		e.b.AdamW(w, dw, mom, vel, kernels.NewAdamWStep(kernels.TorchAdamW, 1e-3, 0.9, 0.999, 1e-8, 0, 1, 1))
 		e.b.SumSquares(sq, dw)
 		e.b.Fill(dw, 0)
 	}
@@ -439,7 +439,7 @@ func TestAdamWMatchesFloat64(t *testing.T) {
 	for i := range v {
 		v[i] = math.Abs(v[i])
 	}
-	st := kernels.NewAdamWStep(3e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.5)
+	st := kernels.NewAdamWStep(kernels.TorchAdamW, 3e-3, 0.9, 0.95, 1e-8, 0.1, 7, 0.5)
 	pb, gb, mb, vb := e.f32(p), e.f32(g), e.f32(m), e.f32(v)
 	e.b.AdamW(pb, gb, mb, vb, st)
 	e.sync()

@@ -29,33 +29,48 @@ type microKernel func(k int, a, b, c *float32, ldc int, acc int)
 // kernel12x32 is the micro-kernel in use (see simd.go).
 var kernel12x32 microKernel = kernel12x32Go
 
-// kernel12x32Go is the portable micro-kernel. The conversion in the inner
-// loop rounds each product before the sum, so that no compiler fuses them
-// (arm64, GOAMD64=v3 would): rounding path go is the same everywhere.
+// kernel12x32Go is the portable micro-kernel. It walks the 12×32 block in
+// sub-blocks of 4 rows × 2 columns whose eight sums stay in registers over
+// the whole k loop (the arithmetic is the same: each element's products in
+// k order from zero, then added to or stored in C). The conversion in the
+// inner loop rounds each product before the sum, so that no compiler fuses
+// them (arm64 and GOAMD64=v3 would): rounding path go is the same
+// everywhere.
 func kernel12x32Go(k int, a, b, c *float32, ldc int, acc int) {
 	as := unsafeSlice(a, k*gemmMR)
 	bs := unsafeSlice(b, k*gemmNR)
 	cs := unsafeSlice(c, (gemmMR-1)*ldc+gemmNR)
-	var t [gemmMR][gemmNR]float32
-	for p := 0; p < k; p++ {
-		ap := as[p*gemmMR : p*gemmMR+gemmMR]
-		bp := bs[p*gemmNR : p*gemmNR+gemmNR]
-		for r := 0; r < gemmMR; r++ {
-			ar := ap[r]
-			tr := &t[r]
-			for j := range tr {
-				tr[j] += float32(ar * bp[j])
+	for r0 := 0; r0 < gemmMR; r0 += 4 {
+		for c0 := 0; c0 < gemmNR; c0 += 2 {
+			var s00, s01, s10, s11, s20, s21, s30, s31 float32
+			for p := 0; p < k; p++ {
+				ap := as[p*gemmMR+r0 : p*gemmMR+r0+4 : p*gemmMR+r0+4]
+				bp := bs[p*gemmNR+c0 : p*gemmNR+c0+2 : p*gemmNR+c0+2]
+				a0, a1, a2, a3, b0, b1 := ap[0], ap[1], ap[2], ap[3], bp[0], bp[1]
+				s00 += float32(a0 * b0)
+				s01 += float32(a0 * b1)
+				s10 += float32(a1 * b0)
+				s11 += float32(a1 * b1)
+				s20 += float32(a2 * b0)
+				s21 += float32(a2 * b1)
+				s30 += float32(a3 * b0)
+				s31 += float32(a3 * b1)
 			}
-		}
-	}
-	for r := 0; r < gemmMR; r++ {
-		cr := cs[r*ldc : r*ldc+gemmNR]
-		if acc != 0 {
-			for j := range cr {
-				cr[j] += t[r][j]
+			c0r := cs[r0*ldc+c0 : r0*ldc+c0+2 : r0*ldc+c0+2]
+			c1r := cs[(r0+1)*ldc+c0 : (r0+1)*ldc+c0+2 : (r0+1)*ldc+c0+2]
+			c2r := cs[(r0+2)*ldc+c0 : (r0+2)*ldc+c0+2 : (r0+2)*ldc+c0+2]
+			c3r := cs[(r0+3)*ldc+c0 : (r0+3)*ldc+c0+2 : (r0+3)*ldc+c0+2]
+			if acc != 0 {
+				c0r[0], c0r[1] = c0r[0]+s00, c0r[1]+s01
+				c1r[0], c1r[1] = c1r[0]+s10, c1r[1]+s11
+				c2r[0], c2r[1] = c2r[0]+s20, c2r[1]+s21
+				c3r[0], c3r[1] = c3r[0]+s30, c3r[1]+s31
+			} else {
+				c0r[0], c0r[1] = s00, s01
+				c1r[0], c1r[1] = s10, s11
+				c2r[0], c2r[1] = s20, s21
+				c3r[0], c3r[1] = s30, s31
 			}
-		} else {
-			copy(cr, t[r][:])
 		}
 	}
 }

@@ -120,14 +120,14 @@ func timePeak(l peakLoop, n, threads int) float64 {
 }
 
 // PeakSummary measures the host's fp32 FMA peak for threads threads (the
-// widest vector width's, MeasurePeak with 20 trials) and says how, for a
-// profile's header. It returns 0 and the reason on a build without the
-// assembly kernels.
-func PeakSummary(threads int) (gflops float64, how string) {
+// fastest vector width's, MeasurePeak with 20 trials) and says how, for a
+// profile's header. It returns a zero Peak and the reason on a build or CPU
+// without the peak loops.
+func PeakSummary(threads int) (peak Peak, how string) {
 	const trials = 20
 	peaks := MeasurePeak(threads, trials)
 	if len(peaks) == 0 {
-		return 0, fmt.Sprintf("no FMA peak: this build (%s) or CPU has no vector peak loop", goTarget)
+		return Peak{}, fmt.Sprintf("no FMA peak: this build (%s) or CPU has no vector peak loop", goTarget)
 	}
 	best := peaks[0]
 	for _, p := range peaks[1:] {
@@ -154,5 +154,5 @@ func PeakSummary(threads int) (gflops float64, how string) {
 	if len(others) > 0 {
 		how += "; other widths: " + strings.Join(others, ", ")
 	}
-	return best.GFLOPS(), how
+	return best, how
 }

@@ -10,8 +10,9 @@ package cpu
 // assembly kernels compute every element of C the same way: one fused
 // multiply-add per k, in k order, starting from zero, for each K block of
 // gemmKC, the block sums then added to C in block order. They are therefore
-// bit-identical (TestFMAKernelsMatchScalarFMA checks both against a scalar
-// model of exactly that), and which of them runs is a matter of speed only:
+// bit-identical (TestKernelsMatchScalarModel and TestGemmMatchesScalarModel
+// check each against a scalar model of exactly that, TestFMAPathsBitIdentical
+// every op on both), and which of them runs is a matter of speed only:
 // together they are the rounding path "fma". The go kernel rounds the product
 // and the sum separately, and the elementwise ops use expf instead of the
 // AVX2 vector exp: rounding path "go".
@@ -29,8 +30,8 @@ package cpu
 // run it, or for any other value). Otherwise the CPU's vendor and family
 // decide, by the table below: the AVX-512 kernel where cores execute 512-bit
 // FMAs at full width (Intel; AMD Zen 5 desktop and server), AVX2 where they
-// split them into two 256-bit halves (AMD Zen 4, Zen 5 mobile), where
-// BenchmarkMicroKernel measured AVX-512 slower. A CPU with AVX-512 that the
+// split them into two 256-bit halves (AMD Zen 4, where BenchmarkMicroKernel
+// measured AVX-512 slower; Zen 5 mobile). A CPU with AVX-512 that the
 // table does not know gets a short calibration (both kernels timed on
 // L1-resident panels, the faster chosen); since both round the same, a
 // calibration that picks differently from one start to the next changes

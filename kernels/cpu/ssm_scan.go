@@ -7,32 +7,49 @@ package cpu
 //	S_t = exp(a_t)·S_{t−1} + dt_t·x_t ⊗ B_t          (MP,DS)
 //	y_t = S_t·C_t + D·x_t                                                 =
 //
-// Each segment is cut into chunks of s.Chunk tokens from its start (the
-// last shorter); in a chunk of l tokens with Λ_i = Σ_{j≤i} a_j, state S0 at
-// its start:
+// Chunks are aligned to context positions: chunk k of a root's context
+// holds positions [k·L, (k+1)·L), L = s.Chunk, whatever the segments. In a
+// chunk of l rows with Λ_i = Σ_{j≤i} a_j and S0 the state at its start
+// (a boundary):
 //
 //	intra:   Y  = (G ⊙ L ⊙ dt_j) · X,  G = C·Bᵀ (l,l), L_ij = exp(Λ_i − Λ_j), j ≤ i
 //	inter:   Y += diag(exp Λ) · C · S0ᵀ,   then Y += D·X
 //	state:   S1 = exp(Λ_last)·S0 + Xᵀ · diag(w)·B,  w_j = exp(Λ_last − Λ_j)·dt_j
 //
-// and S1 starts the next chunk, or, at a segment's end, every child of the
-// segment. The backward runs the chunks in reverse with the state's gradient
-// dS (dS0 = Yᵀ-side terms + exp(Λ_last)·dS1): the gradients of X, B, C, dt
-// through the same matmuls, and of Λ through the decays (dΛ, reverse-summed
-// into da_j, then ddt_j += da_j·A and dA += da_j·dt_j). At a branch point
-// the parent's final-state gradient sums its children's dS0.
+// A segment that starts inside a chunk (its context position A is not a
+// multiple of L) runs that chunk again from its boundary ⌊A/L⌋·L: the rows
+// before A are its ancestors' last tokens (gathered up the parent chain),
+// whose outputs it does not write, and the chunk starts from the state at
+// that boundary, which the ancestor that holds it keeps (Sb: each segment
+// with children keeps the state at the last boundary at or before its
+// end). Every chunk is therefore the same computation, on the same rows
+// and start state, as in the packed sequence of its root-to-segment path:
+// a tree's outputs equal its paths' as sequences bit for bit
+// (TestSSMScanTreeMatchesPaths), the property model.TestTreeMatchesUnshared
+// rests on. The state at a segment's end (the final output) is its last
+// chunk's end state.
 //
-// Work splits by head: each head walks the tree's segments in preorder
-// (the forward keeps the open path's final states on a stack; the backward
-// first stores the final state of each segment with children, then walks
-// segments in reverse preorder, recomputing each one's chunk states). A head
-// owns its columns of y, dxbc's x, ddtRaw and its ddtBias, daLog, dd; B and
-// C are shared by the heads of a group, so each head writes its dB, dC into
-// a (T,MH,2,DS) scratch that a second pass sums over the group's heads in
-// head order. Every sum runs in an order fixed by the shapes and the tree:
-// deterministic and thread-count invariant. The float64 instantiation (the
-// tests) is checked against the sequential recurrence and finite
-// differences.
+// The backward runs each segment's chunks in reverse with the gradient of
+// their boundary states: a chunk's dS0 (dYᵀ·diag(exp Λ)·C + exp(Λ_last)·dS1)
+// is the gradient of the boundary before it; the gradient of a segment's
+// Sb sums its children's (in reverse preorder), and reaches the chunk that
+// starts or ends at that boundary; the gradient of the first boundary goes
+// to the parent's Sb. X, B, C and dt get the gradients of the same
+// matmuls (dY·Xᵀ, Mᵀ·dY, …) and Λ's through the decays (dΛ, reverse-summed
+// into da_j, then ddt_j += da_j·A and dA += da_j·dt_j); an ancestor's rows
+// in a re-run chunk receive that chunk's gradients beside their own.
+//
+// Work splits by head: each head walks the tree's segments (the forward in
+// preorder with the open path's Sb on a stack; the backward computes every
+// Sb first, then walks segments in reverse preorder, recomputing each
+// one's chunk states). A chunk's rows are gathered into contiguous scratch.
+// A head owns its columns of y, of dxbc's x and of ddtRaw, and its ddtBias,
+// daLog and dd; B and C are shared by the heads of a group, so each head
+// accumulates its dB, dC into a (T,MH,2,DS) scratch that a second pass sums
+// over the group's heads in head order. Every sum runs in an order fixed
+// by the shapes and the tree: deterministic, thread-count invariant. The
+// float64 instantiation (the tests) is checked against the sequential
+// recurrence and finite differences.
 
 import (
 	"fmt"
@@ -44,42 +61,55 @@ import (
 // ssmArgs are one scan's buffers, in F.
 type ssmArgs[F Float] struct {
 	xbc, dtRaw, dtBias, aLog, d []F // (T,CD), (T,MH), (MH), (MH), (MH)
-	y, final                    []F // (T,MH,MP), (NS,MH,MP,DS) or nil
+	y, final                    []F // (T,MH,MP) or nil (states only), (NS,MH,MP,DS) or nil
 	// backward
 	dy, dxbc, ddtRaw, ddtBias, daLog, dd []F
 	dBC                                  []F // (T,MH,2,DS) per-head dB, dC
-	offs, parent, ends                   []int32
+	offs, parent, ends, anc              []int32
 	T                                    int
 	s                                    kernels.Scan
 }
 
-// ssmWork is one worker's scratch for one head, in F: the chunk's decay
-// and time-step vectors, its l×l matrices, l×MP and l×DS temporaries, the
-// state pair, and the stacks of states (the forward's open path, the
-// backward's per-segment final states and their gradients, a segment's
-// chunk states).
+// ssmWork is one worker's scratch for one head, in F.
 type ssmWork[F Float] struct {
-	ws                   *wscratch
-	dt, lam, sp, ddt, dl []F // (L) each
-	raw                  []F // (L) dtRaw + dtBias
-	G, M, dM             []F // (L,L)
-	tmpP, tmpP2          []F // (L,MP)
-	tmpN, tmpN2, bw      []F // (L,DS)
-	s0, s1, ds0, ds1     []F // (MP,DS)
-	leaf                 []F // (MP,DS) a leaf segment's final state
-	stack                []F // forward: open path's states; backward: chunk states
-	fin, dfin            []F // backward: (segments with children) final states and their gradients
-	slot                 []int32
+	ws   *wscratch
+	rows []int32 // (L) the packed token of each of a chunk's rows
+	// A chunk's gathered rows and their results.
+	gx, gy, gdy, gdx   []F // (L,MP)
+	gB, gC, gdB, gdC   []F // (L,DS)
+	raw, sp, dt, lam   []F // (L)
+	ddt, dl, gddt      []F // (L)
+	G, M, dM           []F // (L,L)
+	tmpP, tmpP2        []F // (L,MP)
+	tmpN, tmpN2, bw    []F // (L,DS)
+	s1, ds0, ds1, last []F // (MP,DS)
+	zero               []F // (MP,DS) zeros
+	// The boundary states: the forward's open path (stack, by depth); the
+	// backward's per segment with children (sb, dsb by slot) and a
+	// segment's chunk start states (chunks).
+	stack, sb, dsb, chunks []F
+	slot                   []int32
+	path                   []int32
 }
 
 func newSSMWork[F Float](ws *wscratch, s kernels.Scan) *ssmWork[F] {
 	L, P, N := s.Chunk, s.MP, s.DS
-	w := &ssmWork[F]{ws: ws}
-	w.dt, w.lam, w.sp, w.ddt, w.dl, w.raw = make([]F, L), make([]F, L), make([]F, L), make([]F, L), make([]F, L), make([]F, L)
-	w.G, w.M, w.dM = make([]F, L*L), make([]F, L*L), make([]F, L*L)
-	w.tmpP, w.tmpP2 = make([]F, L*P), make([]F, L*P)
-	w.tmpN, w.tmpN2, w.bw = make([]F, L*N), make([]F, L*N), make([]F, L*N)
-	w.s0, w.s1, w.ds0, w.ds1, w.leaf = make([]F, P*N), make([]F, P*N), make([]F, P*N), make([]F, P*N), make([]F, P*N)
+	w := &ssmWork[F]{ws: ws, rows: make([]int32, L)}
+	for _, b := range []*[]F{&w.gx, &w.gy, &w.gdy, &w.gdx, &w.tmpP, &w.tmpP2} {
+		*b = make([]F, L*P)
+	}
+	for _, b := range []*[]F{&w.gB, &w.gC, &w.gdB, &w.gdC, &w.tmpN, &w.tmpN2, &w.bw} {
+		*b = make([]F, L*N)
+	}
+	for _, b := range []*[]F{&w.raw, &w.sp, &w.dt, &w.lam, &w.ddt, &w.dl, &w.gddt} {
+		*b = make([]F, L)
+	}
+	for _, b := range []*[]F{&w.G, &w.M, &w.dM} {
+		*b = make([]F, L*L)
+	}
+	for _, b := range []*[]F{&w.s1, &w.ds0, &w.ds1, &w.last, &w.zero} {
+		*b = make([]F, P*N)
+	}
 	return w
 }
 
@@ -93,15 +123,48 @@ func grow[F Float](buf []F, n int) []F {
 	return buf[:n]
 }
 
-// chunkDt fills w.raw, w.sp, w.dt and w.lam for the l tokens from t0 of
-// head h: raw = dtRaw + dtBias, sp = Softplus(raw), dt = clamp(sp), lam the
-// cumulative sum of dt·A.
-func chunkDt[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F) {
-	MH := a.s.MH
-	lo, hi := F(a.s.DtMin), F(a.s.DtMax)
+// chunkRows fills w.rows with the packed tokens of the chunk of segment seg
+// that starts at context position cb (a boundary) and returns its row
+// count and the first row that is the segment's own (the rows before are
+// its ancestors' last tokens).
+func chunkRows[F Float](a *ssmArgs[F], w *ssmWork[F], seg int, cb int) (l, own int) {
+	L := a.s.Chunk
+	A := int(a.anc[seg])
+	E := A + int(a.offs[seg+1]-a.offs[seg])
+	end := min(cb+L, E)
+	l = end - cb
+	own = max(A-cb, 0)
+	for i := own; i < l; i++ {
+		w.rows[i] = a.offs[seg] + int32(cb+i-A)
+	}
+	// The ancestors' tokens at context positions [cb, A), from the last.
+	p := a.parent[seg]
+	for i := own - 1; i >= 0; i-- {
+		pos := int32(cb + i)
+		for pos < a.anc[p] {
+			p = a.parent[p]
+		}
+		w.rows[i] = a.offs[p] + pos - a.anc[p]
+	}
+	return l, own
+}
+
+// gather copies head h's rows of a chunk (w.rows[:l]) into contiguous
+// scratch: x (l,MP), B and C (l,DS), and dt (softplus, clamp, its
+// cumulative decay Λ).
+func gather[F Float](a *ssmArgs[F], w *ssmWork[F], h, l int, A F) {
+	s := a.s
+	P, N, CD, MH := s.MP, s.DS, s.CD(), s.MH
+	g := h / (MH / s.G)
+	xo, bo, co := h*P, s.DI()+g*N, s.DI()+(s.G+g)*N
+	lo, hi := F(s.DtMin), F(s.DtMax)
 	var acc F
-	for i := range l {
-		v := a.dtRaw[(t0+i)*MH+h] + a.dtBias[h]
+	for i, t := range w.rows[:l] {
+		r := a.xbc[int(t)*CD:]
+		copy(w.gx[i*P:(i+1)*P], r[xo:xo+P])
+		copy(w.gB[i*N:(i+1)*N], r[bo:bo+N])
+		copy(w.gC[i*N:(i+1)*N], r[co:co+N])
+		v := a.dtRaw[int(t)*MH+h] + a.dtBias[h]
 		sp := F(kernels.Softplus(float64(v)))
 		dt := min(max(sp, lo), hi)
 		w.raw[i], w.sp[i], w.dt[i] = v, sp, dt
@@ -110,30 +173,15 @@ func chunkDt[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F) {
 	}
 }
 
-// chunkForward runs one chunk of head h: y for tokens [t0, t0+l) from the
-// state s0 (nil: zero), and the chunk's end state into s1.
-func chunkForward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0, s1 []F) {
-	chunkDt(a, w, h, t0, l, A)
-	if a.y != nil {
-		chunkOutput(a, w, h, t0, l, s0)
-	}
-	chunkEndState(a, w, h, t0, l, s0, s1)
-}
-
-// chunkOutput writes y for the l tokens from t0 of head h (chunkDt done).
-func chunkOutput[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, s0 []F) {
-	s := a.s
-	P, N, CD, MHP := s.MP, s.DS, s.CD(), s.MH*s.MP
-	g := h / (s.MH / s.G)
-	X := a.xbc[t0*CD+h*P:]
-	Bm := a.xbc[t0*CD+s.DI()+g*N:]
-	Cm := a.xbc[t0*CD+s.DI()+s.G*N+g*N:]
-	Y := a.y[t0*MHP+h*P:]
+// chunkOutput writes gy (l,MP) for a gathered chunk from its start state
+// s0 (nil: zero).
+func chunkOutput[F Float](a *ssmArgs[F], w *ssmWork[F], h, l int, s0 []F) {
+	P, N := a.s.MP, a.s.DS
+	X, Bm, Cm, Y := w.gx[:l*P], w.gB[:l*N], w.gC[:l*N], w.gy[:l*P]
 	lam, dt := w.lam[:l], w.dt[:l]
 	// Intra-chunk: M = (C·Bᵀ) ⊙ L ⊙ dt_j, Y = M·X.
-	G := w.G[:l*l]
-	gemm(w.ws, false, true, l, l, N, Cm, CD, Bm, CD, G, l, false)
-	M := w.M[:l*l]
+	G, M := w.G[:l*l], w.M[:l*l]
+	gemm(w.ws, false, true, l, l, N, Cm, N, Bm, N, G, l, false)
 	for i := range l {
 		for j := range l {
 			if j <= i {
@@ -143,43 +191,38 @@ func chunkOutput[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, s0 []F) {
 			}
 		}
 	}
-	gemm(w.ws, false, false, l, P, l, M, l, X, CD, Y, MHP, false)
+	gemm(w.ws, false, false, l, P, l, M, l, X, P, Y, P, false)
 	// Inter-chunk and the skip: Y += exp(Λ_i)·(C·S0ᵀ) + D·X.
 	dh := a.d[h]
 	if s0 != nil {
 		tmp := w.tmpP[:l*P]
-		gemm(w.ws, false, true, l, P, N, Cm, CD, s0, N, tmp, P, false)
+		gemm(w.ws, false, true, l, P, N, Cm, N, s0, N, tmp, P, false)
 		for i := range l {
 			e := expF(lam[i])
 			for p := range P {
-				Y[i*MHP+p] += e*tmp[i*P+p] + dh*X[i*CD+p]
+				Y[i*P+p] += e*tmp[i*P+p] + dh*X[i*P+p]
 			}
 		}
-	} else {
-		for i := range l {
-			for p := range P {
-				Y[i*MHP+p] += dh * X[i*CD+p]
-			}
+		return
+	}
+	for i := range l {
+		for p := range P {
+			Y[i*P+p] += dh * X[i*P+p]
 		}
 	}
 }
 
-// chunkEndState writes the state after the l tokens from t0 of head h into
-// s1, from s0 at their start (nil: zero; chunkDt done): S1 = exp(Λ_last)·S0
-// + Xᵀ·diag(w)·B.
-func chunkEndState[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, s0, s1 []F) {
-	s := a.s
-	P, N, CD := s.MP, s.DS, s.CD()
-	g := h / (s.MH / s.G)
-	X := a.xbc[t0*CD+h*P:]
-	Bm := a.xbc[t0*CD+s.DI()+g*N:]
+// chunkEndState writes the state after a gathered chunk into s1 from s0 at
+// its start (nil: zero): S1 = exp(Λ_last)·S0 + Xᵀ·diag(w)·B.
+func chunkEndState[F Float](w *ssmWork[F], P, N, l int, s0, s1 []F) {
+	X, Bm := w.gx[:l*P], w.gB[:l*N]
 	lam, dt := w.lam[:l], w.dt[:l]
 	last := lam[l-1]
 	bw := w.bw[:l*N]
 	for j := range l {
 		wj := expF(last-lam[j]) * dt[j]
 		for n := range N {
-			bw[j*N+n] = wj * Bm[j*CD+n]
+			bw[j*N+n] = wj * Bm[j*N+n]
 		}
 	}
 	if s0 != nil {
@@ -187,22 +230,29 @@ func chunkEndState[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, s0, s1 [
 		for i := range s1 {
 			s1[i] = e * s0[i]
 		}
-		gemm(w.ws, true, false, P, N, l, X, CD, bw, N, s1, N, true)
-	} else {
-		gemm(w.ws, true, false, P, N, l, X, CD, bw, N, s1, N, false)
+		gemm(w.ws, true, false, P, N, l, X, P, bw, N, s1, N, true)
+		return
 	}
+	gemm(w.ws, true, false, P, N, l, X, P, bw, N, s1, N, false)
 }
 
-// segmentForward runs segment seg of head h from state init (nil: zero)
-// and leaves its final state in out (MP·DS). With chunks non-nil it also
-// stores each chunk's start state there (nil for the first chunk of a
-// root: chunks[0] is then zeros).
-func segmentForward[F Float](a *ssmArgs[F], w *ssmWork[F], h, seg int, A F, init, out, chunks []F) {
-	L, PN := a.s.Chunk, a.s.MP*a.s.DS
-	lo, hi := int(a.offs[seg]), int(a.offs[seg+1])
+// segmentForward runs segment seg of head h from init, the state at the
+// boundary ⌊A/L⌋·L before its first token (nil: zero). It writes y at its
+// own tokens (unless a.y is nil), its final state into out (unless nil),
+// its Sb (the state at the last boundary at or before its end) into sb
+// (unless nil: init when no boundary lies inside), and, with chunks
+// non-nil, each chunk's start state (zeros for a zero one).
+func segmentForward[F Float](a *ssmArgs[F], w *ssmWork[F], h, seg int, A F, init, out, sb, chunks []F) {
+	s := a.s
+	L, P, N, MHP := s.Chunk, s.MP, s.DS, s.DI()
+	PN := P * N
+	start := int(a.anc[seg])
+	E := start + int(a.offs[seg+1]-a.offs[seg])
 	cur := init
-	for c, t0 := 0, lo; t0 < hi; c, t0 = c+1, t0+L {
-		l := min(L, hi-t0)
+	wroteSb := false
+	for c, cb := 0, start/L*L; cb < E; c, cb = c+1, cb+L {
+		l, own := chunkRows(a, w, seg, cb)
+		gather(a, w, h, l, A)
 		if chunks != nil {
 			if cur == nil {
 				clear(chunks[c*PN : (c+1)*PN])
@@ -210,60 +260,94 @@ func segmentForward[F Float](a *ssmArgs[F], w *ssmWork[F], h, seg int, A F, init
 				copy(chunks[c*PN:(c+1)*PN], cur)
 			}
 		}
+		if a.y != nil {
+			chunkOutput(a, w, h, l, cur)
+			for i := own; i < l; i++ {
+				copy(a.y[int(w.rows[i])*MHP+h*P:][:P], w.gy[i*P:(i+1)*P])
+			}
+		}
+		onBoundary := cb+l == cb+L // the chunk ends on a boundary
+		if !onBoundary && out == nil {
+			break // the state inside the last chunk is wanted by no one
+		}
 		next := w.s1
-		if t0+l >= hi {
+		if onBoundary && sb != nil && cb+L+L > E { // the last boundary at or before the end
+			next = sb
+			wroteSb = true
+		} else if !onBoundary {
 			next = out
 		}
-		chunkForward(a, w, h, t0, l, A, cur, next)
-		if t0+l < hi {
-			copy(w.s0, w.s1)
-			cur = w.s0
+		chunkEndState(w, P, N, l, cur, next)
+		if onBoundary && cb+L == E && out != nil {
+			copy(out, next)
+		}
+		if onBoundary {
+			if &next[0] == &w.s1[0] {
+				copy(w.last, w.s1)
+				cur = w.last
+			} else {
+				cur = next
+			}
+		}
+	}
+	if sb != nil && !wroteSb {
+		if init == nil {
+			clear(sb)
+		} else {
+			copy(sb, init)
 		}
 	}
 }
 
-// headForward runs head h over the whole tree (preorder, the open path's
-// final states on a stack).
+// headForward runs head h over the whole tree, in preorder, the open
+// path's Sb on a stack.
 func headForward[F Float](a *ssmArgs[F], w *ssmWork[F], h int) {
 	PN := a.s.MP * a.s.DS
 	A := -F(math.Exp(float64(a.aLog[h])))
-	var path []int32 // segments on the stack
+	w.path = w.path[:0]
 	w.stack = w.stack[:0]
 	for seg := range len(a.parent) {
 		p := a.parent[seg]
-		for len(path) > 0 && path[len(path)-1] != p {
-			path = path[:len(path)-1]
-			w.stack = w.stack[:len(path)*PN]
+		for len(w.path) > 0 && w.path[len(w.path)-1] != p {
+			w.path = w.path[:len(w.path)-1]
+			w.stack = w.stack[:len(w.path)*PN]
 		}
 		var init []F
-		if p >= 0 && len(path) > 0 {
-			init = w.stack[(len(path)-1)*PN : len(path)*PN]
+		if p >= 0 && len(w.path) > 0 && a.anc[seg] >= int32(a.s.Chunk) {
+			init = w.stack[(len(w.path)-1)*PN : len(w.path)*PN]
 		}
-		out := w.leaf                    // a leaf's final state: copied out, or not needed
-		if a.ends[seg] > a.offs[seg+1] { // it has children: keep it on the path
-			n := len(path) * PN
+		var sb []F
+		if a.ends[seg] > a.offs[seg+1] { // it has children: keep its Sb on the path
+			n := len(w.path) * PN
 			w.stack = grow(w.stack, n+PN)
 			if init != nil {
 				init = w.stack[n-PN : n] // grow may have moved the stack
 			}
-			out = w.stack[n : n+PN]
-			path = append(path, int32(seg))
+			sb = w.stack[n : n+PN]
+			w.path = append(w.path, int32(seg))
 		}
-		segmentForward(a, w, h, seg, A, init, out, nil)
+		var out []F
 		if a.final != nil {
-			copy(a.final[(seg*a.s.MH+h)*PN:(seg*a.s.MH+h+1)*PN], out)
+			out = a.final[(seg*a.s.MH+h)*PN : (seg*a.s.MH+h+1)*PN]
 		}
+		segmentForward(a, w, h, seg, A, init, out, sb, nil)
 	}
 }
 
-// headBackward runs head h's backward over the whole tree: the final
-// states of the segments with children first (preorder), then every
-// segment in reverse preorder, its chunks recomputed then run backwards.
+// headBackward runs head h's backward over the whole tree: every
+// segment's Sb first (preorder), then the segments in reverse preorder,
+// each one's chunk states recomputed, its chunks run backwards.
 func headBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h int) {
 	s := a.s
-	L, PN, NS := s.Chunk, s.MP*s.DS, len(a.parent)
+	L, P, N, NS := s.Chunk, s.MP, s.DS, len(a.parent)
+	PN, CD, MH := P*N, s.CD(), s.MH
 	A := -F(math.Exp(float64(a.aLog[h])))
-	// Slots of the segments with children.
+	// Head h's gradients are accumulated: clear them first.
+	for t := range a.T {
+		clear(a.dxbc[t*CD+h*P : t*CD+(h+1)*P])
+		clear(a.dBC[(t*MH+h)*2*N : (t*MH+h+1)*2*N])
+		a.ddtRaw[t*MH+h] = 0
+	}
 	w.slot = w.slot[:0]
 	nb := 0
 	for seg := range NS {
@@ -274,8 +358,8 @@ func headBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h int) {
 			w.slot = append(w.slot, -1)
 		}
 	}
-	w.fin, w.dfin = grow(w.fin, nb*PN), grow(w.dfin, nb*PN)
-	clear(w.dfin)
+	w.sb, w.dsb = grow(w.sb, nb*PN), grow(w.dsb, nb*PN)
+	clear(w.dsb)
 	view := func(buf []F, seg int32) []F {
 		if seg < 0 || w.slot[seg] < 0 {
 			return nil
@@ -283,77 +367,99 @@ func headBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h int) {
 		k := int(w.slot[seg])
 		return buf[k*PN : (k+1)*PN]
 	}
+	initOf := func(seg int) []F {
+		if a.anc[seg] < int32(L) {
+			return nil // the boundary at position 0: a zero state
+		}
+		return view(w.sb, a.parent[seg])
+	}
 	y := a.y
 	a.y = nil // states only
 	for seg := range NS {
-		if out := view(w.fin, int32(seg)); out != nil {
-			segmentForward(a, w, h, seg, A, view(w.fin, a.parent[seg]), out, nil)
+		if sb := view(w.sb, int32(seg)); sb != nil {
+			segmentForward(a, w, h, seg, A, initOf(seg), nil, sb, nil)
 		}
 	}
-	a.y = y
 	var dA, dD, dBias F
 	for seg := NS - 1; seg >= 0; seg-- {
-		lo, hi := int(a.offs[seg]), int(a.offs[seg+1])
-		nc := (hi - lo + L - 1) / L
-		init := view(w.fin, a.parent[seg])
-		w.stack = grow(w.stack, nc*PN)
-		a.y = nil
-		segmentForward(a, w, h, seg, A, init, w.leaf, w.stack)
-		a.y = y
-		var dS1 []F
-		if d := view(w.dfin, int32(seg)); d != nil {
-			copy(w.ds1, d)
-			dS1 = w.ds1
-		}
+		start := int(a.anc[seg])
+		E := start + int(a.offs[seg+1]-a.offs[seg])
+		B0 := start / L * L
+		nc := (E - B0 + L - 1) / L
+		init := initOf(seg)
+		w.chunks = grow(w.chunks, nc*PN)
+		segmentForward(a, w, h, seg, A, init, nil, nil, w.chunks)
+		dsb := view(w.dsb, int32(seg)) // the gradient of Sb, the state at boundary sbAt
+		sbAt := E / L * L
+		var carried []F // the gradient of the state at the current chunk's end
 		for c := nc - 1; c >= 0; c-- {
-			t0 := lo + c*L
-			l := min(L, hi-t0)
-			s0 := w.stack[c*PN : (c+1)*PN]
+			cb := B0 + c*L
+			end := min(cb+L, E)
+			dS1 := carried
+			if end == sbAt && dsb != nil {
+				if dS1 == nil {
+					copy(w.ds1, dsb)
+				} else {
+					for i, v := range dsb {
+						w.ds1[i] += v
+					}
+				}
+				dS1 = w.ds1
+			}
+			s0 := w.chunks[c*PN : (c+1)*PN]
 			if c == 0 && init == nil {
 				s0 = nil
 			}
-			da, dd, db := chunkBackward(a, w, h, t0, l, A, s0, dS1, w.ds0)
+			da, dd, db := chunkBackward(a, w, h, seg, cb, A, s0, dS1)
 			dA, dD, dBias = dA+da, dD+dd, dBias+db
 			copy(w.ds1, w.ds0)
-			dS1 = w.ds1
+			carried = w.ds1
 		}
-		if d := view(w.dfin, a.parent[seg]); d != nil {
-			for i, v := range w.ds0 {
+		if B0 == sbAt && dsb != nil { // no boundary inside: Sb is the state the segment starts from
+			for i, v := range dsb {
+				carried[i] += v
+			}
+		}
+		// carried is the gradient of the boundary state before the first
+		// chunk: the parent's Sb (or the zero state at position 0).
+		if d := view(w.dsb, a.parent[seg]); d != nil && init != nil {
+			for i, v := range carried {
 				d[i] += v
 			}
 		}
 	}
+	a.y = y
 	a.ddtBias[h] += dBias
 	a.daLog[h] += dA * A // A = −exp(aLog): ∂A/∂aLog = A
 	a.dd[h] += dD
 }
 
-// chunkBackward runs the backward of the l tokens from t0 of head h, from
-// their start state s0 (nil: zero) and the gradient dS1 of their end state
-// (nil: zero): it writes dxbc's x columns of head h, the head's dB and dC
-// into dBC and ddtRaw for these tokens, the gradient of s0 into ds0, and
-// returns the chunk's terms of ∂L/∂A, ∂L/∂D and ∂L/∂dtBias.
-func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0, dS1, ds0 []F) (dA, dD, dBias F) {
+// chunkBackward runs the backward of the chunk of segment seg that starts
+// at context position cb, of head h, from its start state s0 (nil: zero)
+// and the gradient dS1 of its end state (nil: zero): it adds the chunk's
+// gradients to dxbc's x columns of head h, to the head's dB and dC in dBC
+// and to ddtRaw at the chunk's rows, writes the gradient of s0 into w.ds0,
+// and returns the chunk's terms of ∂L/∂A, ∂L/∂D and ∂L/∂dtBias.
+func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, seg, cb int, A F, s0, dS1 []F) (dA, dD, dBias F) {
 	s := a.s
 	P, N, CD, MH := s.MP, s.DS, s.CD(), s.MH
-	MHP, BC := MH*P, MH*2*N
-	g := h / (MH / s.G)
-	X := a.xbc[t0*CD+h*P:]
-	Bm := a.xbc[t0*CD+s.DI()+g*N:]
-	Cm := a.xbc[t0*CD+s.DI()+s.G*N+g*N:]
-	dY := a.dy[t0*MHP+h*P:]
-	dX := a.dxbc[t0*CD+h*P:]
-	dB := a.dBC[(t0*MH+h)*2*N:]
-	dC := a.dBC[(t0*MH+h)*2*N+N:]
-	chunkDt(a, w, h, t0, l, A)
+	MHP := MH * P
+	l, own := chunkRows(a, w, seg, cb)
+	gather(a, w, h, l, A)
+	X, Bm, Cm := w.gx[:l*P], w.gB[:l*N], w.gC[:l*N]
+	dY, dX, dB, dC := w.gdy[:l*P], w.gdx[:l*P], w.gdB[:l*N], w.gdC[:l*N]
+	clear(dY[:own*P]) // the ancestors' rows: their outputs are theirs
+	for i := own; i < l; i++ {
+		copy(dY[i*P:(i+1)*P], a.dy[int(w.rows[i])*MHP+h*P:][:P])
+	}
 	lam, dt, ddt, dl := w.lam[:l], w.dt[:l], w.ddt[:l], w.dl[:l]
 	clear(ddt)
 	clear(dl)
 	last := lam[l-1]
 	// Intra-chunk: M = G ⊙ L ⊙ dt_j with G = C·Bᵀ, dM = dY·Xᵀ; dG = dM ⊙ L ⊙ dt_j.
 	G, M, dM := w.G[:l*l], w.M[:l*l], w.dM[:l*l]
-	gemm(w.ws, false, true, l, l, N, Cm, CD, Bm, CD, G, l, false)
-	gemm(w.ws, false, true, l, l, P, dY, MHP, X, CD, dM, l, false)
+	gemm(w.ws, false, true, l, l, N, Cm, N, Bm, N, G, l, false)
+	gemm(w.ws, false, true, l, l, P, dY, P, X, P, dM, l, false)
 	for i := range l {
 		for j := range l {
 			k := i*l + j
@@ -372,29 +478,29 @@ func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0,
 		}
 	}
 	// dX = Mᵀ·dY + D·dY (+ the end state's term below); dD = Σ dY·X.
-	gemm(w.ws, true, false, l, P, l, M, l, dY, MHP, dX, CD, false)
+	gemm(w.ws, true, false, l, P, l, M, l, dY, P, dX, P, false)
 	dh := a.d[h]
 	for i := range l {
 		for p := range P {
-			dX[i*CD+p] += dh * dY[i*MHP+p]
-			dD += dY[i*MHP+p] * X[i*CD+p]
+			dX[i*P+p] += dh * dY[i*P+p]
+			dD += dY[i*P+p] * X[i*P+p]
 		}
 	}
 	// dC = dG·B (+ exp(Λ_i)·dY·S0), dB = dGᵀ·C (+ the end state's term).
-	gemm(w.ws, false, false, l, N, l, dM, l, Bm, CD, dC, BC, false)
-	gemm(w.ws, true, false, l, N, l, dM, l, Cm, CD, dB, BC, false)
+	gemm(w.ws, false, false, l, N, l, dM, l, Bm, N, dC, N, false)
+	gemm(w.ws, true, false, l, N, l, dM, l, Cm, N, dB, N, false)
 	if s0 != nil {
 		tmpN, tmpP := w.tmpN[:l*N], w.tmpP[:l*P]
-		gemm(w.ws, false, false, l, N, P, dY, MHP, s0, N, tmpN, N, false)
-		gemm(w.ws, false, true, l, P, N, Cm, CD, s0, N, tmpP, P, false)
+		gemm(w.ws, false, false, l, N, P, dY, P, s0, N, tmpN, N, false)
+		gemm(w.ws, false, true, l, P, N, Cm, N, s0, N, tmpP, P, false)
 		for i := range l {
 			e := expF(lam[i])
 			for n := range N {
-				dC[i*BC+n] += e * tmpN[i*N+n]
+				dC[i*N+n] += e * tmpN[i*N+n]
 			}
 			var dot F
 			for p := range P {
-				dot += dY[i*MHP+p] * tmpP[i*P+p]
+				dot += dY[i*P+p] * tmpP[i*P+p]
 			}
 			dl[i] += e * dot
 		}
@@ -402,18 +508,18 @@ func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0,
 	if dS1 != nil {
 		// S1 = exp(Λ_last)·S0 + Σ_j exp(Λ_last − Λ_j)·dt_j·x_j ⊗ B_j.
 		xs, bs := w.tmpN2[:l*N], w.tmpP2[:l*P]
-		gemm(w.ws, false, false, l, N, P, X, CD, dS1, N, xs, N, false) // X·dS1
-		gemm(w.ws, false, true, l, P, N, Bm, CD, dS1, N, bs, P, false) // B·dS1ᵀ
+		gemm(w.ws, false, false, l, N, P, X, P, dS1, N, xs, N, false) // X·dS1
+		gemm(w.ws, false, true, l, P, N, Bm, N, dS1, N, bs, P, false) // B·dS1ᵀ
 		for j := range l {
 			e := expF(last - lam[j])
 			wj := e * dt[j]
 			var q F
 			for n := range N {
-				q += xs[j*N+n] * Bm[j*CD+n]
-				dB[j*BC+n] += wj * xs[j*N+n]
+				q += xs[j*N+n] * Bm[j*N+n]
+				dB[j*N+n] += wj * xs[j*N+n]
 			}
 			for p := range P {
-				dX[j*CD+p] += wj * bs[j*P+p]
+				dX[j*P+p] += wj * bs[j*P+p]
 			}
 			ddt[j] += e * q
 			v := wj * q
@@ -433,20 +539,21 @@ func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0,
 	for i := range l {
 		e := expF(lam[i])
 		for n := range N {
-			ce[i*N+n] = e * Cm[i*CD+n]
+			ce[i*N+n] = e * Cm[i*N+n]
 		}
 	}
+	ds0 := w.ds0
 	if dS1 != nil {
 		e := expF(last)
 		for i, v := range dS1 {
 			ds0[i] = e * v
 		}
-		gemm(w.ws, true, false, P, N, l, dY, MHP, ce, N, ds0, N, true)
+		gemm(w.ws, true, false, P, N, l, dY, P, ce, N, ds0, N, true)
 	} else {
-		gemm(w.ws, true, false, P, N, l, dY, MHP, ce, N, ds0, N, false)
+		gemm(w.ws, true, false, P, N, l, dY, P, ce, N, ds0, N, false)
 	}
 	// Λ = cumsum(dt·A): da_j = Σ_{i≥j} dΛ_i; then through the clamp and the
-	// softplus to dtRaw.
+	// softplus to dtRaw. Scatter the rows' gradients.
 	var da F
 	lo, hi := F(s.DtMin), F(s.DtMax)
 	for j := l - 1; j >= 0; j-- {
@@ -458,8 +565,21 @@ func chunkBackward[F Float](a *ssmArgs[F], w *ssmWork[F], h, t0, l int, A F, s0,
 		} else if v := w.raw[j]; v <= 20 {
 			gr *= 1 / (1 + expF(-v))
 		}
-		a.ddtRaw[(t0+j)*MH+h] = gr
+		t := int(w.rows[j])
+		a.ddtRaw[t*MH+h] += gr
 		dBias += gr
+	}
+	for i := range l {
+		t := int(w.rows[i])
+		dx := a.dxbc[t*CD+h*P:][:P]
+		for p, v := range dX[i*P : (i+1)*P] {
+			dx[p] += v
+		}
+		bc := a.dBC[(t*MH+h)*2*N:][:2*N]
+		for n := range N {
+			bc[n] += dB[i*N+n]
+			bc[N+n] += dC[i*N+n]
+		}
 	}
 	return dA, dD, dBias
 }
@@ -532,7 +652,7 @@ func (t *ssmTask) run(w, lo, hi int) {
 			headForward(&t.a, t.work[w], h)
 		}
 	case 1:
-		a := t.a // each worker its own copy: headBackward swaps a.y
+		a := t.a // each worker its own copy: headBackward sets a.y
 		for h := lo; h < hi; h++ {
 			headBackward(&a, t.work[w], h)
 		}
@@ -551,7 +671,7 @@ func checkScan(op string, T int, s kernels.Scan) {
 // ssmSetup checks the tree and readies the task and each worker's scratch.
 func (b *Backend) ssmSetup(op string, tree kernels.Tree, T int, s kernels.Scan) (*ssmTask, bool) {
 	checkScan(op, T, s)
-	offs, parent, ends, _, ok := b.checkTree(op, tree, T)
+	offs, parent, ends, anc, ok := b.checkTree(op, tree, T)
 	if !ok {
 		return nil, false
 	}
@@ -563,7 +683,7 @@ func (b *Backend) ssmSetup(op string, tree kernels.Tree, T int, s kernels.Scan) 
 		}
 		b.ssmShape = s
 	}
-	*t = ssmTask{work: b.ssmWork, a: ssmArgs[float32]{offs: offs, parent: parent, ends: ends, T: T, s: s}}
+	*t = ssmTask{work: b.ssmWork, a: ssmArgs[float32]{offs: offs, parent: parent, ends: ends, anc: anc, T: T, s: s}}
 	return t, true
 }
 

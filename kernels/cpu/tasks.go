@@ -7,6 +7,7 @@ type tasks struct {
 	add        addTask
 	copyCols   copyColsTask
 	adamw      adamwTask
+	adamwMulti adamwMultiTask
 	sumSquares sumSquaresTask
 	embedding  embeddingTask
 	scatter    scatterTask

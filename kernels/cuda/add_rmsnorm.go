@@ -24,7 +24,8 @@ func (b *Backend) AddRMSNorm(sum, out, rstd, x, y, weight kernels.Buf, N, C int,
 		name = "add_rmsnorm_bf16"
 	}
 	defer b.lock()()
-	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(C), 0,
+	c := rw(reads(x, y, weight), sum, out, rstd).with(5*int64(N)*int64(C), normInflight(C, sum, out, x, y, weight))
+	b.launch(name, c, b.rowBlocks(N), 1, 1, normThreads(C), 0,
 		pa(sum), pa(out), pa(rstd), pa(x), pa(y), pa(weight), ia(N), ia(C), fa(eps), normVec(C, sum, out, x, y, weight))
 }
 

@@ -44,6 +44,44 @@ func checkAttention(op string, seqs kernels.Seqs, NH, NKV, HD int) {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
+// The ledger's counts of the attention kernels. The host knows T, the
+// number of sequences and the longest, not each length: the counts take
+// every sequence MaxLen long (T/MaxLen of them), exact for equal lengths
+// and an upper bound otherwise (a sum of squared lengths is at most MaxLen
+// times their sum).
+
+// rowTiles is the (query tile, key tile) pairs a causal pass over one
+// sequence of L tokens visits with R query rows and K keys a tile: query
+// tile i sees the key tiles up to its last row.
+func rowTiles(L, R, K int) int64 {
+	var n int64
+	for i := 0; i*R < L; i++ {
+		n += int64(ceilDiv(min(L, (i+1)*R), K))
+	}
+	return n
+}
+
+// keyTiles is the (key tile, query tile) pairs of a causal pass that walks,
+// for each tile of MK keys, the query tiles of NQ from its first key on.
+func keyTiles(L, MK, NQ int) int64 {
+	var n int64
+	for j := 0; j*MK < L; j++ {
+		n += int64(ceilDiv(L-j*MK, NQ))
+	}
+	return n
+}
+
+// attnFLOPs is the matrix operations of a pass over T tokens in sequences
+// of maxLen: tiles pairs per sequence of R×K tiles, gemms products of
+// (R,HD)·(HD,K) size per pair, for each of NH heads.
+func attnFLOPs(T, maxLen, NH, HD int, tiles int64, R, K, gemms int) int64 {
+	if maxLen <= 0 {
+		return 0
+	}
+	seqs := float64(T) / float64(maxLen)
+	return int64(seqs * float64(tiles) * float64(NH) * float64(gemms) * 2 * float64(R) * float64(K) * float64(HD))
+}
+
 // Tiles of the tensor-core kernels (csrc/attention.cu's TC_ROWS and the
 // key/query tiles of each head dimension) and their shared memory: tiles of
 // rows × (HD+8) bf16.
@@ -107,7 +145,8 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 			name = tcKernel(HD, "attention_fwd_tc_hd64_bf16out", "attention_fwd_tc_hd128_bf16out")
 		}
 		smem, _, _ := tcSmem(HD)
-		b.launch(name, ceilDiv(seqs.MaxLen, tcRows), seqs.S, NH, attThreads, smem,
+		c := rw(reads(q, k, v, seqs.CuSeqlens), out, lse).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, tcRows, 64), tcRows, 64, 2), 0)
+		b.launch(name, c, ceilDiv(seqs.MaxLen, tcRows), seqs.S, NH, attThreads, smem,
 			pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale*log2e), pu(b.flags))
 		return
 	}
@@ -121,7 +160,8 @@ func (b *Backend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH
 		name = "attention_fwd_bf16out"
 	}
 	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
-	b.launch(name, ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
+	c := rw(reads(q, k, v, seqs.CuSeqlens), out, lse).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, attFwdRows, attKeyTile), attFwdRows, attKeyTile, 2), 0)
+	b.launch(name, c, ceilDiv(seqs.MaxLen, attFwdRows), seqs.S, NH, attThreads, smem,
 		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }
 
@@ -157,21 +197,28 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		suffix = "_bf16"
 	}
 	// D = rowsum(dout ∘ out), which both paths read.
-	b.launch("attention_bwd_dot"+suffix, dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
+	b.launch("attention_bwd_dot"+suffix, rw(reads(dout, out)).plus(0, int64(attnDWork(T, NH))).with(2*bytesOf(out)/int64(dt.Size()), 0),
+		dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
+	in := rw(reads(dout, lse, q, k, v, seqs.CuSeqlens)).plus(int64(attnDWork(T, NH)), 0)
 	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
 		_, smemDq, smemDkdv := tcSmem(HD)
 		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
 			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
 		grid := ceilDiv(seqs.MaxLen, tcRows)
-		b.launch(tcKernel(HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"), grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
-		b.launch(tcKernel(HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128"), grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		nk, nq := tcTiles(HD)
+		cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, tcRows, nk), tcRows, nk, 3), 0)
+		cdkdv := in.plus(0, bytesOf(dk, dv)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, keyTiles(seqs.MaxLen, tcRows, nq), tcRows, nq, 4), 0)
+		b.launch(tcKernel(HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"), cdq, grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+		b.launch(tcKernel(HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128"), cdkdv, grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
 		return
 	}
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
-	b.launch("attention_bwd_dq"+suffix, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
+	cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, attDqRows, attKeyTile), attDqRows, attKeyTile, 3), 0)
+	b.launch("attention_bwd_dq"+suffix, cdq, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,
 		pa(dq), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
-	b.launch("attention_bwd_dkdv"+suffix, ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
+	cdkdv := in.plus(0, bytesOf(dk, dv)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, keyTiles(seqs.MaxLen, attDkRows, attKeyTile), attDkRows, attKeyTile, 4), 0)
+	b.launch("attention_bwd_dkdv"+suffix, cdkdv, ceilDiv(seqs.MaxLen, attDkRows), seqs.S, NKV, attThreads, smemDk,
 		pa(dk), pa(dv), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), ia(HD), fa(scale), pu(b.flags))
 }
 

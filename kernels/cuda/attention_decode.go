@@ -43,7 +43,10 @@ func (b *Backend) AttentionDecode(out, q, kc, vc, lens kernels.Buf, B, Tmax, NH,
 	if dt == kernels.BF16 {
 		name = "attention_decode_partial_bf16"
 	}
-	b.launch(name, NH, B, nsplit, 32, smem,
+	// The cache rows up to Tmax, an upper bound of those the lengths name.
+	pb := int64(decodeWork(B, NH, HD, nsplit))
+	c := rw(reads(q, kc, vc, lens)).plus(0, pb).with(4*int64(B)*int64(NH)*int64(Tmax)*int64(HD), 0)
+	b.launch(name, c, NH, B, nsplit, 32, smem,
 		pu(part), pa(q), pa(kc), pa(vc), pa(lens), ia(Tmax), ia(NH), ia(NKV), ia(HD), fa(scale), ia(split), pu(b.flags))
-	b.launch("attention_decode_combine", NH, B, 1, 32, 0, pa(out), pu(part), ia(NH), ia(HD), ia(nsplit))
+	b.launch("attention_decode_combine", rw(nil, out).plus(pb, 0), NH, B, 1, 32, 0, pa(out), pu(part), ia(NH), ia(HD), ia(nsplit))
 }

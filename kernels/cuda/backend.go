@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
 	"regexp"
 	"sort"
 	"strings"
@@ -16,7 +17,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
-//go:embed csrc/gen_*.ptx
+//go:embed csrc/gen_*.ptx csrc/gen_*.sm_90.cubin
 var ptxFiles embed.FS
 
 var entryRE = regexp.MustCompile(`\.entry\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(`)
@@ -28,12 +29,17 @@ type Backend struct {
 	d   *device
 	opt Options
 	err error
+	// logitsGiven: Options.LogitsScratch was set (SizeLogitsScratch keeps it).
+	logitsGiven bool
 
 	flags    uintptr // (1) I32: data-error bits set by kernels
 	partials uintptr // (reduceBlocks) float64: SumSquares partials
 
 	scratch map[string]scratchBuf // lazily grown work buffers, kept
 	closed  bool
+	modules []ModuleLoad // how each kernel file was loaded
+
+	led ledger // the launch ledger (StartLedger)
 }
 
 type scratchBuf struct {
@@ -64,7 +70,7 @@ func OpenBackend(opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}}
+	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}, logitsGiven: opt.LogitsScratch > 0}
 	if err := b.loadKernels(); err != nil {
 		d.close()
 		return nil, err
@@ -82,6 +88,23 @@ func OpenBackend(opt Options) (*Backend, error) {
 
 var _ kernels.Experts = (*Backend)(nil)
 
+// ModuleLoad says how one kernel file was loaded: from its sm_90 cubin
+// (machine code assembled here, committed beside the PTX: nothing to
+// compile at start), or from its PTX, which the driver compiles for the
+// device (any other compute capability, or a cubin the driver refused:
+// Err says why).
+type ModuleLoad struct {
+	File  string // csrc/gen_X.ptx
+	Cubin bool
+	Err   error // the cubin's load error, when the PTX was loaded instead
+}
+
+// cubinFile is the sm_90 cubin committed beside a PTX file.
+func cubinFile(ptx string) string { return strings.TrimSuffix(ptx, ".ptx") + ".sm_90.cubin" }
+
+// Modules says how each kernel file was loaded.
+func (b *Backend) Modules() []ModuleLoad { return append([]ModuleLoad(nil), b.modules...) }
+
 func (b *Backend) loadKernels() error {
 	names, err := fs.Glob(ptxFiles, "csrc/gen_*.ptx")
 	if err != nil {
@@ -90,7 +113,17 @@ func (b *Backend) loadKernels() error {
 	sort.Strings(names)
 	if b.opt.kernelFiles != nil {
 		names = b.opt.kernelFiles
+	} else if env := os.Getenv("TRACEGRPO_CUDA_MODULES"); env != "" {
+		names = nil
+		for _, m := range strings.Split(env, ",") {
+			n := "csrc/gen_" + strings.TrimSpace(m) + ".ptx"
+			if _, err := fs.Stat(ptxFiles, n); err != nil {
+				return fmt.Errorf("cuda: $TRACEGRPO_CUDA_MODULES names %q: no kernel file %s", m, n)
+			}
+			names = append(names, n)
+		}
 	}
+	sm90 := b.d.info.Major == 9 && b.d.info.Minor == 0 && !b.opt.PTXOnly
 	for _, n := range names {
 		text, err := ptxFiles.ReadFile(n)
 		if err != nil {
@@ -100,9 +133,20 @@ func (b *Backend) loadKernels() error {
 		for _, m := range entryRE.FindAllSubmatch(text, -1) {
 			entries = append(entries, string(m[1]))
 		}
-		if err := b.d.loadModule(n, string(text), entries); err != nil {
+		ml := ModuleLoad{File: n}
+		if sm90 {
+			if cubin, err := ptxFiles.ReadFile(cubinFile(n)); err == nil {
+				if ml.Err = b.d.loadModule(cubinFile(n), cubin, entries); ml.Err == nil {
+					ml.Cubin = true
+					b.modules = append(b.modules, ml)
+					continue
+				}
+			}
+		}
+		if err := b.d.loadModule(n, text, entries); err != nil {
 			return err
 		}
+		b.modules = append(b.modules, ml)
 	}
 	return nil
 }
@@ -148,6 +192,24 @@ func (b *Backend) ReserveWorkspace(w kernels.Workload) error {
 	}
 	b.mu.Unlock()
 	return b.Sync()
+}
+
+// SizeLogitsScratch sizes the LM head's logits scratch from the memory a
+// run's plan leaves free (LogitsScratchFor), unless Options.LogitsScratch
+// was given, and reports whether the size changed (the plan, which counts
+// the scratch, must then be made again). Call it before the first
+// TokenLogprob.
+func (b *Backend) SizeLogitsScratch(headroom int64) (elements int, changed bool) {
+	if b.logitsGiven {
+		return b.opt.LogitsScratch, false
+	}
+	el := LogitsScratchFor(headroom)
+	cur := b.opt.LogitsScratch
+	if cur == 0 {
+		cur = defaultLogitsScratch
+	}
+	b.opt.LogitsScratch = el
+	return el, el != cur
 }
 
 // PlanWorkspace is PlanWorkspace for this backend's options.
@@ -338,10 +400,11 @@ func ia(v int) uint64 {
 }
 func la(v int) uint64     { return uint64(int64(v)) }
 func fa(v float32) uint64 { return uint64(math.Float32bits(v)) }
+func da(v float64) uint64 { return math.Float64bits(v) }
 
-// launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads.
-// The caller holds b.mu.
-func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) {
+// launch queues kernel name on grid (gx,gy,gz) of 1-D blocks of bx threads;
+// c is what it moves and computes, for the ledger. The caller holds b.mu.
+func (b *Backend) launch(name string, c cost, gx, gy, gz, bx, smem int, args ...uint64) {
 	fn, ok := b.d.fns[name]
 	if !ok {
 		panic("cuda: no kernel " + name + " in the embedded PTX")
@@ -352,7 +415,36 @@ func (b *Backend) launch(name string, gx, gy, gz, bx, smem int, args ...uint64) 
 	if gy > 65535 || gz > 65535 {
 		panic(fmt.Sprintf("cuda: %s: grid (%d,%d,%d) exceeds the y/z limit 65535", name, gx, gy, gz))
 	}
+	b.led.record(Launch{Kernel: name, Kind: KindSIMT, Grid: [3]int{gx, gy, gz}, Block: bx, Smem: smem,
+		Read: c.read, Write: c.write, FLOPs: c.flops, Inflight: c.inflight})
 	b.fail("launch "+name, b.d.launch(fn, gx, gy, gz, bx, smem, args))
+}
+
+// copyDtoD queues a device-to-device copy of bytes (a ledger entry).
+func (b *Backend) copyDtoD(dst, src uintptr, bytes int) {
+	if bytes == 0 {
+		return
+	}
+	b.led.record(Launch{Kernel: "memcpy", Kind: KindCopy, Read: int64(bytes), Write: int64(bytes), Inflight: 16})
+	b.fail("cuMemcpyDtoDAsync", b.d.dtod(dst, src, bytes))
+}
+
+// StartLedger clears the launch ledger and records every launch from now
+// on, until TakeLedger.
+func (b *Backend) StartLedger() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.led = ledger{on: true}
+}
+
+// TakeLedger returns the launches recorded since StartLedger and stops
+// recording.
+func (b *Backend) TakeLedger() []Launch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.led.entries
+	b.led = ledger{}
+	return e
 }
 
 // blocks is the grid size of a grid-stride loop over n elements.
@@ -370,11 +462,11 @@ func (b *Backend) gridBlocks(n int) int {
 }
 
 // elementwise launches a grid-stride kernel over n elements.
-func (b *Backend) elementwise(name string, n int, args ...uint64) {
+func (b *Backend) elementwise(name string, c cost, n int, args ...uint64) {
 	if n == 0 {
 		return
 	}
-	b.launch(name, b.blocks(n), 1, 1, threads, 0, args...)
+	b.launch(name, c, b.blocks(n), 1, 1, threads, 0, args...)
 }
 
 func (b *Backend) lock() func() {

@@ -21,7 +21,7 @@ func (b *Backend) AddBias(out, bias kernels.Buf, T, OC int) {
 	want(out, kernels.F32, T*OC, "AddBias out")
 	want(bias, kernels.F32, OC, "AddBias bias")
 	defer b.lock()()
-	b.elementwise("add_bias", T*OC, pa(out), pa(bias), ia(T), ia(OC))
+	b.elementwise("add_bias", rw(reads(out, bias), out).with(int64(T)*int64(OC), 0), T*OC, pa(out), pa(bias), ia(T), ia(OC))
 }
 
 // BiasBackward implements kernels.Ops: dbias (OC) += Σ_t dout (T,OC), in a
@@ -43,6 +43,7 @@ func (b *Backend) BiasBackward(dbias, dout kernels.Buf, T, OC int) {
 	if partials == 0 {
 		return
 	}
-	b.launch("bias_backward_partial", tiles*chunks, 1, 1, biasThreads, 0, pu(partials), pa(dout), ia(T), ia(OC))
-	b.elementwise("bias_backward_reduce", OC, pa(dbias), pu(partials), ia(chunks), ia(OC))
+	pb := int64(biasWork(T, OC))
+	b.launch("bias_backward_partial", rw(reads(dout)).plus(0, pb).with(int64(T)*int64(OC), 0), tiles*chunks, 1, 1, biasThreads, 0, pu(partials), pa(dout), ia(T), ia(OC))
+	b.elementwise("bias_backward_reduce", rw(reads(dbias), dbias).plus(pb, 0).with(pb/4, 0), OC, pa(dbias), pu(partials), ia(chunks), ia(OC))
 }

@@ -20,12 +20,12 @@ func (b *Backend) Convert(dst, src kernels.Buf) {
 	switch {
 	case dst.DType == src.DType && (dst.DType == kernels.F32 || dst.DType == kernels.BF16):
 		if dst.N > 0 && ptr(dst) != ptr(src) {
-			b.fail("cuMemcpyDtoDAsync", b.d.dtod(ptr(dst), ptr(src), dst.N*dst.DType.Size()))
+			b.copyDtoD(ptr(dst), ptr(src), dst.N*dst.DType.Size())
 		}
 	case dst.DType == kernels.BF16 && src.DType == kernels.F32:
-		b.elementwise("f32_to_bf16", dst.N, pa(dst), pa(src), la(dst.N))
+		b.elementwise("f32_to_bf16", rw(reads(src), dst).with(0, 32), dst.N, pa(dst), pa(src), la(dst.N))
 	case dst.DType == kernels.F32 && src.DType == kernels.BF16:
-		b.elementwise("bf16_to_f32", dst.N, pa(dst), pa(src), la(dst.N))
+		b.elementwise("bf16_to_f32", rw(reads(src), dst).with(0, 16), dst.N, pa(dst), pa(src), la(dst.N))
 	default:
 		panic(fmt.Sprintf("cuda: Convert %s → %s", src.DType, dst.DType))
 	}

@@ -15,6 +15,8 @@ func (b *Backend) CopyCols(dst, src kernels.Buf, R, W, dstStride, srcStride int)
 	}
 	defer b.lock()()
 	// A block per row (striding over rows), its threads over the columns.
-	b.launch("copy_cols_"+dst.DType.String()+"_"+src.DType.String(), b.gridBlocks(min(R, 32*b.d.info.SMs)), 1, 1, threads, 0,
+	n := int64(R) * int64(W)
+	c := cost{read: n * int64(src.DType.Size()), write: n * int64(dst.DType.Size())}
+	b.launch("copy_cols_"+dst.DType.String()+"_"+src.DType.String(), c, b.gridBlocks(min(R, 32*b.d.info.SMs)), 1, 1, threads, 0,
 		pa(dst), pa(src), la(R), la(W), la(dstStride), la(srcStride))
 }

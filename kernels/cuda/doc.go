@@ -56,9 +56,10 @@
 // accumulation by Options.Matmul; BF16 operands (the kernels package's
 // bfloat16 contract) always multiply on bf16 tensor cores with fp32
 // accumulation. Attention on BF16 operands with head_dim 64 or 128 runs
-// FlashAttention-2-style kernels on mma.sync (csrc/attention.cu; P and dS
-// are rounded to bf16 as mma operands); other head dimensions widen to the
-// fp32 kernels. TokenLogprob on BF16 hidden and weight forms its fp32
+// FlashAttention-2-style kernels on mma.sync (P and dS are rounded to bf16
+// as mma operands); other head dimensions widen to the fp32 kernels. Both
+// families are csrc/attention_family.cuh's: token trees run it over their
+// segments, packed sequences as a tree of roots alone. TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //
 // The GEMMs are cublasGemmEx, not cuBLASLt: with bf16 operands and
@@ -74,6 +75,23 @@
 // block count that depends on the shape, not the device) and
 // EmbeddingBackward (each element summed in token order, bitwise equal to the
 // CPU) give the same bits on every run.
+//
+// # The launch ledger
+//
+// With StartLedger on, the backend records every kernel launch, cuBLAS GEMM
+// and device copy it queues (ledger.go): the op that queued it (the Backend
+// method the caller called), the kernel, grid, block and shared memory, the
+// bytes it reads and writes and its FLOPs. Every launch site states its
+// cost (launch's cost argument); a GEMM's follows from its shape.
+// OpenMeter opens the backend on a metering device (meter.h) on which
+// nothing runs and nothing is allocated, so a whole training step of any
+// model records its ledger on a machine without a GPU, and the roofline
+// (roofline.go: FLOPs at the matrix rate, bytes at the copy bandwidth or at
+// what the threads in flight draw, the grid's share of the SMs, from each
+// kernel's sm_90 registers and shared memory in gen_sm90.go) predicts its
+// time per op on an H200: make gpu-model. TestLedger* check the counts
+// against each op's arithmetic and, on the emulator, every launch's
+// declared writes against the device memory it really changed.
 //
 // # Testing
 //
@@ -208,12 +226,21 @@ type Options struct {
 	// down to a multiple of 32.
 	DecodeSplit int
 	// LogitsScratch caps the elements of the (T, Vc) logits chunk that
-	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB).
+	// TokenLogprob forms at once; 0 means 32 Mi elements (128 MiB) until
+	// SizeLogitsScratch sizes it from the memory a run's plan leaves free
+	// (an explicit value is kept).
 	LogitsScratch int
+
+	// PTXOnly loads every kernel file from its PTX (the driver compiles
+	// it) even on a device of compute capability 9.0, whose committed
+	// cubins load otherwise.
+	PTXOnly bool
 
 	// kernelFiles, when set, limits the embedded PTX files loaded (tests of
 	// an emulator built from some of the kernel sources).
 	kernelFiles []string
+	// meter opens the metering device (OpenMeter) instead of a driver.
+	meter bool
 	// maxBlocks, when positive, caps the grid of every grid-stride kernel
 	// (tests: the emulator's conformance run caps it low, so that every
 	// loop over rows or elements runs several times per block, and a

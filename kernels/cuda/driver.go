@@ -109,6 +109,24 @@ typedef struct {
 	              const void*, int, int, const void*, void*, int, int, int, int);
 } tg_blas;
 
+#include "meter.h"
+
+// tg_meter_driver and tg_meter_blas allocate the metering tables.
+static tg_driver* tg_meter_driver(void) {
+	tg_driver* d = calloc(1, sizeof(tg_driver));
+	tg_blas* b = calloc(1, sizeof(tg_blas));
+	tg_meter_tables(d, b);
+	free(b);
+	return d;
+}
+static tg_blas* tg_meter_blas(void) {
+	tg_driver* d = calloc(1, sizeof(tg_driver));
+	tg_blas* b = calloc(1, sizeof(tg_blas));
+	tg_meter_tables(d, b);
+	free(d);
+	return b;
+}
+
 static const tg_sym tg_blas_syms[] = {
 	{"cublasCreate_v2", offsetof(tg_blas, create)},
 	{"cublasDestroy_v2", offsetof(tg_blas, destroy)},
@@ -731,8 +749,11 @@ type device struct {
 const maxArgs = 32
 
 func openDevice(opt Options) (*device, error) {
-	dr, err := openDriver(opt.DriverLib)
-	if err != nil {
+	var dr *driver
+	var err error
+	if opt.meter {
+		dr = &driver{path: meterPath, d: C.tg_meter_driver()}
+	} else if dr, err = openDriver(opt.DriverLib); err != nil {
 		return nil, err
 	}
 	info, dev, err := dr.deviceInfo(opt.Device)
@@ -742,8 +763,10 @@ func openDevice(opt Options) (*device, error) {
 	if info.Major < 8 {
 		return nil, fmt.Errorf("cuda: %s has compute capability %d.%d; the kernels need 8.0 or newer", info.Name, info.Major, info.Minor)
 	}
-	bl, err := openBlas(opt.BlasLib, info.DriverVersion)
-	if err != nil {
+	var bl *blasLib
+	if opt.meter {
+		bl = &blasLib{path: meterPath, b: C.tg_meter_blas()}
+	} else if bl, err = openBlas(opt.BlasLib, info.DriverVersion); err != nil {
 		return nil, err
 	}
 	info.BlasPath = bl.path
@@ -766,13 +789,14 @@ func openDevice(opt Options) (*device, error) {
 	return d, nil
 }
 
-// loadModule JIT-compiles one PTX text and resolves the given entry points.
-func (d *device) loadModule(file, ptx string, entries []string) error {
-	img := C.CString(ptx) // NUL-terminated copy in C memory
-	defer C.free(unsafe.Pointer(img))
+// loadModule loads one module image, PTX text (which the driver compiles
+// for the device) or a cubin, and resolves the given entry points.
+func (d *device) loadModule(file string, image []byte, entries []string) error {
+	img := C.CBytes(append(image[:len(image):len(image)], 0)) // a copy in C memory, NUL-terminated for PTX
+	defer C.free(img)
 	var log [4096]C.char
 	var mod unsafe.Pointer
-	if code := C.tg_module_load(d.dr.d, d.ctx, img, &mod, &log[0], C.size_t(len(log))); code != 0 {
+	if code := C.tg_module_load(d.dr.d, d.ctx, (*C.char)(img), &mod, &log[0], C.size_t(len(log))); code != 0 {
 		return fmt.Errorf("cuda: load %s: %s\n%s", file, d.dr.errText(code), C.GoString(&log[0]))
 	}
 	d.mods = append(d.mods, mod)

@@ -23,7 +23,9 @@ func (b *Backend) Embedding(out, wte, tokens kernels.Buf, T, C int) {
 	want(out, kernels.F32, T*C, "Embedding out")
 	want(tokens, kernels.I32, T, "Embedding tokens")
 	defer b.lock()()
-	b.elementwise("embedding_fwd", T*C, pa(out), pa(wte), pa(tokens), ia(T), ia(C), ia(V), pu(b.flags))
+	// The rows of wte the tokens name (at most T of them) and the tokens.
+	c := rw(reads(tokens), out).plus(int64(T)*int64(C)*4, 0)
+	b.elementwise("embedding_fwd", c, T*C, pa(out), pa(wte), pa(tokens), ia(T), ia(C), ia(V), pu(b.flags))
 }
 
 // embedBwdBuckets is the number of vocabulary buckets (v mod K) the
@@ -40,6 +42,11 @@ func (b *Backend) EmbeddingBackward(dwte, dout, tokens kernels.Buf, T, C int) {
 		return
 	}
 	defer b.lock()()
-	b.launch("embedding_bwd", (C+threads-1)/threads, min(V, embedBwdBuckets), 1, threads, 0,
+	// Each block scans the tokens; dout is read once, and the rows of dwte
+	// the tokens name (at most T) read and written.
+	bx, by := (C+threads-1)/threads, min(V, embedBwdBuckets)
+	rows := int64(min(T, V)) * int64(C) * 4
+	c := rw(reads(dout)).plus(int64(bx*by)*int64(T)*4+rows, rows).with(int64(T)*int64(C), 0)
+	b.launch("embedding_bwd", c, bx, by, 1, threads, 0,
 		pa(dwte), pa(dout), pa(tokens), ia(T), ia(C), ia(V))
 }

@@ -356,3 +356,42 @@ func TestMemInfo(t *testing.T) {
 		t.Errorf("a 4 MiB allocation lowered free memory by %d bytes", free0-free1)
 	}
 }
+
+// TestCubinLoadEmu: on a device of compute capability 9.0 (the emulator
+// reporting it) every kernel file loads from its committed sm_90 cubin,
+// whose symbols the emulator checks against the kernels resolved from it,
+// and the ops run; on 8.0, and with Options.PTXOnly, every file loads from
+// its PTX.
+func TestCubinLoadEmu(t *testing.T) {
+	for _, c := range []struct {
+		cc      string
+		ptxOnly bool
+		cubin   bool
+	}{{"90", false, true}, {"90", true, false}, {"80", false, false}} {
+		t.Run(fmt.Sprintf("cc=%s ptxonly=%v", c.cc, c.ptxOnly), func(t *testing.T) {
+			t.Setenv("TRACEGRPO_EMU_CC", c.cc)
+			b := emuBackend(t, Options{PTXOnly: c.ptxOnly})
+			mods := b.Modules()
+			gens, _ := filepath.Glob("csrc/gen_*.ptx")
+			if len(mods) != len(gens) {
+				t.Fatalf("%d modules loaded, %d kernel files", len(mods), len(gens))
+			}
+			for _, m := range mods {
+				if m.Cubin != c.cubin || m.Err != nil {
+					t.Errorf("%s: cubin %v (%v), want cubin %v", m.File, m.Cubin, m.Err, c.cubin)
+				}
+			}
+			x, _ := b.Alloc(F32, 1000)
+			defer b.Free(x)
+			out, _ := b.Alloc(F32, 1)
+			defer b.Free(out)
+			b.Fill(x, 3)
+			b.SumSquares(out, x)
+			got := make([]float32, 1)
+			b.DownloadF32(got, out)
+			if err := b.Sync(); err != nil || got[0] != 9000 {
+				t.Fatalf("SumSquares of 1000 × 3 = %v, %v; want 9000", got[0], err)
+			}
+		})
+	}
+}

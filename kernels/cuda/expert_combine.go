@@ -18,7 +18,7 @@ func (b *Backend) ExpertCombine(out, y, weights, slot kernels.Buf, T, K, C int) 
 		return
 	}
 	defer b.lock()()
-	b.launch("expert_combine", b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(out), pa(y), pa(weights), pa(slot), ia(T), ia(K), ia(C))
+	b.launch("expert_combine", rw(reads(y, weights, slot), out).with(2*int64(N)*int64(C), 0), b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(out), pa(y), pa(weights), pa(slot), ia(T), ia(K), ia(C))
 }
 
 // ExpertCombineBackward implements kernels.Experts: dy (N,C) = (F32|BF16)
@@ -42,7 +42,7 @@ func (b *Backend) ExpertCombineBackward(dy, dweights, dout, y, weights, order, s
 	}
 	defer b.lock()()
 	if C > 0 {
-		b.launch(name, b.rowBlocks(N), 1, 1, normThreads(C*8), 0, pa(dy), pa(dout), pa(weights), pa(order), ia(T), ia(K), ia(C))
+		b.launch(name, rw(reads(weights, order), dy).plus(int64(N)*int64(C)*4, 0).with(int64(N)*int64(C), 0), b.rowBlocks(N), 1, 1, normThreads(C*8), 0, pa(dy), pa(dout), pa(weights), pa(order), ia(T), ia(K), ia(C))
 	}
-	b.launch("expert_combine_bwd_dw", b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(dweights), pa(dout), pa(y), pa(slot), ia(T), ia(K), ia(C))
+	b.launch("expert_combine_bwd_dw", rw(reads(y, slot), dweights).plus(int64(N)*int64(C)*4, 0).with(2*int64(N)*int64(C), 0), b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(dweights), pa(dout), pa(y), pa(slot), ia(T), ia(K), ia(C))
 }

@@ -20,7 +20,7 @@ func (b *Backend) ExpertGather(dst, src, order kernels.Buf, T, K, C int) {
 	}
 	name := gatherKernels[[2]kernels.DType{dst.DType, src.DType}]
 	defer b.lock()()
-	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(C*8), 0, pa(dst), pa(src), pa(order), ia(T), ia(K), ia(C))
+	b.launch(name, rw(reads(order), dst).plus(int64(N)*int64(C)*int64(src.DType.Size()), 0), b.rowBlocks(N), 1, 1, normThreads(C*8), 0, pa(dst), pa(src), pa(order), ia(T), ia(K), ia(C))
 }
 
 // gatherKernels names ExpertGather's kernel by (dst, src) dtype.
@@ -40,5 +40,5 @@ func (b *Backend) ExpertGatherBackward(dsrc, ddst, slot kernels.Buf, T, K, C int
 		return
 	}
 	defer b.lock()()
-	b.launch("expert_gather_bwd", b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(dsrc), pa(ddst), pa(slot), ia(T), ia(K), ia(C))
+	b.launch("expert_gather_bwd", rw(reads(ddst, slot), dsrc).with(int64(N)*int64(C), 0), b.rowBlocks(T), 1, 1, normThreads(C*8), 0, pa(dsrc), pa(ddst), pa(slot), ia(T), ia(K), ia(C))
 }

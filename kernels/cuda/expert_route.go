@@ -30,6 +30,7 @@ func (b *Backend) ExpertRoute(offsets, order, slot, experts kernels.Buf, T, K, E
 	if counts == 0 {
 		return
 	}
-	b.launch("expert_count", E, 1, 1, routeThreads, 0, pu(counts), pa(experts), ia(N), ia(E), pu(b.flags))
-	b.launch("expert_place", E, 1, 1, routeThreads, 0, pa(offsets), pa(order), pa(slot), pu(counts), pa(experts), ia(N), ia(E))
+	// Each of E blocks scans the N expert ids.
+	b.launch("expert_count", rw(nil).plus(int64(E)*bytesOf(experts), int64(4*E)), E, 1, 1, routeThreads, 0, pu(counts), pa(experts), ia(N), ia(E), pu(b.flags))
+	b.launch("expert_place", rw(nil, offsets, order, slot).plus(int64(E)*bytesOf(experts)+int64(4*E), 0), E, 1, 1, routeThreads, 0, pa(offsets), pa(order), pa(slot), pu(counts), pa(experts), ia(N), ia(E))
 }

@@ -50,7 +50,9 @@ func (b *Backend) GroupedMatmul(out, inp, weight, offsets kernels.Buf, N, C, OC,
 	}
 	name := groupedFwdKernels[[2]kernels.DType{dt, out.DType}]
 	defer b.lock()()
-	b.launch(name, rowTileSlots(N, E), (OC+groupedTile-1)/groupedTile, 1, groupedThreads, 0,
+	// Each expert's weight read once (an upper bound: E·OC·C), the rows once.
+	c := rw(reads(inp, weight, offsets), out).with(2*int64(N)*int64(C)*int64(OC), 0)
+	b.launch(name, c, rowTileSlots(N, E), (OC+groupedTile-1)/groupedTile, 1, groupedThreads, 0,
 		pa(out), pa(inp), pa(weight), pa(offsets), ia(N), ia(C), ia(OC), ia(E))
 }
 
@@ -79,14 +81,16 @@ func (b *Backend) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offset
 	if dinp.N != 0 {
 		want(weight, dt, E*OC*C, "GroupedMatmulBackward weight")
 		want(dinp, kernels.F32, N*C, "GroupedMatmulBackward dinp")
-		b.launch("grouped_dinp"+suffix, rowTileSlots(N, E), (C+groupedTile-1)/groupedTile, 1, groupedThreads, 0,
+		c := rw(reads(dout, weight, offsets, dinp), dinp).with(2*int64(N)*int64(C)*int64(OC), 0)
+		b.launch("grouped_dinp"+suffix, c, rowTileSlots(N, E), (C+groupedTile-1)/groupedTile, 1, groupedThreads, 0,
 			pa(dinp), pa(dout), pa(weight), pa(offsets), ia(N), ia(C), ia(OC), ia(E))
 	}
 	if dweight.N != 0 {
 		want(inp, dt, N*C, "GroupedMatmulBackward inp")
 		want(dweight, kernels.F32, E*OC*C, "GroupedMatmulBackward dweight")
 		tiles := ((OC + groupedTile - 1) / groupedTile) * ((C + groupedTile - 1) / groupedTile)
-		b.launch("grouped_dw"+suffix, tiles, E, 1, groupedThreads, 0,
+		c := rw(reads(dout, inp, offsets, dweight), dweight).with(2*int64(N)*int64(C)*int64(OC), 0)
+		b.launch("grouped_dw"+suffix, c, tiles, E, 1, groupedThreads, 0,
 			pa(dweight), pa(dout), pa(inp), pa(offsets), ia(N), ia(C), ia(OC))
 	}
 }

@@ -40,6 +40,7 @@ func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, dt kernels.DType
 	}
 	if k == 0 {
 		if beta == 0 {
+			b.led.record(Launch{Kernel: "memset", Kind: KindCopy, Write: int64(m) * int64(n) * int64(ct.Size()), Inflight: 16})
 			for j := 0; j < n; j++ {
 				if ct == kernels.BF16 {
 					b.fail("cuMemsetD8Async", b.d.memset8(Cp+uintptr(2*j*ldc), 0, 2*m))
@@ -64,15 +65,35 @@ func (b *Backend) gemm(ta, tb bool, m, n, k int, alpha float32, dt kernels.DType
 		}
 		at, bt = cudaR16BF, cudaR16BF
 	}
+	abType := kernels.F32
+	if at == cudaR16BF {
+		abType = kernels.BF16
+	}
+	b.recordGemm(GemmCall{TransA: ta, TransB: tb, M: m, N: n, K: k, AB: abType, C: ct, Beta: beta})
 	b.failBlas(fmt.Sprintf("cublasGemmEx %dx%dx%d", m, n, k),
 		b.d.gemm(ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, Cp, cType, ldc, compute))
+}
+
+// recordGemm puts a GEMM in the ledger: 2·m·n·k operations; A and B read
+// once, C written (and read too when beta is not 0).
+func (b *Backend) recordGemm(g GemmCall) {
+	if !b.led.on {
+		return
+	}
+	m, n, k := int64(g.M), int64(g.N), int64(g.K)
+	ab, c := int64(g.AB.Size()), int64(g.C.Size())
+	read := (m*k + k*n) * ab
+	if g.Beta != 0 {
+		read += m * n * c
+	}
+	b.led.record(Launch{Kernel: "gemm", Kind: KindGEMM, Read: read, Write: m * n * c, FLOPs: 2 * m * n * k, Inflight: 16, GEMM: &g})
 }
 
 // toBF16 casts n floats at src into the named scratch buffer.
 func (b *Backend) toBF16(name string, src uintptr, n int) uintptr {
 	dst := b.work(name, 2*n)
 	if dst != 0 {
-		b.elementwise("f32_to_bf16", n, pu(dst), pu(src), la(n))
+		b.elementwise("f32_to_bf16", cost{read: 4 * int64(n), write: 2 * int64(n), inflight: 32}, n, pu(dst), pu(src), la(n))
 	}
 	return dst
 }

@@ -95,8 +95,8 @@ func mmaLayoutCheck(t *testing.T, b *Backend, seed uint64) string {
 	b.UploadF32(c, C)
 	func() {
 		defer b.lock()()
-		b.launch("mma_selftest_frag", 1, 1, 1, 32, 0, pa(d), pa(a), pa(bt), pa(c))
-		b.launch("mma_selftest_ldmatrix", 1, 1, 1, 32, 0, pa(d1), pa(d2), pa(a), pa(bt), pa(bb), pa(c))
+		b.launch("mma_selftest_frag", cost{}, 1, 1, 1, 32, 0, pa(d), pa(a), pa(bt), pa(c))
+		b.launch("mma_selftest_ldmatrix", cost{}, 1, 1, 1, 32, 0, pa(d1), pa(d2), pa(a), pa(bt), pa(bb), pa(c))
 	}()
 	var msgs []string
 	for _, r := range []struct {
@@ -147,7 +147,7 @@ func TestMMAAccumulatesFP32Emu(t *testing.T) {
 	b.UploadF32(c, C)
 	func() {
 		defer b.lock()()
-		b.launch("mma_selftest_frag", 1, 1, 1, 32, 0, pa(d), pa(a), pa(bt), pa(c))
+		b.launch("mma_selftest_frag", cost{}, 1, 1, 1, 32, 0, pa(d), pa(a), pa(bt), pa(c))
 	}()
 	got := make([]float32, 128)
 	b.DownloadF32(got, d)

@@ -140,10 +140,13 @@ func TestNCCLWorldOfOneEmu(t *testing.T) {
 		t.Errorf("ShareID called %d times, want 1", shared)
 	}
 	// Rank 0 of two whose partner never comes fails in ncclCommInitRank
-	// (the fake's bounded wait), named with NCCL's own message.
+	// (the fake's bounded wait), named with NCCL's own message. The id is
+	// this process's own: the fake's shared-memory segment is named by it,
+	// and a test binary run at the same time on the machine (another
+	// checkout's) must not be the partner.
 	os.Unsetenv("NCCL_COMM_ID")
 	t.Setenv("FAKENCCL_TIMEOUT_MS", "300")
-	_, err = OpenNCCL(b, NCCLOptions{Lib: emu.nccl, Rank: 0, Size: 2, CommID: "h:1"})
+	_, err = OpenNCCL(b, NCCLOptions{Lib: emu.nccl, Rank: 0, Size: 2, CommID: fmt.Sprintf("h:%d", os.Getpid())})
 	if err == nil || !strings.Contains(err.Error(), "ncclCommInitRank (rank 0 of 2") || !strings.Contains(err.Error(), "waited 300 ms for the other ranks") {
 		t.Errorf("two ranks on the fake NCCL, one missing: %v", err)
 	}

@@ -29,13 +29,17 @@ func (b *Backend) ropeBlocks(T, H int) int {
 	return b.gridBlocks(max(1, min(ceilDiv(T*H, threads/32), 32*b.d.info.SMs)))
 }
 
+// ropeTableBytes is the cos and sin rows T positions read: at most T rows
+// of HD/2 each (the rows of the positions present, shared by the heads).
+func ropeTableBytes(T, HD int) int64 { return 2 * int64(T) * int64(HD/2) * 4 }
+
 func (b *Backend) rope(op string, x, pos, cos, sin kernels.Buf, T, H, HD int, sign float32) {
 	P := ropeCheck(op, x, pos, cos, sin, T, H, HD)
 	if T*H == 0 {
 		return
 	}
 	defer b.lock()()
-	b.launch("rope", b.ropeBlocks(T, H), 1, 1, threads, 0, pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), fa(sign), pu(b.flags))
+	b.launch("rope", rw(reads(x, pos), x).plus(ropeTableBytes(T, HD), 0).with(3*int64(T)*int64(H)*int64(HD), 0), b.ropeBlocks(T, H), 1, 1, threads, 0, pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), fa(sign), pu(b.flags))
 }
 
 // Rope implements kernels.Ops: x (T,H,HD) rotated in place by pos (T) with
@@ -63,7 +67,7 @@ func (b *Backend) RopeConvert(out, x, pos, cos, sin kernels.Buf, T, H, HD int) {
 		name = "rope_bf16out"
 	}
 	defer b.lock()()
-	b.launch(name, b.ropeBlocks(T, H), 1, 1, threads, 0, pa(out), pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), pu(b.flags))
+	b.launch(name, rw(reads(x, pos), out).plus(ropeTableBytes(T, HD), 0).with(3*int64(T)*int64(H)*int64(HD), 0), b.ropeBlocks(T, H), 1, 1, threads, 0, pa(out), pa(x), pa(pos), pa(cos), pa(sin), ia(T), ia(H), ia(HD), ia(P), pu(b.flags))
 }
 
 var _ kernels.RopeConverter = (*Backend)(nil)

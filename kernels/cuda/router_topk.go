@@ -51,7 +51,7 @@ func (b *Backend) RouterTopK(probs, weights, experts, logits kernels.Buf, T, E i
 		return
 	}
 	defer b.lock()()
-	b.launch("router_topk_fwd", b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
+	b.launch("router_topk_fwd", rw(reads(logits), probs, weights, experts).with(8*int64(T)*int64(E), 0), b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
 		pa(probs), pa(weights), pa(experts), pa(logits), ia(T), ia(E), ia(r.K), boolArg(r.Norm))
 }
 
@@ -79,6 +79,7 @@ func (b *Backend) RouterTopKBackward(dlogits, dweights, probs, weights, experts,
 		name = "router_topk_bwd_bf16"
 	}
 	defer b.lock()()
-	b.launch(name, b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
+	c := rw(reads(dweights, probs, weights, experts, dprobs), dlogits).with(8*int64(T)*int64(E), 0)
+	b.launch(name, c, b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
 		pa(dlogits), pa(dweights), pa(probs), pa(weights), pa(experts), dp, ia(T), ia(E), ia(r.K), boolArg(r.Norm))
 }

@@ -37,7 +37,9 @@ func (b *Backend) SampleTokens(tokens, logprobs, logits, u kernels.Buf, B, V int
 		invTemp = 1 / p.Temperature
 	}
 	defer b.lock()()
-	b.launch("sample_tokens", B, 1, 1, filterThreads, 0,
+	// Each row's logits, read a few times (the selection's passes):
+	// counted once.
+	b.launch("sample_tokens", rw(reads(logits, u), tokens, logprobs).with(8*int64(B)*int64(V), 0), B, 1, 1, filterThreads, 0,
 		pa(tokens), pa(logprobs), pa(logits), pa(u), ia(V), fa(p.Temperature), fa(invTemp), ia(f.TopK), ia(onP), fa(f.Threshold()))
 }
 

@@ -25,7 +25,8 @@ func (b *Backend) ScatterRows(dst, src, idx kernels.Buf, N, W int) {
 	}
 	name := scatterKernels[[2]kernels.DType{dst.DType, src.DType}]
 	defer b.lock()()
-	b.launch(name, b.rowBlocks(N), 1, 1, normThreads(W*8), 0, pa(dst), pa(src), pa(idx), ia(N), ia(W), ia(dst.N/W), pu(b.flags))
+	c := rw(reads(src, idx)).plus(0, int64(N)*int64(W)*int64(dst.DType.Size()))
+	b.launch(name, c, b.rowBlocks(N), 1, 1, normThreads(W*8), 0, pa(dst), pa(src), pa(idx), ia(N), ia(W), ia(dst.N/W), pu(b.flags))
 }
 
 // scatterKernels names ScatterRows' kernel by (dst, src) dtype (built once:

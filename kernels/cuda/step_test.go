@@ -157,7 +157,7 @@ func tinyStepPrec(t *testing.T, be kernels.Backend, variant string, random bool,
 		t.Fatal(err)
 	}
 	defer be.Free(mom)
-	be.AdamW(m.Params(), m.Grads(), mom.Slice(0, total), mom.Slice(total, total), kernels.NewAdamWStep(1e-3, 0.9, 0.999, 1e-6, 0.01, 1, 1))
+	be.AdamW(m.Params(), m.Grads(), mom.Slice(0, total), mom.Slice(total, total), kernels.NewAdamWStep(kernels.TorchAdamW, 1e-3, 0.9, 0.999, 1e-6, 0.01, 1, 1))
 	res.params = m.ParamsHost()
 	if err := be.Sync(); err != nil {
 		t.Fatal(err)

@@ -18,3 +18,6 @@ func Libraries(Options) []LibraryChoice { return []LibraryChoice{{Name: "CUDA", 
 
 // OpenNCCL reports that CUDA is not built in.
 func OpenNCCL(kernels.Backend, NCCLOptions) (collective.Comm, error) { return nil, ErrNotBuilt }
+
+// OpenMeter reports that CUDA is not built in.
+func OpenMeter(Options) (kernels.Backend, error) { return nil, ErrNotBuilt }

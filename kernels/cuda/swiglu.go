@@ -16,7 +16,8 @@ func (b *Backend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	want(up, dt, N, "SwiGLU up")
 	name := swigluKernels[[2]kernels.DType{dt, out.DType}]
 	defer b.lock()()
-	b.elementwise(name, N, pa(out), pa(gate), pa(up), la(N))
+	// Two 8-element loads a thread a step (csrc/swiglu.cu).
+	b.elementwise(name, rw(reads(gate, up), out).with(8*int64(N), 16*dt.Size()), N, pa(out), pa(gate), pa(up), la(N))
 }
 
 // SwiGLUBackward implements kernels.Ops: dgate (N) =, dup (N) =. gate, up
@@ -33,7 +34,7 @@ func (b *Backend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) 
 		name = "swiglu_bwd_bf16"
 	}
 	defer b.lock()()
-	b.elementwise(name, N, pa(dgate), pa(dup), pa(dout), pa(gate), pa(up), la(N))
+	b.elementwise(name, rw(reads(dout, gate, up), dgate, dup).with(12*int64(N), 32+16*dt.Size()), N, pa(dgate), pa(dup), pa(dout), pa(gate), pa(up), la(N))
 }
 
 // swigluKernels names SwiGLU's kernel by (operand, output) dtype.

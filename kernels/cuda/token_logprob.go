@@ -48,15 +48,17 @@ func (b *Backend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets ke
 	if logits == 0 || state == 0 {
 		return
 	}
-	b.elementwise("logprob_init", T, pu(state), ia(T))
+	b.elementwise("logprob_init", cost{write: 16 * int64(T)}, T, pu(state), ia(T))
 	for v0 := 0; v0 < V; v0 += Vc {
 		vc := min(Vc, V-v0)
 		wc := ptr(weight) + uintptr(dt.Size()*v0*C)
 		b.gemm(true, false, vc, T, C, invTemp, dt, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
-		b.launch("logprob_chunk", b.rowBlocks(T), 1, 1, threads, 0,
+		// The chunk's logits, the targets and each row's running state.
+		c := rw(reads(targets)).plus(4*int64(T)*int64(vc)+16*int64(T), 16*int64(T)).with(6*int64(T)*int64(vc), 0)
+		b.launch("logprob_chunk", c, b.rowBlocks(T), 1, 1, threads, 0,
 			pu(state), pu(logits), pa(targets), ia(T), ia(vc), ia(v0), ia(V))
 	}
-	b.elementwise("logprob_finish", T, pa(logprob), pa(entropy), pa(lse), pu(state), pa(targets), ia(T), ia(V), pu(b.flags))
+	b.elementwise("logprob_finish", rw(reads(targets), logprob, entropy, lse).plus(16*int64(T), 0), T, pa(logprob), pa(entropy), pa(lse), pu(state), pa(targets), ia(T), ia(V), pu(b.flags))
 }
 
 // TokenLogprobBackward implements kernels.Ops: dhidden (T,C) +=, dweight (V,C) +=.
@@ -92,7 +94,9 @@ func (b *Backend) TokenLogprobBackward(dhidden, dweight, dlogprob, hidden, weigh
 		vc := min(Vc, V-v0)
 		wc := ptr(weight) + uintptr(dt.Size()*v0*C)
 		b.gemm(true, false, vc, T, C, invTemp, dt, wc, C, vc*C, ptr(hidden), C, T*C, 0, kernels.F32, logits, vc)
-		b.launch(kernel, b.rowBlocks(T), 1, 1, threads, 0,
+		// The chunk's logits read, dz written (fp32 in place, or bf16).
+		c := rw(reads(lse, dlogprob, targets)).plus(4*int64(T)*int64(vc), int64(T)*int64(vc)*int64(dt.Size())).with(4*int64(T)*int64(vc), 0)
+		b.launch(kernel, c, b.rowBlocks(T), 1, 1, threads, 0,
 			pu(dz), pu(logits), pa(lse), pa(dlogprob), pa(targets), ia(T), ia(vc), ia(v0), ia(V), fa(invTemp))
 		if dhidden.N != 0 {
 			b.gemm(false, false, C, T, vc, 1, dt, wc, C, vc*C, dz, vc, T*vc, 1, kernels.F32, ptr(dhidden), C)
@@ -131,7 +135,10 @@ func (b *Backend) TokenLogprobFiltered(o kernels.HeadOut, hidden, weight, target
 	for r0 := 0; r0 < T; r0 += Tr {
 		n := min(Tr, T-r0)
 		b.gemm(true, false, V, n, C, invTemp, dt, ptr(weight), C, V*C, ptr(hidden)+uintptr(dt.Size()*r0*C), C, n*C, 0, kernels.F32, logits, V)
-		b.launch("logprob_filter_fwd", n, 1, 1, filterThreads, 0,
+		// Each row's logits (read by the selection's passes: counted once),
+		// its target, and the row's seven results.
+		c := cost{read: 4*int64(n)*int64(V) + 4*int64(n), write: 28 * int64(n), flops: 8 * int64(n) * int64(V)}
+		b.launch("logprob_filter_fwd", c, n, 1, 1, filterThreads, 0,
 			pa(o.Logprob), pa(o.Entropy), pa(o.LSE), pa(o.LogprobFull), pa(o.LSEFull), pa(o.Cut),
 			pu(logits), pa(targets), ia(r0), ia(V), ia(f.TopK), ia(onP), fa(f.Threshold()), pu(b.flags))
 	}
@@ -176,7 +183,8 @@ func (b *Backend) TokenLogprobFilteredBackward(dhidden, dweight, dlogprob, dlogp
 		n := min(Tr, T-r0)
 		hc := ptr(hidden) + uintptr(dt.Size()*r0*C)
 		b.gemm(true, false, V, n, C, invTemp, dt, ptr(weight), C, V*C, hc, C, n*C, 0, kernels.F32, logits, V)
-		b.launch(kernel, n, 1, 1, filterThreads, 0,
+		c := cost{read: 4*int64(n)*int64(V) + 28*int64(n), write: int64(n) * int64(V) * int64(dt.Size()), flops: 4 * int64(n) * int64(V)}
+		b.launch(kernel, c, n, 1, 1, filterThreads, 0,
 			pu(dz), pu(logits), pa(o.LSE), pa(o.LSEFull), pa(o.Cut), pa(dlogprob), dfull, pa(targets), ia(r0), ia(V), fa(invTemp))
 		if dhidden.N != 0 {
 			b.gemm(false, false, C, n, V, 1, dt, ptr(weight), C, V*C, dz, V, n*V, 1, kernels.F32, ptr(dhidden)+uintptr(4*r0*C), C)

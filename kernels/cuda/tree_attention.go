@@ -37,8 +37,15 @@ func checkTreeShape(op string, tree kernels.Tree, NH, NKV, HD int) {
 
 // treeCheck queues tree_check for a stream of T tokens. The caller holds b.mu.
 func (b *Backend) treeCheck(tree kernels.Tree, T int) {
-	b.launch("tree_check", max(1, min(ceilDiv(tree.NS, threads), 32*b.d.info.SMs)), 1, 1, threads, 0,
+	b.launch("tree_check", rw(reads(tree.Offs, tree.Parent, tree.Ends)), max(1, min(ceilDiv(tree.NS, threads), 32*b.d.info.SMs)), 1, 1, threads, 0,
 		pa(tree.Offs), pa(tree.Parent), pa(tree.Ends), ia(tree.NS), ia(T), ia(tree.MaxLen), ia(tree.MaxCtx), pu(b.flags))
+}
+
+// treeFLOPs bounds the matrix operations of a tree pass over T tokens:
+// every query sees at most MaxCtx keys (its ancestors' and its own
+// segment's), gemms products per (query, key) pair of 2·HD each, NH heads.
+func treeFLOPs(T, maxCtx, NH, HD, gemms int) int64 {
+	return int64(T) * int64(maxCtx) * int64(NH) * int64(gemms) * 2 * int64(HD)
 }
 
 // TreeAttention implements kernels.Ops: out (T,NH,HD) =, lse (T,NH) =.
@@ -65,7 +72,8 @@ func (b *Backend) TreeAttention(out, lse, q, k, v kernels.Buf, tree kernels.Tree
 			name = tcKernel(HD, "tree_fwd_tc_hd64_bf16out", "tree_fwd_tc_hd128_bf16out")
 		}
 		smem, _, _ := tcSmem(HD)
-		b.launch(name, ceilDiv(tree.MaxLen, tcRows), tree.NS, NH, attThreads, smem,
+		c := rw(reads(q, k, v, tree.Offs, tree.Parent), out, lse).with(treeFLOPs(T, tree.MaxCtx, NH, HD, 2), 0)
+		b.launch(name, c, ceilDiv(tree.MaxLen, tcRows), tree.NS, NH, attThreads, smem,
 			pa(out), pa(lse), pa(q), pa(k), pa(v), pa(tree.Offs), pa(tree.Parent), ia(T), ia(NH), ia(NKV), fa(scale*log2e))
 		return
 	}
@@ -79,7 +87,8 @@ func (b *Backend) TreeAttention(out, lse, q, k, v kernels.Buf, tree kernels.Tree
 		name = "tree_fwd_f32_bf16out"
 	}
 	smem := 4 * (attFwdRows*HD + attKeyTile*(HD+1) + attKeyTile*HD)
-	b.launch(name, ceilDiv(tree.MaxLen, attFwdRows), tree.NS, NH, attThreads, smem,
+	c := rw(reads(q, k, v, tree.Offs, tree.Parent), out, lse).with(treeFLOPs(T, tree.MaxCtx, NH, HD, 2), 0)
+	b.launch(name, c, ceilDiv(tree.MaxLen, attFwdRows), tree.NS, NH, attThreads, smem,
 		pa(out), pa(lse), pa(q), pa(k), pa(v), pa(tree.Offs), pa(tree.Parent), ia(T), ia(NH), ia(NKV), ia(HD), fa(scale))
 }
 
@@ -117,19 +126,23 @@ func (b *Backend) TreeAttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kern
 		suffix, dot = "_bf16", "attention_bwd_dot_bf16"
 	}
 	// D = rowsum(dout ∘ out), attention.cu's kernel, which both paths read.
-	b.launch(dot, dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
+	b.launch(dot, rw(reads(dout, out)).plus(0, int64(attnDWork(T, NH))).with(2*bytesOf(out)/int64(dt.Size()), 0),
+		dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
+	in := rw(reads(dout, lse, q, k, v, tree.Offs, tree.Parent, tree.Ends)).plus(int64(attnDWork(T, NH)), 0)
+	cdq := in.plus(0, bytesOf(dq)).with(treeFLOPs(T, tree.MaxCtx, NH, HD, 3), 0)
+	cdkdv := in.plus(0, bytesOf(dk, dv)).with(treeFLOPs(T, tree.MaxCtx, NH, HD, 4), 0)
 	treeArgs := []uint64{pa(tree.Offs), pa(tree.Parent), pa(tree.Ends), ia(T), ia(NH), ia(NKV)}
 	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
 		_, smemDq, smemDkdv := tcSmem(HD)
 		args := append([]uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v)}, append(treeArgs, fa(scale), fa(scale*log2e))...)
 		grid := ceilDiv(tree.MaxLen, tcRows)
-		b.launch(tcKernel(HD, "tree_bwd_dq_tc_hd64", "tree_bwd_dq_tc_hd128"), grid, tree.NS, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
-		b.launch(tcKernel(HD, "tree_bwd_dkdv_tc_hd64", "tree_bwd_dkdv_tc_hd128"), grid, tree.NS, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		b.launch(tcKernel(HD, "tree_bwd_dq_tc_hd64", "tree_bwd_dq_tc_hd128"), cdq, grid, tree.NS, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+		b.launch(tcKernel(HD, "tree_bwd_dkdv_tc_hd64", "tree_bwd_dkdv_tc_hd128"), cdkdv, grid, tree.NS, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
 		return
 	}
 	args := append([]uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v)}, append(treeArgs, ia(HD), fa(scale))...)
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
-	b.launch("tree_bwd_dq"+suffix, ceilDiv(tree.MaxLen, attDqRows), tree.NS, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+	b.launch("tree_bwd_dq"+suffix, cdq, ceilDiv(tree.MaxLen, attDqRows), tree.NS, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
 	smemDk := 4 * (2*attDkRows*HD + 2*attKeyTile*(HD+1) + 2*attKeyTile)
-	b.launch("tree_bwd_dkdv"+suffix, ceilDiv(tree.MaxLen, attDkRows), tree.NS, NKV, attThreads, smemDk, append([]uint64{pa(dk), pa(dv)}, args...)...)
+	b.launch("tree_bwd_dkdv"+suffix, cdkdv, ceilDiv(tree.MaxLen, attDkRows), tree.NS, NKV, attThreads, smemDk, append([]uint64{pa(dk), pa(dv)}, args...)...)
 }

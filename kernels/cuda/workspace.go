@@ -29,14 +29,66 @@ const (
 // biasRows is TG_BIAS_ROWS of csrc/bias.cu: rows per partial sum.
 const biasRows = 256
 
-// normBwdBlocks bounds the blocks of rmsnorm_bwd (each keeps a row of
-// dweight partials). The count depends on N only, never on the device, so
-// the reduction order, and with it the bits of dweight, are the same on
-// every GPU.
-const normBwdBlocks = 128
+// The backward norm's blocks (csrc/rmsnorm.cu): at most normBwdBlocks of
+// normBwdThreads threads, each keeping a row of dweight partials. Their
+// number depends on N and C only, never on the device, so the reduction
+// order, and with it the bits of dweight, are the same on every GPU.
+const (
+	normBwdBlocks  = 1024
+	normBwdThreads = 256
+)
+
+// normBwdShape is the group kernel of C columns: T threads a row (a power
+// of two from 8 to 256), each holding nch chunks of 8 columns; ok is false
+// beyond 8192 columns (the general kernel then runs).
+func normBwdShape(C int) (T, nch int, ok bool) {
+	switch per := (C + 7) / 8; {
+	case per <= normBwdThreads:
+		T = 8
+		for T < per {
+			T *= 2
+		}
+		return T, 1, true
+	case C <= 4096:
+		return normBwdThreads, 2, true
+	case C <= 8192:
+		return normBwdThreads, 4, true
+	}
+	return 0, 0, false
+}
+
+// normBwdGrid is the backward norm's grid for N rows of C: G blocks of R
+// consecutive rows (the last may have fewer), at most normBwdBlocks, and no
+// more than there are rounds of rows a block works on at once.
+func normBwdGrid(N, C int) (G, R int) {
+	rows := 1
+	if T, _, ok := normBwdShape(C); ok {
+		rows = normBwdThreads / T
+	}
+	G = max(1, min((N+rows-1)/rows, normBwdBlocks))
+	R = (N + G - 1) / G
+	return (N + R - 1) / R, R
+}
 
 // defaultLogitsScratch is Options.LogitsScratch's default, in elements.
 const defaultLogitsScratch = 32 << 20
+
+// maxLogitsScratch is the most elements LogitsScratchFor gives (2 GiB of
+// fp32 logits): a wider chunk saves the LM head little more (at 2 GiB the
+// bench shape, 8 × 4096 tokens of Qwen3's 151,936-token vocabulary, runs
+// 10 forward and 14 backward vocabulary chunks where 128 MiB ran 149 and
+// 224, each backward chunk rewriting the fp32 dhidden).
+const maxLogitsScratch = 512 << 20
+
+// LogitsScratchFor is the logits scratch, in fp32 elements, for a device
+// with headroom bytes free beyond a run's plan: an eighth of them, at
+// least the default (128 MiB) and at most maxLogitsScratch (2 GiB), in
+// whole MiB. It needs no GPU: train and make gpu-model size it alike.
+func LogitsScratchFor(headroom int64) int {
+	el := headroom / 8 / 4
+	el = min(max(el, defaultLogitsScratch), maxLogitsScratch)
+	return int(el) &^ (1<<18 - 1) // whole MiB of fp32
+}
 
 // attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
 func attnDWork(T, NH int) int { return 4 * T * NH }
@@ -45,7 +97,10 @@ func attnDWork(T, NH int) int { return 4 * T * NH }
 func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
 
 // normWork is RMSNormBackward's dweight partials: one row per block.
-func normWork(N, C int) int { return 4 * min(N, normBwdBlocks) * C }
+func normWork(N, C int) int {
+	G, _ := normBwdGrid(N, C)
+	return 4 * G * C
+}
 
 // expertCountsWork is ExpertRoute's count of each of E experts.
 func expertCountsWork(E int) int { return 4 * E }

@@ -100,6 +100,24 @@ var cases = []testCase{
 			s.check("RMSNormBackward dinp "+tag, dinp, TolReduce)
 			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
 		}
+		// Aligned views (a backend's 16-byte paths) of the widths a model
+		// norms, per head (64, 96, 128) and per token (2048 and wider),
+		// with more rows than a block works on at once, and a width that is
+		// not a multiple of 8.
+		s.aligned = true
+		for _, sh := range []struct{ N, C int }{{300, 128}, {61, 96}, {70, 64}, {9, 2048}, {3, 4096}, {2, 8192}, {4, 4100}} {
+			inp, w := s.randn(sh.N*sh.C, 2), s.randn(sh.C, 1)
+			out, rstd := s.out(sh.N*sh.C), s.out(sh.N)
+			dout, dinp, dw := s.randn(sh.N*sh.C, 1), s.randn(sh.N*sh.C, 1), s.randn(sh.C, 1)
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.RMSNorm(v(out), v(rstd), v(inp), v(w), sh.N, sh.C, 1e-6)
+				b.RMSNormBackward(v(dinp), v(dw), v(dout), v(inp), v(w), v(rstd), sh.N, sh.C)
+			})
+			tag := fmt.Sprintf("N=%d C=%d aligned", sh.N, sh.C)
+			s.check("RMSNormBackward dinp "+tag, dinp, TolReduce)
+			s.check("RMSNormBackward dweight "+tag, dw, TolReduce)
+		}
+		s.aligned = false
 	}},
 	{"RMSNormBF16Fused", func(s *suite) {
 		// RMSNorm's bf16 output (the cast to the next GEMM's input) and the
@@ -171,17 +189,23 @@ var cases = []testCase{
 		for range 200 {
 			vals = append(vals, float32(s.rng.NormFloat64()*math.Pow(10, float64(s.rng.IntN(20)-10))))
 		}
-		x := s.f32(vals)
-		h := s.alloc(kernels.BF16, len(vals)) // each side's own rounding
-		back := s.out(len(vals))
-		keep := s.out(len(vals))
-		both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
-			b.Convert(v(h), v(x))
-			b.Convert(v(back), v(h))
-			b.Convert(v(keep), v(x)) // F32 → F32 copies
-		})
-		s.check("Convert F32→BF16→F32", back, TolExact)
-		s.check("Convert F32→F32", keep, TolExact)
+		// Unaligned views and aligned ones (a backend's vector path).
+		for _, aligned := range []bool{false, true} {
+			s.aligned = aligned
+			x := s.f32(vals)
+			h := s.alloc(kernels.BF16, len(vals)) // each side's own rounding
+			back := s.out(len(vals))
+			keep := s.out(len(vals))
+			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+				b.Convert(v(h), v(x))
+				b.Convert(v(back), v(h))
+				b.Convert(v(keep), v(x)) // F32 → F32 copies
+			})
+			tag := fmt.Sprintf(" aligned=%v", aligned)
+			s.check("Convert F32→BF16→F32"+tag, back, TolExact)
+			s.check("Convert F32→F32"+tag, keep, TolExact)
+		}
+		s.aligned = false
 	}},
 	{"CopyCols", func(s *suite) {
 		// Every dtype pair; dst is pre-filled so the elements between its
@@ -841,25 +865,32 @@ var cases = []testCase{
 		}
 	}},
 	{"FillCopyScale", func(s *suite) {
-		for _, N := range []int{1, 777} {
-			x, y := s.out(N), s.randn(N, 1)
-			c := s.out(N)
-			z := s.randn(N, 1)
-			both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
-				b.Fill(v(x), -1.25)
-				b.Copy(v(c), v(y))
-				b.Scale(v(z), 0.3)
-			})
-			s.check(fmt.Sprintf("Fill N=%d", N), x, TolExact)
-			s.check(fmt.Sprintf("Copy N=%d", N), c, TolExact)
-			s.check(fmt.Sprintf("Scale N=%d", N), z, TolExact)
+		// Unaligned views and aligned ones (a backend's vector path, with a
+		// tail).
+		for _, aligned := range []bool{false, true} {
+			s.aligned = aligned
+			for _, N := range []int{1, 777} {
+				x, y := s.out(N), s.randn(N, 1)
+				c := s.out(N)
+				z := s.randn(N, 1)
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					b.Fill(v(x), -1.25)
+					b.Copy(v(c), v(y))
+					b.Scale(v(z), 0.3)
+				})
+				tag := fmt.Sprintf("N=%d aligned=%v", N, aligned)
+				s.check("Fill "+tag, x, TolExact)
+				s.check("Copy "+tag, c, TolExact)
+				s.check("Scale "+tag, z, TolExact)
+			}
 		}
+		s.aligned = false
 	}},
 	{"AdamW", func(s *suite) {
 		for _, st := range []kernels.AdamWStep{
 			// lr·wd = 1e-3: a missing decay moves p far beyond TolElementwise.
-			kernels.NewAdamWStep(1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
-			kernels.NewAdamWStep(3e-4, 0.9, 0.95, 1e-6, 0, 50, 0.25),
+			kernels.NewAdamWStep(kernels.TorchAdamW, 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
+			kernels.NewAdamWStep(kernels.TorchAdamW, 3e-4, 0.9, 0.95, 1e-6, 0, 50, 0.25),
 		} {
 			N := 1001
 			p, g := s.randn(N, 1), s.randn(N, 1)
@@ -874,6 +905,91 @@ var cases = []testCase{
 			s.check("AdamW param "+tag, p, TolElementwise)
 			s.check("AdamW m "+tag, m, TolElementwise)
 			s.check("AdamW v "+tag, v, TolElementwise)
+		}
+		// TransformerEngine's FusedAdam (the decay inside the update,
+		// float32 scalars), with float32 moments and with bf16 ones (a bf16
+		// moment may round the other way where the CUDA kernel's fused
+		// multiply-adds move the float32 value by an ulp: TolBF16Out).
+		for _, bf16 := range []bool{false, true} {
+			for _, st := range []kernels.AdamWStep{
+				kernels.NewAdamWStep(kernels.FusedAdam, 1e-2, 0.9, 0.999, 1e-8, 0.1, 1, 1),
+				kernels.NewAdamWStep(kernels.FusedAdam, 3e-4, 0.9, 0.95, 1e-6, 0.01, 50, 0.25),
+			} {
+				N := 1001
+				p, g := s.randn(N, 1), s.randn(N, 1)
+				mv, vv := make([]float32, N), make([]float32, N)
+				for i := range vv {
+					mv[i] = float32(s.rng.NormFloat64() * 0.1)
+					vv[i] = float32(s.rng.Float64() * 0.01)
+				}
+				m, v := s.f32(mv), s.f32(vv)
+				tol := TolElementwise
+				if bf16 {
+					m, v, tol = s.bf16(mv), s.bf16(vv), TolBF16Out
+				}
+				both(s, func(b kernels.Backend, vw func(*pairBuf) kernels.Buf) { b.AdamW(vw(p), vw(g), vw(m), vw(v), st) })
+				tag := fmt.Sprintf("FusedAdam bf16=%v lr=%g wd=%g", bf16, st.LR, st.WeightDecay)
+				s.check("AdamW param "+tag, p, TolElementwise)
+				s.check("AdamW m "+tag, m, tol)
+				s.check("AdamW v "+tag, v, tol)
+			}
+		}
+	}},
+	{"AdamWMulti", func(s *suite) {
+		// The multi-tensor step (kernels.MultiAdamW): the clip factor from
+		// the groups' sums on the backend, chunks of several groups (with
+		// and without decay, elements between groups left alone), each
+		// rule and moment dtype; a non-finite sum skips everything, and an
+		// overflowing learning rate flags exactly the groups it overflows.
+		dutM, ok := s.dut.(kernels.MultiAdamW)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.MultiAdamW", s.dut.Name())
+		}
+		refM := s.ref.(kernels.MultiAdamW)
+		var chunks []kernels.AdamChunk
+		n, groups := 0, 5
+		for g := range groups {
+			sz := 1 + s.rng.IntN(700)
+			for off := 0; off < sz; off += 256 {
+				chunks = append(chunks, kernels.AdamChunk{Off: int64(n + off), N: int32(min(256, sz-off)), Group: int32(g), Decay: g%2 == 0})
+			}
+			n += sz + 2
+		}
+		table := s.i32(kernels.EncodeAdamChunks(chunks))
+		for _, c := range []struct {
+			name    string
+			rule    kernels.AdamRule
+			bf16    bool
+			sums    []float32
+			lr      float64
+			maxNorm float64
+		}{
+			{"torch clip", kernels.TorchAdamW, false, []float32{3, 4, 0.5, 9, 1}, 1e-2, 1},
+			{"fused noclip", kernels.FusedAdam, false, []float32{3, 4, 0.5, 9, 1}, 1e-2, 0},
+			{"fused bf16 clip", kernels.FusedAdam, true, []float32{0.1, 0.2, 0.3, 0.4, 0.5}, 3e-3, 0.5},
+			{"nan sum skips", kernels.FusedAdam, false, []float32{1, float32(math.NaN()), 1, 1, 1}, 1e-2, 1},
+			{"overflow flags", kernels.FusedAdam, false, []float32{1, 1, 1, 1, 1}, 3e38, 0},
+		} {
+			p, g := s.randn(n, 1), s.randn(n, 1)
+			mv, vv := make([]float32, n), make([]float32, n)
+			for i := range vv {
+				mv[i] = float32(s.rng.NormFloat64() * 0.1)
+				vv[i] = float32(s.rng.Float64() * 0.01)
+			}
+			m, v := s.f32(mv), s.f32(vv)
+			tol := TolElementwise
+			if c.bf16 {
+				m, v, tol = s.bf16(mv), s.bf16(vv), TolBF16Out
+			}
+			sums := s.f32(c.sums)
+			flags := s.i32(make([]int32, 2+groups))
+			st := kernels.NewAdamWStep(c.rule, c.lr, 0.9, 0.999, 1e-8, 0.1, 3, 1)
+			refM.AdamWMulti(p.r, g.r, m.r, v.r, sums.r, table.r, flags.r, groups, len(chunks), st, c.maxNorm)
+			dutM.AdamWMulti(p.d, g.d, m.d, v.d, sums.d, table.d, flags.d, groups, len(chunks), st, c.maxNorm)
+			s.check("AdamWMulti param "+c.name, p, TolElementwise)
+			s.check("AdamWMulti m "+c.name, m, tol)
+			s.check("AdamWMulti v "+c.name, v, tol)
+			s.checkI32("AdamWMulti flags "+c.name, flags)
 		}
 	}},
 	{"SumSquares", func(s *suite) {

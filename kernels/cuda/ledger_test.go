@@ -1,0 +1,208 @@
+//go:build cgo
+
+package cuda
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
+
+// The ledger's counts against each op's arithmetic: the bytes an op must
+// move (every input read once, every output written once, an accumulated
+// output both) and the FLOPs its products need, written here from the ops'
+// definitions in kernels.Ops, not from the launch sites. A launch site
+// that forgets an operand, or a kernel change that moves more than its
+// launch says, fails here (or in TestLedgerWritesEmu, which counts the
+// bytes each launch really changes on the emulator).
+
+// meterBackend opens the metering device.
+func meterBackend(t *testing.T) *Backend {
+	t.Helper()
+	be, err := OpenMeter(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := be.(*Backend)
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// opLedger runs f with the ledger on and returns what it recorded, each
+// launch checked to name op as its caller.
+func opLedger(t *testing.T, b *Backend, op string, f func()) []Launch {
+	t.Helper()
+	b.StartLedger()
+	f()
+	got := b.TakeLedger()
+	if len(got) == 0 {
+		t.Fatalf("%s: no launch recorded", op)
+	}
+	for _, l := range got {
+		if l.Op != op {
+			t.Errorf("%s: launch of %s recorded as op %q", op, l.Kernel, l.Op)
+		}
+	}
+	return got
+}
+
+type sums struct{ read, write, flops int64 }
+
+func sumOf(ls []Launch) sums {
+	var s sums
+	for _, l := range ls {
+		s.read += l.Read
+		s.write += l.Write
+		s.flops += l.FLOPs
+	}
+	return s
+}
+
+// within checks lo ≤ got ≤ hi.
+func within(t *testing.T, what string, got, lo, hi int64) {
+	t.Helper()
+	if got < lo || got > hi {
+		t.Errorf("%s = %d, want in [%d, %d]", what, got, lo, hi)
+	}
+}
+
+func TestLedgerGEMMs(t *testing.T) {
+	b := meterBackend(t)
+	for _, sh := range []struct{ T, C, OC int }{{4096, 2048, 6144}, {37, 64, 96}} {
+		T, C, OC := int64(sh.T), int64(sh.C), int64(sh.OC)
+		inp, _ := b.Alloc(kernels.BF16, sh.T*sh.C)
+		w, _ := b.Alloc(kernels.BF16, sh.OC*sh.C)
+		out, _ := b.Alloc(kernels.BF16, sh.T*sh.OC)
+		dinp, _ := b.Alloc(kernels.F32, sh.T*sh.C)
+		dw, _ := b.Alloc(kernels.F32, sh.OC*sh.C)
+		name := fmt.Sprintf("T=%d C=%d OC=%d", sh.T, sh.C, sh.OC)
+		s := sumOf(opLedger(t, b, "Matmul", func() { b.Matmul(out, inp, w, sh.T, sh.C, sh.OC) }))
+		if want := (sums{2 * (T*C + OC*C), 2 * T * OC, 2 * T * C * OC}); s != want {
+			t.Errorf("Matmul %s: ledger %+v, want %+v", name, s, want)
+		}
+		// dinp += dout·W, dW += doutᵀ·inp: each reads its operands and
+		// reads and writes its fp32 accumulator.
+		s = sumOf(opLedger(t, b, "MatmulBackward", func() { b.MatmulBackward(dinp, dw, out, inp, w, sh.T, sh.C, sh.OC) }))
+		if want := (sums{2*(OC*C+T*OC) + 4*T*C + 2*(T*C+T*OC) + 4*OC*C, 4*T*C + 4*OC*C, 4 * T * C * OC}); s != want {
+			t.Errorf("MatmulBackward %s: ledger %+v, want %+v", name, s, want)
+		}
+		for _, x := range []kernels.Buf{inp, w, out, dinp, dw} {
+			b.Free(x)
+		}
+	}
+}
+
+// causalPairs is Σ L(L+1)/2 over sequences of len L: the (query, key)
+// pairs causal attention scores, per head.
+func causalPairs(lens ...int) int64 {
+	var n int64
+	for _, L := range lens {
+		n += int64(L) * int64(L+1) / 2
+	}
+	return n
+}
+
+func TestLedgerAttention(t *testing.T) {
+	b := meterBackend(t)
+	for _, sh := range []struct{ S, L, NH, NKV, HD int }{{8, 4096, 16, 8, 128}, {2, 1024, 4, 2, 64}} {
+		T := sh.S * sh.L
+		q, _ := b.Alloc(kernels.BF16, T*sh.NH*sh.HD)
+		k, _ := b.Alloc(kernels.BF16, T*sh.NKV*sh.HD)
+		v, _ := b.Alloc(kernels.BF16, T*sh.NKV*sh.HD)
+		out, _ := b.Alloc(kernels.BF16, T*sh.NH*sh.HD)
+		lse, _ := b.Alloc(kernels.F32, T*sh.NH)
+		cu, _ := b.Alloc(kernels.I32, sh.S+1)
+		dq, _ := b.Alloc(kernels.F32, T*sh.NH*sh.HD)
+		dk, _ := b.Alloc(kernels.F32, T*sh.NKV*sh.HD)
+		dv, _ := b.Alloc(kernels.F32, T*sh.NKV*sh.HD)
+		seqs := kernels.Seqs{CuSeqlens: cu, S: sh.S, MaxLen: sh.L}
+		lens := make([]int, sh.S)
+		for i := range lens {
+			lens[i] = sh.L
+		}
+		pairs := causalPairs(lens...) * int64(sh.NH)
+		// Tiles cover the diagonal whole: at most one tile of 128 rows
+		// more per query row than the causal pairs.
+		waste := int64(sh.S) * int64(sh.L) * 128 * int64(sh.NH)
+		hd := int64(sh.HD)
+		name := fmt.Sprintf("S=%d L=%d NH=%d HD=%d", sh.S, sh.L, sh.NH, sh.HD)
+		// Forward: S = QKᵀ and O = PV, 2·HD operations each per pair.
+		s := sumOf(opLedger(t, b, "Attention", func() { b.Attention(out, lse, q, k, v, seqs, sh.NH, sh.NKV, sh.HD) }))
+		within(t, "Attention "+name+" FLOPs", s.flops, 4*hd*pairs, 4*hd*(pairs+waste))
+		in := bytesOf(q, k, v)
+		within(t, "Attention "+name+" bytes read", s.read, in, in+bytesOf(cu)+4*int64(T*sh.NH))
+		within(t, "Attention "+name+" bytes written", s.write, bytesOf(out, lse), bytesOf(out, lse))
+		// Backward: S, dP = dO·Vᵀ, dV = Pᵀ·dO, dK = dSᵀ·Q, dQ = dS·K at
+		// least (5 products); recomputing S and dP for dq makes 7.
+		s = sumOf(opLedger(t, b, "AttentionBackward", func() {
+			b.AttentionBackward(dq, dk, dv, out, out, lse, q, k, v, seqs, sh.NH, sh.NKV, sh.HD)
+		}))
+		within(t, "AttentionBackward "+name+" FLOPs", s.flops, 10*hd*pairs, 14*hd*(pairs+waste))
+		minRead := bytesOf(out, out, lse, q, k, v)
+		// The dot, dq and dkdv kernels each read their operands.
+		within(t, "AttentionBackward "+name+" bytes read", s.read, minRead, 3*minRead)
+		within(t, "AttentionBackward "+name+" bytes written", s.write, bytesOf(dq, dk, dv), bytesOf(dq, dk, dv)+4*int64(T*sh.NH))
+		for _, x := range []kernels.Buf{q, k, v, out, lse, cu, dq, dk, dv} {
+			b.Free(x)
+		}
+	}
+}
+
+// TestLedgerElementwise: the ops that touch each element a fixed number of
+// times state exactly those bytes.
+func TestLedgerElementwise(t *testing.T) {
+	b := meterBackend(t)
+	const N, C = 4096, 2048
+	f := func(n int) kernels.Buf {
+		x, err := b.Alloc(kernels.F32, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	h := func(n int) kernels.Buf {
+		x, err := b.Alloc(kernels.BF16, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	x, y, z, w := f(N*C), f(N*C), f(N*C), f(N*C)
+	xh, yh, zh := h(N*C), h(N*C), h(N*C)
+	weight, rstd := f(C), f(N)
+	pos, _ := b.Alloc(kernels.I32, N)
+	cos, sin := f(N*64), f(N*64)
+	const nc = int64(N) * C
+	cases := []struct {
+		op          string
+		run         func()
+		read, write int64
+	}{
+		{"Add", func() { b.Add(x, y, z, N*C) }, 8 * nc, 4 * nc},
+		{"Accumulate", func() { b.Accumulate(x, y, N*C) }, 8 * nc, 4 * nc},
+		{"Fill", func() { b.Fill(x, 0) }, 0, 4 * nc},
+		{"Scale", func() { b.Scale(x, 2) }, 4 * nc, 4 * nc},
+		{"Copy", func() { b.Copy(x, y) }, 4 * nc, 4 * nc},
+		{"Convert", func() { b.Convert(xh, x) }, 4 * nc, 2 * nc},
+		{"SwiGLU", func() { b.SwiGLU(xh, yh, zh, N*C) }, 4 * nc, 2 * nc},
+		{"SwiGLUBackward", func() { b.SwiGLUBackward(x, y, z, yh, zh, N*C) }, 8 * nc, 8 * nc},
+		{"CopyCols", func() { b.CopyCols(xh, x, N, C/2, C, C) }, 2 * nc, nc},
+		{"RMSNorm", func() { b.RMSNorm(xh, rstd, x, weight, N, C, 1e-6) }, 4*nc + 4*C, 2*nc + 4*N},
+		{"AddRMSNorm", func() { b.AddRMSNorm(x, xh, rstd, y, z, weight, N, C, 1e-6) }, 8*nc + 4*C, 4*nc + 2*nc + 4*N},
+		{"AdamW", func() { b.AdamW(x, y, z, w, kernels.AdamWStep{}) }, 16 * nc, 12 * nc},
+		{"RopeConvert", func() { b.RopeConvert(xh, x, pos, cos, sin, N, C/128, 128) }, 4*nc + 4*N + 2*4*N*64, 2 * nc},
+	}
+	for _, c := range cases {
+		s := sumOf(opLedger(t, b, c.op, c.run))
+		if s.read != c.read || s.write != c.write {
+			t.Errorf("%s: ledger reads %d, writes %d bytes; the op reads %d, writes %d", c.op, s.read, s.write, c.read, c.write)
+		}
+	}
+	// The backward norm's weight gradient goes through per-block partials:
+	// at most normBwdBlocks rows of C floats written and read again.
+	s := sumOf(opLedger(t, b, "RMSNormBackward", func() { b.RMSNormBackward(x, weight, y, z, weight, rstd, N, C) }))
+	minRead, minWrite := 12*nc+4*C+4*C+4*N, 4*nc+4*C
+	within(t, "RMSNormBackward bytes read", s.read, minRead, minRead+normBwdBlocks*4*C)
+	within(t, "RMSNormBackward bytes written", s.write, minWrite, minWrite+normBwdBlocks*4*C)
+}
