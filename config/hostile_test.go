@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/internal/nearest"
 )
 
 // The loader under hostile input (issue 34): each case fails with one
@@ -162,14 +164,24 @@ func TestManyOverridesLinear(t *testing.T) {
 	for i := 0; i < n/2; i++ {
 		ov = append(ov, fmt.Sprintf("++cluster.k%d=1", i), fmt.Sprintf("+cluster.m%d=1", i))
 	}
-	probes := work.keyProbes.Load()
+	// The suggestions the warnings shown need, as the bound's unit.
+	c0 := nearest.Cells.Load()
+	for _, o := range ov[:maxSuggestions] {
+		k, _, _ := strings.Cut(strings.TrimLeft(o, "+"), "=")
+		Nearest(k)
+	}
+	need := nearest.Cells.Load() - c0
+	probes, cells := work.keyProbes.Load(), nearest.Cells.Load()
 	ld, err := LoadSources(Sources{Overrides: ov})
-	probes = work.keyProbes.Load() - probes
+	probes, cells = work.keyProbes.Load()-probes, nearest.Cells.Load()-cells
 	if err != nil {
 		t.Fatal(err)
 	}
 	if probes > 50*n {
 		t.Errorf("%d overrides compared %d mapping keys", n, probes)
+	}
+	if cells > 2*need {
+		t.Errorf("%d unknown keys computed %d edit-distance cells, more than twice the %d the %d warnings shown need", n, cells, need, maxSuggestions)
 	}
 	w := ld.Warnings()
 	if len(w) != maxWarnings+1 || !strings.Contains(w[maxWarnings], fmt.Sprintf("and %d more unknown keys", n-maxWarnings)) {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -142,5 +143,102 @@ func TestTopLevelRecipesAreTodays(t *testing.T) {
 		if string(a) != string(b) {
 			t.Errorf("testdata/%s differs from testdata/nemo-rl/examples/configs/%s (make schema refreshes the latter; copy it)", f, f)
 		}
+	}
+}
+
+// TestNeverReadKeysFromNeMoRLsPython: gen_nemorl_keys.tsv records how
+// NeMo RL's Python uses each key (scripts/nemorl_schema.py): the keys issue
+// 32 found only in YAML are never read, keys consumed whole through a
+// section (torch's optimizer kwargs) are read, and every never-read key is
+// Ignored with that reason, whatever the key table says; none is typed in
+// Config. A rule for a key NeMo RL overwrites before use names the module,
+// and the table still records the store there.
+func TestNeverReadKeysFromNeMoRLsPython(t *testing.T) {
+	tab := nemorlTable(t)
+	for k, want := range map[string]string{
+		"grpo.penalize_invalid_tool_call":       "no",
+		"grpo.penalize_malformed_thinking":      "no",
+		"grpo.max_num_steps":                    "yes",
+		"policy.optimizer.kwargs.exp_avg_dtype": "via kwargs",
+	} {
+		if got := tab.keys[k].Reads; got != want {
+			t.Errorf("%s: reads %q, want %q", k, got, want)
+		}
+	}
+	n, own := 0, 0
+	for _, k := range tab.paths {
+		if tab.keys[k].Reads != "no" {
+			continue
+		}
+		n++
+		if typed, _ := schemaLeaf(k); typed {
+			t.Errorf("%s: NeMo RL never reads it, but Config types it", k)
+		}
+		cls, r, at := Classify(k, nil)
+		if at != k {
+			continue // part of a block classified whole (async_rl, on_policy_distillation, ...)
+		}
+		if cls != Ignored || r == nil || !strings.Contains(r.Why, "never reads it") {
+			t.Errorf("%s: never read by NeMo RL, classed %v (%+v); want Ignored saying so", k, cls, r)
+		}
+		own++
+	}
+	t.Logf("%d keys NeMo RL never reads, %d of them classified on their own", n, own)
+	if n < 10 || own < 10 {
+		t.Errorf("%d never-read keys; the committed table had 28", n)
+	}
+	for _, r := range keyRules {
+		if r.Overwritten == "" {
+			continue
+		}
+		if w := tab.keys[r.Key].Writes; !strings.Contains(w, r.Overwritten) {
+			t.Errorf("%s: the rule says %s overwrites it, the table records stores in %q (run make schema, and read the module again)", r.Key, r.Overwritten, w)
+		}
+	}
+}
+
+// TestKnownOnlySectionsNameTheNearestKey: in checkpointing, logger, data
+// (and cluster), NeMo RL's own keys are ignored quietly, and any other key
+// is a warning naming the key meant, first.
+func TestKnownOnlySectionsNameTheNearestKey(t *testing.T) {
+	ld, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{
+		"++checkpointing.metric_name=val:reward", "++checkpointing.save_perod=1", "++logger.tensorbaord_enabled=true",
+		"++data.max_input_seq_lenght=8", "++cluster.gpus_per_nod=8", "++logger.wandb.name=run",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, k := range ld.Keys {
+		if k.Class == Unclassified {
+			got[k.Path] = k.Why
+		}
+	}
+	for k, meant := range map[string]string{
+		"checkpointing.save_perod":   "checkpointing.save_period",
+		"logger.tensorbaord_enabled": "logger.tensorboard_enabled",
+		"data.max_input_seq_lenght":  "data.max_input_seq_length",
+		"cluster.gpus_per_nod":       "cluster.gpus_per_node",
+	} {
+		if !strings.HasPrefix(got[k], "unknown key, did you mean "+meant+"?") {
+			t.Errorf("%s: %q; want a warning naming %s first", k, got[k], meant)
+		}
+	}
+	if len(got) != 4 {
+		t.Errorf("unknown keys %v; want the four typos only (metric_name and wandb.name are NeMo RL's)", got)
+	}
+	if len(ld.Warnings()) != 4 {
+		t.Errorf("warnings %q", ld.Warnings())
+	}
+}
+
+// TestPlainOverrideNamesTheNearestKey: key=value of a key the recipe lacks
+// names the key meant before saying how to add a new one.
+func TestPlainOverrideNamesTheNearestKey(t *testing.T) {
+	_, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{"grpo.num_prompt_per_step=2"}})
+	msg := fmt.Sprint(err)
+	i, j := strings.Index(msg, "did you mean grpo.num_prompts_per_step?"), strings.Index(msg, "+grpo.num_prompt_per_step=2")
+	if err == nil || i < 0 || j < i {
+		t.Errorf("error %q; want the nearest key named before the way to add the typo", msg)
 	}
 }

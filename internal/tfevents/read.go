@@ -19,8 +19,8 @@ func Records(file []byte) ([][]byte, error) {
 		if got := binary.LittleEndian.Uint32(file[off+8:]); got != MaskedCRC(head) {
 			return out, fmt.Errorf("tfevents: offset %d: length CRC %#x, want %#x", off, got, MaskedCRC(head))
 		}
-		if n > uint64(len(file)-off-16) {
-			return out, fmt.Errorf("tfevents: offset %d: a record of %d bytes, %d left", off, n, len(file)-off-12)
+		if rem := len(file) - off; rem < 16 || n > uint64(rem-16) {
+			return out, fmt.Errorf("tfevents: offset %d: a record of %d bytes, %d left after its header", off, n, rem-12)
 		}
 		data := file[off+12 : off+12+int(n)]
 		if got := binary.LittleEndian.Uint32(file[off+12+int(n):]); got != MaskedCRC(data) {
