@@ -148,6 +148,10 @@ func TestMTPGRPOGolden(t *testing.T) {
 			if m.EligibleTokens != want.EligibleTokens || m.TrainTokens != want.TrainTokens && !merged {
 				t.Errorf("step %d: eligible %d, train tokens %d; the golden's %d and %d", s+1, m.EligibleTokens, m.TrainTokens, want.EligibleTokens, want.TrainTokens)
 			}
+			if m.ComputedTokens != m.TrainTokens {
+				// policy.shared_prefix is auto: with MTP on the traces are packed alone.
+				t.Errorf("step %d: %d computed tokens for %d trace tokens: traces with MTP were packed as tries", s+1, m.ComputedTokens, m.TrainTokens)
+			}
 			if len(m.MTPLoss) != len(want.MTPLoss) || m.MTPGradNorm == nil {
 				t.Fatalf("step %d: mtp_loss %v, mtp_grad_norm %v; want %d depths and a norm", s+1, m.MTPLoss, m.MTPGradNorm, len(want.MTPLoss))
 			}
