@@ -40,6 +40,9 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 		return fmt.Errorf("export: %w", err)
 	}
 	defer tens.Close()
+	if cfg, err = withCheckpointMTP(cfg, tens); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
 	m, err := model.NewSharded(be, cfg, model.Options{MaxTokens: 1}, model.ShardOptions{Comm: comm, ReshardAfterForward: true})
 	if err != nil {
 		return fmt.Errorf("export: %w", err)

@@ -374,3 +374,18 @@ func mtpPlanNote(mc model.Config, opt model.Options, f model.Footprint) (string,
 	return fmt.Sprintf("multi-token prediction: %d depths of %q, %s parameters (in every part above with the rest); activations %s of the %s",
 		mc.MTP.Depths, model.Pattern(mc.MTP.Pattern), commas(int64(n)), Bytes(f.Activations-f0.Activations), Bytes(f.Activations)), nil
 }
+
+// withCheckpointMTP is cfg holding the MTP blocks a checkpoint stores
+// (a run that trained them saved mtp.layers.*): its config.json's
+// num_nextn_predict_layers of them, so that an export keeps them.
+func withCheckpointMTP(cfg model.Config, tens interface {
+	Shape(name string) ([]int, bool)
+}) (model.Config, error) {
+	if cfg.MTP.Blocks == 0 || len(cfg.MTP.Pattern) == 0 {
+		return cfg, nil
+	}
+	if _, ok := tens.Shape("mtp.layers.0.eh_proj.weight"); !ok {
+		return cfg, nil // trained without MTP: the blocks were not saved
+	}
+	return cfg.WithMTP(model.MTPTraining{Depths: cfg.MTP.Blocks})
+}

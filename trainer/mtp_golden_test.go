@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tracegrpo/tracegrpo/config"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 	"math"
 	"os"
 	"path/filepath"
@@ -309,4 +310,52 @@ func TestMTPRefusals(t *testing.T) {
 	if d, _, err := model(t, "", "policy.megatron_cfg.mtp_num_layers=0", "policy.megatron_cfg.mtp_loss_scaling_factor=0.3"); err != nil || d != 0 {
 		t.Errorf("mtp_num_layers 0 with a weight: %d depths, %v; want none, no refusal", d, err)
 	}
+}
+
+// TestMTPExport: train export of a checkpoint that trained MTP keeps the
+// mtp.layers.* tensors (equal to the checkpoint's) and config.json's MTP
+// keys.
+func TestMTPExport(t *testing.T) {
+	tmp := t.TempDir()
+	g, caps, steps := loadMTPGolden(t, tmp)
+	out := filepath.Join(tmp, "run")
+	mustTrain(t, mtpGoldenArgs(g, caps, steps, out, "--steps", "1")...)
+	ckpt := filepath.Join(out, "checkpoints", checkpoint.StepDir(1))
+	hf := filepath.Join(tmp, "hf")
+	be := cpu.New(1)
+	defer be.Close()
+	if err := ExportHF(be, nil, ckpt, hf, safetensors.F32); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(hf, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	want := stepTensors(t, out, 1)[checkpoint.KindWeights]
+	n := 0
+	for name, x := range want {
+		if !strings.HasPrefix(name, "mtp.") {
+			continue
+		}
+		n++
+		y := make([]float32, len(x))
+		if err := f.ReadF32(name, y); err != nil {
+			t.Fatalf("the export: %v", err)
+		}
+		if !slices.Equal(x, y) {
+			t.Fatalf("the export's %s differs from the checkpoint's", name)
+		}
+	}
+	if n == 0 {
+		t.Fatal("the checkpoint has no mtp.* tensors")
+	}
+	cfg, err := os.ReadFile(filepath.Join(hf, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(cfg, []byte(`"mtp_hybrid_override_pattern": "*E"`)) || !bytes.Contains(cfg, []byte(`"num_nextn_predict_layers": 1`)) {
+		t.Errorf("the export's config.json lost the MTP keys:\n%s", cfg)
+	}
+	t.Logf("%d mtp.* tensors exported", n)
 }
