@@ -616,6 +616,20 @@ type actPlan struct {
 	after   func() // aliases set once the views are cut
 }
 
+// union lays out alternatives that are never live at once from the same
+// start of each arena, so that they share memory: each arena then ends at
+// the largest alternative's end.
+func (p *actPlan) union(alts ...func()) {
+	f0, w0, i0 := p.f.n, p.w.n, p.i.n
+	f1, w1, i1 := f0, w0, i0
+	for _, alt := range alts {
+		p.f.n, p.w.n, p.i.n = f0, w0, i0
+		alt()
+		f1, w1, i1 = max(f1, p.f.n), max(w1, p.w.n), max(i1, p.i.n)
+	}
+	p.f.n, p.w.n, p.i.n = f1, w1, i1
+}
+
 // arenaSizes are the element counts of every allocation a model makes.
 type arenaSizes struct {
 	params, paramsW, grads int
