@@ -189,6 +189,9 @@ type Model struct {
 	// mamba runs a hybrid model's Mamba-2 mixers and squared ReLUs (nil
 	// on a backend without them, which New refuses for a hybrid config).
 	mamba kernels.Mamba
+	// dec is set while a Sampler prefills or decodes a hybrid model
+	// (sampler_hybrid.go).
+	dec *hybridDecode
 
 	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
