@@ -328,3 +328,29 @@ func TestUpdateExpertBias(t *testing.T) {
 		m.Close()
 	}
 }
+
+// TestForwardTreeRejectsTraces: a tree's trace counts must cover every
+// packed token, each held by at least one trace.
+func TestForwardTreeRejectsTraces(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	m := loadTestModel(t, "nh_groups", b, Options{MaxTokens: 16, MaxSeqs: 4, Tree: true})
+	defer m.Close()
+	tr := Tree{Tokens: []int32{1, 2, 3}, Segs: []int32{0, 3}, Parent: []int32{-1}, Rows: []int32{0}, Labels: []int32{2}}
+	for _, c := range []struct {
+		traces []int32
+		want   string
+	}{
+		{[]int32{1, 1}, "2 trace counts for 3 packed tokens"},
+		{[]int32{2, 0, 1}, "token 1 is held by 0 traces"},
+	} {
+		tr.Traces = c.traces
+		if _, _, err := m.ForwardTree(tr, 1); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("traces %v: %v, want %q", c.traces, err, c.want)
+		}
+	}
+	tr.Traces = []int32{2, 2, 1}
+	if _, _, err := m.ForwardTree(tr, 1); err != nil {
+		t.Error(err)
+	}
+}

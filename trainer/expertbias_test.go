@@ -12,6 +12,7 @@ import (
 	"github.com/tracegrpo/tracegrpo/checkpoint"
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/internal/safetensors"
+	"github.com/tracegrpo/tracegrpo/kernels/cpu"
 )
 
 // biasGoldenDir holds scripts/golden_bias_grpo.py's variants.
@@ -113,7 +114,10 @@ func goldenInitWeights(t *testing.T, dir string) map[string][]float32 {
 // selection biases bit for bit — Super-shaped with an MTP block, whose
 // router's bias moves too, and Nano-shaped with group-limited routing —
 // whatever the micro-batches, on 2 ranks and on 2 fully sharded ranks: the
-// counts are summed over micro-batches and ranks before the one update.
+// counts are summed over micro-batches and ranks before the one update. The
+// Nano-shaped model packs its traces as token tries (shared_prefix auto),
+// and meets the golden as it does with every trace packed alone: a shared
+// token counts once per trace that holds it.
 func TestExpertBiasGRPOGolden(t *testing.T) {
 	for _, v := range []string{"mtp", "nano"} {
 		t.Run(v, func(t *testing.T) {
@@ -129,6 +133,11 @@ func TestExpertBiasGRPOGolden(t *testing.T) {
 				{"one micro-batch", 1, []string{"--set", "policy.train_micro_batch_size=8"}},
 				{"two ranks", 2, []string{"--set", "cluster.num_nodes=1", "--set", "cluster.gpus_per_node=2"}},
 				{"two sharded ranks", 2, []string{"--shard", "full", "--set", "cluster.num_nodes=1", "--set", "cluster.gpus_per_node=2"}},
+				// A Nemotron-H without MTP packs token tries under
+				// shared_prefix auto (the default): the same update as
+				// every trace packed alone.
+				{"traces packed alone", 1, []string{"--set", "policy.shared_prefix=off"}},
+				{"tries on two sharded ranks", 2, []string{"--set", "policy.shared_prefix=auto", "--shard", "full", "--set", "cluster.num_nodes=1", "--set", "cluster.gpus_per_node=2"}},
 			} {
 				t.Run(c.name, func(t *testing.T) {
 					out := filepath.Join(tmp, "run-"+strings.ReplaceAll(c.name, " ", "-"))
@@ -139,6 +148,15 @@ func TestExpertBiasGRPOGolden(t *testing.T) {
 						mustRanks(t, c.ranks, args...)
 					}
 					checkBiasGolden(t, dir, g, out)
+					tries := 0
+					for _, m := range metricsNoTimes(t, out) {
+						if m.ComputedTokens < m.TrainTokens {
+							tries++
+						}
+					}
+					if wantTries := v == "nano" && c.name != "traces packed alone"; (tries > 0) != wantTries {
+						t.Errorf("%d of 2 steps computed fewer tokens than their traces hold, want tries %v", tries, wantTries)
+					}
 				})
 			}
 		})
@@ -270,5 +288,49 @@ func TestExpertBiasKeys(t *testing.T) {
 	}
 	if u := UndecidedExpertBias(&ld.Config); len(u) != 1 || u[0].Key != pre+"moe_router_enable_expert_bias" {
 		t.Errorf("undecided %v, want the expert bias", u)
+	}
+}
+
+// TestExpertBiasExport: train export of a checkpoint whose biases moved
+// writes them in the Hub layout as fp32 tensors equal to the checkpoint's,
+// whatever the weights' dtype.
+func TestExpertBiasExport(t *testing.T) {
+	dir := filepath.Join(biasGoldenDir, "mtp")
+	tmp := t.TempDir()
+	g, caps, steps := loadGymGolden(t, dir, biasGoldenScript, tmp)
+	out := filepath.Join(tmp, "run")
+	mustTrain(t, gymGoldenArgs(dir, g, caps, steps, out, "--steps", "1")...)
+	hf := filepath.Join(tmp, "hf")
+	be := cpu.New(1)
+	defer be.Close()
+	if err := ExportHF(be, nil, filepath.Join(out, "checkpoints", checkpoint.StepDir(1)), hf, safetensors.BF16); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(hf, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	init := goldenInitWeights(t, dir)
+	n := 0
+	for name, x := range weights(t, out, 1) {
+		if !isBias(name) {
+			continue
+		}
+		n++
+		ti, ok := f.Tensor(name)
+		if !ok || ti.DType != safetensors.F32 {
+			t.Fatalf("the export's %s: %+v (present %v), want F32", name, ti, ok)
+		}
+		y := make([]float32, len(x))
+		if err := f.ReadF32(name, y); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(x, y) || slices.Equal(y, init[name]) {
+			t.Errorf("the export's %s is %v, the checkpoint's %v (loaded %v)", name, y, x, init[name])
+		}
+	}
+	if n != 3 {
+		t.Errorf("%d selection biases exported, want 3", n)
 	}
 }
