@@ -121,7 +121,9 @@ var nanoV3Recipe = []string{
 // the block, overlong_filtering false) loads and trains two steps on the
 // CPU from a tiny Nemotron-H and captured rollouts: its bf16 policy runs
 // in fp32 on the CPU (said), the routers stay frozen (freeze_moe_router),
-// every other weight moves, and each step's metrics are finite.
+// the recipe's expert bias (moe_router_enable_expert_bias, rate 1e-3)
+// moves each selection bias by ±1e-3 (or 0) an element a step, the other
+// weights train, and each step's metrics are finite.
 func TestNanoV3RecipeTrains(t *testing.T) {
 	tmp := t.TempDir()
 	_, caps, steps := loadMTPGolden(t, tmp)
@@ -132,7 +134,6 @@ func TestNanoV3RecipeTrains(t *testing.T) {
 		"--set", "grpo.num_prompts_per_step=3", "--set", "grpo.num_generations_per_prompt=4",
 		"--set", "checkpointing.save_period=1", "--set", "policy.max_total_sequence_length=64",
 		"--set", "cluster.num_nodes=1", "--set", "cluster.gpus_per_node=1")
-	args = append(args, nanoV3ExpertBias...)
 	log := mustTrain(t, args...)
 	for _, want := range []string{"policy.precision=bfloat16", "frozen (policy.megatron_cfg.freeze_moe_router)"} {
 		if !strings.Contains(log, want) {
@@ -152,26 +153,36 @@ func TestNanoV3RecipeTrains(t *testing.T) {
 	}
 	w0, w2 := stepTensors(t, out, 1)[checkpoint.KindWeights], stepTensors(t, out, 2)[checkpoint.KindWeights]
 	init := hfWeightsOf(t, dir)
+	biases := 0
 	for name, x := range w2 {
 		moved := !slices.Equal(x, init[name])
 		router := strings.HasSuffix(name, ".mixer.gate.weight")
 		if router && moved {
 			t.Errorf("%s moved with freeze_moe_router: true", name)
 		}
-		if !router && !moved && !strings.HasSuffix(name, "e_score_correction_bias") && strings.Contains(name, "in_proj") {
+		if strings.HasSuffix(name, "e_score_correction_bias") {
+			biases++
+			if !moved {
+				t.Errorf("%s did not move in two steps with the recipe's expert bias", name)
+			}
+			for i := range x {
+				if d := math.Abs(float64(x[i]) - float64(init[name][i])); d > 2*1e-3*(1+1e-5)+1e-7 {
+					t.Errorf("%s[%d] moved by %.3g in two steps at rate 1e-3", name, i, d)
+				}
+			}
+			t.Logf("%s after two steps: moved by %v", name, deltas(x, init[name]))
+		}
+		if !router && !moved && strings.Contains(name, "in_proj") {
 			t.Errorf("%s did not train", name)
 		}
+	}
+	if biases == 0 {
+		t.Error("the checkpoint holds no selection bias")
 	}
 	if len(w0) == 0 {
 		t.Fatal("no step-1 weights")
 	}
 }
-
-// nanoV3ExpertBias is what the recipe run sets of the expert bias
-// (aux-loss-free load balancing): its recipe switches it on, which
-// tracegrpo refuses until it is built (issue 35's bias part), so the run
-// switches it off.
-var nanoV3ExpertBias = []string{"--set", "policy.megatron_cfg.moe_router_enable_expert_bias=false", "--set", "policy.megatron_cfg.moe_router_bias_update_rate=0"}
 
 // hfWeightsOf reads a Hugging Face directory's model.safetensors.
 func hfWeightsOf(t *testing.T, dir string) map[string][]float32 {
@@ -240,4 +251,13 @@ func TestHybridBuiltinJobLearns(t *testing.T) {
 			first, last, last-first, hybridLearnGainMin)
 	}
 	t.Logf("40 steps, seed 42: mean reward of the first 10 steps %.3f, of the last 10 %.3f (gain %.3f, guard %.2f)", first, last, last-first, hybridLearnGainMin)
+}
+
+// deltas is x − y element by element.
+func deltas(x, y []float32) []float32 {
+	d := make([]float32, len(x))
+	for i := range x {
+		d[i] = x[i] - y[i]
+	}
+	return d
 }
