@@ -290,21 +290,14 @@ func (m *Model) layoutHybrid() *actPlan {
 	// kinds[k] lays out what only a block of kind k uses while it runs
 	// (its forward, or its recomputation and backward): its kind's shared
 	// activations, when one block's worth is kept, and its own scratch.
-	// No two blocks run at once, so the kinds share memory (actPlan.union),
-	// except under multi-token prediction with recomputation, where a
-	// depth's blocks are recomputed together before its backward: their
-	// shared activations are then laid out apart.
+	// No two blocks run at once (an MTP depth's blocks too: each is
+	// recomputed again just before its own backward, hybridBackward), so
+	// the kinds share memory (actPlan.union).
 	var kinds [LayerMoE + 1][]func()
-	unionShared := share && (c.MTP.Depths == 0 || m.forwardOnly)
 	if share {
 		for _, k := range []LayerKind{LayerMamba, LayerAttention, LayerMLP, LayerMoE} {
-			if c.CountLayers(k) == 0 {
-				continue
-			}
-			if unionShared {
+			if c.CountLayers(k) > 0 {
 				kinds[k] = append(kinds[k], func() { block(&shared[k].a, &shared[k].h, k) })
-			} else {
-				block(&shared[k].a, &shared[k].h, k)
 			}
 		}
 	} else {
