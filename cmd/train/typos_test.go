@@ -50,8 +50,9 @@ func TestTyposAreLoud(t *testing.T) {
 
 // TestCheckDecidesMoEKeysByTheModel: the router's keys of a Qwen3-1.7B
 // recipe (NeMo Gym's super_swe1) are refused only when the model has
-// experts: accepted with a dense --init-from, refused with a sparse one,
-// and named as undecided without a model.
+// experts without a selection bias: accepted with a dense --init-from and
+// with a Nemotron-H one (whose selection biases they update), refused with
+// a Qwen3-MoE one, and named as undecided without a model.
 func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 	recipe := "../../config/testdata/nemo-rl/examples/configs/recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-super-swe1.yaml"
 	base := []string{"config", "--check", "--config", recipe, "--config", "../../config/testdata/multitrace_override.yaml",
@@ -64,7 +65,9 @@ func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 	}{
 		{"no model", "", 0, "could not decide 2 key(s) that configure a model's experts without the model"},
 		{"dense", "../../model/testdata/qwen3_tied", 0, ""},
-		{"sparse", "../../model/testdata/moe_k2_norm", 1, "refused because the model has experts"},
+		{"sparse", "../../model/testdata/moe_k2_norm", 1, "this model's routers have none"},
+		// Nemotron-H's routers have a selection bias: the keys are used.
+		{"selection bias", "../../model/testdata/nh_groups", 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := base
@@ -78,7 +81,7 @@ func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 				t.Fatalf("exit %d, want %d and %q:\n%s", code, c.code, c.want, msg)
 			}
 			for _, k := range moeKeys {
-				if named := strings.Contains(msg, k); named != (c.name != "dense") {
+				if named := strings.Contains(msg, k); named != (c.name == "no model" || c.name == "sparse") {
 					t.Errorf("%s named: %v\n%s", k, named, msg)
 				}
 			}
