@@ -27,6 +27,13 @@ func TestTyposAreLoud(t *testing.T) {
 			[]string{"data.max_input_seq_lenght: unknown key, did you mean data.max_input_seq_length?"}},
 		{"command", []string{"tracse"}, 2, []string{`unknown command "tracse"; did you mean "traces"?`}},
 		{"command far from any", []string{"frobnicate"}, 2, []string{`unknown command "frobnicate" (the commands: bench, config`}},
+		{"flag", []string{"--stpes", "3"}, 2, []string{"train: usage: train: unknown flag: --stpes; did you mean --steps? (see train --help)"}},
+		{"subcommand's flag", []string{"config", "--chek"}, 2, []string{"unknown flag: --chek; did you mean --check? (see train config --help)"}},
+		{"flag far from any", []string{"plan", "--zzzzzzzz"}, 2, []string{"unknown flag: --zzzzzzzz (see train plan --help)"}},
+		{"override typo of a list element", []string{"config", "--config", todaysRecipe, "policy.scheduler.0.kwargs.total_iter=7"}, 1,
+			[]string{"did you mean policy.scheduler.0.kwargs.total_iters?"}},
+		{"unknown key in a known section", []string{"config", "--config", todaysRecipe, "++checkpointing.x=1"}, 0,
+			[]string{"checkpointing.x: unknown key (accepted and not used"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
