@@ -494,7 +494,11 @@ func (t *Trainer) loadConfig() error {
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("%d keys ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", len(ld.Ignored))
+		n := fmt.Sprintf("%d keys", len(ld.Ignored))
+		if len(ld.Ignored) == 1 {
+			n = "1 key"
+		}
+		t.logf("%s ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", n)
 	}
 	for _, w := range ld.Warnings() {
 		// Said even under --quiet: a key the run does not use.
