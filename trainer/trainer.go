@@ -80,6 +80,9 @@ type Trainer struct {
 	// balancing, expertbias.go): policy.megatron_cfg.moe_router_bias_update_rate
 	// for a model whose routers have one, else 0.
 	biasRate float64
+	// loadViolation is the last step's expert_load_max_violation (nil
+	// without selection biases or routed tokens).
+	loadViolation *float64
 	// mtp is the multi-token prediction loss (mtp.go).
 	mtp    mtpRun
 	mtpBuf mtpBuffers
