@@ -508,3 +508,46 @@ func TestIdentityCoversEveryFlag(t *testing.T) {
 		}
 	})
 }
+
+// TestStepFileShortOrTorn (QA round): the trainer reads a step file as
+// soon as it appears, so a generator that writes it in place (as Gym's
+// rollout collection writes its output) is read short or torn; the run
+// stops naming the file and saying how a generator must write it.
+func TestStepFileShortOrTorn(t *testing.T) {
+	dir := t.TempDir()
+	recs, caps := gymFixture(t, dir)
+	data, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.SplitAfter(bytes.TrimSuffix(data, []byte("\n")), []byte("\n"))
+	for _, c := range []struct {
+		name string
+		body []byte
+		want string
+	}{
+		{"short", bytes.Join(lines[:len(lines)-1], nil), fmt.Sprintf("holds %d records", len(lines)-1)},
+		{"torn", data[:len(data)-len(lines[len(lines)-1])/2], fmt.Sprintf("step_1.jsonl:%d", len(lines))},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			steps := filepath.Join(dir, c.name)
+			if err := os.MkdirAll(steps, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(steps, "step_1.jsonl"), c.body, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args := append([]string{"--out", filepath.Join(dir, "run-"+c.name), "--rollouts", steps, "--captures", caps, "--steps", "1"}, externalSets...)
+			tr, err := newTrainer(t, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.Close()
+			err = tr.Run()
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "renames it into place") ||
+				strings.Contains(err.Error(), "rollouts: rollouts:") {
+				t.Errorf("err = %v\nwant one saying %q and how a generator writes a step file", err, c.want)
+			}
+		})
+	}
+}
