@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_torch  # noqa: E402  (blas_in_use)
 import golden_model as gm  # noqa: E402  (save)
 import golden_nemotronh as gn  # noqa: E402  (the model's math)
 
@@ -123,7 +124,7 @@ def main():
     ms = statistics.median(times)
     print(json.dumps({"impl": "torch", "torch": torch.__version__, "threads": a.threads, "rows": a.rows, "seq": a.seq,
                       "steps": a.steps, "ms_per_step": ms, "tokens_per_s": a.rows * a.seq / (ms / 1e3),
-                      "params": sum(v.numel() for v in W.values()), "blas": torch.__config__.show().count("OpenBLAS") and "OpenBLAS" or "other"}))
+                      "params": sum(v.numel() for v in W.values()), "blas": bench_torch.blas_in_use()}))
 
 
 if __name__ == "__main__":
