@@ -84,6 +84,23 @@ var H200 = Device{
 	ThreadsPerSM: 2048, BlocksPerSM: 32,
 }
 
+// H200SM90a is what-if H200 for the sm_90a path that is not built
+// (docs/gpu.md): our tensor-core kernels (attention) issuing wgmma from
+// warpgroups at cuBLAS's measured rate instead of mma.sync at half of it
+// (FlashAttention-3 reaches about 75% of the datasheet peak in its forward
+// on an H100, 740 TFLOP/s, near the 788 measured here), and every kernel's
+// loads fed by the bulk tensor copy engine (TMA) through a few shared-memory
+// stages, so that no kernel is bound by the loads its threads keep in
+// flight (Latency 0: the latency bound drops out, bytes and FLOPs remain).
+// train gpu-model --sm90a predicts on it.
+var H200SM90a = func() Device {
+	d := H200
+	d.Name = "NVIDIA H200 (model, what-if sm_90a: wgmma at cuBLAS's rate, TMA-fed loads)"
+	d.MMARate = d.GemmRate
+	d.Latency = 0
+	return d
+}()
+
 // KernelFacts are what ptxas says of a kernel on sm_90 (gen_sm90.go).
 type KernelFacts struct {
 	Regs       int // registers a thread

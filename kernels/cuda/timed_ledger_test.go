@@ -172,3 +172,38 @@ func TestLazyLoadEmu(t *testing.T) {
 		t.Errorf("%s=sometimes: Open error %v, want one naming the variable", loadEnv, err)
 	}
 }
+
+// TestSM90aWhatIf: the what-if sm_90a device runs an HMMA kernel at
+// cuBLAS's rate (twice mma.sync's) and bounds no kernel by the loads its
+// threads keep in flight; a latency-bound launch on the H200 becomes bound
+// by its bytes, and nothing else of the device changes.
+func TestSM90aWhatIf(t *testing.T) {
+	var hmma string
+	for k, f := range sm90Facts {
+		if f.HMMA > 0 {
+			hmma = k
+			break
+		}
+	}
+	if hmma == "" {
+		t.Fatal("no HMMA kernel in the sm_90 facts")
+	}
+	mma := Launch{Op: "Attention", Kernel: hmma, Kind: KindMMA, Grid: [3]int{132 * 64, 1, 1}, Block: 128, FLOPs: 1 << 44, Read: 1 << 20, Inflight: 16}
+	a, b := H200.Predict(mma, nil), H200SM90a.Predict(mma, nil)
+	if a.Bound != "flops" || b.Bound != "flops" || !near(a.Seconds, 2*b.Seconds) {
+		t.Errorf("HMMA launch: H200 %v s (%s), sm_90a %v s (%s); want flops-bound, half the time", a.Seconds, a.Bound, b.Seconds, b.Bound)
+	}
+	// One block of a thread, 1 GiB read: latency-bound on the H200.
+	slow := Launch{Op: "Fill", Kernel: "fill", Kind: KindSIMT, Grid: [3]int{1, 1, 1}, Block: 32, Read: 1 << 30, Inflight: 4}
+	if e := H200.Predict(slow, nil); e.Bound != "latency" {
+		t.Fatalf("H200: %+v, want latency-bound", e)
+	}
+	if e := H200SM90a.Predict(slow, nil); e.Bound != "bytes" || !near(e.Seconds, float64(1<<30)/H200.CopyBW) {
+		t.Errorf("sm_90a: %v s bound by %s, want its bytes at the copy bandwidth", e.Seconds, e.Bound)
+	}
+	d := H200SM90a
+	d.Name, d.MMARate, d.Latency = H200.Name, H200.MMARate, H200.Latency
+	if d != H200 {
+		t.Errorf("the what-if device differs from the H200 in more than MMARate and Latency:\n%+v\n%+v", d, H200)
+	}
+}
