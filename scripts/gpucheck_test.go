@@ -137,7 +137,12 @@ const fakeTrain = `#!/usr/bin/env bash
 echo "train $*" >>"$GPU_CHECK_CALLS"
 case "$1" in
 bench)
-	echo "predicted against measured time per op: one step" >&2
+	{
+		printf 'predicted against measured time per op: one step\n\n| part | launches |\n|---|---:|\n| attention (own) | 2 |\n| **step** | 9 |\n\n'
+		printf '| op (by measured time) | launches |\n|---|---:|\n'
+		for i in $(seq 1 20); do echo "| Op$i | 1 |"; done
+		printf '\npredicted step 1.0 ms, measured 2.0 ms\n'
+	} >&2
 	echo '{"tokens_per_s": 1000, "ms_per_step": 8, "plan_mib": 5}'
 	;;
 score) for i in 1 2 3 4 5 6 7 8; do echo '{"logprobs": [0]}'; done ;;
@@ -242,8 +247,14 @@ func TestStages(t *testing.T) {
 		if strings.Contains(calls, "AdamWGolden") || strings.Contains(calls, "--weights-out") {
 			t.Errorf("the default run ran the extra or loop stage:\n%s", calls)
 		}
-		if !strings.Contains(out, "predicted against measured") {
-			t.Errorf("the summary has no predicted-against-measured table\n%s", out)
+		// The summary has the parts and the 12 ops measured longest.
+		for _, w := range []string{"predicted against measured", "| attention (own) | 2 |", "| **step** | 9 |", "| Op1 | 1 |", "| Op12 | 1 |"} {
+			if !strings.Contains(out, w) {
+				t.Errorf("the summary lacks %q\n%s", w, out)
+			}
+		}
+		if strings.Contains(out, "| Op13 |") || strings.Contains(out, "predicted step 1.0 ms") {
+			t.Errorf("the summary has more than 12 ops of the table\n%s", out)
 		}
 	})
 	t.Run("bench alone", func(t *testing.T) {
