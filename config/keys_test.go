@@ -242,3 +242,87 @@ func TestPlainOverrideNamesTheNearestKey(t *testing.T) {
 		t.Errorf("error %q; want the nearest key named before the way to add the typo", msg)
 	}
 }
+
+// TestNearestKeyIsNeverAnAncestor: a key under a known one is never told it
+// meant its own section (checkpointing.x is two edits from checkpointing,
+// and "did you mean checkpointing?" named the section the user wrote),
+// for every known key and short new segments under it; a typo of a
+// sibling still names the sibling.
+func TestNearestKeyIsNeverAnAncestor(t *testing.T) {
+	ix := knownKeys()
+	n := 0
+	for _, b := range ix.byLen {
+		for _, k := range b {
+			for _, seg := range []string{"x", "ab"} {
+				p := k + "." + seg
+				if got := Nearest(p); got != "" && (got == p || strings.HasPrefix(p, got+".")) {
+					t.Errorf("Nearest(%q) = %q, its own ancestor", p, got)
+					if n++; n > 20 {
+						t.Fatal("too many")
+					}
+				}
+			}
+		}
+	}
+	for typo, meant := range map[string]string{
+		"checkpointing.save_perod":        "checkpointing.save_period",
+		"grpo.num_prompt_per_step":        "grpo.num_prompts_per_step",
+		"policy.optimizer.kwargs.lrr":     "policy.optimizer.kwargs.lr",
+		"policy.optimizer.kwarg":          "policy.optimizer.kwargs",
+		"logger.wandb.projct":             "logger.wandb.project",
+		"cluster.num_node":                "cluster.num_nodes",
+		"checkpointing.checkpoint_dirr.x": "checkpointing.checkpoint_dir",
+	} {
+		if got := Nearest(typo); got != meant {
+			t.Errorf("Nearest(%q) = %q; want %q", typo, got, meant)
+		}
+	}
+}
+
+// TestNewKeysNameTheirOverride: an error or warning about a key that a ++
+// override added names that override, not "default" (the key node it
+// made had no origin).
+func TestNewKeysNameTheirOverride(t *testing.T) {
+	_, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{"++grpo.num_prompt_per_step=2"}})
+	if want := "config: override ++grpo.num_prompt_per_step=2: unknown key grpo.num_prompt_per_step (nearest known key: grpo.num_prompts_per_step)"; fmt.Sprint(err) != want {
+		t.Errorf("error %q; want %q", err, want)
+	}
+	ld, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{"++checkpointing.x=1", "++data.shufle.deep=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := ld.Warnings()
+	want := []string{
+		"override ++checkpointing.x=1: checkpointing.x: unknown key (accepted and not used: this section carries no training math)",
+		"override ++data.shufle.deep=1: data.shufle: unknown key, did you mean data.shuffle? (accepted and not used: this section carries no training math)",
+	}
+	if !reflect.DeepEqual(w, want) {
+		t.Errorf("warnings\n%q\nwant\n%q", w, want)
+	}
+}
+
+// TestTypoSuggestionsCanBeWrittenAsTheyAre: a suggestion keeps the list
+// indices of the key typed, a plain override names the whole key it meant
+// (not only its first missing part), and ~ of a typo names the key meant.
+func TestTypoSuggestionsCanBeWrittenAsTheyAre(t *testing.T) {
+	for p, want := range map[string]string{
+		"policy.scheduler.0.kwargs.total_iter":   "policy.scheduler.0.kwargs.total_iters",
+		"policy.scheduler.12.kwargs.start_facto": "policy.scheduler.12.kwargs.start_factor",
+		"policy.scheduler.kwargs.total_iter":     "policy.scheduler.kwargs.total_iters",
+		"grpo.num_prompt_per_step":               "grpo.num_prompts_per_step",
+	} {
+		if got := Nearest(p); got != want {
+			t.Errorf("Nearest(%q) = %q; want %q", p, got, want)
+		}
+	}
+	for o, want := range map[string]string{
+		"grp.num_prompts_per_step=2":             "could not override grp.num_prompts_per_step: did you mean grpo.num_prompts_per_step? grp is not in the recipe",
+		"policy.scheduler.0.kwargs.total_iter=7": "did you mean policy.scheduler.0.kwargs.total_iters? policy.scheduler.0.kwargs.total_iter is not in the recipe",
+		"~grpo.num_prompt_per_step":              "could not delete grpo.num_prompt_per_step: it does not exist (did you mean grpo.num_prompts_per_step?)",
+	} {
+		_, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{o}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("override %s: error %v; want it to say %q", o, err, want)
+		}
+	}
+}
