@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff gym-main schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff gym-main schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-nemotron bench-ops clean
 
 all: build
 
@@ -95,6 +95,11 @@ bench-torch:
 # reference BLAS makes torch slow: small shapes.
 bench-moe:
 	scripts/bench_moe.sh --threads 2 --steps 2 --rows 2 --seq 64
+
+# Nemotron-H: a tiny-but-not-trivial step against PyTorch's (scripts/bench_nemotronh.py) in one run, and the
+# Mamba-2 scan's tokens/s against the bench model's attention at 4096 tokens (docs/benchmarks.md#nemotron-h).
+bench-nemotron:
+	scripts/bench_nemotron.sh --threads 2 --steps 2 --rows 2 --seq 128
 
 # Op-level CPU kernels against torch (reference BLAS and its bundled oneDNN), 2 threads.
 bench-ops:

@@ -84,7 +84,7 @@ func RunRows(env Env, r Rows) error {
 	var prof *timedBackend
 	if r.Profile {
 		prof = newTimedBackend(be)
-		be = prof
+		be = prof.profiled()
 	}
 	// This rank's share of the rows (all of them for one process).
 	lo, hi := collective.Block(r.Rows, env.Rank, env.Size)
