@@ -316,7 +316,8 @@ func (m *Model) ropeTo(dst, x32, pos, cos, sin kernels.Buf, T, H, HD int) {
 // q, k and v come from one GEMM (the fused q|k|v weight) into qkvOut, fp32
 // for the bias, q/k norms and RoPE, then split apart (v straight into its
 // attention operand, rounded to bf16 under mixed precision); gate and up
-// come from one GEMM into fused, then split.
+// come from one GEMM into the layer's gu, read as it lies (SwiGLURows),
+// and their gradients are written packed, for the GEMM's backward.
 func (m *Model) layerForward(l int, full bool) {
 	if !full {
 		m.norm1(l)
@@ -373,11 +374,9 @@ func (m *Model) layerBody(l int) {
 		m.moeForward(l, T, tc(a.ln2, C), m.layerMoE(l))
 		return
 	}
-	gu := tc(m.fused, 2*I)
+	gu := tc(a.gu, 2*I)
 	b.Matmul(gu, tc(a.ln2, C), gw.gu, T, C, 2*I)
-	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
-	b.CopyCols(tc(a.up, I), gu.Slice(I, T*2*I-I), T, I, I, 2*I)
-	b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
+	b.SwiGLURows(tc(a.h, I), gu, T, I)
 }
 
 // layerTail queues the end of decoder layer l's full forward: the down
@@ -580,10 +579,8 @@ func (m *Model) backwardLayer(l int) {
 		dh := tc(m.dh, I)
 		b.Fill(dh, 0)
 		b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
-		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
 		dgu := tc(m.fused, 2*I)
-		b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
-		b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
+		b.SwiGLURowsBackward(dgu, dh, tc(a.gu, 2*I), T, I)
 		b.Fill(dln, 0)
 		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 	}

@@ -134,6 +134,12 @@ func (f *moeFlipBackend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	f.flipBackend.Backend.SwiGLU(out, gate, up, N)
 }
 
+func (f *moeFlipBackend) SwiGLURows(out, gu kernels.Buf, R, I int) {
+	gate := f.next("SwiGLU", f.swNames, &f.sw)
+	f.forceRows(gate, f.next("SwiGLU", f.swNames, &f.sw), gu, R, I)
+	f.flipBackend.Backend.SwiGLURows(out, gu, R, I)
+}
+
 func (f *moeFlipBackend) GroupedMatmul(out, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
 	if name := f.next("GroupedMatmul", f.gNames, &f.gm); name != "" {
 		f.force(name, inp)

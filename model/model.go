@@ -138,10 +138,9 @@ type layerActs struct {
 	xmid     kernels.Buf // (T,C) residual after attention
 	ln2      kernels.Buf // (T,C) w
 	rstd2    kernels.Buf // (T)
-	gate     kernels.Buf // (T,I) w
-	up       kernels.Buf // (T,I) w
+	gu       kernels.Buf // (T,2I) w the gate|up GEMM's output: row t's gate, then its up
 	h        kernels.Buf // (T,I) w silu(gate)·up
-	moe      moeActs     // sparse layers, in place of gate, up and h
+	moe      moeActs     // sparse layers, in place of gu and h
 }
 
 // moeActs are a sparse layer's activations saved for the backward pass
@@ -233,7 +232,7 @@ type Model struct {
 	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
 	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
 	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
-	dgate, dup, dh      kernels.Buf // (T,I)
+	dh                  kernels.Buf // (T,I)
 	tokens, pos, target kernels.Buf // (T) I32; target holds a tree's pair labels (P)
 	cu                  kernels.Buf // (S+1) I32: sequence offsets, or a tree's segment offsets
 	// Packed trees (Options.Tree): the pairs' final-layer rows, the tree.
@@ -725,8 +724,7 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&a.rstd2, T)
 	}
 	mlp := func(a *layerActs) {
-		w.add(&a.gate, T*I)
-		w.add(&a.up, T*I)
+		w.add(&a.gu, T*2*I)
 		w.add(&a.h, T*I)
 	}
 	moe := func(a *moeActs) {
@@ -766,7 +764,7 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&k32, T*kn)
 		f.add(&m.qkvOut, T*qkvN)
 	}
-	fusedW := qkvN // the q|k|v output, and the dense gate|up output
+	fusedW := qkvN // the q|k|v output, and the dense gate|up gradient
 	if anyDense {
 		fusedW = max(fusedW, 2*I)
 	}
@@ -811,9 +809,7 @@ func (m *Model) layoutActs() *actPlan {
 			f.add(&m.dkraw, T*kn)
 		}
 		if anyDense {
-			for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
-				f.add(x, T*I)
-			}
+			f.add(&m.dh, T*I)
 		}
 		if bf16 {
 			w.add(&m.dxW, T*C)

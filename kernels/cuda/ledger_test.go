@@ -187,6 +187,9 @@ func TestLedgerElementwise(t *testing.T) {
 		{"Convert", func() { b.Convert(xh, x) }, 4 * nc, 2 * nc},
 		{"SwiGLU", func() { b.SwiGLU(xh, yh, zh, N*C) }, 4 * nc, 2 * nc},
 		{"SwiGLUBackward", func() { b.SwiGLUBackward(x, y, z, yh, zh, N*C) }, 8 * nc, 8 * nc},
+		// gu (N, C) bf16 holds N rows of C/2 gate then C/2 up values.
+		{"SwiGLURows", func() { b.SwiGLURows(xh.Slice(0, N*C/2), yh, N, C/2) }, 2 * nc, nc},
+		{"SwiGLURowsBackward", func() { b.SwiGLURowsBackward(xh, x.Slice(0, N*C/2), yh, N, C/2) }, 2*nc + 2*nc, 2 * nc},
 		{"CopyCols", func() { b.CopyCols(xh, x, N, C/2, C, C) }, 2 * nc, nc},
 		{"RMSNorm", func() { b.RMSNorm(xh, rstd, x, weight, N, C, 1e-6) }, 4*nc + 4*C, 2*nc + 4*N},
 		{"AddRMSNorm", func() { b.AddRMSNorm(x, xh, rstd, y, z, weight, N, C, 1e-6) }, 8*nc + 4*C, 4*nc + 2*nc + 4*N},

@@ -541,6 +541,53 @@ var cases = []testCase{
 			s.check(fmt.Sprintf("SwiGLUBackward dup N=%d", N), du, TolElementwise)
 		}
 	}},
+	{"SwiGLURows", func(s *suite) {
+		// The gate|up GEMM's output read as it lies, and its gradient
+		// written packed: against the reference, and, on each backend,
+		// bit for bit what splitting with CopyCols around SwiGLU and
+		// SwiGLUBackward gives (the model's former path). Widths with and
+		// without the 8-element vector steps, aligned views and not, every
+		// dtype pairing.
+		dts := []kernels.DType{kernels.F32, kernels.BF16}
+		for _, sh := range []struct{ R, I int }{{1, 1}, {3, 8}, {5, 13}, {7, 64}, {33, 40}} {
+			for _, aligned := range []bool{true, false} {
+				for _, in := range dts {
+					for _, o := range dts {
+						s.aligned = aligned
+						R, I := sh.R, sh.I
+						gu := s.randnOf(in, 2*R*I, 3)
+						g, u := s.randnOf(in, R*I, 1), s.randnOf(in, R*I, 1)
+						out, split := s.randnOf(o, R*I, 1), s.randnOf(o, R*I, 1)
+						dout := s.randn(R*I, 1)
+						dgu, dguSplit := s.randnOf(o, 2*R*I, 1), s.randnOf(o, 2*R*I, 1)
+						dg, du := s.out(R*I), s.out(R*I)
+						both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+							b.SwiGLURows(v(out), v(gu), R, I)
+							b.SwiGLURowsBackward(v(dgu), v(dout), v(gu), R, I)
+							x := v(gu)
+							b.CopyCols(v(g), x, R, I, I, 2*I)
+							b.CopyCols(v(u), x.Slice(I, x.N-I), R, I, I, 2*I)
+							b.SwiGLU(v(split), v(g), v(u), R*I)
+							b.SwiGLUBackward(v(dg), v(du), v(dout), v(g), v(u), R*I)
+							y := v(dguSplit)
+							b.CopyCols(y, v(dg), R, I, 2*I, I)
+							b.CopyCols(y.Slice(I, y.N-I), v(du), R, I, 2*I, I)
+						})
+						tag := fmt.Sprintf("%s → %s R=%d I=%d aligned=%v", in, o, R, I, aligned)
+						tol := TolElementwise
+						if o == kernels.BF16 {
+							tol = TolBF16Out
+						}
+						s.check("SwiGLURows out "+tag, out, tol)
+						s.check("SwiGLURowsBackward dgu "+tag, dgu, tol)
+						s.sameBits("SwiGLURows out, split "+tag, out, split)
+						s.sameBits("SwiGLURowsBackward dgu, split "+tag, dgu, dguSplit)
+					}
+				}
+			}
+		}
+		s.aligned = false
+	}},
 	{"SwiGLUBF16", func(s *suite) {
 		// Every dtype pairing of the contract (gate, up F32|BF16 same; out
 		// F32|BF16), lengths with and without a tail past the 8-element
