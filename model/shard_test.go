@@ -104,6 +104,7 @@ func onRanks(t *testing.T, n int, body func(r int, b kernels.Backend, c collecti
 // their routers and experts sharded with their layers' groups, the
 // load-balancing loss in the gradients and equal per micro-batch, and a
 // checkpoint in transformers v5's fused expert layout read by ranges.
+// Nemotron-H models too (nh_*: Mamba, attention, MLP and sparse blocks).
 func TestShardedMatchesWhole(t *testing.T) {
 	type tc struct {
 		variant string
@@ -126,6 +127,12 @@ func TestShardedMatchesWhole(t *testing.T) {
 	// layer's group (dense layers interleaved in moe_k8_interleaved).
 	cases = append(cases, tc{"moe_k8_interleaved", kernels.F32, false, true}, tc{"moe_k2_norm", kernels.BF16, true, false},
 		tc{"moe_k2_nonorm_v5", kernels.F32, true, true})
+	// Nemotron-H: every block kind's parameters (Mamba's conv, A_log, D,
+	// dt_bias and gated norm in the vector flats; the sigmoid routers and
+	// their selection biases; the latent projections) sharded with their
+	// block's group.
+	cases = append(cases, tc{"nh_blocks", kernels.F32, false, true}, tc{"nh_groups", kernels.BF16, true, false},
+		tc{"nh_latent", kernels.F32, true, true}, tc{"nh_bf16", kernels.BF16, false, true})
 	for _, c := range cases {
 		for _, world := range []int{1, 2, 3, 4} {
 			name := fmt.Sprintf("%s/%s/recompute=%v/reshard=%v/W=%d", c.variant, c.prec, c.re, c.reshard, world)

@@ -164,6 +164,15 @@ const treeGradTol = 2e-4
 // TestBF16StepCloseToF32's tolerance for a gradient.
 const treeGradTolBF16vsF32 = 0.06
 
+// treeGradTolHybridBF16 bounds ‖Δg‖/‖g‖ between a Nemotron-H model's
+// shared and unshared bf16 steps. Their forwards are bit-identical; the
+// backward rounds each gradient entering a GEMM to bf16 once per shared
+// row against once per copy (treeGradTolBF16vsF32's K roundings), and
+// the few loss positions of a small trie, with dL/dlogprob of random
+// signs, leave sums of terms that cancel to a tenth of their size (the
+// Mamba mixer's D, dt_bias, conv: measured up to 0.061 of ‖g‖).
+const treeGradTolHybridBF16 = 0.1
+
 // treeGradFloorBF16 is treeGradFloor under bf16: the rounding noise of a
 // gradient whose exact value is (near) zero follows the bf16 operands'
 // 2^-9, about a thousandth of the gradient's scale.
@@ -190,9 +199,9 @@ func TestTreeMatchesUnshared(t *testing.T) {
 	b := cpu.New(2)
 	defer b.Close()
 	r := rand.New(rand.NewPCG(80, 80))
-	var worst, worstBF16, worstBF16Flat float64
+	var worst, worstHybrid, worstBF16, worstBF16Flat, worstHybridBF16 float64
 	positions := 0
-	for _, v := range []string{"qwen3_tied", "qwen2_untied", "llama_tied"} {
+	for _, v := range []string{"qwen3_tied", "qwen2_untied", "llama_tied", "nh_blocks", "nh_groups", "nh_latent", "nh_bf16"} {
 		for _, o := range []Options{{}, {Recompute: true}, {Precision: kernels.BF16}} {
 			o.MaxTokens, o.MaxSeqs, o.MaxSeqLen, o.Tree = 1200, 300, 200, true
 			m := loadTestModel(t, v, b, o)
@@ -231,6 +240,9 @@ func TestTreeMatchesUnshared(t *testing.T) {
 								e = 0 // no loss position: every gradient is 0 both ways
 							}
 							worst = max(worst, e)
+							if m.Config().Hybrid() {
+								worstHybrid = max(worstHybrid, e)
+							}
 							if !(e <= 1) {
 								t.Errorf("%s: ‖Δg‖ = %.3g > %g·‖g‖ + %.3g (‖g‖ = %.3g)", p.Name, d, treeGradTol, floor, g)
 							}
@@ -246,6 +258,21 @@ func TestTreeMatchesUnshared(t *testing.T) {
 						allow := treeGradTolBF16vsF32*norm(g) + floor
 						if allow == 0 {
 							continue // no loss position
+						}
+						if m.Config().Hybrid() {
+							// Nemotron-H under bf16 is farther from its fp32 step than
+							// the allowance, shared and unshared alike (rounded scan
+							// operands; a near-tie of the sigmoid router picks other
+							// experts): the shared step is held to the unshared one,
+							// within treeGradTolHybridBF16.
+							gb := res.gFlat[p.Offset : p.Offset+p.N]
+							dTree, allow = dist(res.gTree[p.Offset:p.Offset+p.N], gb), treeGradTolHybridBF16*norm(gb)+treeGradFloorBF16*norm(res.gFlat)
+							worstHybridBF16 = max(worstHybridBF16, dTree/allow)
+							if !(dTree <= allow) {
+								t.Errorf("%s: the shared bf16 gradient is %.3g from the unshared bf16 one (‖g‖ = %.3g), over %g·‖g‖ + %.3g",
+									p.Name, dTree, norm(gb), treeGradTolHybridBF16, treeGradFloorBF16*norm(res.gFlat))
+							}
+							continue
 						}
 						worstBF16, worstBF16Flat = max(worstBF16, dTree/allow), max(worstBF16Flat, dFlat/allow)
 						if !(dTree <= allow) {
@@ -264,8 +291,9 @@ func TestTreeMatchesUnshared(t *testing.T) {
 	if positions < 1000 {
 		t.Errorf("the batches held %d loss positions in all; the property needs more", positions)
 	}
-	t.Logf("fp32: worst share of the gradient allowance (%g·‖g‖ + %g·‖G‖) used: %.3g", treeGradTol, treeGradFloor, worst)
+	t.Logf("fp32: worst share of the gradient allowance (%g·‖g‖ + %g·‖G‖) used: %.3g (Nemotron-H: %.3g)", treeGradTol, treeGradFloor, worst, worstHybrid)
 	t.Logf("bf16 against fp32: worst share of the allowance (%g·‖g‖ + %g·‖G‖) used: shared %.3g, unshared %.3g", treeGradTolBF16vsF32, treeGradFloorBF16, worstBF16, worstBF16Flat)
+	t.Logf("Nemotron-H bf16, shared against unshared: worst share of the allowance (%g·‖g‖ + %g·‖G‖) used: %.3g", treeGradTolHybridBF16, treeGradFloorBF16, worstHybridBF16)
 }
 
 // norm is ‖a‖₂, dist ‖a − b‖₂.

@@ -200,8 +200,12 @@ func mtpTargetsOf(st *step, D int) []int {
 // noTrees reports whether a model's traces are packed alone under
 // policy.shared_prefix=auto: a sparse model's load-balancing loss counts
 // every trace's tokens; multi-token prediction reads each trace's next
-// tokens, which differ across a branch point.
-func noTrees(mc model.Config) bool { return mc.Sparse() || mc.MTP.Depths > 0 }
+// tokens, which differ across a branch point. Nemotron-H's sparse blocks
+// have no load-balancing loss (transformers' NemotronH computes none, and
+// the recipes' moe_router_load_balancing_type is none), so a Nemotron-H
+// model without MTP runs tries: its Mamba blocks hand each child its
+// state and conv window (kernels.Mamba).
+func noTrees(mc model.Config) bool { return mc.Sparse() && !mc.Hybrid() || mc.MTP.Depths > 0 }
 
 // mtpBuffers are the trainer's per-step MTP buffers.
 type mtpBuffers struct {

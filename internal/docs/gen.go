@@ -77,6 +77,7 @@ func init() {
 	register(Generator{Name: "recipe-counts", From: "train config --check's checks (trainer.Check) on config/testdata/nemo-rl", Gen: genRecipeCounts})
 	register(Generator{Name: "plans-recipes", From: "train plan --config RECIPE --model CONFIG --rollouts x --world-size W --shard full|none --json", Gen: genRecipePlans})
 	register(Generator{Name: "plan-moe", From: "train plan --config grpo-qwen3-30ba3b-8n8g-megatron.yaml --model qwen3-30b-a3b --world-size 8|16 --shard full --json", Gen: genMoEPlan})
+	register(Generator{Name: "plan-moments", From: "train plan --model llama-3.1-8b --world-size 8 --shard full --json, with Adam's moments in float32 and with FusedAdam's bfloat16 ones", Gen: genMomentsPlan})
 	register(Generator{Name: "model-caps", From: "package model's size caps (model.MaxLayers, ..., model.MaxTokens)", Gen: genModelCaps})
 	register(Generator{Name: "gymdiff-traces", From: "train traces on gym/testdata/gymdiff (its stderr)", Gen: genGymdiffTraces})
 }
@@ -145,6 +146,8 @@ func wrap(text string) string {
 }
 
 func gib(b int64) string { return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30)) }
+
+func mib(b int64) string { return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20)) }
 
 // comma writes n with thousands separators.
 func comma(n int64) string {
@@ -482,6 +485,34 @@ func genMoEPlan(e *Env) (string, error) {
 		return "", err
 	}
 	fmt.Fprintf(&b, "\nUnsharded, one rank holds %s.\n", gib(one.Total))
+	return b.String(), nil
+}
+
+// fusedAdamBF16 are the overrides of NeMo RL's exp_avg_dtype recipes:
+// TransformerEngine's FusedAdam with both moments in bfloat16.
+var fusedAdamBF16 = []string{
+	"--set", "policy.megatron_cfg.enabled=false", "--set", "policy.dtensor_cfg.enabled=true",
+	"--set", "policy.optimizer.name=transformer_engine.pytorch.optimizers.fused_adam.FusedAdam",
+	"--set", "policy.optimizer.kwargs.exp_avg_dtype=torch.bfloat16",
+	"--set", "policy.optimizer.kwargs.exp_avg_sq_dtype=torch.bfloat16",
+}
+
+// genMomentsPlan writes one rank's optimizer state for Llama-3.1-8B on 8
+// fully sharded ranks, with float32 moments and with bfloat16 ones.
+func genMomentsPlan(e *Env) (string, error) {
+	var b strings.Builder
+	b.WriteString("| Llama-3.1-8B, one rank of 8, fully sharded | `adam_moments` | `moment_staging` | total |\n|---|---|---|---|\n")
+	args := []string{"--model", published + "/llama-3.1-8b.config.json", "--world-size", "8", "--shard", "full"}
+	for _, c := range []struct {
+		name string
+		sets []string
+	}{{"AdamW, float32 moments", nil}, {"FusedAdam, bfloat16 moments", fusedAdamBF16}} {
+		p, err := e.plan(append(append([]string{}, args...), c.sets...)...)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.name, gib(p.bytes("adam_moments")), mib(p.bytes("moment_staging")), gib(p.Total))
+	}
 	return b.String(), nil
 }
 

@@ -26,7 +26,9 @@ func genSuperMTPPlan(e *Env) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		q, err := e.plan(append(args, "--set", "policy.megatron_cfg.mtp_num_layers=0")...)
+		// Without MTP a Nemotron-H packs token tries under
+		// shared_prefix=auto: the share is against the same packing.
+		q, err := e.plan(append(args, "--set", "policy.megatron_cfg.mtp_num_layers=0", "--set", "policy.shared_prefix=off")...)
 		if err != nil {
 			return "", err
 		}

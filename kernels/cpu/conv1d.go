@@ -67,6 +67,7 @@ type convTask struct {
 	dout                   []float32
 	prev                   []int32 // (T)
 	idx                    [][]int32
+	acc                    [][]float32 // per worker: a block's Σ_t of dweight and dbias
 	T, CD, KW              int
 	bwd                    bool
 }
@@ -101,11 +102,18 @@ func (t *convTask) run(w, lo, hi int) {
 func (t *convTask) backward(w, lo, hi int) {
 	CD, KW := t.CD, t.KW
 	idx := t.idx[w][:KW]
+	// The weight gradients of a block are summed over the tokens first and
+	// then added to dweight and dbias, so that accumulating micro-batches
+	// into one gradient and summing each micro-batch's apart (a sharded
+	// model's slot) give the same bits.
+	acc := t.acc[w][:convChanBlock*(KW+1)]
 	for blk := lo; blk < hi; blk++ {
 		c0, c1 := blk*convChanBlock, min((blk+1)*convChanBlock, CD)
 		for r := 0; r < t.T; r++ {
 			clear(t.dinp[r*CD+c0 : r*CD+c1])
 		}
+		clear(acc)
+		dwAcc, dbAcc := acc[:convChanBlock*KW], acc[convChanBlock*KW:]
 		for r := 0; r < t.T; r++ {
 			convTaps(idx, t.prev, int32(r))
 			for c := c0; c < c1; c++ {
@@ -121,16 +129,23 @@ func (t *convTask) backward(w, lo, hi int) {
 				}
 				s := 1 / (1 + expf(-u))
 				g := t.dout[r*CD+c] * (s * (1 + u*(1-s)))
-				if t.dbias != nil {
-					t.dbias[c] += g
-				}
-				dw := t.dweight[c*KW : (c+1)*KW]
+				dbAcc[c-c0] += g
+				dw := dwAcc[(c-c0)*KW : (c-c0+1)*KW]
 				for k, j := range idx {
 					if j >= 0 {
 						dw[k] += g * t.inp[int(j)*CD+c]
 						t.dinp[int(j)*CD+c] += wc[k] * g
 					}
 				}
+			}
+		}
+		for c := c0; c < c1; c++ {
+			if t.dbias != nil {
+				t.dbias[c] += dbAcc[c-c0]
+			}
+			dw := t.dweight[c*KW : (c+1)*KW]
+			for k := range dw {
+				dw[k] += dwAcc[(c-c0)*KW+k]
 			}
 		}
 	}
@@ -163,6 +178,13 @@ func (b *Backend) convSetup(op string, tree kernels.Tree, T, CD, KW int, weight,
 		}
 	}
 	t.idx = b.tasks.convIdx
+	if len(b.tasks.convAcc) != b.threads || (b.threads > 0 && cap(b.tasks.convAcc[0]) < convChanBlock*(KW+1)) {
+		b.tasks.convAcc = make([][]float32, b.threads)
+		for i := range b.tasks.convAcc {
+			b.tasks.convAcc[i] = make([]float32, convChanBlock*(KW+1))
+		}
+	}
+	t.acc = b.tasks.convAcc
 	return t, true
 }
 

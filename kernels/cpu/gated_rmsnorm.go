@@ -85,14 +85,20 @@ func (t *gatedNormTask) run(_, lo, hi int) {
 		}
 	case 2:
 		N := len(t.rstd) / ng
+		// Each column is summed over the rows first and then added to
+		// dweight (micro-batches accumulated or summed apart: the same bits).
 		for blk := lo; blk < hi; blk++ {
 			c0, c1 := blk*gnColBlock, min((blk+1)*gnColBlock, D)
+			var acc [gnColBlock]float32
 			for r := range N {
 				for c := c0; c < c1; c++ {
 					i := r*D + c
 					u, _ := gated(t.y[i], t.z[i])
-					t.dweight[c] += t.dout[i] * (u * t.rstd[r*ng+c/GS])
+					acc[c-c0] += t.dout[i] * (u * t.rstd[r*ng+c/GS])
 				}
+			}
+			for c := c0; c < c1; c++ {
+				t.dweight[c] += acc[c-c0]
 			}
 		}
 	}

@@ -567,3 +567,53 @@ func TestSigmoidRouter(t *testing.T) {
 		})
 	}
 }
+
+// TestMambaWeightGradsAddTheirSum: Conv1DBackward and GatedRMSNormBackward
+// sum each weight gradient over the tokens and then add it, so a gradient
+// that starts at G ends at G + (the gradient from zero) bit for bit: a
+// sharded model, which sums each micro-batch's gradients apart from the
+// ones before it, then equals a whole model accumulating them in place.
+func TestMambaWeightGradsAddTheirSum(t *testing.T) {
+	r := rand.New(rand.NewPCG(35, 9))
+	e := newEnv(t, 2)
+	addExact := func(name string, start, fromZero, got []float32) {
+		t.Helper()
+		for i := range got {
+			if want := start[i] + fromZero[i]; math.Float32bits(got[i]) != math.Float32bits(want) {
+				t.Fatalf("%s[%d]: %v from %v, want %v + %v = %v", name, i, got[i], start[i], start[i], fromZero[i], want)
+			}
+		}
+	}
+	tr := seqTree(9, 5, 11)
+	T, CD, KW := tr.T(), 70, 4 // two channel blocks
+	inp, w, bias, dout := e.f32(randVec(r, T*CD, 1)), e.f32(randVec(r, CD*KW, 1)), e.f32(randVec(r, CD, 1)), e.f32(randVec(r, T*CD, 1))
+	tree := tr.upload(e)
+	g0, b0 := randVec(r, CD*KW, 1), randVec(r, CD, 1)
+	dw, db, dw0, db0 := e.f32(g0), e.f32(b0), e.zeros(CD*KW), e.zeros(CD)
+	e.b.Conv1DBackward(e.zeros(T*CD), dw, db, dout, inp, w, bias, tree, T, CD, KW)
+	e.b.Conv1DBackward(e.zeros(T*CD), dw0, db0, dout, inp, w, bias, tree, T, CD, KW)
+	e.sync()
+	addExact("conv dweight", f32s(g0), f32s(e.get(dw0)), f32s(e.get(dw)))
+	addExact("conv dbias", f32s(b0), f32s(e.get(db0)), f32s(e.get(db)))
+
+	N, D, GS := 37, 130, 65
+	y, z, nw := e.f32(randVec(r, N*D, 2)), e.f32(randVec(r, N*D, 2)), e.f32(randVec(r, D, 1))
+	rstd := e.zeros(N * D / GS)
+	e.b.GatedRMSNorm(e.zeros(N*D), rstd, y, z, nw, N, D, GS, 1e-5)
+	gn := randVec(r, D, 1)
+	dn, dn0 := e.f32(gn), e.zeros(D)
+	gout := e.f32(randVec(r, N*D, 1))
+	e.b.GatedRMSNormBackward(e.zeros(N*D), e.zeros(N*D), dn, gout, y, z, nw, rstd, N, D, GS)
+	e.b.GatedRMSNormBackward(e.zeros(N*D), e.zeros(N*D), dn0, gout, y, z, nw, rstd, N, D, GS)
+	e.sync()
+	addExact("gated norm dweight", f32s(gn), f32s(e.get(dn0)), f32s(e.get(dn)))
+}
+
+// f32s rounds float64s to the float32s a buffer holds.
+func f32s(v []float64) []float32 {
+	out := make([]float32, len(v))
+	for i, x := range v {
+		out[i] = float32(x)
+	}
+	return out
+}

@@ -32,8 +32,9 @@ type tasks struct {
 	combine    combineTask
 	bad        []int
 	conv       convTask
-	convPrev   []int32   // Conv1D's context links (T)
-	convIdx    [][]int32 // per worker: a token's taps (KW)
+	convPrev   []int32     // Conv1D's context links (T)
+	convIdx    [][]int32   // per worker: a token's taps (KW)
+	convAcc    [][]float32 // per worker: a channel block's dweight and dbias sums (convChanBlock·(KW+1))
 	relu2      relu2Task
 	gatedNorm  gatedNormTask
 	ssm        ssmTask
