@@ -17,6 +17,16 @@ type AddRMSNormer interface {
 	AddRMSNorm(sum, out, rstd, a, b, weight Buf, N, C int, eps float32)
 }
 
+// FreshMatmulBackward is MatmulBackward with dinp assigned, not
+// accumulated: a gradient that is fresh needs no Fill first (a GPU runs
+// the product with beta = 0, one pass over dinp fewer).
+type FreshMatmulBackward interface {
+	// MatmulBackwardFresh: dinp (T,C) = dout·weight; dweight (OC,C) +=
+	// doutᵀ·inp. Otherwise as MatmulBackward (dtypes, a zero-length dinp
+	// or dweight skipped); dinp may hold anything before.
+	MatmulBackwardFresh(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
+}
+
 // SampleParams are the sampling distribution's settings (model's
 // SampleOptions without the stopping rules).
 type SampleParams struct {

@@ -531,6 +531,18 @@ func (m *Model) gemmGrad(g, w kernels.Buf) kernels.Buf {
 	return w
 }
 
+// matmulBackwardFresh queues dinp = dout·weight, dweight += doutᵀ·inp:
+// one beta = 0 product where the backend has it, else Fill then
+// MatmulBackward (the same values).
+func (m *Model) matmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	if m.freshMM != nil {
+		m.freshMM.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
+		return
+	}
+	m.b.Fill(dinp, 0)
+	m.b.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
 // backwardHead queues the LM head's and the final norm's backward, leaving
 // the gradient of the last layer's output in dx (a tree's: from its pairs,
 // backwardHeadTree).
@@ -577,19 +589,16 @@ func (m *Model) backwardLayer(l int) {
 		m.moeBackward(l, dx, dln)
 	} else {
 		dh := tc(m.dh, I)
-		b.Fill(dh, 0)
-		b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
+		m.matmulBackwardFresh(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
 		dgu := tc(m.fused, 2*I)
 		b.SwiGLURowsBackward(dgu, dh, tc(a.gu, 2*I), T, I)
-		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+		m.matmulBackwardFresh(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 	}
 	b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
 	// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
 	// q|k|v = ln1·Wqkvᵀ (+ bias).
 	datt := tc(m.datt, qn)
-	b.Fill(datt, 0)
-	b.MatmulBackward(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
+	m.matmulBackwardFresh(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
 		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
@@ -612,8 +621,7 @@ func (m *Model) backwardLayer(l int) {
 	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
 	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
 	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
-	b.Fill(dln, 0)
-	b.MatmulBackward(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
+	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
 }
 

@@ -181,6 +181,7 @@ type Model struct {
 	// The backend's optional fused paths (nil: the core ops).
 	addNorm  kernels.AddRMSNormer
 	ropeConv kernels.RopeConverter
+	freshMM  kernels.FreshMatmulBackward
 	// experts runs the sparse layers (nil on a backend without them, which
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
@@ -401,6 +402,7 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.b = b
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
+	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
 	m.experts, _ = b.(kernels.Experts)
 	m.filtered, _ = b.(kernels.FilteredHead)
 	m.mamba, _ = b.(kernels.Mamba)

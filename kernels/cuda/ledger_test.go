@@ -87,6 +87,11 @@ func TestLedgerGEMMs(t *testing.T) {
 		if want := (sums{2*(OC*C+T*OC) + 4*T*C + 2*(T*C+T*OC) + 4*OC*C, 4*T*C + 4*OC*C, 4 * T * C * OC}); s != want {
 			t.Errorf("MatmulBackward %s: ledger %+v, want %+v", name, s, want)
 		}
+		// dinp = dout·W (beta = 0) reads no dinp.
+		s = sumOf(opLedger(t, b, "MatmulBackwardFresh", func() { b.MatmulBackwardFresh(dinp, dw, out, inp, w, sh.T, sh.C, sh.OC) }))
+		if want := (sums{2*(OC*C+T*OC) + 2*(T*C+T*OC) + 4*OC*C, 4*T*C + 4*OC*C, 4 * T * C * OC}); s != want {
+			t.Errorf("MatmulBackwardFresh %s: ledger %+v, want %+v", name, s, want)
+		}
 		for _, x := range []kernels.Buf{inp, w, out, dinp, dw} {
 			b.Free(x)
 		}

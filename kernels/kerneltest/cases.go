@@ -181,6 +181,35 @@ var cases = []testCase{
 			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
 		}
 	}},
+	{"MatmulBackwardFresh", func(s *suite) {
+		// kernels.FreshMatmulBackward: dinp assigned over random contents
+		// (what it held must not show), dweight accumulated; fp32 and
+		// bf16 operands, a zero-length dinp skipped.
+		for _, sh := range mmShapes {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				inp, w, dout := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1), s.randnOf(dt, sh.T*sh.OC, 1)
+				dinp, dw, dw2 := s.randn(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+				fresh := 0
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					f, ok := b.(kernels.FreshMatmulBackward)
+					if !ok {
+						return
+					}
+					fresh++
+					f.MatmulBackwardFresh(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+					f.MatmulBackwardFresh(kernels.Buf{}, v(dw2), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+				})
+				if fresh == 1 {
+					s.t.Logf("%s does not implement kernels.FreshMatmulBackward: not checked", s.dut.Name())
+					return
+				}
+				tag := fmt.Sprintf("%s T=%d C=%d OC=%d", dt, sh.T, sh.C, sh.OC)
+				s.check("MatmulBackwardFresh dinp "+tag, dinp, TolMatmul)
+				s.check("MatmulBackwardFresh dweight "+tag, dw, TolMatmul)
+				s.check("MatmulBackwardFresh dweight (no dinp) "+tag, dw2, TolMatmul)
+			}
+		}
+	}},
 	{"Convert", func(s *suite) {
 		// Rounding: ties to even, carries into the exponent, overflow to
 		// infinity, subnormals, signed zeros, NaN; then random values.
