@@ -571,7 +571,9 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 			} else if add {
 				c := cur
 				set = func(n *yaml.Node) {
-					c.Content = append(c.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: seg}, n)
+					key := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: seg}
+					ld.mark(key, "override "+clip(o.text)) // a message about the new key names its override
+					c.Content = append(c.Content, key, n)
 				}
 			}
 		case yaml.SequenceNode:
@@ -595,7 +597,7 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 					return notThere(strings.Join(segs[:k+2], "."))
 				}
 				child = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
-				ld.mark(child, "override "+o.text)
+				ld.mark(child, "override "+clip(o.text))
 				set(child)
 			}
 			cur = child

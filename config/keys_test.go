@@ -242,3 +242,61 @@ func TestPlainOverrideNamesTheNearestKey(t *testing.T) {
 		t.Errorf("error %q; want the nearest key named before the way to add the typo", msg)
 	}
 }
+
+// TestNearestKeyIsNeverAnAncestor: a key under a known one is never told it
+// meant its own section (checkpointing.x is two edits from checkpointing,
+// and "did you mean checkpointing?" named the section the user wrote),
+// for every known key and short new segments under it; a typo of a
+// sibling still names the sibling.
+func TestNearestKeyIsNeverAnAncestor(t *testing.T) {
+	ix := knownKeys()
+	n := 0
+	for _, b := range ix.byLen {
+		for _, k := range b {
+			for _, seg := range []string{"x", "ab"} {
+				p := k + "." + seg
+				if got := Nearest(p); got != "" && (got == p || strings.HasPrefix(p, got+".")) {
+					t.Errorf("Nearest(%q) = %q, its own ancestor", p, got)
+					if n++; n > 20 {
+						t.Fatal("too many")
+					}
+				}
+			}
+		}
+	}
+	for typo, meant := range map[string]string{
+		"checkpointing.save_perod":        "checkpointing.save_period",
+		"grpo.num_prompt_per_step":        "grpo.num_prompts_per_step",
+		"policy.optimizer.kwargs.lrr":     "policy.optimizer.kwargs.lr",
+		"policy.optimizer.kwarg":          "policy.optimizer.kwargs",
+		"logger.wandb.projct":             "logger.wandb.project",
+		"cluster.num_node":                "cluster.num_nodes",
+		"checkpointing.checkpoint_dirr.x": "checkpointing.checkpoint_dir",
+	} {
+		if got := Nearest(typo); got != meant {
+			t.Errorf("Nearest(%q) = %q; want %q", typo, got, meant)
+		}
+	}
+}
+
+// TestNewKeysNameTheirOverride: an error or warning about a key that a ++
+// override added names that override, not "default" (the key node it
+// made had no origin).
+func TestNewKeysNameTheirOverride(t *testing.T) {
+	_, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{"++grpo.num_prompt_per_step=2"}})
+	if want := "config: override ++grpo.num_prompt_per_step=2: unknown key grpo.num_prompt_per_step (nearest known key: grpo.num_prompts_per_step)"; fmt.Sprint(err) != want {
+		t.Errorf("error %q; want %q", err, want)
+	}
+	ld, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{"++checkpointing.x=1", "++data.shufle.deep=1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := ld.Warnings()
+	want := []string{
+		"override ++checkpointing.x=1: checkpointing.x: unknown key (accepted and not used: this section carries no training math)",
+		"override ++data.shufle.deep=1: data.shufle: unknown key, did you mean data.shuffle? (accepted and not used: this section carries no training math)",
+	}
+	if !reflect.DeepEqual(w, want) {
+		t.Errorf("warnings\n%q\nwant\n%q", w, want)
+	}
+}

@@ -66,6 +66,9 @@ func newKeyIndex(keys []string) *keyIndex {
 
 // nearest is the known key nearest to p by edit distance (the first in
 // sorted order among equals), and the distance; "" when none is known.
+// p's own ancestors do not count: checkpointing.x is two edits from
+// checkpointing, but "did you mean checkpointing?" names the section the
+// user wrote, not a key they meant.
 func (ix *keyIndex) nearest(p string) (string, int) {
 	best, bd := "", maxTypo(p)
 	for d := 0; d <= bd; d++ {
@@ -78,6 +81,9 @@ func (ix *keyIndex) nearest(p string) (string, int) {
 				continue
 			}
 			for _, k := range ix.byLen[n] {
+				if n < len(p) && p[n] == '.' && p[:n] == k {
+					continue // an ancestor of p
+				}
 				if dist, ok := nearest.Within(p, k, bd+1); ok && (dist < bd || best == "" || k < best) {
 					best, bd = k, dist
 				}

@@ -243,12 +243,14 @@ func TestRejectsInvalid(t *testing.T) {
 	}{
 		{"short", []byte{1, 2, 3}, "shorter than"},
 		{"header longer than file", append(huge, "{}"...), "exceeds the"},
+		{"header one byte past the end", append([]byte{3, 0, 0, 0, 0, 0, 0, 0}, "{}"...), "exceeds the 2 bytes"},
 		{"header not object", build(`[]`, nil), "does not start with '{'"},
 		{"trailing garbage", build(`{}x`, nil), "after the JSON object"},
 		{"two objects", build(`{}{}`, nil), "after the JSON object"},
 		{"duplicate tensor", build(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}`, eight[:4]), "duplicate key"},
 		{"unknown dtype", build(`{"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}}`, eight[:4]), "unknown dtype"},
 		{"shape mismatch", build(`{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}}`, eight[:4]), "needs 8 bytes"},
+		{"shape short of its span", build(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}}`, eight), "needs 4 bytes"},
 		{"negative dim", build(`{"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}}`, eight[:4]), "non-negative"},
 		{"fractional offset", build(`{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}}`, eight[:4]), "non-negative integer"},
 		{"overflowing shape", build(`{"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}`, eight[:4]), "more elements"},
@@ -534,5 +536,39 @@ func TestReadF32AtRandom(t *testing.T) {
 			checkReadF32At(t, f, ti.Name, whole, trial)
 		}
 		f.Close()
+	}
+}
+
+// TestReadRawAtBounds: ReadRawAt returns exactly the bytes of the range
+// asked within its tensor, and refuses any range that passes the tensor's
+// end, even where the next tensor's bytes follow in the file.
+func TestReadRawAtBounds(t *testing.T) {
+	data := []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	file := build(`{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}}`, data)
+	f, err := NewFile(bytes.NewReader(file), int64(len(file)), "bounds")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ti := range f.Tensors() {
+		span := int(ti.End - ti.Begin)
+		for off := 0; off <= span+2; off++ {
+			for n := 1; n <= span+2; n++ {
+				dst := make([]byte, n)
+				err := f.ReadRawAt(ti.Name, int64(off), dst)
+				if off+n > span {
+					if err == nil {
+						t.Errorf("%s: ReadRawAt(%d, %d bytes) past its %d bytes accepted (read %v)", ti.Name, off, n, span, dst)
+					}
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: ReadRawAt(%d, %d bytes): %v", ti.Name, off, n, err)
+					continue
+				}
+				if want := data[int(ti.Begin)+off : int(ti.Begin)+off+n]; !bytes.Equal(dst, want) {
+					t.Errorf("%s: ReadRawAt(%d, %d bytes) = %v, want %v", ti.Name, off, n, dst, want)
+				}
+			}
+		}
 	}
 }
