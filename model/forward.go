@@ -336,9 +336,18 @@ func (m *Model) layerBody(l int) {
 		m.hybridBody(l)
 		return
 	}
+	m.layerAttention(l)
+	m.layerMLP(l)
+}
+
+// layerAttention queues decoder layer l's attention from its normed input
+// la[l].ln1 to its output la[l].att: the q|k|v GEMM, then, for Qwen3's q/k
+// norms, one QKNormRope pass where the backend has it, else the split
+// path (CopyCols, RMSNorm, RoPE and the casts).
+func (m *Model) layerAttention(l int) {
 	b, c := m.b, m.cfg
 	T := m.lastT
-	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	C, HD, NH, NKV := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
 	qkvN := qn + 2*kn
 	eps := c.RMSNormEps
@@ -346,13 +355,19 @@ func (m *Model) layerBody(l int) {
 	cos, sin, _ := m.ropeTables()
 	pos := m.pos.Slice(0, T)
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
-	x := tc(a.x, C)
 	qkv := tc(m.qkvOut, qkvN)
 	b.Matmul(qkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	if c.QKVBias() {
 		b.AddBias(qkv, w.qkvBias, T, qkvN)
 	}
 	q32, k32 := tc(a.q32, qn), tc(a.k32, kn)
+	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
+	if c.QKNorm() && m.qkRope != nil {
+		m.qkRope.QKNormRope(q, k, v, tc(a.qraw, qn), tc(a.kraw, kn), a.qrstd.Slice(0, T*NH), a.krstd.Slice(0, T*NKV),
+			qkv, w.qNorm, w.kNorm, pos, cos, sin, T, NH, NKV, HD, eps)
+		m.attend(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v)
+		return
+	}
 	if c.QKNorm() {
 		b.CopyCols(tc(a.qraw, qn), qkv, T, qn, qn, qkvN)
 		b.CopyCols(tc(a.kraw, kn), qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
@@ -362,11 +377,24 @@ func (m *Model) layerBody(l int) {
 		b.CopyCols(q32, qkv, T, qn, qn, qkvN)
 		b.CopyCols(k32, qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
 	}
-	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
 	b.CopyCols(v, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
 	m.ropeTo(q, q32, pos, cos, sin, T, NH, HD)
 	m.ropeTo(k, k32, pos, cos, sin, T, NKV, HD)
 	m.attend(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v)
+}
+
+// layerMLP queues decoder layer l from its attention output la[l].att up
+// to the MLP's activation h: the o projection, the residual add with the
+// post-attention norm, the gate|up GEMM and SwiGLU (a sparse layer: its
+// experts).
+func (m *Model) layerMLP(l int) {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	C, I, NH, HD := c.HiddenSize, c.IntermediateSize, c.NumAttentionHeads, c.HeadDim
+	qn := NH * HD
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
+	x := tc(a.x, C)
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
 	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)

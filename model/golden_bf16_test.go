@@ -335,6 +335,15 @@ func (f *flipBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Bu
 	f.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
 }
 
+// MatmulBackwardFresh is MatmulBackward's hook for the fresh-gradient
+// form the model calls (kernels.FreshMatmulBackward).
+func (f *flipBackend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	f.inBackward = true
+	f.force(fmt.Sprintf("dout.L%d.%s", f.layers-1-f.mmb/4, flipBackwardOperands[f.mmb%4]), dout)
+	f.mmb++
+	f.Backend.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
 func (f *flipBackend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	f.force(fmt.Sprintf("dout.L%d.att", f.layers-1-f.attnb), dout)
 	f.attnb++

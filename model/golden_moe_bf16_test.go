@@ -159,6 +159,12 @@ func (f *moeFlipBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels
 	f.flipBackend.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
 }
 
+func (f *moeFlipBackend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	f.inBackward = true
+	f.force(f.next("MatmulBackward", f.mmbNames, &f.mmb2), dout)
+	f.flipBackend.Backend.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
 func (f *moeFlipBackend) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
 	f.inBackward = true
 	f.force(f.next("GroupedMatmulBackward", f.gbNames, &f.gb), dout)

@@ -79,6 +79,8 @@ var sm90Facts = map[string]KernelFacts{
 	"logprob_init":                   {Regs: 24, StaticSmem: 0, HMMA: 0},
 	"mma_selftest_frag":              {Regs: 27, StaticSmem: 0, HMMA: 1},
 	"mma_selftest_ldmatrix":          {Regs: 24, StaticSmem: 1024, HMMA: 2},
+	"qk_norm_rope_bf16out":           {Regs: 54, StaticSmem: 0, HMMA: 0},
+	"qk_norm_rope_f32out":            {Regs: 52, StaticSmem: 0, HMMA: 0},
 	"rmsnorm_bwd":                    {Regs: 30, StaticSmem: 128, HMMA: 0},
 	"rmsnorm_bwd_g128_c1":            {Regs: 62, StaticSmem: 8224, HMMA: 0},
 	"rmsnorm_bwd_g16_c1":             {Regs: 62, StaticSmem: 8192, HMMA: 0},

@@ -201,6 +201,19 @@ func TestLedgerElementwise(t *testing.T) {
 		{"AdamW", func() { b.AdamW(x, y, z, w, kernels.AdamWStep{}) }, 16 * nc, 12 * nc},
 		{"RopeConvert", func() { b.RopeConvert(xh, x, pos, cos, sin, N, C/128, 128) }, 4*nc + 4*N + 2*4*N*64, 2 * nc},
 	}
+	// QKNormRope over N rows of qkv (C = 16 heads of 128: 8 q, 4 k, 4 v):
+	// qkv, the weights, pos and the cos/sin rows read; the raw heads, the
+	// rstds and the bf16 q, k, v written.
+	qkvRows, qwt, kwt := x.Slice(0, N*16*128), weight.Slice(0, 128), weight.Slice(128, 128)
+	qkCase := struct {
+		op          string
+		run         func()
+		read, write int64
+	}{"QKNormRope", func() {
+		b.QKNormRope(xh.Slice(0, N*8*128), yh.Slice(0, N*4*128), zh.Slice(0, N*4*128), y.Slice(0, N*8*128), z.Slice(0, N*4*128),
+			w.Slice(0, N*8), w.Slice(N*8, N*4), qkvRows, qwt, kwt, pos, cos, sin, N, 8, 4, 128, 1e-6)
+	}, 4*N*16*128 + 2*4*128 + 4*N + 2*4*N*64, 2*N*16*128 + 4*N*12*128 + 4*N*12}
+	cases = append(cases, qkCase)
 	for _, c := range cases {
 		s := sumOf(opLedger(t, b, c.op, c.run))
 		if s.read != c.read || s.write != c.write {

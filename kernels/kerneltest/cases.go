@@ -369,6 +369,71 @@ var cases = []testCase{
 		s.wantSyncError("RopeConvert with position 6 of a 6-row table")
 		s.check("RopeConvert bf16 out with a bad position", o, TolBF16Out)
 	}},
+	{"QKNormRope", func(s *suite) {
+		// kernels.QKNormRoper against the reference, and, on the
+		// reference, bit for bit the split path it stands for (CopyCols,
+		// RMSNorm, RopeConvert, CopyCols). Head widths with a half under a
+		// warp, one of 34 (pairs across lanes unevenly), 128 (Qwen3's).
+		dutR, ok := s.dut.(kernels.QKNormRoper)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.QKNormRoper", s.dut.Name())
+		}
+		refR := s.ref.(kernels.QKNormRoper)
+		for _, sh := range []struct{ T, NH, NKV, HD, maxPos int }{{1, 1, 1, 2, 1}, {37, 4, 2, 8, 100}, {9, 3, 3, 34, 4096}, {20, 4, 2, 128, 5000}} {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				T, NH, NKV, HD := sh.T, sh.NH, sh.NKV, sh.HD
+				qn, kn := NH*HD, NKV*HD
+				W := qn + 2*kn
+				pos := s.i32(s.randTokens(T, sh.maxPos))
+				cos, sin := s.ropeTables(sh.maxPos, HD, 1e6)
+				qkv := s.randn(T*W, 2)
+				qw, kw := s.randn(HD, 1), s.randn(HD, 1)
+				q, k, v := s.randnOf(dt, T*qn, 1), s.randnOf(dt, T*kn, 1), s.randnOf(dt, T*kn, 1)
+				qraw, kraw, qrstd, krstd := s.out(T*qn), s.out(T*kn), s.out(T*NH), s.out(T*NKV)
+				refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1e-6)
+				dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1e-6)
+				tag := fmt.Sprintf("%s T=%d NH=%d NKV=%d HD=%d", dt, T, NH, NKV, HD)
+				tol := TolElementwise
+				if dt == kernels.BF16 {
+					tol = TolBF16Out
+				}
+				s.check("QKNormRope q "+tag, q, tol)
+				s.check("QKNormRope k "+tag, k, tol)
+				s.check("QKNormRope v "+tag, v, TolExact)
+				s.check("QKNormRope qraw "+tag, qraw, TolExact)
+				s.check("QKNormRope kraw "+tag, kraw, TolExact)
+				s.check("QKNormRope qrstd "+tag, qrstd, TolElementwise)
+				s.check("QKNormRope krstd "+tag, krstd, TolElementwise)
+				// The split path on the reference.
+				b := s.ref
+				sq, sk, sv := s.randnOf(dt, T*qn, 1), s.randnOf(dt, T*kn, 1), s.randnOf(dt, T*kn, 1)
+				sqraw, skraw, sq32, sk32, sqrstd, skrstd := s.out(T*qn), s.out(T*kn), s.out(T*qn), s.out(T*kn), s.out(T*NH), s.out(T*NKV)
+				b.CopyCols(sqraw.r, qkv.r, T, qn, qn, W)
+				b.CopyCols(skraw.r, qkv.r.Slice(qn, T*W-qn), T, kn, kn, W)
+				b.CopyCols(sv.r, qkv.r.Slice(qn+kn, T*W-qn-kn), T, kn, kn, W)
+				b.RMSNorm(sq32.r, sqrstd.r, sqraw.r, qw.r, T*NH, HD, 1e-6)
+				b.RMSNorm(sk32.r, skrstd.r, skraw.r, kw.r, T*NKV, HD, 1e-6)
+				b.(kernels.RopeConverter).RopeConvert(sq.r, sq32.r, pos.r, cos.r, sin.r, T, NH, HD)
+				b.(kernels.RopeConverter).RopeConvert(sk.r, sk32.r, pos.r, cos.r, sin.r, T, NKV, HD)
+				for _, p := range [][2]*pairBuf{{q, sq}, {k, sk}, {v, sv}, {qraw, sqraw}, {kraw, skraw}, {qrstd, sqrstd}, {krstd, skrstd}} {
+					s.sameBitsOn(s.ref, "QKNormRope against the split path "+tag, p[0].r, p[1].r)
+				}
+			}
+		}
+		// A position outside the tables: that row normed, unrotated, reported.
+		const T, NH, NKV, HD = 3, 2, 1, 8
+		W := (NH + 2*NKV) * HD
+		pos := s.i32([]int32{0, 6, 2})
+		cos, sin := s.ropeTables(6, HD, 10000)
+		qkv, qw, kw := s.randn(T*W, 1), s.randn(HD, 1), s.randn(HD, 1)
+		q, k, v := s.randnBF16(T*NH*HD, 1), s.randnBF16(T*NKV*HD, 1), s.randnBF16(T*NKV*HD, 1)
+		qraw, kraw, qrstd, krstd := s.out(T*NH*HD), s.out(T*NKV*HD), s.out(T*NH), s.out(T*NKV)
+		refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1e-6)
+		dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1e-6)
+		s.wantSyncError("QKNormRope with position 6 of a 6-row table")
+		s.check("QKNormRope q with a bad position", q, TolBF16Out)
+		s.check("QKNormRope k with a bad position", k, TolBF16Out)
+	}},
 	{"RopeBadPosition", func(s *suite) {
 		// Position 6 of a 6-row table, and a negative one: those rows stay
 		// as they were, the others rotate, and Sync reports the error.

@@ -357,17 +357,19 @@ func (s *suite) check(name string, p *pairBuf, tol Tol) {
 // tolerance).
 func (s *suite) sameBits(name string, a, b *pairBuf) {
 	s.t.Helper()
-	for _, x := range []struct {
-		be   kernels.Backend
-		a, b kernels.Buf
-	}{{s.ref, a.r, b.r}, {s.dut, a.d, b.d}} {
-		va, vb := s.download(x.be, x.a), s.download(x.be, x.b)
-		for i := range va {
-			if math.Float32bits(va[i]) != math.Float32bits(vb[i]) {
-				s.t.Errorf("%s on %s: element %d is %g (%#x), the other %g (%#x)", name, x.be.Name(), i,
-					va[i], math.Float32bits(va[i]), vb[i], math.Float32bits(vb[i]))
-				break
-			}
+	s.sameBitsOn(s.ref, name, a.r, b.r)
+	s.sameBitsOn(s.dut, name, a.d, b.d)
+}
+
+// sameBitsOn is sameBits of two views on one backend.
+func (s *suite) sameBitsOn(be kernels.Backend, name string, a, b kernels.Buf) {
+	s.t.Helper()
+	va, vb := s.download(be, a), s.download(be, b)
+	for i := range va {
+		if math.Float32bits(va[i]) != math.Float32bits(vb[i]) {
+			s.t.Errorf("%s on %s: element %d is %g (%#x), the other %g (%#x)", name, be.Name(), i,
+				va[i], math.Float32bits(va[i]), vb[i], math.Float32bits(vb[i]))
+			return
 		}
 	}
 }
