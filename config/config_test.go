@@ -401,7 +401,7 @@ func TestSuggest(t *testing.T) {
 		"grpo.num_prompt_per_step":                  "grpo.num_prompts_per_step",
 		"loss_fn.reference_policy_kl_penalt":        "loss_fn.reference_policy_kl_penalty",
 		"env.nemo_gym.token_id_capture.delivry":     "env.nemo_gym.token_id_capture.delivery",
-		"policy.scheduler.0.kwarg":                  "policy.scheduler.kwargs",
+		"policy.scheduler.0.kwarg":                  "policy.scheduler.0.kwargs",
 		"policy.megatron_cfg.optimizer.adam_beta_1": "policy.megatron_cfg.optimizer.adam_beta1",
 	}
 	for in, want := range cases {

@@ -522,7 +522,11 @@ func (ld *loader) applyOverride(root *yaml.Node, o *hydraOverride) error {
 	case hydraDelete:
 		cur := sel()
 		if cur == nil {
-			return fmt.Errorf("config: override %s: could not delete %s: it does not exist", clip(o.text), clip(o.key))
+			hint := ""
+			if k := Nearest(o.key); k != "" && k != o.key && k != normPath(o.key) {
+				hint = fmt.Sprintf(" (did you mean %s?)", k)
+			}
+			return fmt.Errorf("config: override %s: could not delete %s: it does not exist%s", clip(o.text), clip(o.key), hint)
 		}
 		if o.value != nil && !sameValue(cur, o.value) {
 			return fmt.Errorf("config: override %s: could not delete %s: its value is %s, not %s", clip(o.text), clip(o.key), flowText(cur), flowText(o.value))
@@ -552,7 +556,11 @@ func (ld *loader) update(root *yaml.Node, segs []string, o *hydraOverride, add b
 	notThere := func(what string) error {
 		text := clip(o.text)
 		hint := ""
-		if k := Nearest(what); k != "" && k != normPath(what) {
+		// The whole key's nearest first (grp.num_prompts_per_step: did you
+		// mean grpo.num_prompts_per_step?), else the missing part's.
+		if k := Nearest(o.key); what != o.key && k != "" && k != o.key && k != normPath(o.key) {
+			hint = fmt.Sprintf("did you mean %s? ", k)
+		} else if k := Nearest(what); k != "" && k != what && k != normPath(what) {
 			hint = fmt.Sprintf("did you mean %s? ", k)
 		}
 		return fmt.Errorf("config: override %s: could not override %s: %s%s is not in the recipe (a new key is added with +%s)", text, clip(o.key), hint, clip(what), strings.TrimLeft(text, "+"))

@@ -333,10 +333,11 @@ var keyRules = []KeyRule{
 		Why: "a router in bf16 or fp16: tracegrpo's router takes its softmax and top-k in float64 (fp32 and fp64 are honoured)"},
 	{Key: "policy.megatron_cfg.moe_router_load_balancing_type", Class: Refused, MoEOnly: true, Neutral: nullOr("none"), Example: "aux_loss",
 		Why: "Megatron's load-balancing losses (aux_loss, seq_aux_loss, global_aux_loss) and Sinkhorn routing are not implemented; the load-balancing loss tracegrpo implements is transformers', switched on by the model's output_router_logits (policy.hf_config_overrides)"},
-	{Key: "policy.megatron_cfg.moe_router_bias_update_rate", Class: Refused, MoEOnly: true, Neutral: zeroOr(), Example: "0.001",
-		Why: "expert-bias updates (auxiliary-loss-free balancing) need an expert bias, which the supported routers have none of"},
-	{Key: "policy.megatron_cfg.moe_router_enable_expert_bias", Class: Refused, MoEOnly: true, Neutral: falseOr(), Example: "true",
-		Why: "expert-bias routing; the supported routers (Qwen3-MoE's) have no expert bias"},
+	// Aux-loss-free load balancing: used with a selection bias (Nemotron-H's
+	// routers), refused by name on a sparse model without one (trainer's
+	// CheckFor).
+	{Key: "policy.megatron_cfg.moe_router_bias_update_rate", Class: Used},
+	{Key: "policy.megatron_cfg.moe_router_enable_expert_bias", Class: Used},
 	{Key: "policy.megatron_cfg.moe_aux_loss_coeff", Class: Refused, MoEOnly: true, Neutral: zeroOr(), Example: "0.001",
 		Why: "the coefficient of Megatron's load-balancing losses, which are not implemented (see moe_router_load_balancing_type)"},
 	{Key: "policy.megatron_cfg.moe_router_num_groups", Class: Refused, MoEOnly: true, Neutral: nullOr(), Example: "8",

@@ -300,3 +300,29 @@ func TestNewKeysNameTheirOverride(t *testing.T) {
 		t.Errorf("warnings\n%q\nwant\n%q", w, want)
 	}
 }
+
+// TestTypoSuggestionsCanBeWrittenAsTheyAre: a suggestion keeps the list
+// indices of the key typed, a plain override names the whole key it meant
+// (not only its first missing part), and ~ of a typo names the key meant.
+func TestTypoSuggestionsCanBeWrittenAsTheyAre(t *testing.T) {
+	for p, want := range map[string]string{
+		"policy.scheduler.0.kwargs.total_iter":   "policy.scheduler.0.kwargs.total_iters",
+		"policy.scheduler.12.kwargs.start_facto": "policy.scheduler.12.kwargs.start_factor",
+		"policy.scheduler.kwargs.total_iter":     "policy.scheduler.kwargs.total_iters",
+		"grpo.num_prompt_per_step":               "grpo.num_prompts_per_step",
+	} {
+		if got := Nearest(p); got != want {
+			t.Errorf("Nearest(%q) = %q; want %q", p, got, want)
+		}
+	}
+	for o, want := range map[string]string{
+		"grp.num_prompts_per_step=2":             "could not override grp.num_prompts_per_step: did you mean grpo.num_prompts_per_step? grp is not in the recipe",
+		"policy.scheduler.0.kwargs.total_iter=7": "did you mean policy.scheduler.0.kwargs.total_iters? policy.scheduler.0.kwargs.total_iter is not in the recipe",
+		"~grpo.num_prompt_per_step":              "could not delete grpo.num_prompt_per_step: it does not exist (did you mean grpo.num_prompts_per_step?)",
+	} {
+		_, err := LoadSources(Sources{Files: []string{recipeBase}, Overrides: []string{o}})
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("override %s: error %v; want it to say %q", o, err, want)
+		}
+	}
+}

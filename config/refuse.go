@@ -89,6 +89,10 @@ const (
 	ExpertsNone
 	// ExpertsSome: a sparse model; MoE-only keys are refused unless neutral.
 	ExpertsSome
+	// ExpertsBiased: a sparse model whose routers have a selection bias
+	// (Nemotron-H's e_score_correction_bias), which aux-loss-free load
+	// balancing updates; otherwise as ExpertsSome.
+	ExpertsBiased
 )
 
 // Refusals are the recipe's Refused keys whose values are not neutral, one
@@ -103,7 +107,7 @@ func (l *Loaded) Refusals() error { return l.RefusalsFor(ExpertsUnknown) }
 func (l *Loaded) RefusalsFor(e Experts) error {
 	var errs []error
 	for _, k := range l.Keys {
-		if !l.IsRefused(k) || k.Rule.MoEOnly && e != ExpertsSome {
+		if !l.IsRefused(k) || k.Rule.MoEOnly && e < ExpertsSome {
 			continue
 		}
 		errs = append(errs, l.refusal(k))

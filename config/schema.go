@@ -156,6 +156,17 @@ type MegatronCfg struct {
 	// Megatron default); read when Enabled.
 	FreezeMoERouter bool `yaml:"freeze_moe_router,omitempty"`
 
+	// Aux-loss-free load balancing (read when Enabled, for a model whose
+	// routers have a selection bias: Nemotron-H's e_score_correction_bias):
+	// once per step each bias moves by MoERouterBiasUpdateRate ·
+	// sign(mean − count) from the tokens routed to its experts (0: the
+	// biases stay as loaded). MoERouterEnableExpertBias is nil where the
+	// recipe does not state it; NeMo RL's Megatron setup never reads it, and
+	// Megatron-Bridge's Nemotron-H provider turns the expert bias on (the
+	// trainer refuses false, and either key on a model without the bias).
+	MoERouterEnableExpertBias *bool   `yaml:"moe_router_enable_expert_bias,omitempty"`
+	MoERouterBiasUpdateRate   float64 `yaml:"moe_router_bias_update_rate,omitempty"`
+
 	// Multi-token prediction (a Nemotron-H model's MTP blocks; read when
 	// Enabled): nil where the recipe does not state the key, which NeMo
 	// RL's _apply_mtp_config then leaves to Megatron-Bridge's provider

@@ -127,11 +127,39 @@ func knownPaths() []string {
 	return out
 }
 
-// Nearest is the known key nearest to key path p (list indices dropped),
-// or "".
+// Nearest is the known key nearest to key path p, or "". The known keys
+// have no list indices; p's are put back where p has them, so that the
+// key can be written as it is (policy.scheduler.0.kwargs.total_iter:
+// policy.scheduler.0.kwargs.total_iters, not policy.scheduler.kwargs...).
 func Nearest(p string) string {
 	k, _ := knownKeys().nearest(normPath(p))
-	return k
+	return withIndices(p, k)
+}
+
+// withIndices is key k with the list indices of path p put back at p's
+// positions, when k has as many other segments as p; else k.
+func withIndices(p, k string) string {
+	if k == "" || !strings.Contains(p, ".") {
+		return k
+	}
+	ps, ks := splitPath(p), splitPath(k)
+	out := make([]string, 0, len(ps))
+	j := 0
+	for _, seg := range ps {
+		if _, ok := index(seg); ok {
+			out = append(out, seg)
+			continue
+		}
+		if j == len(ks) {
+			return k
+		}
+		out = append(out, ks[j])
+		j++
+	}
+	if j != len(ks) || len(out) == len(ks) {
+		return k
+	}
+	return strings.Join(out, ".")
 }
 
 // suggest is " (nearest known key: K)" for key path p, or "".

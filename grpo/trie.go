@@ -45,6 +45,10 @@ type PackedTree struct {
 	// TraceTokens is the tokens of its rows: what packing each row as its
 	// own sequence computes. prefix_reuse is TraceTokens / len(Tokens).
 	TraceTokens int
+	// Traces[t] is the number of its rows that hold packed position t (a
+	// shared prefix's tokens once per row through them): what the
+	// selection biases' expert load counts (model.Tree.Traces).
+	Traces []int32
 }
 
 // TreeLimits bound one micro-batch of a tree packing: the model's
@@ -204,6 +208,7 @@ func BuildTree(b *Batch, rows []int) PackedTree {
 		}
 	}
 	// Each row's packed positions, and its pairs.
+	pt.Traces = make([]int32, len(pt.Tokens))
 	pairOf := map[[2]int32]int32{}
 	pos := []int32{}
 	for _, r := range rows {
@@ -218,6 +223,9 @@ func BuildTree(b *Batch, rows []int) PackedTree {
 				i++
 			}
 			at = c
+		}
+		for _, q := range pos {
+			pt.Traces[q]++
 		}
 		pair := make([]int32, len(seq))
 		for i := range seq {

@@ -103,7 +103,8 @@ func (pt PackedTree) context(pos int32) []int32 {
 // row, and every distinct prefix of a row is packed exactly once; every
 // needed log-probability comes from a pair whose row's context is exactly
 // the trace's tokens before it and whose label is the trace's token; pairs
-// are distinct and each one is needed.
+// are distinct and each one is needed; Traces counts the rows through each
+// packed position.
 func TestBuildTreeProperties(t *testing.T) {
 	r := rand.New(rand.NewPCG(70, 70))
 	for it := range 60 {
@@ -185,6 +186,22 @@ func TestBuildTreeProperties(t *testing.T) {
 			}
 			if pt.TraceTokens != trace {
 				t.Errorf("TraceTokens %d, want %d", pt.TraceTokens, trace)
+			}
+			// Traces: the rows whose tokens begin with each packed
+			// position's context.
+			if len(pt.Traces) != T {
+				t.Fatalf("%d trace counts for %d packed tokens", len(pt.Traces), T)
+			}
+			for p := range int32(T) {
+				ctx, n := pt.context(p), int32(0)
+				for _, row := range rows {
+					if len(row.TokenIDs) >= len(ctx) && slices.Equal(row.TokenIDs[:len(ctx)], ctx) {
+						n++
+					}
+				}
+				if pt.Traces[p] != n {
+					t.Fatalf("packed position %d (context %v) is held by %d rows, Traces says %d", p, ctx, n, pt.Traces[p])
+				}
 			}
 		})
 	}

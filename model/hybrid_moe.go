@@ -111,8 +111,10 @@ func (m *Model) hybridMoEOut(l int, out kernels.Buf) {
 // hybridMoEBackward queues a sparse block's backward: dln = ∂L/∂ln1
 // (assigned) from dx, the experts', the shared expert's, the latent
 // projections' and (unless frozen) the router's gradients accumulated. The
-// selection bias has none.
+// selection bias has none: the block's choice is counted for its update
+// (countRouted) instead.
 func (m *Model) hybridMoEBackward(l int) {
+	m.countRouted(l)
 	b, x, c := m.b, m.experts, m.cfg
 	e := c.MoE
 	T, C := m.lastT, c.HiddenSize

@@ -262,6 +262,10 @@ type Model struct {
 	hF, hP            []float64     // (E) the loss's F and P
 	routerLoss        float64       // the last Forward's load-balancing loss
 	routerLossWeight  float32       // its weight in the loss Backward differentiates
+	// The selection biases' expert load (expertbias.go), shared with the
+	// MTP depths' sub-models, and a staged tree's Traces (T).
+	eload   *expertLoad
+	hTraces []int32
 
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32

@@ -155,6 +155,7 @@ func (m *Model) newMTPDepth(d int) *Model {
 		tidx: tableIdx{wte: m.tidx.wte, norm: m.tidx.mtp.heads[j].fnorm, lmHead: m.tidx.lmHead},
 		lidx: m.tidx.mtp.blocks[j*P : (j+1)*P], router: m.router}
 	s.addNorm, s.ropeConv, s.experts, s.mamba = m.addNorm, m.ropeConv, m.experts, m.mamba
+	s.eload = m.load() // the depths' routers count into the parent's expert load
 	return s
 }
 

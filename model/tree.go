@@ -35,6 +35,11 @@ type Tree struct {
 	Parent []int32 // (NS) parent segment, −1 for a root
 	Rows   []int32 // (P) the packed position whose hidden state predicts Labels[p]
 	Labels []int32 // (P) token ids
+	// Traces[t] is the number of traces that hold packed position t (the
+	// rows through it: a shared prefix's tokens count once per trace), by
+	// which a training pass counts the tokens routed to each expert for
+	// the selection biases (expertbias.go). nil counts every position once.
+	Traces []int32 // (T)
 }
 
 // ForwardTree runs the packed tree tr and returns, for every pair p,
@@ -150,6 +155,20 @@ func (m *Model) stageTree(tr Tree, temperature float32) error {
 		if x := tr.Labels[p]; x < 0 || x >= V {
 			return fmt.Errorf("model: forward tree: pair %d: label %d outside the vocabulary [0, %d)", p, x, V)
 		}
+	}
+	m.hTraces = m.hTraces[:0]
+	if tr.Traces != nil {
+		if len(tr.Traces) != T {
+			return fmt.Errorf("model: forward tree: %d trace counts for %d packed tokens", len(tr.Traces), T)
+		}
+		for t, n := range tr.Traces {
+			if n < 1 {
+				return fmt.Errorf("model: forward tree: token %d is held by %d traces, want at least 1", t, n)
+			}
+		}
+		m.hTraces = append(m.hTraces, tr.Traces...)
+	} else {
+		m.hTraces = nil
 	}
 	m.lastT, m.lastS, m.lastMaxLen, m.lastInvTemp = T, NS, maxLen, 1/temperature
 	m.lastTree, m.lastP, m.lastMaxCtx = true, P, maxCtx

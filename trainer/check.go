@@ -3,6 +3,7 @@ package trainer
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/tracegrpo/tracegrpo/config"
 	"github.com/tracegrpo/tracegrpo/grpo"
@@ -65,11 +66,72 @@ func CheckFor(ld *config.Loaded, steps int, experts config.Experts) error {
 			Why: "must be > 0 (training log-probabilities divide the logits by it)"})
 	}
 	add(checkStepCount(c, steps))
+	add(checkExpertBias(c, experts))
 	return errors.Join(errs...)
+}
+
+// Why the expert-bias keys are refused (checkExpertBias).
+const (
+	whyNoExpertBias = "aux-loss-free load balancing updates the routers' selection bias (e_score_correction_bias), and this model's routers have none: Megatron allows the expert bias only with the sigmoid or sqrtsoftplus score function (megatron/core/transformer/transformer_config.py:2617), and Qwen3-MoE's is softmax"
+	whyBiasAlwaysOn = "NeMo RL's Megatron setup never reads this key: Megatron-Bridge's Nemotron-H provider turns the expert bias on (src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py:312), so the loaded e_score_correction_bias routes and moe_router_bias_update_rate updates it whatever this says; to keep the bias fixed set moe_router_bias_update_rate: 0"
+)
+
+// checkExpertBias refuses the aux-loss-free load-balancing keys
+// (policy.megatron_cfg.moe_router_enable_expert_bias and
+// moe_router_bias_update_rate, read when megatron_cfg is enabled) where
+// they cannot take effect as NeMo RL's Megatron run would: on a sparse
+// model without a selection bias, any value that asks for one, and on a
+// model with one, enable_expert_bias false. A dense model has no routers
+// for them to change; without the model (ExpertsUnknown) they are left to
+// train (see UndecidedExpertBias).
+func checkExpertBias(c *config.Config, experts config.Experts) error {
+	var errs []error
+	for _, r := range expertBiasRefusals(c, experts) {
+		errs = append(errs, r)
+	}
+	return errors.Join(errs...)
+}
+
+func expertBiasRefusals(c *config.Config, experts config.Experts) []*config.Refusal {
+	mc := &c.Policy.MegatronCfg
+	if !mc.Enabled {
+		return nil
+	}
+	const pre = "policy.megatron_cfg."
+	var out []*config.Refusal
+	enable, rate := mc.MoERouterEnableExpertBias, mc.MoERouterBiasUpdateRate
+	switch experts {
+	case config.ExpertsSome:
+		if enable != nil && *enable {
+			out = append(out, &config.Refusal{Key: pre + "moe_router_enable_expert_bias", Value: "true", Why: whyNoExpertBias})
+		}
+		if rate != 0 {
+			out = append(out, &config.Refusal{Key: pre + "moe_router_bias_update_rate", Value: fmt.Sprint(rate), Why: whyNoExpertBias + " (accepted: 0)"})
+		}
+	case config.ExpertsBiased:
+		if enable != nil && !*enable {
+			out = append(out, &config.Refusal{Key: pre + "moe_router_enable_expert_bias", Value: "false", Why: whyBiasAlwaysOn})
+		}
+		if math.IsNaN(rate) || math.IsInf(rate, 0) {
+			out = append(out, &config.Refusal{Key: pre + "moe_router_bias_update_rate", Value: fmt.Sprint(rate), Why: "must be a finite number"})
+		}
+	}
+	return out
+}
+
+// UndecidedExpertBias are the expert-bias keys' refusals on a sparse model
+// without a selection bias: what train config --check cannot decide
+// without the model (config.Loaded.Undecided's counterpart for these
+// typed keys).
+func UndecidedExpertBias(c *config.Config) []*config.Refusal {
+	return expertBiasRefusals(c, config.ExpertsSome)
 }
 
 // ExpertsOf says whether model mc has experts, for CheckFor.
 func ExpertsOf(mc model.Config) config.Experts {
+	if mc.Sparse() && mc.Hybrid() { // Nemotron-H's routers: a selection bias each
+		return config.ExpertsBiased
+	}
 	if mc.Sparse() {
 		return config.ExpertsSome
 	}

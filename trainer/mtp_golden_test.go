@@ -50,9 +50,16 @@ const mtpGoldenDir = "testdata/mtp_grpo"
 // captures under tmp (a second call's parent is the first).
 func loadMTPGolden(t *testing.T, tmp string) (g mtpGolden, caps, steps string) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(mtpGoldenDir, "golden.json"))
+	return loadGymGolden(t, mtpGoldenDir, "scripts/golden_mtp_grpo.py", tmp)
+}
+
+// loadGymGolden is loadMTPGolden for the golden in dir (golden.json in
+// mtpGolden's layout) that script writes.
+func loadGymGolden(t *testing.T, dir, script, tmp string) (g mtpGolden, caps, steps string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, "golden.json"))
 	if err != nil {
-		t.Fatalf("%v (regenerate with: make golden, or /usr/bin/python3 scripts/golden_mtp_grpo.py)", err)
+		t.Fatalf("%v (regenerate with: make golden, or /usr/bin/python3 %s)", err, script)
 	}
 	if err := json.Unmarshal(raw, &g); err != nil {
 		t.Fatal(err)
@@ -94,7 +101,12 @@ func loadMTPGolden(t *testing.T, tmp string) (g mtpGolden, caps, steps string) {
 
 // mtpGoldenArgs are the train arguments of the golden's two steps.
 func mtpGoldenArgs(g mtpGolden, caps, steps, out string, extra ...string) []string {
-	args := []string{"--out", out, "--steps", "2", "--quiet", "--rollouts", steps, "--captures", caps, "--init-from", mtpGoldenDir,
+	return gymGoldenArgs(mtpGoldenDir, g, caps, steps, out, extra...)
+}
+
+// gymGoldenArgs is mtpGoldenArgs for the golden in dir.
+func gymGoldenArgs(dir string, g mtpGolden, caps, steps, out string, extra ...string) []string {
+	args := []string{"--out", out, "--steps", "2", "--quiet", "--rollouts", steps, "--captures", caps, "--init-from", dir,
 		"--set", "checkpointing.save_period=1"}
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range g.Sets {

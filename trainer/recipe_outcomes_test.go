@@ -48,7 +48,7 @@ func outcomeOf(path string) recipeOutcome {
 	}
 	o := recipeOutcome{Outcome: "loads", Refused: "-", Undecided: "-"}
 	var und []string
-	for _, r := range ld.Undecided() {
+	for _, r := range append(ld.Undecided(), UndecidedExpertBias(&ld.Config)...) {
 		und = append(und, r.Key)
 	}
 	if len(und) > 0 {

@@ -105,6 +105,11 @@ func (t *Trainer) Run() error {
 				return fmt.Errorf("step %d: gradient all-reduce: %w", step, err)
 			}
 		}
+		// Megatron's finalize_model_grads: the selection biases move by the
+		// step's expert load, summed over the ranks.
+		if err := t.updateExpertBias(); err != nil {
+			return fmt.Errorf("step %d: %w", step, err)
+		}
 		ph.Train = sw.lap()
 		p.Logprob, p.Train = float64(ph.Logprob), float64(ph.Train)
 

@@ -83,7 +83,7 @@ func shardedGroups(m *model.Model, frozenRouter bool) ([]optim.Group, []int) {
 	var groups []optim.Group
 	var ids []int
 	for _, pc := range m.Sharding().Pieces(tab) {
-		if frozenRouter && tab.Params[pc.Param].Router {
+		if frozenRouter && tab.Params[pc.Param].Router || tab.Params[pc.Param].Buffer {
 			continue
 		}
 		groups = append(groups, optim.Group{Off: pc.At, N: pc.Hi - pc.Lo, Decay: tab.Params[pc.Param].Decay})

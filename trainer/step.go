@@ -248,7 +248,7 @@ func (t *Trainer) forward(m *model.Model, mb microBatch, lp, ent [][]float64) er
 		return nil
 	}
 	pt := mb.tree
-	l, e, err := m.ForwardTree(model.Tree{Tokens: pt.Tokens, Segs: pt.Segs, Parent: pt.Parent, Rows: pt.PairRows, Labels: pt.PairLabels}, t.temp)
+	l, e, err := m.ForwardTree(model.Tree{Tokens: pt.Tokens, Segs: pt.Segs, Parent: pt.Parent, Rows: pt.PairRows, Labels: pt.PairLabels, Traces: pt.Traces}, t.temp)
 	if err != nil {
 		return err
 	}

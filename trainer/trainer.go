@@ -76,6 +76,10 @@ type Trainer struct {
 	// routerLossCoef weighs a sparse model's load-balancing loss in the
 	// step's loss (0: not part of it; see newModels).
 	routerLossCoef float64
+	// biasRate is the selection biases' update rate (aux-loss-free load
+	// balancing, expertbias.go): policy.megatron_cfg.moe_router_bias_update_rate
+	// for a model whose routers have one, else 0.
+	biasRate float64
 	// mtp is the multi-token prediction loss (mtp.go).
 	mtp    mtpRun
 	mtpBuf mtpBuffers
@@ -779,7 +783,7 @@ func (t *Trainer) newOptimizer() error {
 		return err
 	}
 	// freeze_moe_router: the routers are in no group (no update, no decay,
-	// not in the gradient norm).
+	// not in the gradient norm); nor are the selection biases, ever.
 	frozen := t.model.Options().FreezeRouter
 	nf := optim.SkipNonFinite
 	if t.o.OnNonFinite == "abort" {
@@ -797,7 +801,7 @@ func (t *Trainer) newOptimizer() error {
 		var groups []optim.Group
 		var ids []int
 		for i, p := range t.model.Table().Params {
-			if frozen && p.Router {
+			if frozen && p.Router || p.Buffer { // a selection bias moves by its load (expertbias.go)
 				continue
 			}
 			groups = append(groups, optim.Group{Off: p.Offset, N: p.N, Decay: p.Decay})
@@ -864,6 +868,7 @@ func (t *Trainer) sparseSettings() {
 		t.routerLossCoef = mc.MoE.RouterAuxLossCoef
 	}
 	frozen := t.cfg.Policy.MegatronCfg.Enabled && t.cfg.Policy.MegatronCfg.FreezeMoERouter
+	t.expertBiasSettings()
 	t.logf("note: %s: %d of %d layers sparse, %d of %d experts per token; routers %s; load-balancing loss %s",
 		mc.Arch, mc.SparseLayers(), mc.NumHiddenLayers, mc.MoE.TopK, mc.MoE.NumExperts,
 		map[bool]string{true: "frozen (policy.megatron_cfg.freeze_moe_router)", false: "trained"}[frozen],

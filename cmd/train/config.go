@@ -136,7 +136,7 @@ func runCheck(l *config.Loaded, initFrom string, builtin bool, stderr io.Writer)
 		return trainer.CheckModel(mc, builtin)
 	}
 	fmt.Fprintf(stderr, "train config: note: the model was not checked: policy.model_name %q is not a directory with a config.json here (train needs --init-from DIR for it; give it to --check too)\n", c.Policy.ModelName)
-	if u := l.Undecided(); len(u) > 0 {
+	if u := append(l.Undecided(), trainer.UndecidedExpertBias(c)...); len(u) > 0 {
 		fmt.Fprintf(stderr, "train config: note: could not decide %d key(s) that configure a model's experts without the model: train refuses them if it has experts, and accepts them if it is dense (give --init-from DIR to decide):\n", len(u))
 		for _, r := range u {
 			fmt.Fprintf(stderr, "  %s\n", r.Error())

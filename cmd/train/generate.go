@@ -78,8 +78,12 @@ func runGenerate(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("%w: generate: %v", errUsage, err)
 	}
-	be := cpu.New(*threads)
+	be, err := newCPU(*threads)
+	if err != nil {
+		return fmt.Errorf("generate: %w", err)
+	}
 	defer be.Close()
+	fmt.Fprintf(stderr, "generate: backend cpu (%d threads), %s\n", be.Threads(), cpu.SIMDChoice())
 	g, err := fakegen.New(fakegen.Options{Config: &ld.Config, Tasks: ts, Weights: *weights, Rollouts: *rollouts,
 		Captures: *captures, Backend: be, Wait: *wait, Stale: *stale, NoSidecar: *noSidecar, Log: stderr})
 	if err != nil {

@@ -170,12 +170,32 @@ func parseFlags(fs *pflag.FlagSet, args []string, maxArgs int) error {
 		if errors.Is(err, pflag.ErrHelp) {
 			return err
 		}
-		return fmt.Errorf("%w: %s: %v (see train %s --help)", errUsage, name, err, helpName(name))
+		return fmt.Errorf("%w: %s: %v%s (see %s)", errUsage, name, err, flagNearest(fs, err), helpName(name))
 	}
 	if maxArgs >= 0 && fs.NArg() > maxArgs {
-		return fmt.Errorf("%w: %s: unexpected argument %q (see train %s --help)", errUsage, name, fs.Arg(maxArgs), helpName(name))
+		return fmt.Errorf("%w: %s: unexpected argument %q (see %s)", errUsage, name, fs.Arg(maxArgs), helpName(name))
 	}
 	return nil
+}
+
+// flagNearest is "; did you mean --X?" for pflag's unknown-flag error err,
+// naming fs's flag nearest to the one typed, or "".
+func flagNearest(fs *pflag.FlagSet, err error) string {
+	typed, ok := strings.CutPrefix(err.Error(), "unknown flag: --")
+	if !ok || typed == "" {
+		return ""
+	}
+	var names []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Hidden {
+			names = append(names, f.Name)
+		}
+	})
+	sort.Strings(names)
+	if c, _ := nearest.Of(typed, names, max(3, len(typed)/3)); c != "" {
+		return fmt.Sprintf("; did you mean --%s?", c)
+	}
+	return ""
 }
 
 // overrideArgs are a subcommand's positional arguments as Hydra overrides
@@ -184,17 +204,18 @@ func parseFlags(fs *pflag.FlagSet, args []string, maxArgs int) error {
 func overrideArgs(fs *pflag.FlagSet) ([]string, error) {
 	for _, a := range fs.Args() {
 		if err := config.CheckOverride(a); err != nil {
-			return nil, fmt.Errorf("%w: %s: unexpected argument %q: an override is key.path=value, +key=value, ++key=value or ~key (%v) (see train %s --help)", errUsage, fs.Name(), a, err, helpName(fs.Name()))
+			return nil, fmt.Errorf("%w: %s: unexpected argument %q: an override is key.path=value, +key=value, ++key=value or ~key (%v) (see %s)", errUsage, fs.Name(), a, err, helpName(fs.Name()))
 		}
 	}
 	return fs.Args(), nil
 }
 
+// helpName is the command line that prints the help of command name.
 func helpName(name string) string {
-	if name == "train" {
-		return ""
+	if name == "train" || name == "" {
+		return "train --help"
 	}
-	return name
+	return "train " + name + " --help"
 }
 
 // newFlags returns a flag set for a subcommand whose --help prints a synopsis

@@ -116,8 +116,12 @@ func runScore(args []string, stdout, stderr io.Writer) error {
 	if len(recs) == 0 {
 		return nil
 	}
-	b := cpu.New(*threads)
+	b, err := newCPU(*threads)
+	if err != nil {
+		return fmt.Errorf("score: %w", err)
+	}
 	defer b.Close()
+	fmt.Fprintf(stderr, "score: backend cpu (%d threads), %s\n", b.Threads(), cpu.SIMDChoice())
 	T := max(*budget, longest)
 	opt := func(T int) model.Options { return model.Options{MaxTokens: T, MaxSeqs: T, ForwardOnly: true} }
 	plan := func(T int) (*trainer.MemPlan, error) {

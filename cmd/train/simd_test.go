@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -87,5 +89,50 @@ func TestSIMDEnvForcesPath(t *testing.T) {
 		if out.Len() != 0 || strings.Contains(errb.String(), "SIMD ") {
 			t.Errorf("TRACEGRPO_CPU_SIMD=%s: something ran:\n%s%s", bad, out.String(), errb.String())
 		}
+	}
+}
+
+// TestSIMDEnvInEveryCommand: every command that computes on the CPU (score
+// and generate open it themselves) says its SIMD path at start, honours a
+// forced one, and refuses a TRACEGRPO_CPU_SIMD naming no path with status 2
+// before anything runs, as bench and train do.
+func TestSIMDEnvInEveryCommand(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte(`{"token_ids": [1, 2, 3, 4]}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	model := filepath.Join("..", "..", "model", "testdata", "llama_untied")
+	cmds := map[string][]string{
+		"score": {"score", "--model", model, "--input", in, "--threads", "1"},
+		"generate": append([]string{"generate", "--weights", filepath.Join(dir, "w"), "--captures", filepath.Join(dir, "c"),
+			"--step", "1", "--records", filepath.Join(dir, "r.jsonl"), "--threads", "1"}, loopSets...),
+	}
+	for name, args := range cmds {
+		cmd := trainCommand(args...)
+		cmd.Env = append(cmd.Env, "TRACEGRPO_CPU_SIMD=avx-512")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(errb.String(), `TRACEGRPO_CPU_SIMD="avx-512": want avx512, avx2 or go`) {
+			t.Errorf("%s under TRACEGRPO_CPU_SIMD=avx-512: %v, want status 2 naming the variable\n%s", name, err, errb.String())
+		}
+		if out.Len() != 0 {
+			t.Errorf("%s under TRACEGRPO_CPU_SIMD=avx-512 wrote %q", name, out.String())
+		}
+	}
+	cmd := trainCommand(cmds["score"]...)
+	cmd.Env = append(cmd.Env, "TRACEGRPO_CPU_SIMD=go")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("score under TRACEGRPO_CPU_SIMD=go: %v\n%s", err, errb.String())
+	}
+	if want := "score: backend cpu (1 threads), SIMD go on " + cpu.SIMDChoice().CPU.String() + ": forced by TRACEGRPO_CPU_SIMD=go"; !strings.Contains(errb.String(), want) {
+		t.Errorf("score's stderr does not say %q:\n%s", want, errb.String())
+	}
+	if out.Len() == 0 {
+		t.Errorf("score under TRACEGRPO_CPU_SIMD=go scored nothing:\n%s", errb.String())
 	}
 }

@@ -27,6 +27,13 @@ func TestTyposAreLoud(t *testing.T) {
 			[]string{"data.max_input_seq_lenght: unknown key, did you mean data.max_input_seq_length?"}},
 		{"command", []string{"tracse"}, 2, []string{`unknown command "tracse"; did you mean "traces"?`}},
 		{"command far from any", []string{"frobnicate"}, 2, []string{`unknown command "frobnicate" (the commands: bench, config`}},
+		{"flag", []string{"--stpes", "3"}, 2, []string{"train: usage: train: unknown flag: --stpes; did you mean --steps? (see train --help)"}},
+		{"subcommand's flag", []string{"config", "--chek"}, 2, []string{"unknown flag: --chek; did you mean --check? (see train config --help)"}},
+		{"flag far from any", []string{"plan", "--zzzzzzzz"}, 2, []string{"unknown flag: --zzzzzzzz (see train plan --help)"}},
+		{"override typo of a list element", []string{"config", "--config", todaysRecipe, "policy.scheduler.0.kwargs.total_iter=7"}, 1,
+			[]string{"did you mean policy.scheduler.0.kwargs.total_iters?"}},
+		{"unknown key in a known section", []string{"config", "--config", todaysRecipe, "++checkpointing.x=1"}, 0,
+			[]string{"checkpointing.x: unknown key (accepted and not used"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
@@ -50,8 +57,9 @@ func TestTyposAreLoud(t *testing.T) {
 
 // TestCheckDecidesMoEKeysByTheModel: the router's keys of a Qwen3-1.7B
 // recipe (NeMo Gym's super_swe1) are refused only when the model has
-// experts: accepted with a dense --init-from, refused with a sparse one,
-// and named as undecided without a model.
+// experts without a selection bias: accepted with a dense --init-from and
+// with a Nemotron-H one (whose selection biases they update), refused with
+// a Qwen3-MoE one, and named as undecided without a model.
 func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 	recipe := "../../config/testdata/nemo-rl/examples/configs/recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-super-swe1.yaml"
 	base := []string{"config", "--check", "--config", recipe, "--config", "../../config/testdata/multitrace_override.yaml",
@@ -64,7 +72,9 @@ func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 	}{
 		{"no model", "", 0, "could not decide 2 key(s) that configure a model's experts without the model"},
 		{"dense", "../../model/testdata/qwen3_tied", 0, ""},
-		{"sparse", "../../model/testdata/moe_k2_norm", 1, "refused because the model has experts"},
+		{"sparse", "../../model/testdata/moe_k2_norm", 1, "this model's routers have none"},
+		// Nemotron-H's routers have a selection bias: the keys are used.
+		{"selection bias", "../../model/testdata/nh_groups", 0, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			args := base
@@ -78,7 +88,7 @@ func TestCheckDecidesMoEKeysByTheModel(t *testing.T) {
 				t.Fatalf("exit %d, want %d and %q:\n%s", code, c.code, c.want, msg)
 			}
 			for _, k := range moeKeys {
-				if named := strings.Contains(msg, k); named != (c.name != "dense") {
+				if named := strings.Contains(msg, k); named != (c.name == "no model" || c.name == "sparse") {
 					t.Errorf("%s named: %v\n%s", k, named, msg)
 				}
 			}
