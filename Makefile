@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff gym-main schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
 
 all: build
 
@@ -116,6 +116,11 @@ GYM_UPSTREAM ?= /tmp/gym-upstream-src
 GYM_MIRROR   ?= /work/.mirror/NVIDIA-NeMo+Gym/repo
 gym-diff:
 	$(GYM_PYTHON) scripts/gym_differential.py --upstream $(GYM_UPSTREAM) --mirror $(GYM_MIRROR)
+
+# Regenerate gym/testdata/gymmain (TokenEntry schema 1 stores written and
+# finalized by NeMo Gym main's own code, read from GYM_MIRROR).
+gym-main:
+	$(GYM_PYTHON) scripts/gym_main_capture.py --mirror $(GYM_MIRROR)
 
 # NeMo RL's GRPO config keys (config/gen_nemorl_keys.tsv) and its GRPO recipes
 # (config/testdata/nemo-rl, with the two base recipes copied beside it), read

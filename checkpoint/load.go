@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -170,6 +171,28 @@ func readSmall(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	return b, err
+}
+
+// VerifyFiles checks the named files of the checkpoint at path against its
+// DONE marker and manifest (size and sha256), as Verify does for all of
+// them: for a reader of an unsharded checkpoint (which has no block
+// checksums) that needs only some of its files, such as an export's
+// model.safetensors.
+func VerifyFiles(path string, names ...string) error {
+	man, err := checkStructure(path)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		i := slices.IndexFunc(man.Files, func(f FileEntry) bool { return f.Name == n })
+		if i < 0 {
+			return fmt.Errorf("%w: %s: %s does not list %s", ErrCorrupt, path, ManifestFile, n)
+		}
+		if err := checkHash(filepath.Join(path, n), man.Files[i]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func checkHash(path string, want FileEntry) error {

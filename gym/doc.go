@@ -1,6 +1,7 @@
 // Package gym reads NeMo Gym token-ID captures and turns them into training
 // traces exactly as NeMo Gym and NeMo RL do (spec docs/multitrace-grpo.md
-// §1–§3, §8): TokenEntry schema v3, the capture digest, the file capture store,
+// §1–§3, §8): TokenEntry schema v3 (and schema 1, what NeMo Gym's main
+// writes today: builder_v1.go), the capture digest, the file capture store,
 // rollout correlation, the prefix_merging and per_request builders, the
 // training_traces v1 envelope and rollout finalization.
 //
@@ -60,7 +61,7 @@
 // unsupported_schema, invalid_state, index_mismatch, conflicting_payloads,
 // not_a_regular_file, capture_unreadable, mixed_models,
 // terminal_unavailable, terminal_disagreement, proof_mismatch,
-// unresolved_custody, foreign_rollout, routed_experts, empty_prompt,
+// unresolved_custody, multiple_chains, foreign_rollout, routed_experts, empty_prompt,
 // no_trainable_calls, invalid_envelope, masked_upstream. Damage to one
 // rollout's files (a CaptureDamage) masks that rollout and no other.
 //
@@ -92,7 +93,19 @@
 //     Duplicate keys in one object are an error (Python would keep the last).
 //   - A store line that does not decode masks that rollout (invalid_capture,
 //     naming file, line and field), as Gym's finalizer masks a failed read;
-//     a schema_version other than 3 masks it too (unsupported_schema).
+//     a schema_version other than 1 or 3 masks it too (unsupported_schema),
+//     as does a snapshot mixing schema-1 and schema-3 lines.
+//   - Schema 1 (NeMo Gym main, records.py at 07d6b0d07): its fields are
+//     read, every other field (a parent_call_id, a digest) is an extra kept
+//     verbatim and never interpreted, as Gym main's reader keeps it. Its
+//     calls are chained by token prefixes as Gym main's prefix_merging
+//     chains them (PrefixMergingV1), and the rollout is trained only when
+//     Gym main's consumer would deliver it: one root, one chain, every retry
+//     resolved (else unresolved_custody or multiple_chains); the trace is
+//     exactly Gym main's rebuilt response.output. Terminal attribution does
+//     not apply (Gym main has none). per_request trains each call that
+//     admission keeps on its own full prompt. A line without
+//     schema_version is read as schema 3.
 //   - An unacknowledged last line that is not JSON (Gym's torn write) is
 //     dropped and marks the snapshot incomplete: the call it held was lost,
 //     so the rollout is masked rather than trained without it (Gym truncates

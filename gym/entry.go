@@ -10,10 +10,32 @@ import (
 	"strconv"
 )
 
-// TokenEntrySchemaVersion is the only TokenEntry schema this package reads
-// and writes (Gym's TOKEN_ENTRY_RECORD_SCHEMA_VERSION and
-// TOKEN_ENTRY_MIN_SCHEMA_VERSION are both 3).
+// TokenEntrySchemaVersion is the TokenEntry schema of NeMo Gym PR #3212
+// (spec §2.1): the request-time lineage (parent_call_id, cum_len, digest,
+// parent_resolution, the continuation lookup) on top of schema 1. The
+// package writes it by default.
 const TokenEntrySchemaVersion = 3
+
+// TokenEntrySchemaV1 is the TokenEntry schema NeMo Gym's main writes today
+// (records.py at 07d6b0d07b22fcf530b4c211dae2ee23100428e4,
+// TOKEN_ENTRY_RECORD_SCHEMA_VERSION = 1): rollout and call identity, the
+// token arrays, routed_experts, the output items, their carrier index and
+// created_at, nothing else. Gym's schema-1 reader keeps every other field as
+// an unknown extra, so a schema-1 line's lineage-looking fields (a
+// parent_call_id, a digest) are kept verbatim in Extra and mean nothing; its
+// calls are chained by token prefixes, as Gym main's builder chains them
+// (PrefixMergingV1).
+//
+// These two are the only schemas read. Schema 2 never left Gym's
+// development (Gym main's reader refuses it as newer than 1, the PR's as
+// older than 3); 4 and 5 are later PR schemas whose fields change token
+// meaning (parent-relative prompts). Either masks the rollout
+// (unsupported_schema).
+const TokenEntrySchemaV1 = 1
+
+// SupportedSchema reports whether v is a TokenEntry schema this package
+// reads.
+func SupportedSchema(v int) bool { return v == TokenEntrySchemaV1 || v == TokenEntrySchemaVersion }
 
 // ParentResolution is the request-time parent decision of a call.
 type ParentResolution string
@@ -75,7 +97,7 @@ func (e *FieldError) Error() string {
 	return fmt.Sprintf("field %s: %s", e.Field, e.Msg)
 }
 
-// ErrSchemaVersion marks a TokenEntry whose schema_version is not 3. In a
+// ErrSchemaVersion marks a TokenEntry whose schema_version is neither 1 nor 3. In a
 // capture store it masks that rollout (unsupported_schema), as Gym's
 // finalizer masks a snapshot it cannot read.
 var ErrSchemaVersion = errors.New("gym: unsupported TokenEntry schema_version")
@@ -83,8 +105,9 @@ var ErrSchemaVersion = errors.New("gym: unsupported TokenEntry schema_version")
 type schemaVersionError struct{ found int64 }
 
 func (e *schemaVersionError) Error() string {
-	return fmt.Sprintf("field schema_version: token record is schema_version %d, but this reader supports only %d; "+
-		"regenerate the capture with a matching NeMo Gym writer", e.found, TokenEntrySchemaVersion)
+	return fmt.Sprintf("field schema_version: token record is schema_version %d, but this reader supports only %d "+
+		"(NeMo Gym main's records) and %d (NeMo Gym PR #3212's); regenerate the capture with a matching NeMo Gym writer",
+		e.found, TokenEntrySchemaV1, TokenEntrySchemaVersion)
 }
 func (e *schemaVersionError) Unwrap() error { return ErrSchemaVersion }
 
@@ -105,6 +128,7 @@ func DecodeTokenEntry(line []byte) (*TokenEntry, error) {
 	s := &scanner{data: line}
 	seen := map[string]bool{}
 	var have struct{ rollout, call, prompt, gen, lp bool }
+	var lineage []rawField
 	err := s.object(func(key string) error {
 		if seen[key] {
 			return &FieldError{Field: key, Index: -1, Msg: "duplicate key"}
@@ -115,9 +139,10 @@ func DecodeTokenEntry(line []byte) (*TokenEntry, error) {
 		case "schema_version":
 			var v int64
 			v, err = s.readInt(math.MinInt64, math.MaxInt64)
-			if err == nil && v != TokenEntrySchemaVersion {
+			if err == nil && (v < math.MinInt32 || v > math.MaxInt32 || !SupportedSchema(int(v))) {
 				return &schemaVersionError{found: v}
 			}
+			e.SchemaVersion = int(v)
 		case "rollout_id":
 			e.RolloutID, err = s.readString()
 			have.rollout = true
@@ -156,44 +181,16 @@ func DecodeTokenEntry(line []byte) (*TokenEntry, error) {
 			})
 		case "token_item_index":
 			e.TokenItemIndex, err = readOptInt(s)
-		case "response_id":
-			e.ResponseID, err = readOptString(s)
 		case "created_at":
 			e.CreatedAt, err = s.readFloat()
-		case "parent_call_id":
-			e.ParentCallID, err = readOptString(s)
-		case "cum_len":
-			e.CumLen, err = readOptInt(s)
-		case "digest":
-			e.Digest, err = readOptString(s)
-		case "parent_resolution":
-			if !s.readNull() {
-				var v string
-				v, err = s.readString()
-				if err == nil {
-					switch pr := ParentResolution(v); pr {
-					case ParentRoot, ParentResolved, ParentUnresolved:
-						e.ParentResolution = &pr
-					default:
-						return &FieldError{Field: key, Index: -1,
-							Msg: fmt.Sprintf("expected \"root\", \"resolved\", \"unresolved\" or null, found %q", v)}
-					}
-				}
-			}
-		case "continuation_fingerprint":
-			e.ContinuationFingerprint, err = s.readString()
-		case "continuation_context_len":
-			var v int64
-			v, err = s.readInt(math.MinInt, math.MaxInt)
-			e.ContinuationContextLen = int(v)
-		case "continuation_context_digest":
-			e.ContinuationContextDigest, err = s.readString()
-		case "parent_resolution_reason":
-			e.ParentResolutionReason, err = s.readString()
-		case "fingerprint_version":
-			e.FingerprintVersion, err = readOptInt(s)
-		case "prompt_is_delta":
-			e.PromptIsDelta, err = s.readBool()
+		case "response_id", "parent_call_id", "cum_len", "digest", "parent_resolution", "continuation_fingerprint",
+			"continuation_context_len", "continuation_context_digest", "parent_resolution_reason",
+			"fingerprint_version", "prompt_is_delta":
+			// Schema-3 fields: their meaning depends on schema_version,
+			// which a sorted-key line states after most of them.
+			var raw []byte
+			raw, err = s.readRaw()
+			lineage = append(lineage, rawField{key, raw})
 		default:
 			var raw []byte
 			raw, err = s.readRaw()
@@ -225,6 +222,19 @@ func DecodeTokenEntry(line []byte) (*TokenEntry, error) {
 		}
 		return nil, &FieldError{Index: -1, Msg: err.Error()}
 	}
+	for _, f := range lineage {
+		if e.SchemaVersion == TokenEntrySchemaV1 {
+			// Gym main's schema-1 model keeps these as unknown extras.
+			if e.Extra == nil {
+				e.Extra = map[string]json.RawMessage{}
+			}
+			e.Extra[f.key] = compactRaw(f.raw)
+			continue
+		}
+		if err := e.decodeLineageField(f.key, f.raw); err != nil {
+			return nil, err
+		}
+	}
 	for _, req := range []struct {
 		ok   bool
 		name string
@@ -238,6 +248,64 @@ func DecodeTokenEntry(line []byte) (*TokenEntry, error) {
 		return nil, err
 	}
 	return e, nil
+}
+
+type rawField struct {
+	key string
+	raw []byte
+}
+
+// decodeLineageField decodes one schema-3 field of a schema-3 entry from
+// its raw JSON value.
+func (e *TokenEntry) decodeLineageField(key string, raw []byte) error {
+	s := &scanner{data: raw}
+	var err error
+	switch key {
+	case "response_id":
+		e.ResponseID, err = readOptString(s)
+	case "parent_call_id":
+		e.ParentCallID, err = readOptString(s)
+	case "cum_len":
+		e.CumLen, err = readOptInt(s)
+	case "digest":
+		e.Digest, err = readOptString(s)
+	case "parent_resolution":
+		if !s.readNull() {
+			var v string
+			v, err = s.readString()
+			if err == nil {
+				switch pr := ParentResolution(v); pr {
+				case ParentRoot, ParentResolved, ParentUnresolved:
+					e.ParentResolution = &pr
+				default:
+					return &FieldError{Field: key, Index: -1,
+						Msg: fmt.Sprintf("expected \"root\", \"resolved\", \"unresolved\" or null, found %q", v)}
+				}
+			}
+		}
+	case "continuation_fingerprint":
+		e.ContinuationFingerprint, err = s.readString()
+	case "continuation_context_len":
+		var v int64
+		v, err = s.readInt(math.MinInt, math.MaxInt)
+		e.ContinuationContextLen = int(v)
+	case "continuation_context_digest":
+		e.ContinuationContextDigest, err = s.readString()
+	case "parent_resolution_reason":
+		e.ParentResolutionReason, err = s.readString()
+	case "fingerprint_version":
+		e.FingerprintVersion, err = readOptInt(s)
+	case "prompt_is_delta":
+		e.PromptIsDelta, err = s.readBool()
+	}
+	if err != nil {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			return err
+		}
+		return fieldErr(key, -1, err)
+	}
+	return nil
 }
 
 // UnmarshalJSON is DecodeTokenEntry.
@@ -329,12 +397,19 @@ func readOptString(s *scanner) (*string, error) {
 	return &v, nil
 }
 
-// Validate checks the schema-3 rules that do not depend on JSON types:
-// version, token ranges, finite logprobs, equal generation lengths, the
-// token_item_index range and the parent_resolution/parent_call_id pairing.
+// Validate checks the rules that do not depend on JSON types: version,
+// token ranges, finite logprobs, equal generation lengths, the
+// token_item_index range and, in schema 3, the
+// parent_resolution/parent_call_id pairing. A schema-1 entry has none of
+// the schema-3 fields set (they are Extra there).
 func (e *TokenEntry) Validate() error {
-	if e.SchemaVersion != TokenEntrySchemaVersion {
+	if !SupportedSchema(e.SchemaVersion) {
 		return &schemaVersionError{found: int64(e.SchemaVersion)}
+	}
+	if e.SchemaVersion == TokenEntrySchemaV1 && e.hasLineage() {
+		return &FieldError{Field: "schema_version", Index: -1,
+			Msg: "a schema-1 entry carries no schema-3 fields (response_id, parent_call_id, cum_len, digest, parent_resolution, " +
+				"continuation_*, parent_resolution_reason, fingerprint_version, prompt_is_delta)"}
 	}
 	for i, t := range e.PromptTokenIDs {
 		if t < 0 {
@@ -379,11 +454,40 @@ func (e *TokenEntry) Validate() error {
 		}
 	}
 	for k := range e.Extra {
-		if knownEntryField(k) {
+		if e.knownField(k) {
 			return &FieldError{Field: k, Index: -1, Msg: "a schema field may not be carried in Extra"}
 		}
 	}
 	return nil
+}
+
+// hasLineage reports whether any schema-3 field is set.
+func (e *TokenEntry) hasLineage() bool {
+	return e.ResponseID != nil || e.ParentCallID != nil || e.CumLen != nil || e.Digest != nil ||
+		e.ParentResolution != nil || e.ContinuationFingerprint != "" || e.ContinuationContextLen != 0 ||
+		e.ContinuationContextDigest != "" || e.ParentResolutionReason != "" || e.FingerprintVersion != nil ||
+		e.PromptIsDelta
+}
+
+// v1FieldNames are schema 1's fields, sorted: the keys of Gym main's
+// TokenEntry.model_dump.
+var v1FieldNames = []string{
+	"created_at", "generation_log_probs", "generation_token_ids", "model", "model_call_id", "output_items",
+	"prompt_token_ids", "rollout_id", "routed_experts", "schema_version", "token_item_index",
+}
+
+// fieldNames are the schema fields of the entry's version, sorted.
+func (e *TokenEntry) fieldNames() []string {
+	if e.SchemaVersion == TokenEntrySchemaV1 {
+		return v1FieldNames
+	}
+	return entryFieldNames
+}
+
+func (e *TokenEntry) knownField(k string) bool {
+	names := e.fieldNames()
+	i := sort.SearchStrings(names, k)
+	return i < len(names) && names[i] == k
 }
 
 var entryFieldNames = []string{
@@ -394,19 +498,16 @@ var entryFieldNames = []string{
 	"token_item_index",
 }
 
-func knownEntryField(k string) bool {
-	i := sort.SearchStrings(entryFieldNames, k)
-	return i < len(entryFieldNames) && entryFieldNames[i] == k
-}
-
 // AppendJSON appends the entry as one sorted-key JSON object (no newline),
-// with every schema field present (null for unset optionals) and the Extra
-// fields in their sorted places: the line format of Gym's file store.
+// with every field of its schema present (null for unset optionals) and the
+// Extra fields in their sorted places: the line format of Gym's file store
+// (of Gym main's for a schema-1 entry).
 func (e *TokenEntry) AppendJSON(dst []byte) []byte {
-	keys := make([]string, 0, len(entryFieldNames)+len(e.Extra))
-	keys = append(keys, entryFieldNames...)
+	names := e.fieldNames()
+	keys := make([]string, 0, len(names)+len(e.Extra))
+	keys = append(keys, names...)
 	for k := range e.Extra {
-		if !knownEntryField(k) {
+		if !e.knownField(k) {
 			keys = append(keys, k)
 		}
 	}
@@ -424,6 +525,9 @@ func (e *TokenEntry) AppendJSON(dst []byte) []byte {
 }
 
 func (e *TokenEntry) appendField(dst []byte, k string) []byte {
+	if !e.knownField(k) {
+		return append(dst, e.Extra[k]...)
+	}
 	switch k {
 	case "continuation_context_digest":
 		return appendJSONString(dst, e.ContinuationContextDigest)

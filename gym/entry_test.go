@@ -150,7 +150,9 @@ func TestDecodeTokenEntryRejects(t *testing.T) {
 		field string
 		msg   string
 	}{
-		{"schema 2", map[string]string{"schema_version": "2"}, "schema_version", "schema_version 2, but this reader supports only 3"},
+		{"schema 2", map[string]string{"schema_version": "2"}, "schema_version", "schema_version 2, but this reader supports only 1 (NeMo Gym main's records) and 3"},
+		{"schema 0", map[string]string{"schema_version": "0"}, "schema_version", "schema_version 0"},
+		{"schema huge", map[string]string{"schema_version": "4294967297"}, "schema_version", "schema_version 4294967297"},
 		{"schema 4", map[string]string{"schema_version": "4"}, "schema_version", "schema_version 4"},
 		{"schema float", map[string]string{"schema_version": "3.0"}, "schema_version", "expected an integer, found number 3.0"},
 		{"schema bool", map[string]string{"schema_version": "true"}, "schema_version", "expected an integer, found a boolean"},

@@ -157,6 +157,18 @@ func BuildTrainingTraces(snap *Snapshot, builder string, w TerminalWitnesses) (*
 		sort.Strings(names)
 		return nil, m, maskf(ReasonMixedModels, "captured calls of rollout %s come from different policy models %v", snap.RolloutID, names)
 	}
+	versions := map[int]bool{}
+	for i := range snap.Entries {
+		versions[snap.Entries[i].SchemaVersion] = true
+	}
+	if len(versions) > 1 {
+		return nil, m, maskf(ReasonUnsupportedSchema, "the capture of rollout %s mixes TokenEntry schema_version %d and %d lines; no NeMo Gym reader reads both, so its calls cannot be chained by one rule",
+			snap.RolloutID, TokenEntrySchemaV1, TokenEntrySchemaVersion)
+	}
+	if versions[TokenEntrySchemaV1] {
+		env, err := buildV1(snap, builder, &m)
+		return env, m, err
+	}
 	att := ResolveTerminal(snap.Entries, w)
 	m.TerminalAttribution = &TerminalMetrics{Method: att.Method, CallID: att.CallID, Reason: att.Reason}
 	switch {

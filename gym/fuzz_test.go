@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -33,6 +34,19 @@ func seedLines(f *testing.F, name string) {
 // Validate, and survives an encode/decode round trip unchanged.
 func FuzzDecodeTokenEntry(f *testing.F) {
 	seedLines(f, "token_entries.jsonl")
+	// Schema-1 lines as Gym main's store wrote them.
+	paths, _ := filepath.Glob("testdata/gymmain/captures/*.tokens.jsonl")
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, l := range bytes.Split(b, []byte{'\n'}) {
+			if len(l) > 0 {
+				f.Add(l)
+			}
+		}
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		e, err := DecodeTokenEntry(data)
 		if err != nil {
@@ -380,6 +394,87 @@ func FuzzStateIndex(f *testing.F) {
 		}
 		if idx.legacy == (dictOK && sizeOK) {
 			t.Fatalf("legacy %v, but entry_digests typed %v and indexed_size typed %v in %q", idx.legacy, dictOK, sizeOK, data)
+		}
+	})
+}
+
+// FuzzPrefixMergingV1 runs the schema-1 build over random small call graphs
+// (their lineage dropped, as Gym main's records carry none): no panic; the
+// outcome and envelope do not depend on the capture order (Gym main's
+// builder orders by tokens); a delivered rollout is one trace that owns
+// every call on it exactly once, its loss mask 1 exactly on their
+// generations; prefix_merging delivers only when per_request does.
+func FuzzPrefixMergingV1(f *testing.F) {
+	f.Add([]byte{3, 0, 1, 2, 1, 2, 3, 5, 1, 2, 1, 0, 1, 2, 1, 2, 9, 9})
+	f.Add([]byte{7, 1, 2, 0, 2, 1, 1, 2, 3, 3, 0, 1, 2, 3, 17, 4, 0, 1, 1, 2, 0, 64, 5, 0, 1, 1, 1, 0})
+	f.Add([]byte{2, 0, 0, 1, 1, 2, 2, 3, 1, 0, 2, 0, 1, 3, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 256 {
+			return
+		}
+		graph := graphFromBytes(data)
+		seen := map[string]bool{}
+		var entries []TokenEntry
+		for i, g := range graph {
+			if seen[g.ModelCallID] || g.PromptIsDelta {
+				continue // the store refuses a reused call id; deltas are schema 5
+			}
+			seen[g.ModelCallID] = true
+			entries = append(entries, TokenEntry{SchemaVersion: TokenEntrySchemaV1, RolloutID: g.RolloutID,
+				ModelCallID: g.ModelCallID, Model: g.Model, PromptTokenIDs: g.PromptTokenIDs,
+				GenerationTokenIDs: g.GenerationTokenIDs, GenerationLogProbs: g.GenerationLogProbs, CreatedAt: float64(i % 3)})
+		}
+		if len(entries) == 0 {
+			return
+		}
+		build := func(es []TokenEntry, builder string) (*TrainingTraceBatch, error) {
+			env, _, err := BuildTrainingTraces(&Snapshot{RolloutID: "r", Entries: es}, builder, TerminalWitnesses{})
+			var me *MaskError
+			if err != nil && !errors.As(err, &me) {
+				t.Fatalf("not a mask: %v", err)
+			}
+			return env, err
+		}
+		env, err := build(entries, BuilderPrefixMerging)
+		rev := append([]TokenEntry(nil), entries...)
+		slices.Reverse(rev)
+		env2, err2 := build(rev, BuilderPrefixMerging)
+		if (err == nil) != (err2 == nil) || (err != nil && err.(*MaskError).Reason != err2.(*MaskError).Reason) {
+			t.Fatalf("capture order changes the outcome: %v / %v", err, err2)
+		}
+		if d := cmp.Diff(env, env2); d != "" {
+			t.Fatalf("capture order changes the envelope (-in order +reversed)\n%s", d)
+		}
+		if _, perr := build(entries, BuilderPerRequest); err == nil && perr != nil {
+			t.Fatalf("prefix_merging delivers, per_request masks: %v", perr)
+		}
+		if err != nil {
+			return
+		}
+		if len(env.Traces) != 1 {
+			t.Fatalf("%d traces", len(env.Traces))
+		}
+		tr := env.Traces[0]
+		byID := map[string]*TokenEntry{}
+		for i := range entries {
+			byID[entries[i].ModelCallID] = &entries[i]
+		}
+		ones := 0
+		for _, m := range tr.LossMask {
+			ones += int(m)
+		}
+		want := 0
+		for _, sp := range tr.SampledSpans {
+			e := byID[sp.ModelCallID]
+			if !slices.Equal(tr.TokenIDs[sp.Start:sp.End], e.GenerationTokenIDs) ||
+				!slices.Equal(tr.GenerationLogprobs[sp.Start:sp.End], e.GenerationLogProbs) ||
+				!slices.Equal(tr.TokenIDs[:sp.Start], e.PromptTokenIDs) {
+				t.Fatalf("span %+v is not call %s's prompt and generation", sp, sp.ModelCallID)
+			}
+			want += sp.End - sp.Start
+		}
+		if ones != want || len(tr.SampledSpans) != len(tr.ModelCallIDs) {
+			t.Fatalf("loss mask has %d ones for %d owned tokens; %d spans for %d calls", ones, want, len(tr.SampledSpans), len(tr.ModelCallIDs))
 		}
 	})
 }

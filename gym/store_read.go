@@ -32,7 +32,7 @@ import (
 // Mask reasons for damage to one rollout's capture files (CaptureDamage).
 const (
 	// ReasonUnsupportedSchema: a capture line has a TokenEntry
-	// schema_version other than 3.
+	// schema_version other than 1 or 3, or one rollout's lines mix the two.
 	ReasonUnsupportedSchema = "unsupported_schema"
 	// ReasonInvalidState: the .tokens.state.json document is not a JSON
 	// object.

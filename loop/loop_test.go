@@ -171,8 +171,9 @@ func TestRetention(t *testing.T) {
 }
 
 // TestInterruptedPublication: what a crash leaves (a temporary directory, a
-// step directory without DONE, a trash directory) is never a complete
-// step for a reader, and the next publisher removes it.
+// trash directory) is never a complete step for a reader, and the next
+// publisher removes it; a step directory without DONE is no crash's and is
+// refused, untouched.
 func TestInterruptedPublication(t *testing.T) {
 	root := t.TempDir()
 	p, _, err := OpenPublisher(root, 3)
@@ -190,10 +191,29 @@ func TestInterruptedPublication(t *testing.T) {
 	if _, err := WaitDone(root, 2, 0, time.Millisecond, nil); err == nil {
 		t.Error("a directory being written was found complete")
 	}
-	for _, d := range []string{"step_3", ".trash-step_1-abc"} {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
+	// A step directory without DONE is no publication's (another
+	// program's checkpoint): refused, and nothing is removed.
+	foreign := filepath.Join(root, "step_3", "policy", "weights.pt")
+	if err := os.MkdirAll(filepath.Dir(foreign), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(foreign, []byte("someone's checkpoint"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, ".trash-step_1-abc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := OpenPublisher(root, 3); err == nil || !strings.Contains(err.Error(), "holds step_3, which tracegrpo did not publish") {
+		t.Fatalf("a foreign step_3: %v", err)
+	}
+	if b, err := os.ReadFile(foreign); err != nil || string(b) != "someone's checkpoint" {
+		t.Fatalf("the foreign step_3 was touched: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, ".trash-step_1-abc")); err != nil {
+		t.Fatalf("the refused open removed a leftover: %v", err)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "step_3")); err != nil {
+		t.Fatal(err)
 	}
 	_, have, err := OpenPublisher(root, 3)
 	if err != nil || !slices.Equal(have, []int64{1}) {
@@ -294,6 +314,9 @@ func TestParseMeta(t *testing.T) {
 		{"null", `null`, Meta{}, "want a JSON object"},
 		{"array", `[1]`, Meta{}, "want a JSON object"},
 		{"trailing", `{"policy_step": 1, "weights_sha256": "` + h + `"} {}`, Meta{}, "data after"},
+		{"step twice", `{"policy_step": 3, "weights_sha256": "` + h + `", "policy_step": 4}`, Meta{}, "policy_step: given twice"},
+		{"hash twice", `{"weights_sha256": "` + strings.Repeat("0", 64) + `", "policy_step": 4, "weights_sha256": "` + h + `"}`, Meta{}, "weights_sha256: given twice"},
+		{"nested repeats are the generator's", `{"policy_step": 4, "weights_sha256": "` + h + `", "gen": {"a": 1, "a": 2}}`, Meta{4, h}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := ParseMeta([]byte(c.body), "R/step_5.meta.json")

@@ -61,6 +61,11 @@ func ParseMeta(b []byte, name string) (Meta, error) {
 	if dec.More() {
 		return Meta{}, fmt.Errorf("%s: data after the JSON object", name)
 	}
+	if k := duplicateKey(b); k != "" {
+		// encoding/json (and Python's json) keep the last value silently:
+		// which weights the generator meant is unknown.
+		return Meta{}, fmt.Errorf("%s: %s: given twice; a sidecar names one policy version", name, k)
+	}
 	var m Meta
 	ps, ok := raw["policy_step"]
 	if !ok {
@@ -138,4 +143,30 @@ func NextStep(dir string) (int64, error) {
 		}
 	}
 	return top + 1, nil
+}
+
+// duplicateKey returns a key that b, a valid JSON object, holds twice at
+// its top level ("" when none).
+func duplicateKey(b []byte) string {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return ""
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		k, _ := t.(string)
+		if seen[k] {
+			return k
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return ""
+		}
+	}
+	return ""
 }

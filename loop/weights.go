@@ -105,9 +105,10 @@ type Publisher struct {
 
 // OpenPublisher prepares root for publishing, keeping the keep (>= 1)
 // newest directories: it is created if needed, and what an interrupted
-// publication left (temporary and trash directories, step directories
-// without DONE) is removed. It reports the complete step directories
-// already there, newest first.
+// publication left (its temporary and trash directories) is removed. A
+// step_<N> directory without DONE is no publication's: it is refused and
+// left alone. It reports the complete step directories already there,
+// newest first.
 func OpenPublisher(root string, keep int) (*Publisher, []int64, error) {
 	if keep < 1 {
 		return nil, nil, fmt.Errorf("loop: keep %d weights directories: want at least 1 (the newest is the one a generator needs)", keep)
@@ -119,27 +120,36 @@ func OpenPublisher(root string, keep int) (*Publisher, []int64, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("loop: weights directory: %w", err)
 	}
+	// First the whole listing, then the removals: a directory this package
+	// did not write stops the open before anything is removed.
 	var have []int64
+	var leftovers []string
 	for _, e := range ents {
 		n := e.Name()
 		path := filepath.Join(root, n)
 		switch {
 		case e.IsDir() && (strings.HasPrefix(n, tmpPrefix+stepPrefix) || strings.HasPrefix(n, trashPrefix+stepPrefix)):
-			if err := os.RemoveAll(path); err != nil {
-				return nil, nil, fmt.Errorf("loop: remove leftover %s: %w", path, err)
-			}
+			leftovers = append(leftovers, path)
 		case e.IsDir():
 			step, ok := parseStepDir(n)
 			if !ok {
 				continue
 			}
 			if _, err := os.Lstat(filepath.Join(path, DoneFile)); err != nil {
-				if err := os.RemoveAll(path); err != nil { // never published whole
-					return nil, nil, fmt.Errorf("loop: remove incomplete %s: %w", path, err)
-				}
-				continue
+				// Publish renames a directory into place with its DONE
+				// written, so no publication, whole or interrupted, leaves
+				// step_<N> without one: this is another program's (a NeMo RL
+				// checkpoint is step_<N> too), and is never removed.
+				return nil, nil, fmt.Errorf("loop: weights directory %s holds %s, which tracegrpo did not publish (it has no %s marker, "+
+					"and a publication is renamed into place with its marker): it may be another program's data, such as a checkpoint; "+
+					"choose a directory of its own for the weights", root, n, DoneFile)
 			}
 			have = append(have, step)
+		}
+	}
+	for _, path := range leftovers {
+		if err := os.RemoveAll(path); err != nil {
+			return nil, nil, fmt.Errorf("loop: remove leftover %s: %w", path, err)
 		}
 	}
 	slices.Sort(have)

@@ -369,6 +369,9 @@ func (c *Config) parseBlocks(r *nhReader) error {
 		if err != nil {
 			return err
 		}
+		// Non-nil even when empty: an empty pattern is refused below, not
+		// taken for an absent one (NemotronHConfig's default blocks).
+		fromPattern = make([]LayerKind, 0, len(p))
 		for i := 0; i < len(p); i++ {
 			k := LayerKind(0)
 			for _, x := range layerKinds {
@@ -388,6 +391,7 @@ func (c *Config) parseBlocks(r *nhReader) error {
 		if err := json.Unmarshal(r.raw[name], &names); err != nil {
 			return r.bad(name, `a list of "mamba", "attention", "mlp" and "moe"`, string(r.raw[name]))
 		}
+		fromList = make([]LayerKind, 0, len(names))
 		for i, n := range names {
 			k := LayerKind(0)
 			for _, x := range layerKinds {
@@ -414,6 +418,9 @@ func (c *Config) parseBlocks(r *nhReader) error {
 		r.missing = append(r.missing, fmt.Sprintf("layers_block_type %q", Pattern(nhDefaultBlocks)))
 	}
 	if len(c.Layers) == 0 {
+		if c.Form.BlockTypes {
+			return r.bad("layers_block_type", "at least one block", "[]")
+		}
 		return r.bad("hybrid_override_pattern", "at least one block", `""`)
 	}
 	c.NumHiddenLayers = len(c.Layers)

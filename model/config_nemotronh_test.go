@@ -175,9 +175,17 @@ func TestNemotronHRefusals(t *testing.T) {
 		{"scale", `"routed_scaling_factor":-1`, "field routed_scaling_factor: expected a positive number"},
 		{"eps inf", `"layer_norm_epsilon":Infinity`, "field layer_norm_epsilon: expected a finite number"},
 		{"architectures", `"architectures":["NemotronForCausalLM"]`, `field architectures: expected ["NemotronHForCausalLM"]`},
+		// An explicitly empty layout was taken for an absent one: NemotronHConfig's
+		// default 52 blocks were planned and trained in its place.
+		{"empty pattern", `"hybrid_override_pattern":""`, `field hybrid_override_pattern: expected at least one block, found ""`},
+		{"empty block list", `"hybrid_override_pattern":null,"layers_block_type":[]`, `field layers_block_type: expected at least one block, found []`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := ParseConfig([]byte(`{`+nhBase+`,`+c.keys+`}`), "cfg.json")
+			base := nhBase
+			if strings.Contains(c.keys, "hybrid_override_pattern") {
+				base = strings.Replace(base, `"hybrid_override_pattern":"M*-E",`, "", 1)
+			}
+			_, err := ParseConfig([]byte(`{`+base+`,`+c.keys+`}`), "cfg.json")
 			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "cfg.json") {
 				t.Fatalf("error %v: want one naming cfg.json and containing %q", err, c.want)
 			}

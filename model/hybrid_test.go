@@ -128,7 +128,7 @@ func TestHybridSaveLoadLayouts(t *testing.T) {
 }
 
 // TestHybridBackendWithoutMamba: a Nemotron-H config on a backend without
-// kernels.Mamba (today's CUDA backend) is refused by name, never run.
+// kernels.Mamba is refused by name, never run.
 func TestHybridBackendWithoutMamba(t *testing.T) {
 	b := cpu.New(1)
 	defer b.Close()
@@ -143,7 +143,7 @@ func TestHybridBackendWithoutMamba(t *testing.T) {
 }
 
 // noMamba hides the CPU backend's kernels.Mamba (and keeps its
-// kernels.Experts), as the CUDA backend is today.
+// kernels.Experts), as a backend without the Mamba ops is.
 type noMamba struct {
 	kernels.Backend
 	kernels.Experts

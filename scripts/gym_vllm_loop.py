@@ -35,9 +35,9 @@ NeMo Gym (step 4), read at NVIDIA-NeMo/Gym main 07d6b0d07b22fcf530b4c211dae2ee23
 nemo_gym/rollout_correlation.py (an explicit _ng_rollout_id wins; otherwise "<task>-<rollout>", which repeats across
 steps). Start Gym's servers yourself with the same capture settings (`gym env start ... --model-type vllm_model
 --model-url http://HOST:PORT/v1 ++token_id_capture.enabled=true ++token_id_capture.all_agents=true
-++token_id_capture.dir=C`); this script runs only the collection. tracegrpo reads Gym's capture store as NeMo Gym
-PR #3212 writes it (TokenEntry schema 3). Gym main at the commit above writes schema 1, which tracegrpo masks
-(unsupported_schema) and --max-masked-fraction then stops: run Gym with that PR.
+++token_id_capture.dir=C`); this script runs only the collection. tracegrpo reads Gym's capture store as Gym main
+at the commit above writes it (TokenEntry schema 1: a rollout is trained when it forms one chain, as Gym main's own
+finalizer decides; docs/gym.md) and as NeMo Gym PR #3212 writes it (schema 3: every trace of a rollout).
 
 What was run: only --fake. It runs this same loop (steps 1, 2, 5 and the resume) with `train generate --step N` in
 place of steps 3 and 4: tracegrpo's CPU generator loads W/step_<N-1> itself, plays the built-in tasks with it and

@@ -61,9 +61,14 @@ func CheckFor(ld *config.Loaded, steps int, experts config.Experts) error {
 	if _, err := c.TrainingPrecision(); err != nil {
 		add(err)
 	}
-	if temp := c.Policy.Generation.Temperature; !(temp > 0) {
+	// The sampler and the training head divide float32 logits by it: an
+	// infinite one, or one float32 holds as 0 or ±Inf or whose inverse
+	// overflows,
+	// passed this check and failed at step 1.
+	if temp := c.Policy.Generation.Temperature; !(temp > 0) || math.IsInf(temp, 0) ||
+		!(float32(temp) > 0) || math.IsInf(float64(float32(temp)), 0) || math.IsInf(float64(1/float32(temp)), 0) {
 		add(&config.Refusal{Key: "policy.generation.temperature", Value: fmt.Sprint(temp),
-			Why: "must be > 0 (training log-probabilities divide the logits by it)"})
+			Why: "must be a finite number > 0 that a float32 holds, with its inverse (training log-probabilities divide the float32 logits by it)"})
 	}
 	add(checkStepCount(c, steps))
 	add(checkExpertBias(c, experts))

@@ -240,3 +240,20 @@ func TestCheckTopKTopP(t *testing.T) {
 		t.Errorf("top_k 33 of a 33-token vocabulary: %v", err)
 	}
 }
+
+// TestCheckTemperature (QA round): a temperature the float32 logits cannot
+// be divided by (infinite, or so small that float32 holds it as 0 or its
+// inverse overflows) is refused at the start, naming the key; it passed
+// the check and failed in the first step's sampling or forward.
+func TestCheckTemperature(t *testing.T) {
+	for _, v := range []string{"0.7", "1.0", "1e-30", "1e30"} {
+		if keys := refusedKeys(t, "policy.generation.temperature="+v); slices.Contains(keys, "policy.generation.temperature") {
+			t.Errorf("temperature %s: refused", v)
+		}
+	}
+	for _, v := range []string{"0", "-1", "1e-300", "1e-39", "1e39"} {
+		if keys := refusedKeys(t, "policy.generation.temperature="+v); !slices.Contains(keys, "policy.generation.temperature") {
+			t.Errorf("temperature %s: refused for %v, want policy.generation.temperature", v, keys)
+		}
+	}
+}

@@ -38,16 +38,14 @@ func (t *Trainer) expertBiasSettings() {
 
 // updateExpertBias takes the step's expert load from the model (the
 // training passes' counts, which restart whatever the rate), sums it over
-// the ranks in rank order, and moves the selection biases by biasRate.
-// Every rank calls it once per step.
+// the ranks in rank order, keeps its violation for the metrics, and moves
+// the selection biases by biasRate. Every rank calls it once per step.
 func (t *Trainer) updateExpertBias() error {
+	t.loadViolation = nil
 	if len(t.model.ExpertBiases()) == 0 {
 		return nil
 	}
 	load := t.model.TakeExpertLoad()
-	if t.biasRate == 0 {
-		return nil
-	}
 	all, err := gather(t, load)
 	if err != nil {
 		return fmt.Errorf("expert load: %w", err)
@@ -60,8 +58,33 @@ func (t *Trainer) updateExpertBias() error {
 			}
 		}
 	}
+	t.loadViolation = maxViolation(sum)
+	if t.biasRate == 0 {
+		return nil
+	}
 	if err := t.model.UpdateExpertBias(sum, t.biasRate); err != nil {
 		return fmt.Errorf("expert bias: %w", err)
 	}
 	return nil
+}
+
+// maxViolation is max over routers of max_e load_e / mean − 1 (nil when no
+// router routed a token).
+func maxViolation(load [][]int64) *float64 {
+	var worst *float64
+	for _, c := range load {
+		var total, most int64
+		for _, n := range c {
+			total += n
+			most = max(most, n)
+		}
+		if total == 0 {
+			continue
+		}
+		v := float64(most)*float64(len(c))/float64(total) - 1
+		if worst == nil || v > *worst {
+			worst = &v
+		}
+	}
+	return worst
 }

@@ -49,6 +49,19 @@ func checkBiasGolden(t *testing.T, dir string, g mtpGolden, out string) {
 			{"grad_norm", float64(m.GradNorm), want.GradNorm},
 			{"lr", float64(m.LR), want.LR},
 		})
+		// expert_load_max_violation from the golden's counts (PyTorch's
+		// routing of every trace).
+		vio := math.Inf(-1)
+		for _, c := range want.Counts {
+			var total, most int64
+			for _, n := range c {
+				total, most = total+n, max(most, n)
+			}
+			vio = math.Max(vio, float64(most)*float64(len(c))/float64(total)-1)
+		}
+		if len(want.Counts) == 0 || m.ExpertLoadMaxViolation == nil || math.Abs(float64(*m.ExpertLoadMaxViolation)-vio) > 1e-9*vio {
+			t.Errorf("step %d: expert_load_max_violation %v, the golden's counts give %v", s+1, m.ExpertLoadMaxViolation, vio)
+		}
 		got := stepTensors(t, out, s+1)[checkpoint.KindWeights]
 		worst, where, biases, moved := 0.0, "", 0, 0
 		for name, x := range got {

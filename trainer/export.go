@@ -51,7 +51,18 @@ func ExportHF(be kernels.Backend, comm collective.Comm, ckpt, out string, dtype 
 	host, inPlace := hostF32(be, m.Params())
 	var stage []float32
 	var rerr error
+	if sharded, _ := tens.Sharded(); !sharded && comm.Rank() == 0 {
+		// An unsharded checkpoint has no block checksums: rank 0 checks the
+		// weights file's sha256, as a resume does (a bit changed in place
+		// kept its size and exported silently).
+		if err := checkpoint.VerifyFiles(ckpt, checkpoint.ModelFile); err != nil {
+			rerr = fmt.Errorf("export: %w", err)
+		}
+	}
 	for i, p := range m.Table().Params {
+		if rerr != nil {
+			break
+		}
 		if shape, ok := tens.Shape(p.Name); !ok || !equalInts(shape, p.Shape) {
 			rerr = fmt.Errorf("export: %s: tensor %s has shape %v, config.json wants %v", ckpt, p.Name, shape, p.Shape)
 			break

@@ -243,3 +243,48 @@ func firstDiff(a, b []float32) int {
 	}
 	return -1
 }
+
+// TestExportRefusesChangedWeights (QA round): an unsharded checkpoint has
+// no block checksums, so an export checks its model.safetensors' sha256
+// against the manifest, as a resume does. A byte changed in place (the size
+// kept) exported silently: the generator would serve weights the run never
+// trained.
+func TestExportRefusesChangedWeights(t *testing.T) {
+	dir := t.TempDir()
+	runDir := filepath.Join(dir, "run")
+	mustTrain(t, trainArgs(runDir, 1)...)
+	src := filepath.Join(runDir, "checkpoints", "step_1")
+	ckpt := filepath.Join(dir, "copy", "step_1")
+	if err := os.MkdirAll(ckpt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Name() == checkpoint.ModelFile {
+			b[len(b)-5] ^= 1 // a weight's low bit, inside the data
+		}
+		if err := os.WriteFile(filepath.Join(ckpt, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	be := cpu.New(1)
+	defer be.Close()
+	out := filepath.Join(dir, "hf")
+	err = ExportHF(be, nil, ckpt, out, safetensors.F32)
+	if err == nil || !strings.Contains(err.Error(), "does not match its manifest") || !strings.Contains(err.Error(), "sha256") || !strings.Contains(err.Error(), checkpoint.ModelFile) {
+		t.Fatalf("export of a checkpoint with a changed weight: %v, want a sha256 mismatch naming %s", err, checkpoint.ModelFile)
+	}
+	if _, err := os.Stat(filepath.Join(out, checkpoint.ModelFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused export wrote %s: %v", checkpoint.ModelFile, err)
+	}
+	if err := ExportHF(be, nil, src, out, safetensors.F32); err != nil {
+		t.Fatalf("export of the intact checkpoint: %v", err)
+	}
+}

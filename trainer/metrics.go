@@ -44,6 +44,13 @@ type Metrics struct {
 	// load_balancing_loss_func, unweighted), the token-weighted mean over
 	// the step's micro-batches; absent for a dense model.
 	RouterAuxLoss *Num `json:"router_aux_loss,omitempty"`
+	// ExpertLoadMaxViolation is, for a model whose routers have selection
+	// biases (Nemotron-H), the step's most unbalanced router: max over
+	// routers of max_e count_e / mean − 1, from the tokens routed to each
+	// expert by the step's training passes on every rank (the MaxVio of
+	// the aux-loss-free balancing paper, arXiv 2408.15664, that Megatron's
+	// update cites); absent otherwise.
+	ExpertLoadMaxViolation *Num `json:"expert_load_max_violation,omitempty"`
 	// MTPLoss is each multi-token prediction depth's mean cross-entropy
 	// over its targets (depth k: every eligible token k+1 or more places
 	// into its trace), the step's; absent without MTP. The objective adds

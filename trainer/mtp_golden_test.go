@@ -41,6 +41,9 @@ type mtpGolden struct {
 		LR             float64   `json:"lr"`
 		EligibleTokens int       `json:"eligible_tokens"`
 		TrainTokens    int       `json:"train_tokens"`
+		// Counts are each router's tokens per expert (the expert-bias
+		// golden's, scripts/golden_bias_grpo.py).
+		Counts map[string][]int64 `json:"counts"`
 	} `json:"steps"`
 }
 

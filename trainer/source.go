@@ -386,7 +386,7 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 	}
 	f, err := inputfile.Open(path, inputfile.Records)
 	if err != nil {
-		return nil, fmt.Errorf("rollouts: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	h := sha256.New()
@@ -398,16 +398,22 @@ func (s *externalSource) readStepFile(step int) ([]*gym.Record, error) {
 			break
 		}
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w%s", err, stepFileHint)
 		}
 		recs = append(recs, rec)
 	}
 	if len(recs) != s.gbs {
-		return nil, fmt.Errorf("rollouts: %s holds %d records; a step takes exactly train_global_batch_size=%d", path, len(recs), s.gbs)
+		return nil, fmt.Errorf("%s holds %d records; a step takes exactly train_global_batch_size=%d%s", path, len(recs), s.gbs, stepFileHint)
 	}
 	s.digest = fmt.Sprintf("%s: sha256 %x", path, h.Sum(nil))
 	return recs, nil
 }
+
+// stepFileHint ends the errors of a step file that reads short or torn:
+// the trainer reads a step file as soon as it exists, so a generator that
+// writes it in place races the trainer.
+const stepFileHint = " (the trainer reads a step file as soon as it appears: a generator writes it whole under another name, " +
+	"then renames it into place, as loop.WriteStep does; a file still being written reads short or torn)"
 
 // checkPolicy checks step's sidecar: the rollouts came from the weights of
 // the step before, with the sha256 the trainer published them with (rank

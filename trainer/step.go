@@ -575,6 +575,10 @@ func (t *Trainer) metrics(stepN int, st *step, upd optim.Result, ph PhaseTimes, 
 		v := Num(routerSum / float64(routerTokens))
 		m.RouterAuxLoss = &v
 	}
+	if v := t.loadViolation; v != nil {
+		x := Num(*v)
+		m.ExpertLoadMaxViolation = &x
+	}
 	m.TokenMultProbErr, m.GenKLError = Num(lm.TokenMultProbError), Num(lm.GenKLError)
 	t.mtpMetrics(&m, st, upd.SetNorms)
 	m.TrainTokens, m.ComputedTokens = toks, computed

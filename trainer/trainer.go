@@ -80,6 +80,9 @@ type Trainer struct {
 	// balancing, expertbias.go): policy.megatron_cfg.moe_router_bias_update_rate
 	// for a model whose routers have one, else 0.
 	biasRate float64
+	// loadViolation is the last step's expert_load_max_violation (nil
+	// without selection biases or routed tokens).
+	loadViolation *float64
 	// mtp is the multi-token prediction loss (mtp.go).
 	mtp    mtpRun
 	mtpBuf mtpBuffers
@@ -491,7 +494,11 @@ func (t *Trainer) loadConfig() error {
 	}
 	t.cfg, t.loaded, t.name = ld.Config, ld, name
 	if len(ld.Ignored) > 0 {
-		t.logf("%d keys ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", len(ld.Ignored))
+		n := fmt.Sprintf("%d keys", len(ld.Ignored))
+		if len(ld.Ignored) == 1 {
+			n = "1 key"
+		}
+		t.logf("%s ignored (engines and services tracegrpo does not run, keys NeMo RL never reads): train config --keys lists them and why", n)
 	}
 	for _, w := range ld.Warnings() {
 		// Said even under --quiet: a key the run does not use.

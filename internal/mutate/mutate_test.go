@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -236,7 +238,7 @@ func tinyModule(t *testing.T) string {
 		"go.mod":      "module example.com/tiny\n\ngo 1.22\n",
 		"a/a.go":      "package a\n\n// F is two.\nfunc F() int { return 1 + 1 }\n\n// G is unused by the tests.\nfunc G() int { return 3 }\n",
 		"a/a_test.go": "package a\n\nimport \"testing\"\n\nfunc TestF(t *testing.T) {\n\tif F() != 2 {\n\t\tt.Fatal(F())\n\t}\n}\n",
-		"b/b_test.go": "package b\n\nimport (\n\t\"os\"\n\t\"testing\"\n\t\"time\"\n\n\t\"example.com/tiny/a\"\n)\n\nfunc TestSlow(t *testing.T) {\n\tif os.Getenv(\"TINY_SLOW\") != \"\" {\n\t\ttime.Sleep(time.Minute)\n\t}\n\t_ = a.G()\n}\n",
+		"b/b_test.go": "package b\n\nimport (\n\t\"fmt\"\n\t\"os\"\n\t\"testing\"\n\t\"time\"\n\n\t\"example.com/tiny/a\"\n)\n\nfunc TestSlow(t *testing.T) {\n\tif p := os.Getenv(\"TINY_SLOW\"); p != \"\" {\n\t\tos.WriteFile(p+\".tmp\", []byte(fmt.Sprint(os.Getpid())), 0o644)\n\t\tos.Rename(p+\".tmp\", p)\n\t\ttime.Sleep(10 * time.Minute)\n\t}\n\t_ = a.G()\n}\n",
 		"b/b.go":      "package b\n",
 		"c/c.go":      "package c\n",
 		"c/c_test.go": "package c\n\nimport \"testing\"\n\nfunc TestC(t *testing.T) {}\n",
@@ -338,36 +340,47 @@ func TestRunInterrupted(t *testing.T) {
 	needGo(t)
 	root := tinyModule(t)
 	before := readTree(t, root)
-	t.Setenv("TINY_SLOW", "1")
+	pidFile := filepath.Join(t.TempDir(), "slow.pid")
+	t.Setenv("TINY_SLOW", pidFile)
 	ctx, cancel := context.WithCancel(context.Background())
 	ms := []Mutant{{Name: "a/slow", File: "a/a.go", Why: "w", From: "return 3", To: "return 5"}}
 	done := make(chan error, 1)
-	start := time.Now()
 	go func() {
 		_, err := Run(ctx, Options{Root: root, Log: &bytes.Buffer{}}, ms)
 		done <- err
 	}()
-	// Wait until the mutant is planted and b's slow test runs.
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(backupPath(root, "a/a.go")); err == nil {
+	// Wait until b's slow test runs with the mutant planted: it writes its
+	// process id, then sleeps 10 minutes. The guards below are hang guards,
+	// far below those 10 minutes: what is checked is that the test's
+	// process is gone, not how fast.
+	var pid int
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err = strconv.Atoi(string(b)); err != nil {
+				t.Fatal(err)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the mutant was never planted")
+			t.Fatal("the slow test never ran")
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
+	if _, err := os.Stat(backupPath(root, "a/a.go")); err != nil {
+		t.Fatalf("the slow test runs without the mutant planted: %v", err)
+	}
 	cancel()
 	select {
 	case err := <-done:
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("Run after cancel: %v, want context.Canceled", err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return after cancel")
+	case <-time.After(3 * time.Minute):
+		t.Fatal("Run did not return after cancel (a hang)")
 	}
-	if time.Since(start) > 50*time.Second {
-		t.Errorf("the slow test was not killed")
+	for deadline := time.Now().Add(time.Minute); processAlive(pid); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the slow test (pid %d) still runs after Run returned: it was not killed", pid)
+		}
 	}
 	if d := cmp.Diff(before, readTree(t, root)); d != "" {
 		t.Errorf("the module differs after an interrupted run (-before +after):\n%s", d)
@@ -424,4 +437,18 @@ func TestPackages(t *testing.T) {
 			t.Errorf("%s: (-want +got):\n%s", c.m.File, d)
 		}
 	}
+}
+
+// processAlive reports whether pid runs (a zombie, ended and not yet
+// reaped, does not).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command's closing parenthesis.
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2] != 'Z' && b[i+2] != 'X'
+	}
+	return true
 }

@@ -70,6 +70,12 @@
 // a kernel reading each fp32 chunk once. scripts/gpu-check.sh measures the
 // LM head against the bare GEMMs it contains.
 //
+// Nemotron-H's Mamba-2 scan (csrc/mamba.cu) runs the sequential
+// recurrence in fp32, one block per head walking the tree's segments (a
+// child from its parent's final state); bf16 xbc is widened as it loads.
+// It is not yet the chunked SSD on tensor cores that kernels/cpu runs: the
+// results agree to rounding (kerneltest's TolScan), not bit for bit.
+//
 // No kernel adds with atomics: attention's backward pass, SumSquares,
 // RMSNormBackward's dweight (per-block partials reduced in block order, with a
 // block count that depends on the shape, not the device) and

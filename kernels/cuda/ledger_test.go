@@ -4,6 +4,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -226,4 +227,100 @@ func TestLedgerElementwise(t *testing.T) {
 	minRead, minWrite := 12*nc+4*C+4*C+4*N, 4*nc+4*C
 	within(t, "RMSNormBackward bytes read", s.read, minRead, minRead+normBwdBlocks*4*C)
 	within(t, "RMSNormBackward bytes written", s.write, minWrite, minWrite+normBwdBlocks*4*C)
+}
+
+// TestLedgerMamba: Nemotron-H's ops (kernels.Mamba) and the sigmoid
+// router, from their definitions: every operand read once, every output
+// written once (an accumulated one both), the scan's 5 FLOPs a state
+// element a token (the update's 3, the output's 2).
+func TestLedgerMamba(t *testing.T) {
+	b := meterBackend(t)
+	alloc := func(dt kernels.DType, n int) kernels.Buf {
+		x, err := b.Alloc(dt, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	f := func(n int) kernels.Buf { return alloc(kernels.F32, n) }
+	const N, D, GS = 4096, 4096, 512
+	const nd = int64(N) * D
+	x, y, z, w := f(N*D), f(N*D), f(N*D), f(D)
+	xh := alloc(kernels.BF16, N*D)
+	rstd := f(N * D / GS)
+	cases := []struct {
+		op                 string
+		run                func()
+		read, write, flops int64
+	}{
+		{"ReLU2", func() { b.ReLU2(xh, x, N*D) }, 4 * nd, 2 * nd, 2 * nd},
+		{"ReLU2Backward", func() { b.ReLU2Backward(y, z, xh, N*D) }, 6 * nd, 4 * nd, 3 * nd},
+		{"GatedRMSNorm", func() { b.GatedRMSNorm(xh, rstd, y, z, w, N, D, GS, 1e-5) }, 8*nd + 4*D, 2*nd + 4*nd/GS, 14 * nd},
+	}
+	for _, c := range cases {
+		s := sumOf(opLedger(t, b, c.op, c.run))
+		if s.read != c.read || s.write != c.write || s.flops != c.flops {
+			t.Errorf("%s: ledger reads %d, writes %d bytes, %d FLOPs; the op reads %d, writes %d, %d FLOPs", c.op, s.read, s.write, s.flops, c.read, c.write, c.flops)
+		}
+	}
+	// The norm's backward: its five (N,D) operands, weight and rstd read,
+	// dy and dz written, dweight accumulated through per-chunk partials
+	// (a second pass over dout, y, z and rstd).
+	s := sumOf(opLedger(t, b, "GatedRMSNormBackward", func() { b.GatedRMSNormBackward(x, y, w, z, x, y, w, rstd, N, D, GS) }))
+	part := int64(4*D) * int64((N+mambaRows-1)/mambaRows)
+	minRead, minWrite := 12*nd+4*D+4*nd/GS+4*D, 8*nd+4*D
+	within(t, "GatedRMSNormBackward bytes read", s.read, minRead, minRead+12*nd+4*nd/GS+part)
+	within(t, "GatedRMSNormBackward bytes written", s.write, minWrite, minWrite+part)
+
+	// A packed micro-batch of 4 sequences: the tree's three buffers.
+	const T, NS = 4096, 4
+	offs, parent, ends := alloc(kernels.I32, NS+1), alloc(kernels.I32, NS), alloc(kernels.I32, NS)
+	tree := kernels.Tree{Offs: offs, Parent: parent, Ends: ends, NS: NS, MaxLen: T, MaxCtx: T}
+	treeBytes := int64(4 * (3*NS + 1))
+	sc := kernels.Scan{MH: 64, MP: 64, G: 8, DS: 128, Chunk: 128, DtMax: float32(math.Inf(1))}
+	CD, KW := sc.CD(), 4
+	inp, out := f(T*CD), alloc(kernels.BF16, T*CD)
+	cw, cb := f(CD*KW), f(CD)
+	tcd := int64(T) * int64(CD)
+	s = sumOf(opLedger(t, b, "Conv1D", func() { b.Conv1D(out, inp, cw, cb, tree, T, CD, KW) }))
+	within(t, "Conv1D bytes read", s.read, 4*tcd+4*int64(CD*KW)+4*int64(CD), 4*tcd+4*int64(CD*KW)+4*int64(CD)+2*treeBytes)
+	if s.write != 2*tcd || s.flops < 2*int64(KW)*tcd {
+		t.Errorf("Conv1D: writes %d bytes, %d FLOPs; want %d bytes, at least %d FLOPs", s.write, s.flops, 2*tcd, 2*int64(KW)*tcd)
+	}
+	dinp, dout, dcw, dcb := f(T*CD), f(T*CD), f(CD*KW), f(CD)
+	s = sumOf(opLedger(t, b, "Conv1DBackward", func() { b.Conv1DBackward(dinp, dcw, dcb, dout, inp, cw, cb, tree, T, CD, KW) }))
+	if minR, minW := 8*tcd+8*int64(CD*KW)+8*int64(CD), 4*tcd+4*int64(CD*KW)+4*int64(CD); s.read < minR || s.write < minW || s.flops < 4*int64(KW)*tcd {
+		t.Errorf("Conv1DBackward: reads %d, writes %d bytes, %d FLOPs; want at least %d, %d, %d", s.read, s.write, s.flops, minR, minW, 4*int64(KW)*tcd)
+	}
+
+	xbc := alloc(kernels.BF16, T*CD)
+	dtRaw, hb, ha, hd := f(T*sc.MH), f(sc.MH), f(sc.MH), f(sc.MH)
+	ys, final := f(T*sc.DI()), f(NS*sc.DI()*sc.DS)
+	state := int64(4) * int64(sc.DI()) * int64(sc.DS)
+	ins := 2*tcd + 4*int64(T*sc.MH) + 12*int64(sc.MH)
+	s = sumOf(opLedger(t, b, "SSMScan", func() { b.SSMScan(ys, final, xbc, dtRaw, hb, ha, hd, tree, T, sc) }))
+	want5 := 5 * int64(T) * int64(sc.DI()) * int64(sc.DS)
+	if s.flops != want5 {
+		t.Errorf("SSMScan: %d FLOPs, want %d (5 a state element a token)", s.flops, want5)
+	}
+	within(t, "SSMScan bytes written", s.write, 4*int64(T*sc.DI())+NS*state, 4*int64(T*sc.DI())+NS*state)
+	within(t, "SSMScan bytes read", s.read, ins, ins+2*treeBytes+NS*state)
+	dxbc, ddt := f(T*CD), f(T*sc.MH)
+	s = sumOf(opLedger(t, b, "SSMScanBackward", func() {
+		b.SSMScanBackward(dxbc, ddt, hb, ha, hd, ys, xbc, dtRaw, hb, ha, hd, tree, T, sc)
+	}))
+	outs := 4*tcd + 4*int64(T*sc.MH) + 12*int64(sc.MH)
+	if s.read < ins+4*int64(T*sc.DI())+12*int64(sc.MH) || s.write < outs || s.flops < 2*want5 {
+		t.Errorf("SSMScanBackward: reads %d, writes %d bytes, %d FLOPs; want at least %d, %d, %d", s.read, s.write, s.flops,
+			ins+4*int64(T*sc.DI())+12*int64(sc.MH), outs, 2*want5)
+	}
+
+	const E, K = 128, 6
+	logits, probs, weights := f(T*E), f(T*E), f(T*K)
+	experts, bias := alloc(kernels.I32, T*K), f(E)
+	r := kernels.Router{K: K, Norm: true, Sigmoid: true, Bias: bias, Scale: 2.5}
+	s = sumOf(opLedger(t, b, "RouterTopK", func() { b.RouterTopK(probs, weights, experts, logits, T, E, r) }))
+	if s.read != 4*T*E+4*E || s.write != 4*T*E+8*T*K {
+		t.Errorf("RouterTopK (sigmoid): reads %d, writes %d bytes; the op reads %d, writes %d", s.read, s.write, 4*T*E+4*E, 4*T*E+8*T*K)
+	}
 }

@@ -24,13 +24,32 @@ func checkRouter(op string, T, E int, r kernels.Router) {
 	if E > routerMaxExperts {
 		panic(fmt.Sprintf("cuda: %s: %d experts, more than the router kernel's %d", op, E, routerMaxExperts))
 	}
-	if r.Sigmoid || r.Bias.N > 0 || r.Groups > 1 || r.Scale != 0 {
-		// Nemotron-H's router comes with its Mamba ops (kernels.Mamba),
-		// which this backend does not have yet: model refuses the family
-		// before any call reaches here.
-		panic(fmt.Sprintf("cuda: %s: the sigmoid router (bias, groups, scale) is not implemented: %+v", op, r))
+	if !r.Sigmoid && (r.Bias.N > 0 || r.Groups > 1 || r.Scale != 0) {
+		panic(fmt.Sprintf("cuda: %s: a selection bias, groups or a scale need the sigmoid router: %+v", op, r))
+	}
+	if r.Groups > 1 && (r.Groups > routerMaxGroups || E%r.Groups != 0 || E/r.Groups < 2 || r.TopGroups < 1 || r.TopGroups > r.Groups ||
+		r.K > r.TopGroups*(E/r.Groups)) {
+		panic(fmt.Sprintf("cuda: %s: E=%d K=%d Groups=%d TopGroups=%d (want ≤ %d groups of at least 2 experts, 1 ≤ TopGroups ≤ Groups, K ≤ the kept experts)",
+			op, E, r.K, r.Groups, r.TopGroups, routerMaxGroups))
+	}
+	if r.Bias.N > 0 {
+		want(r.Bias, kernels.F32, E, op+" bias")
 	}
 }
+
+// routerMaxGroups is RT_MAXGROUPS of csrc/router_topk.cu.
+const routerMaxGroups = 64
+
+// routerScale is r.Scale, 1 when unset.
+func routerScale(r kernels.Router) float32 {
+	if r.Scale == 0 {
+		return 1
+	}
+	return r.Scale
+}
+
+// sigmoidGroups is the group count the kernel takes (1: no groups).
+func sigmoidGroups(r kernels.Router) int { return max(1, r.Groups) }
 
 func boolArg(v bool) uint64 {
 	if v {
@@ -51,6 +70,18 @@ func (b *Backend) RouterTopK(probs, weights, experts, logits kernels.Buf, T, E i
 		return
 	}
 	defer b.lock()()
+	if r.Sigmoid {
+		var bias []kernels.Buf
+		var bp uint64
+		if r.Bias.N > 0 {
+			bias, bp = []kernels.Buf{r.Bias}, pa(r.Bias)
+		}
+		c := rw(append(reads(logits), bias...), probs, weights, experts).with(8*int64(T)*int64(E), 0)
+		b.launch("router_sigmoid_fwd", c, b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
+			pa(probs), pa(weights), pa(experts), pa(logits), bp, ia(T), ia(E), ia(r.K), boolArg(r.Norm),
+			ia(sigmoidGroups(r)), ia(r.TopGroups), fa(routerScale(r)))
+		return
+	}
 	b.launch("router_topk_fwd", rw(reads(logits), probs, weights, experts).with(8*int64(T)*int64(E), 0), b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
 		pa(probs), pa(weights), pa(experts), pa(logits), ia(T), ia(E), ia(r.K), boolArg(r.Norm))
 }
@@ -80,6 +111,15 @@ func (b *Backend) RouterTopKBackward(dlogits, dweights, probs, weights, experts,
 	}
 	defer b.lock()()
 	c := rw(reads(dweights, probs, weights, experts, dprobs), dlogits).with(8*int64(T)*int64(E), 0)
+	if r.Sigmoid {
+		name = "router_sigmoid_bwd"
+		if dlogits.DType == kernels.BF16 {
+			name = "router_sigmoid_bwd_bf16"
+		}
+		b.launch(name, c, b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
+			pa(dlogits), pa(dweights), pa(probs), pa(weights), pa(experts), dp, ia(T), ia(E), ia(r.K), boolArg(r.Norm), fa(routerScale(r)))
+		return
+	}
 	b.launch(name, c, b.rowBlocks((T+routerRows-1)/routerRows), 1, 1, 32*routerRows, 0,
 		pa(dlogits), pa(dweights), pa(probs), pa(weights), pa(experts), dp, ia(T), ia(E), ia(r.K), boolArg(r.Norm))
 }

@@ -15,6 +15,7 @@ const (
 	workLogits       = "logits"
 	workLogprobState = "logprob state"
 	workExpertCounts = "expert counts"
+	workMamba        = "mamba"
 	workMinBytes     = 256 // the least work allocates
 )
 
@@ -211,6 +212,20 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, r := range w.Routes {
 		need(workExpertCounts, expertCountsWork(r.E))
 	}
+	// The Mamba ops share one buffer: the scan's states and checkpoints,
+	// the conv's partials, and the gated norm's partials (over the scan's
+	// T rows of d_inner).
+	for _, sc := range w.Scans {
+		need(workMamba, scanWork(sc.T, sc.MaxSegs, sc.Scan, sc.Backward))
+		if sc.Backward {
+			need(workMamba, gatedWork(sc.T, sc.Scan.DI()))
+		}
+	}
+	for _, c := range w.Convs {
+		if c.Backward {
+			need(workMamba, convWork(c.T, c.CD, c.KW, c.T))
+		}
+	}
 	for _, h := range w.Heads {
 		need(workLogits, 4*h.T*vocabChunk(opt.LogitsScratch, h.T, h.V))
 		need(workLogprobState, 16*h.T)
@@ -223,4 +238,40 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 		}
 	}
 	return largest
+}
+
+// The Mamba ops' scratch (csrc/mamba.cu, mamba.go).
+const (
+	mambaRows = 256 // MB_ROWS: tokens (rows) per weight-gradient partial
+	mambaQ    = 64  // MB_Q: tokens between the scan backward's checkpoints
+)
+
+// convChunks is the number of weight-gradient partials of T tokens.
+func convChunks(T int) int { return max(1, (T+mambaRows-1)/mambaRows) }
+
+// convWork is Conv1DBackward's scratch: the segments' context starts and
+// the weight and bias partials.
+func convWork(T, CD, KW, NS int) int { return 4*NS + 4*convChunks(T)*CD*(KW+1) }
+
+// gatedWork is GatedRMSNormBackward's dweight partials.
+func gatedWork(N, D int) int { return 4 * convChunks(N) * D }
+
+// stateBytes is the bytes of one state of every head.
+func stateBytes(s kernels.Scan) int64 { return 4 * int64(s.MH) * int64(s.MP) * int64(s.DS) }
+
+// scanCkpts bounds the checkpoints of T tokens in NS segments: a segment
+// of L tokens has ⌈L/mambaQ⌉.
+func scanCkpts(T, NS int) int { return T/mambaQ + NS }
+
+// scanWork is the scratch of a scan over T tokens in NS segments: the final
+// states (when the caller keeps none), and for the backward the
+// checkpoints, a chunk's states per head, the initial-state gradients and
+// the per-head dB, dC.
+func scanWork(T, NS int, s kernels.Scan, backward bool) int {
+	st := stateBytes(s)
+	n := int64(NS) * st
+	if backward {
+		n += int64(scanCkpts(T, NS))*st + mambaQ*st + int64(NS)*st + 8*int64(T)*int64(s.MH)*int64(s.DS)
+	}
+	return int(n)
 }

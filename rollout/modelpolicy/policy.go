@@ -32,7 +32,10 @@ func Options(g config.Generation) model.SampleOptions {
 		StopTokens: []int32{rollout.EOS},
 		Refill:     true,
 	}
-	if g.TopK != nil {
+	// NeMo RL and vLLM switch top-k off with null or -1 (any top_k ≤ 0:
+	// nemo_rl/algorithms/logits_sampling_utils.py), as the training head's
+	// filter does; the sampler's off is 0.
+	if g.TopK != nil && *g.TopK > 0 {
 		opt.TopK = *g.TopK
 	}
 	return opt
