@@ -420,7 +420,8 @@ var cases = []testCase{
 				}
 			}
 		}
-		// A position outside the tables: that row normed, unrotated, reported.
+		// A position outside the tables: that row normed, unrotated, reported;
+		// an eps as large as the mean square, so that the norm must add it.
 		const T, NH, NKV, HD = 3, 2, 1, 8
 		W := (NH + 2*NKV) * HD
 		pos := s.i32([]int32{0, 6, 2})
@@ -428,11 +429,12 @@ var cases = []testCase{
 		qkv, qw, kw := s.randn(T*W, 1), s.randn(HD, 1), s.randn(HD, 1)
 		q, k, v := s.randnBF16(T*NH*HD, 1), s.randnBF16(T*NKV*HD, 1), s.randnBF16(T*NKV*HD, 1)
 		qraw, kraw, qrstd, krstd := s.out(T*NH*HD), s.out(T*NKV*HD), s.out(T*NH), s.out(T*NKV)
-		refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1e-6)
-		dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1e-6)
+		refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1)
+		dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1)
 		s.wantSyncError("QKNormRope with position 6 of a 6-row table")
 		s.check("QKNormRope q with a bad position", q, TolBF16Out)
 		s.check("QKNormRope k with a bad position", k, TolBF16Out)
+		s.check("QKNormRope qrstd with eps 1", qrstd, TolElementwise)
 	}},
 	{"RopeBadPosition", func(s *suite) {
 		// Position 6 of a 6-row table, and a negative one: those rows stay
