@@ -8,7 +8,7 @@ BENCHTIME   ?= 1x
 CUDA_HOME   ?= $(CURDIR)/.cache/cuda
 NVCC        ?= $(CUDA_HOME)/bin/nvcc
 
-.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff gym-main schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-ops clean
+.PHONY: all build build-nocgo test deps lint docs fuzz mutate bench golden gym-diff gym-main schema run ptx ptx-sm90 cubin sass gpu-model gpu-check-build gpu-check-dry bench-torch bench-moe bench-nemotron bench-ops clean
 
 all: build
 
@@ -96,6 +96,11 @@ bench-torch:
 bench-moe:
 	scripts/bench_moe.sh --threads 2 --steps 2 --rows 2 --seq 64
 
+# Nemotron-H: a tiny-but-not-trivial step against PyTorch's (scripts/bench_nemotronh.py) in one run, and the
+# Mamba-2 scan's tokens/s against the bench model's attention at 4096 tokens (docs/benchmarks.md#nemotron-h).
+bench-nemotron:
+	scripts/bench_nemotron.sh --threads 2 --steps 2 --rows 2 --seq 128
+
 # Op-level CPU kernels against torch (reference BLAS and its bundled oneDNN), 2 threads.
 bench-ops:
 	$(PYTHON) scripts/bench_ops_torch.py --count 5 --reps 3
@@ -172,21 +177,27 @@ GPU_MODEL_FLAGS  ?=
 gpu-model:
 	$(GO) run ./cmd/train gpu-model --model $(GPU_MODEL_CONFIG) $(GPU_MODEL_FLAGS)
 
-# Build what scripts/gpu-check.sh runs on a GPU machine, stripped, into
-# bin/gpu-check (carry that folder there); prints its size, fails above 48 MiB.
+# Build what scripts/gpu-check.sh's core stages run on a GPU machine
+# (-trimpath, stripped, gzipped) into bin/gpu-check (carry that folder
+# there; GPU_CHECK_EXTRA=1 adds optim.test for the extra stage); fails when
+# the device transfer (the tracked and untracked-not-ignored files, shared/
+# and the carry) would exceed 56 MiB (GPU_CHECK_MAX_MIB).
 gpu-check-build:
 	scripts/gpu-check.sh --build
 
 # scripts/gpu-check.sh end to end on the CPU emulator (bin/gpu-check-emu):
-# every stage and part as on a GPU, with the emulator's libraries, reduced
-# shapes and no compute-sanitizer; prints each stage's time against its
-# budget, and the budgets' sum (at most 7 minutes). Writes GPU_CHECK_OUT.
+# every chosen stage and part as on a GPU (GPU_CHECK_STAGES, default the
+# four core ones), with the emulator's libraries, reduced shapes and no
+# compute-sanitizer; prints each stage's time against its budget, then the
+# lease's plan: the core stages' limits (at most 7 minutes) and what a
+# second call has for a stage rerun alone. Writes GPU_CHECK_OUT.
 GPU_CHECK_OUT ?= /tmp/tracegrpo-gpu-check-dry
 gpu-check-dry: gpu-check-build
 	rm -rf bin/gpu-check-emu $(GPU_CHECK_OUT)
 	cd kernels/cuda && TRACEGRPO_EMU_KEEP=$(CURDIR)/bin/gpu-check-emu $(GO) test -count=1 -run '^TestEmuSmoke$$' .
 	GPU_CHECK_PYTHON=$(PYTHON) scripts/gpu-check.sh --dry $(GPU_CHECK_OUT)
 	@echo "gpu-check-dry: $$(ls $(GPU_CHECK_OUT) | wc -l) files in $(GPU_CHECK_OUT) (the device returns 8 at most):"; ls -l $(GPU_CHECK_OUT)
+	@scripts/gpu-check.sh --plan
 
 clean:
 	rm -rf bin

@@ -9,6 +9,8 @@ import (
 
 	"github.com/tracegrpo/tracegrpo/collective"
 	"github.com/tracegrpo/tracegrpo/kernels"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda"
+	"github.com/tracegrpo/tracegrpo/kernels/cuda/gpumodel"
 	"github.com/tracegrpo/tracegrpo/model"
 	"github.com/tracegrpo/tracegrpo/trainer"
 )
@@ -58,6 +60,10 @@ type Rows struct {
 	NoReshard bool   // with Shard: keep every layer gathered from forward to backward
 	Save      string // write the final weights as HF safetensors here ("": do not)
 	Profile   bool   // print the time per op to Env.Stderr
+	// Ledger: after the timed steps, one more step with each launch timed
+	// on the device, printed to Env.Stderr beside the roofline's
+	// prediction of each (cuda.Prediction.Compare; a CUDA backend only).
+	Ledger bool
 }
 
 // RunRows runs one warm-up step and r.Steps timed steps, and prints a Result.
@@ -68,10 +74,17 @@ func RunRows(env Env, r Rows) error {
 	if n, ok := be.(kernels.Numerics); ok {
 		res.KernelPath, res.RoundingPath = n.KernelPath(), n.RoundingPath()
 	}
+	var tl cuda.TimedLedgered
+	if r.Ledger {
+		var ok bool
+		if tl, ok = be.(cuda.TimedLedgered); !ok {
+			return fmt.Errorf("bench: --ledger times each launch on a CUDA device; the %s backend has no launch ledger", be.Name())
+		}
+	}
 	var prof *timedBackend
 	if r.Profile {
 		prof = newTimedBackend(be)
-		be = prof
+		be = prof.profiled()
 	}
 	// This rank's share of the rows (all of them for one process).
 	lo, hi := collective.Block(r.Rows, env.Rank, env.Size)
@@ -85,18 +98,32 @@ func RunRows(env Env, r Rows) error {
 		comm = collective.Single(be)
 	}
 	res.Sharded = sharded
-	plan, err := trainer.PlanModelRun(trainer.PlanSpec{
+	planSpec := trainer.PlanSpec{
 		Request: trainer.PlanRequest{Model: r.Model, ModelName: r.ModelName, Backend: be.Name(), Rows: myRows,
 			Workspace: trainer.WorkspacePlanner(be), World: env.Size, Shard: sharded, NoReshard: r.NoReshard},
 		Options: opt, Optimizer: true,
 		Shrink: map[string][]string{"activations": {"--rows", "--seq", "--recompute"}, "workspace": {"--rows", "--seq"},
 			"weights": {"a smaller --model"}, "gradients": {"a smaller --model"}, "adam_moments": {"a smaller --model"}},
-	})
+	}
+	plan, err := trainer.PlanModelRun(planSpec)
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
 	if err := trainer.CheckFree(plan, be); err != nil {
 		return fmt.Errorf("bench: %w", err)
+	}
+	// The LM head's logits scratch as train sizes it, from what the plan
+	// leaves free (CUDA), so that the bench times train's step.
+	if sz, ok := be.(interface {
+		SizeLogitsScratch(headroom int64) (int, bool)
+	}); ok {
+		if free, _, ok, err := trainer.Free(be); err == nil && ok {
+			if _, changed := sz.SizeLogitsScratch(free - plan.TotalBytes); changed {
+				if plan, err = trainer.PlanModelRun(planSpec); err != nil {
+					return fmt.Errorf("bench: %w", err)
+				}
+			}
+		}
 	}
 	res.PlanMiB = float64(plan.TotalBytes) / (1 << 20)
 	var m *model.Model
@@ -116,7 +143,7 @@ func RunRows(env Env, r Rows) error {
 		}
 		res.WeightsFrom = r.Weights
 	} else {
-		m.InitRandom(r.Seed)
+		m.InitRandomParallel(r.Seed) // on every core: a 1.7B model's single stream took 15-38 s
 	}
 	opts, err := benchOptimizer(be, m, comm, sharded, r.Eps)
 	if err != nil {
@@ -183,6 +210,19 @@ func RunRows(env Env, r Rows) error {
 		if prof != nil {
 			prof.endStep()
 		}
+	}
+	if tl != nil {
+		tl.StartTimedLedger()
+		err := step(r.Steps + 2)
+		led := tl.TakeLedger()
+		if err == nil {
+			err = env.Backend.Sync()
+		}
+		if err != nil {
+			return fmt.Errorf("bench: the timed-ledger step: %w", err)
+		}
+		pred := cuda.H200.PredictLedger(led, nil)
+		fmt.Fprint(env.Stderr, pred.Compare(gpumodel.ModelFLOPs(r.Model, r.Rows, r.Seq)))
 	}
 	res.MsPerStep, res.MsMin = medianMin(times)
 	res.TokensPerS = float64(r.Rows*r.Seq) / (res.MsPerStep / 1e3) // every rank's tokens

@@ -175,5 +175,6 @@ type Mamba interface {
 	// F32|BF16 (the next GEMM's input).
 	ReLU2(out, inp Buf, N int)
 	// ReLU2Backward: dinp (N) F32 = 2·relu(inp)·dout, dout (N) F32.
+	// dinp may be dout (in place: package model's experts run it so).
 	ReLU2Backward(dinp, dout, inp Buf, N int)
 }

@@ -171,7 +171,7 @@ type hybridScratch struct {
 	lnF     kernels.Buf // (T,C) F32: a sparse block's normed input for the fp32 router (BF16 only)
 	comb    kernels.Buf // (T,Lat) F32: the routed experts' sum in the latent space
 	tmpC    kernels.Buf // (T,C) F32: the shared expert's output
-	xp      kernels.Buf // (N,In) w: the experts' gathered inputs
+	xp      kernels.Buf // (N,In) w: the experts' gathered inputs (in the backward first their outputs' gradient)
 	dproj   kernels.Buf // (T, max(in_proj, q|k|v)) w: the packed input-projection gradient
 	dg, dy  kernels.Buf // (T,DI)
 	dz      kernels.Buf // (T,DI)
@@ -179,10 +179,7 @@ type hybridScratch struct {
 	dxpre   kernels.Buf // (T,CD)
 	ddt     kernels.Buf // (T,MH)
 	dh, dup kernels.Buf // (T, max(I, Ish))
-	deh     kernels.Buf // (N,Im)
-	deup    kernels.Buf // (N,Im)
-	dey     kernels.Buf // (N,In) w
-	dxp     kernels.Buf // (N,In)
+	deh     kernels.Buf // (N,Im): deh, then deup in place (the experts' dy is in xp, their dxp in ey)
 	dxin    kernels.Buf // (T,In)
 	dcomb   kernels.Buf // (T,Lat)
 	dlnF    kernels.Buf // (T,C) (BF16 only)
@@ -290,10 +287,17 @@ func (m *Model) layoutHybrid() *actPlan {
 		a layerActs
 		h hybridActs
 	}
+	// kinds[k] lays out what only a block of kind k uses while it runs
+	// (its forward, or its recomputation and backward): its kind's shared
+	// activations, when one block's worth is kept, and its own scratch.
+	// No two blocks run at once (an MTP depth's blocks too: each is
+	// recomputed again just before its own backward, hybridBackward), so
+	// the kinds share memory (actPlan.union).
+	var kinds [LayerMoE + 1][]func()
 	if share {
 		for _, k := range []LayerKind{LayerMamba, LayerAttention, LayerMLP, LayerMoE} {
 			if c.CountLayers(k) > 0 {
-				block(&shared[k].a, &shared[k].h, k)
+				kinds[k] = append(kinds[k], func() { block(&shared[k].a, &shared[k].h, k) })
 			}
 		}
 	} else {
@@ -327,14 +331,16 @@ func (m *Model) layoutHybrid() *actPlan {
 	}
 	if nE > 0 {
 		f.add(&m.rlogits, T*E)
-		w.add(&hs.xp, N*In)
-		f.add(&hs.tmpC, T*C)
-		if bf16 {
-			f.add(&hs.lnF, T*C)
-		}
-		if Lat > 0 {
-			f.add(&hs.comb, T*Lat)
-		}
+		kinds[LayerMoE] = append(kinds[LayerMoE], func() {
+			w.add(&hs.xp, N*In)
+			f.add(&hs.tmpC, T*C)
+			if bf16 {
+				f.add(&hs.lnF, T*C)
+			}
+			if Lat > 0 {
+				f.add(&hs.comb, T*Lat)
+			}
+		})
 	}
 	f.add(&m.xf, T*C)
 	w.add(&m.lnf, T*C)
@@ -353,21 +359,25 @@ func (m *Model) layoutHybrid() *actPlan {
 			w.add(&hs.dproj, T*projW)
 		}
 		if nM > 0 {
-			for _, x := range []*kernels.Buf{&hs.dg, &hs.dy, &hs.dz} {
-				f.add(x, T*DI)
-			}
-			f.add(&hs.dxbc, T*CD)
-			f.add(&hs.dxpre, T*CD)
-			f.add(&hs.ddt, T*MH)
+			kinds[LayerMamba] = append(kinds[LayerMamba], func() {
+				for _, x := range []*kernels.Buf{&hs.dg, &hs.dy, &hs.dz} {
+					f.add(x, T*DI)
+				}
+				f.add(&hs.dxbc, T*CD)
+				f.add(&hs.dxpre, T*CD)
+				f.add(&hs.ddt, T*MH)
+			})
 		}
 		if nA > 0 {
-			f.add(&m.datt, T*qn)
-			f.add(&m.dq, T*qn)
-			f.add(&m.dk, T*kn)
-			f.add(&m.dv, T*kn)
-			if bf16 {
-				w.add(&m.dattW, T*qn)
-			}
+			kinds[LayerAttention] = append(kinds[LayerAttention], func() {
+				f.add(&m.datt, T*qn)
+				f.add(&m.dq, T*qn)
+				f.add(&m.dk, T*kn)
+				f.add(&m.dv, T*kn)
+				if bf16 {
+					w.add(&m.dattW, T*qn)
+				}
+			})
 		}
 		width := 0
 		if nL > 0 {
@@ -381,19 +391,18 @@ func (m *Model) layoutHybrid() *actPlan {
 			f.add(&hs.dup, T*width)
 		}
 		if nE > 0 {
-			f.add(&hs.deh, N*Im)
-			f.add(&hs.deup, N*Im)
-			w.add(&hs.dey, N*In)
-			f.add(&hs.dxp, N*In)
-			f.add(&hs.dxin, T*In)
-			f.add(&m.drw, T*K)
-			f.add(&m.dlogits, T*E)
-			if Lat > 0 {
-				f.add(&hs.dcomb, T*Lat)
-			}
-			if bf16 {
-				f.add(&hs.dlnF, T*C)
-			}
+			kinds[LayerMoE] = append(kinds[LayerMoE], func() {
+				f.add(&hs.deh, N*Im) // deup too, in place (hybridMoEBackward)
+				f.add(&hs.dxin, T*In)
+				f.add(&m.drw, T*K)
+				f.add(&m.dlogits, T*E)
+				if Lat > 0 {
+					f.add(&hs.dcomb, T*Lat)
+				}
+				if bf16 {
+					f.add(&hs.dlnF, T*C)
+				}
+			})
 		}
 		if bf16 {
 			n := 0
@@ -408,6 +417,17 @@ func (m *Model) layoutHybrid() *actPlan {
 			}
 		}
 	}
+	var alts []func()
+	for _, fs := range kinds {
+		if len(fs) > 0 {
+			alts = append(alts, func() {
+				for _, f := range fs {
+					f()
+				}
+			})
+		}
+	}
+	p.union(alts...)
 	p.i.add(&m.tokens, T)
 	p.i.add(&m.pos, T)
 	p.i.add(&m.target, T)

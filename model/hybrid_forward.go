@@ -122,11 +122,19 @@ func (m *Model) mambaBody(l int) {
 	b.CopyCols(z, proj, T, DI, DI, P)
 	b.CopyCols(xpre, proj.Slice(DI, T*P-DI), T, CD, CD, P)
 	b.CopyCols(dt, proj.Slice(DI+CD, T*P-DI-CD), T, MH, MH, P)
-	tree := m.mixerTree()
-	xbc := h.xbc.Slice(0, T*CD)
-	mb.Conv1D(xbc, xpre, w.conv, w.convBias, tree, T, CD, mc.ConvKernel)
-	y := h.y.Slice(0, T*DI)
-	mb.SSMScan(y, kernels.Buf{}, xbc, dt, w.dtBias, w.aLog, w.dD, tree, T, c.scan())
+	xbc, y := h.xbc.Slice(0, T*CD), h.y.Slice(0, T*DI)
+	final := kernels.Buf{}
+	switch {
+	case m.dec != nil && !m.dec.prefill:
+		m.mambaDecode(l, xbc, xpre, dt, y)
+	case m.dec != nil:
+		final = m.dec.final.Slice(0, m.forestNS*c.ssmState()) // the sampler keeps each prompt's
+		fallthrough
+	default:
+		tree := m.mixerTree()
+		mb.Conv1D(xbc, xpre, w.conv, w.convBias, tree, T, CD, mc.ConvKernel)
+		mb.SSMScan(y, final, xbc, dt, w.dtBias, w.aLog, w.dD, tree, T, c.scan())
+	}
 	mb.GatedRMSNorm(h.g.Slice(0, T*DI), h.grs.Slice(0, T*G), y, z, w.mnorm, T, DI, DI/G, c.RMSNormEps)
 }
 
@@ -143,6 +151,10 @@ func (m *Model) hybridAttnBody(l int) {
 	b.CopyCols(q, qkv, T, qn, qn, qkvN)
 	b.CopyCols(k, qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
 	b.CopyCols(v, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
+	if m.dec != nil && !m.dec.prefill {
+		m.attnDecode(l, a.att.Slice(0, T*qn), q, k, v)
+		return
+	}
 	m.attend(a.att.Slice(0, T*qn), a.lse.Slice(0, T*c.NumAttentionHeads), q, k, v)
 }
 

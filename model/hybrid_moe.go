@@ -140,11 +140,18 @@ func (m *Model) hybridMoEBackward(l int) {
 		b.Fill(dcomb, 0)
 		b.MatmulBackward(dcomb, dw.fc2, dxW, tc(h.combW, Lat), gw.fc2, T, Lat, C)
 	}
-	dy := nc(hs.dey, In)
+	// Three buffers of N·In or N·Im rows serve twice, the first use over
+	// before the second begins: the experts' outputs' gradient dy lives in
+	// the gathered inputs' scratch (gathered again below, once dy is
+	// spent), their up projections' gradient deup replaces deh in place
+	// (elementwise), and the gathered inputs' gradient dxp takes the
+	// experts' outputs ey (read only by ExpertCombineBackward).
+	dy := nc(hs.xp, In)
 	x.ExpertCombineBackward(dy, tc(m.drw, K), dcomb, nc(h.ey, In), tc(mo.rw, K), nc(mo.order, 1), nc(mo.slot, 1), T, K, In)
-	deh, deup := nc(hs.deh, Im), nc(hs.deup, Im)
+	deh := nc(hs.deh, Im)
 	b.Fill(deh, 0)
 	x.GroupedMatmulBackward(deh, dw.edown, dy, nc(h.eh, Im), gw.edown, m.offsets[l], N, Im, In, E)
+	deup := deh
 	m.mamba.ReLU2Backward(deup, deh, nc(h.eup, Im), N*Im)
 	xin := ln
 	if Lat > 0 {
@@ -152,7 +159,7 @@ func (m *Model) hybridMoEBackward(l int) {
 	}
 	xp := nc(hs.xp, In)
 	x.ExpertGather(xp, xin, nc(mo.order, 1), T, K, In) // the rows the experts read, gathered again
-	dxp := nc(hs.dxp, In)
+	dxp := nc(h.ey, In)
 	b.Fill(dxp, 0)
 	x.GroupedMatmulBackward(dxp, dw.egu, m.gradW(deup), xp, gw.egu, m.offsets[l], N, In, Im, E)
 	dxin := tc(hs.dxin, In)

@@ -190,6 +190,9 @@ type Model struct {
 	// mamba runs a hybrid model's Mamba-2 mixers and squared ReLUs (nil
 	// on a backend without them, which New refuses for a hybrid config).
 	mamba kernels.Mamba
+	// dec is set while a Sampler prefills or decodes a hybrid model
+	// (sampler_hybrid.go).
+	dec *hybridDecode
 
 	params, grads kernels.Buf // the arenas; a sharded model's shard arenas (fs.sh)
 	paramsW       kernels.Buf // bf16 copy of params (BF16 only, not sharded)
@@ -621,6 +624,20 @@ func (p *arenaPlan) cut(arena kernels.Buf) {
 type actPlan struct {
 	f, w, i arenaPlan
 	after   func() // aliases set once the views are cut
+}
+
+// union lays out alternatives that are never live at once from the same
+// start of each arena, so that they share memory: each arena then ends at
+// the largest alternative's end.
+func (p *actPlan) union(alts ...func()) {
+	f0, w0, i0 := p.f.n, p.w.n, p.i.n
+	f1, w1, i1 := f0, w0, i0
+	for _, alt := range alts {
+		p.f.n, p.w.n, p.i.n = f0, w0, i0
+		alt()
+		f1, w1, i1 = max(f1, p.f.n), max(w1, p.w.n), max(i1, p.i.n)
+	}
+	p.f.n, p.w.n, p.i.n = f1, w1, i1
 }
 
 // arenaSizes are the element counts of every allocation a model makes.

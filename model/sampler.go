@@ -103,6 +103,8 @@ type Sampler struct {
 	prefillCu      []int32
 	prefillSlots   []int
 	prefillPrompts [][]int32
+	hy             *hybridDecode // a hybrid model's windows, states and caches (sampler_hybrid.go)
+	decCu          []int32       // a hybrid decode step's one-token sequences
 }
 
 // NewSampler allocates KV caches for maxBatch sequences of at most maxLen
@@ -115,6 +117,11 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 	V, B := c.VocabSize, maxBatch
 	if err := m.ensureRope(maxLen); err != nil {
 		return nil, fmt.Errorf("model: sampler: %w", err)
+	}
+	if c.Hybrid() {
+		if err := checkHybridSampler(m, maxBatch); err != nil {
+			return nil, err
+		}
 	}
 	s := &Sampler{m: m, maxBatch: maxBatch, maxLen: maxLen, wdt: m.wdt}
 	s.device, _ = m.b.(kernels.TokenSampler)
@@ -164,6 +171,9 @@ func NewSampler(m *Model, maxBatch, maxLen int) (*Sampler, error) {
 // are F32 buffers of ap) and I32 inputs (ip): NewSampler allocates them
 // and PlanSampler reports them.
 func (s *Sampler) layout(c Config, opt Options) (cp, ap, wp, ip arenaPlan) {
+	if c.Hybrid() {
+		return s.layoutHybrid(c, opt)
+	}
 	C, I, HD, NH, NKV, V := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads, c.VocabSize
 	qn, kn, B, maxLen := NH*HD, NKV*HD, s.maxBatch, s.maxLen
 	w := &ap
@@ -414,7 +424,13 @@ func (s *Sampler) Sample(prompts [][]int32, opt SampleOptions, rngs []*rand.Rand
 			s.fill[i]++
 			s.hLens[i] = int32(s.fill[i])
 		}
-		s.decodeStep(n)
+		if s.hy != nil {
+			if err := s.decodeHybrid(n); err != nil {
+				return nil, err
+			}
+		} else {
+			s.decodeStep(n)
+		}
 		if len(s.prefillSlots) > 0 {
 			if err := s.prefill(s.prefillSlots, s.prefillPrompts); err != nil {
 				return nil, err
@@ -469,6 +485,11 @@ func (s *Sampler) sampleStep(n int, opt SampleOptions, rngOf func(int) *rand.Ran
 
 // moveSlot moves cache slot from into slot to (both below the active count).
 func (s *Sampler) moveSlot(from, to int) {
+	if s.hy != nil {
+		s.moveHybridSlot(from, to)
+		s.slotRow[to], s.fill[to], s.pending[to] = s.slotRow[from], s.fill[from], s.pending[from]
+		return
+	}
 	kn := s.m.cfg.NumKeyValueHeads * s.m.cfg.HeadDim
 	n := s.fill[from] * kn
 	for l := range s.kc {
@@ -506,10 +527,17 @@ func (s *Sampler) prefill(slots []int, prompts [][]int32) error {
 			}
 		}
 		m.b.UploadI32(s.idx.Slice(0, T), s.hIdx[:T])
-		m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
-			m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
-			m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
-		})
+		if s.hy != nil {
+			s.hy.prefill = true
+			m.dec = s.hy
+			m.forwardBody(func(l int) { s.hybridPrefilled(l, slots[start:end], s.prefillCu) })
+			m.dec = nil
+		} else {
+			m.forwardBody(func(l int) { // with Recompute the next layer overwrites k and v
+				m.b.ScatterRows(s.kc[l], m.la[l].k.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+				m.b.ScatterRows(s.vc[l], m.la[l].v.Slice(0, T*kn), s.idx.Slice(0, T), T, kn)
+			})
+		}
 		for p := start; p < end; p++ {
 			last := int(s.prefillCu[p-start+1]) - 1
 			m.b.Convert(s.ln.Slice(slots[p]*C, C), m.lnf.Slice(last*C, C))

@@ -19,7 +19,9 @@
 # result (gpu-check.sh adds them to summary.txt). --dry runs it where there is
 # no GPU: on the emulator when gpu-check.sh's dry run set it up
 # (TRACEGRPO_CUDA_DRIVER), else on the CPU backend; transformers, absent there,
-# is NOT RUN. Exit status 1 when a check failed.
+# is NOT RUN. Exit status 1 when a check failed. GPU_CHECK_LIMITS is the
+# three parts' time limits in seconds (gpu-check.sh's loop stage budget sets
+# it; default 45 30 120).
 set -u -o pipefail
 dry=0
 if [ "${1:-}" = "--dry" ]; then
@@ -36,6 +38,7 @@ log=$out/loop.log
 py=${GPU_CHECK_PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+read -r lim_train lim_score lim_hf <<<"${GPU_CHECK_LIMITS:-45 30 120}"
 status=0
 say() { echo "$*"; echo "$*" >>"$log"; }
 fail() { say "FAIL: $*"; status=1; }
@@ -55,7 +58,7 @@ if [ $dry = 1 ] && [ ! -f "${TRACEGRPO_CUDA_DRIVER:-/nonexistent}" ]; then
 	say "dry run without the emulator: the CPU backend publishes the weights"
 fi
 w=$work/weights
-run 120 "$train" --backend $backend --quiet --out "$work/run" --steps 1 --weights-out "$w" \
+run "$lim_train" "$train" --backend $backend --quiet --out "$work/run" --steps 1 --weights-out "$w" \
 	--set grpo.num_prompts_per_step=2 --set grpo.num_generations_per_prompt=4
 if [ $rc != 0 ] || [ ! -f "$w/step_1/DONE" ]; then
 	fail "loop: train --weights-out on $backend (exit $rc; see loop.log)"
@@ -65,7 +68,7 @@ say "PASS: loop: train --backend $backend published $(ls "$w" | tr '\n' ' ')in b
 
 # 8 sequences of 12 tokens of the built-in vocabulary (32), the same every run.
 awk 'BEGIN { for (s = 0; s < 8; s++) { printf "{\"token_ids\": [1"; for (i = 1; i < 12; i++) printf ", %d", (s * 7 + i * i * 3 + 5) % 29 + 3; print "]}" } }' >"$work/seqs.jsonl"
-run 60 "$train" score --model "$w/step_1" --input "$work/seqs.jsonl"
+run "$lim_score" "$train" score --model "$w/step_1" --input "$work/seqs.jsonl"
 if [ $rc != 0 ] || [ "$(grep -c logprobs "$work/part")" != 8 ]; then
 	fail "loop: train score of W/step_1 (exit $rc; see loop.log)"
 	exit 1
@@ -77,7 +80,7 @@ if ! "$py" -c 'import transformers, torch' 2>>"$log"; then
 	say "NOT RUN: loop: transformers loading W/step_1 ($py has no transformers or torch)"
 	exit $status
 fi
-run 180 "$py" "$root/scripts/loop_transformers_check.py" "$w/step_1" "$work/seqs.jsonl" "$work/score.jsonl"
+run "$lim_hf" "$py" "$root/scripts/loop_transformers_check.py" "$w/step_1" "$work/seqs.jsonl" "$work/score.jsonl"
 grep -E '^(PASS|FAIL): loop: transformers' "$work/part"
 [ $rc = 0 ] || fail "loop: transformers against train score (exit $rc; see loop.log)"
 exit $status

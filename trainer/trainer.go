@@ -29,6 +29,9 @@ var builtinModelConfig []byte
 //go:embed builtin/tiny-qwen3-moe.json
 var builtinMoEConfig []byte
 
+//go:embed builtin/tiny-nemotron-h.json
+var builtinHybridConfig []byte
+
 // builtinModelName is the policy.model_name of the embedded tiny model.
 const builtinModelName = "tracegrpo/tiny-qwen3"
 
@@ -38,13 +41,17 @@ const BuiltinModelName = builtinModelName
 // builtinModels are the embedded models policy.model_name may name, with
 // random weights from grpo.seed: the built-in job's dense model, and a
 // sparse one of the same shape whose layers route each token to 2 of 8
-// experts of half the dense MLP's width (the same active parameters).
+// experts of half the dense MLP's width (the same active parameters); and
+// a Nemotron-H of the same width whose four blocks are a Mamba-2 mixer,
+// attention, a Mamba-2 mixer and a sparse block (8 experts, 2 per token,
+// and a shared expert).
 var builtinModels = map[string]struct {
 	file string
 	cfg  []byte
 }{
-	builtinModelName:           {"builtin/tiny-qwen3.json", builtinModelConfig},
-	"tracegrpo/tiny-qwen3-moe": {"builtin/tiny-qwen3-moe.json", builtinMoEConfig},
+	builtinModelName:            {"builtin/tiny-qwen3.json", builtinModelConfig},
+	"tracegrpo/tiny-qwen3-moe":  {"builtin/tiny-qwen3-moe.json", builtinMoEConfig},
+	"tracegrpo/tiny-nemotron-h": {"builtin/tiny-nemotron-h.json", builtinHybridConfig},
 }
 
 // IsBuiltinModel reports whether policy.model_name names an embedded model.
@@ -701,7 +708,7 @@ func resolveModel(c *config.Config, initFrom string) (model.Config, initSource, 
 		return model.Config{}, init, fmt.Errorf("config: policy.model_name is null: name the model, policy.model_name=DIR (a directory with a Hugging Face config.json), or pass --init-from DIR")
 	default:
 		if st, serr := os.Stat(filepath.Join(name, "config.json")); serr != nil || st.IsDir() {
-			return model.Config{}, init, fmt.Errorf("config: policy.model_name=%q: neither a built-in model (%s, tracegrpo/tiny-qwen3-moe) nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
+			return model.Config{}, init, fmt.Errorf("config: policy.model_name=%q: neither a built-in model (%s, tracegrpo/tiny-qwen3-moe, tracegrpo/tiny-nemotron-h) nor a directory with a Hugging Face config.json (tracegrpo never downloads weights; pass --init-from DIR)", name, builtinModelName)
 		}
 		init = initSource{Kind: "hf", Dir: name}
 		path = filepath.Join(name, "config.json")

@@ -31,6 +31,7 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 	threads := fs.Int("threads", 0, "CPU threads (0: all)")
 	weights := fs.String("weights", "", "load HF weights from this directory instead of random ones")
 	profile := fs.Bool("profile", false, "print time per op to stderr")
+	ledger := fs.Bool("ledger", false, "cuda: after the timed steps, one more step with each launch timed on the device, printed to stderr beside the roofline's prediction per op (train gpu-model's table, measured)")
 	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass (activation checkpointing)")
 	precision := fs.String("precision", "float32", "float32, or bfloat16: mixed precision (cuda; the CPU computes in fp32 and says so)")
 	seed := fs.Uint64("seed", 1, "seed of the random weights and tokens")
@@ -140,11 +141,11 @@ func runBench(args []string, stdout, stderr io.Writer) error {
 		if l.Size > 1 {
 			return fmt.Errorf("%w: bench: --tree runs in one process (%d ranks)", errUsage, l.Size)
 		}
-		if *profile {
-			return fmt.Errorf("%w: bench: --profile times rows × seq steps; it does not go with --tree", errUsage)
+		if *profile || *ledger {
+			return fmt.Errorf("%w: bench: --profile and --ledger time rows × seq steps; they do not go with --tree", errUsage)
 		}
 		return bench.RunTree(env, bench.Tree{Common: common, Spec: *tree, Modes: modes, MBTokens: *mbTokens})
 	}
 	return bench.RunRows(env, bench.Rows{Common: common, Rows: *rows, Seq: *seq, Shard: *shard == "full", NoReshard: noReshard,
-		Save: *save, Profile: *profile})
+		Save: *save, Profile: *profile, Ledger: *ledger})
 }

@@ -25,6 +25,7 @@ func runGPUModel(args []string, stdout, stderr io.Writer) error {
 	seq := fs.Int("seq", 4096, "tokens per sequence")
 	precision := fs.String("precision", "bfloat16", "bfloat16 (mixed precision) or float32")
 	recompute := fs.Bool("recompute", false, "recompute layer activations in the backward pass")
+	sm90a := fs.Bool("sm90a", false, "predict on the what-if device of an sm_90a path that is not built (wgmma at cuBLAS's rate in our tensor-core kernels, TMA-fed loads: docs/gpu.md)")
 	if err := parseFlags(fs, args, 0); err != nil {
 		return err
 	}
@@ -43,12 +44,16 @@ func runGPUModel(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("gpu-model: %w", err)
 	}
-	res, err := gpumodel.Run(cfg, gpumodel.Step{Rows: *rows, Seq: *seq, Precision: prec, Recompute: *recompute}, cuda.H200)
+	dev := cuda.H200
+	if *sm90a {
+		dev = cuda.H200SM90a
+	}
+	res, err := gpumodel.Run(cfg, gpumodel.Step{Rows: *rows, Seq: *seq, Precision: prec, Recompute: *recompute}, dev)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s, %d × %d tokens, %s: one training step (forward, backward, AdamW) metered, predicted on %s\n\n",
-		*cfgPath, *rows, *seq, *precision, cuda.H200.Name)
+		*cfgPath, *rows, *seq, *precision, dev.Name)
 	fmt.Fprint(stdout, res.Prediction.Table(res.ModelFLOPs))
 	return nil
 }

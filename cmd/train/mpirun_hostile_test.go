@@ -398,7 +398,10 @@ func TestSlurmAllocation(t *testing.T) {
 // checkpoints already published still verify.
 func TestMpirunStoppedRankTimesOut(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "run")
-	j := startMpirun(t, 3, nil, distArgs(out, 500, "--rank-timeout", "3s")...)
+	// 12s, so the roll call's grace (a quarter of it, at least 1 s) is 3 s:
+	// at 3s (a 1 s grace) a running rank on a machine at load 40 answered
+	// late and was named silent beside the stopped one.
+	j := startMpirun(t, 3, nil, distArgs(out, 500, "--rank-timeout", "12s")...)
 	pids := j.ranks(t, 3)
 	waitLines(t, j, out, 2)
 	if err := exec.Command(j.kill, "-STOP", fmt.Sprint(pids[1])).Run(); err != nil {

@@ -38,8 +38,17 @@ type Backend struct {
 	scratch map[string]scratchBuf // lazily grown work buffers, kept
 	closed  bool
 	modules []ModuleLoad // how each kernel file was loaded
+	// lazy: a kernel file is loaded at the first launch of one of its
+	// kernels (TRACEGRPO_CUDA_LOAD=lazy); pending maps each entry point of
+	// a file not loaded yet to the file.
+	lazy    bool
+	pending map[string]string
 
 	led ledger // the launch ledger (StartLedger)
+	// A timed ledger's events, one before each launch, and the first
+	// error recording one (StartTimedLedger).
+	marks   []event
+	markErr error
 }
 
 type scratchBuf struct {
@@ -123,32 +132,92 @@ func (b *Backend) loadKernels() error {
 			names = append(names, n)
 		}
 	}
-	sm90 := b.d.info.Major == 9 && b.d.info.Minor == 0 && !b.opt.PTXOnly
+	switch env := os.Getenv(loadEnv); env {
+	case "", "all":
+	case "lazy":
+		b.lazy, b.pending = true, map[string]string{}
+	default:
+		return fmt.Errorf("cuda: $%s=%q: want all (every kernel file at Open, the default) or lazy (each at its first launch)", loadEnv, env)
+	}
 	for _, n := range names {
-		text, err := ptxFiles.ReadFile(n)
-		if err != nil {
-			return err
-		}
-		var entries []string
-		for _, m := range entryRE.FindAllSubmatch(text, -1) {
-			entries = append(entries, string(m[1]))
-		}
-		ml := ModuleLoad{File: n}
-		if sm90 {
-			if cubin, err := ptxFiles.ReadFile(cubinFile(n)); err == nil {
-				if ml.Err = b.d.loadModule(cubinFile(n), cubin, entries); ml.Err == nil {
-					ml.Cubin = true
-					b.modules = append(b.modules, ml)
-					continue
-				}
+		if b.lazy {
+			text, err := ptxFiles.ReadFile(n)
+			if err != nil {
+				return err
 			}
+			for _, e := range ptxEntries(text) {
+				b.pending[e] = n
+			}
+			continue
 		}
-		if err := b.d.loadModule(n, text, entries); err != nil {
+		if err := b.loadFile(n); err != nil {
 			return err
 		}
-		b.modules = append(b.modules, ml)
 	}
 	return nil
+}
+
+// loadEnv chooses when the kernel files load: all at Open (the default: a
+// device that refuses one fails at Open), or lazy, each at the first launch
+// of one of its kernels (gpu-check's compute-sanitizer runs: the sanitizer
+// instruments only the files the cases use, not the megabyte of attention
+// PTX a sampling case never launches). A lazy file that fails to load fails
+// its launch (the backend's sticky error).
+const loadEnv = "TRACEGRPO_CUDA_LOAD"
+
+// ptxEntries is the kernels' entry points of a PTX file.
+func ptxEntries(text []byte) []string {
+	var entries []string
+	for _, m := range entryRE.FindAllSubmatch(text, -1) {
+		entries = append(entries, string(m[1]))
+	}
+	return entries
+}
+
+// loadFile loads kernel file n (csrc/gen_X.ptx): its sm_90 cubin on a CC
+// 9.0 device, else (or when the driver refuses the cubin) its PTX.
+func (b *Backend) loadFile(n string) error {
+	text, err := ptxFiles.ReadFile(n)
+	if err != nil {
+		return err
+	}
+	entries := ptxEntries(text)
+	ml := ModuleLoad{File: n}
+	if b.d.info.Major == 9 && b.d.info.Minor == 0 && !b.opt.PTXOnly {
+		if cubin, err := ptxFiles.ReadFile(cubinFile(n)); err == nil {
+			if ml.Err = b.d.loadModule(cubinFile(n), cubin, entries); ml.Err == nil {
+				ml.Cubin = true
+				b.modules = append(b.modules, ml)
+				return nil
+			}
+		}
+	}
+	if err := b.d.loadModule(n, text, entries); err != nil {
+		return err
+	}
+	b.modules = append(b.modules, ml)
+	return nil
+}
+
+// ModulesLine says how many kernel files are loaded and how (gpu-check
+// prints it): "modules: 24 of 24 loaded (24 from sm_90 cubins)".
+func (b *Backend) ModulesLine() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	files, _ := fs.Glob(ptxFiles, "csrc/gen_*.ptx")
+	cubins := 0
+	var names []string
+	for _, m := range b.modules {
+		if m.Cubin {
+			cubins++
+		}
+		names = append(names, strings.TrimSuffix(strings.TrimPrefix(m.File, "csrc/gen_"), ".ptx"))
+	}
+	s := fmt.Sprintf("modules: %d of %d loaded (%d from sm_90 cubins)", len(b.modules), len(files), cubins)
+	if b.lazy {
+		s += ", lazily: " + strings.Join(names, " ")
+	}
+	return s
 }
 
 // Info describes the device.
@@ -174,6 +243,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.closed = true
+	b.dropMarks()
 	for _, s := range b.scratch {
 		b.d.free(s.p)
 	}
@@ -406,6 +476,23 @@ func da(v float64) uint64 { return math.Float64bits(v) }
 // c is what it moves and computes, for the ledger. The caller holds b.mu.
 func (b *Backend) launch(name string, c cost, gx, gy, gz, bx, smem int, args ...uint64) {
 	fn, ok := b.d.fns[name]
+	if !ok && b.lazy {
+		if file, found := b.pending[name]; found {
+			err := b.loadFile(file)
+			for e, f := range b.pending {
+				if f == file {
+					delete(b.pending, e)
+				}
+			}
+			if err != nil {
+				if b.err == nil {
+					b.err = err
+				}
+				return
+			}
+			fn, ok = b.d.fns[name]
+		}
+	}
 	if !ok {
 		panic("cuda: no kernel " + name + " in the embedded PTX")
 	}
@@ -437,14 +524,80 @@ func (b *Backend) StartLedger() {
 	b.led = ledger{on: true}
 }
 
+// StartTimedLedger is StartLedger with every launch timed on the device:
+// an event is recorded on the stream before each launch is queued, and
+// TakeLedger sets each launch's Measured, the time from its event to the
+// next (the last to an event after it). The events cost the host about a
+// microsecond a launch and the device nothing measurable.
+func (b *Backend) StartTimedLedger() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.dropMarks()
+	b.led = ledger{on: true}
+	b.led.mark = func() {
+		ev, err := b.d.newEvent()
+		if err == nil {
+			if err = b.d.record(ev); err != nil {
+				b.d.destroyEvent(ev)
+			}
+		}
+		if err != nil {
+			if b.markErr == nil {
+				b.markErr = err
+			}
+			ev = event{}
+		}
+		b.marks = append(b.marks, ev)
+	}
+}
+
 // TakeLedger returns the launches recorded since StartLedger and stops
-// recording.
+// recording. A timed ledger's launches get their Measured times (it waits
+// for the device); an event that failed fails the ledger's times, reported
+// by Sync.
 func (b *Backend) TakeLedger() []Launch {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.led.entries
+	if b.led.mark != nil && len(b.marks) == len(e) && len(e) > 0 && b.markErr == nil {
+		last, err := b.d.newEvent()
+		if err == nil {
+			err = b.d.record(last)
+		}
+		if err == nil {
+			for i := range e {
+				next := last
+				if i+1 < len(e) {
+					next = b.marks[i+1]
+				}
+				ms, err2 := b.d.elapsed(b.marks[i], next)
+				if err2 != nil {
+					err = err2
+					break
+				}
+				e[i].Measured = float64(ms) / 1e3
+			}
+			b.d.destroyEvent(last)
+		}
+		if err != nil && b.err == nil {
+			b.err = fmt.Errorf("cuda: timed ledger: %w", err)
+		}
+	} else if b.markErr != nil && b.err == nil {
+		b.err = fmt.Errorf("cuda: timed ledger: %w", b.markErr)
+	}
+	b.dropMarks()
 	b.led = ledger{}
 	return e
+}
+
+// dropMarks destroys a timed ledger's events (the caller holds b.mu).
+func (b *Backend) dropMarks() {
+	for _, ev := range b.marks {
+		if ev.p != nil {
+			b.d.destroyEvent(ev)
+		}
+	}
+	b.marks, b.markErr = nil, nil
 }
 
 // blocks is the grid size of a grid-stride loop over n elements.

@@ -104,5 +104,9 @@ func TestConformanceGPU(t *testing.T) {
 	}
 	t.Logf("device: %s", b.Info())
 	opt := kerneltest.Options{Reduced: os.Getenv("TRACEGRPO_CONFORMANCE_REDUCED") == "1"}
-	kerneltest.RunOptions(t, func() kernels.Backend { return b }, opt)
+	kerneltest.RunOptions(t, func() kernels.Backend { return noClose{b} }, opt)
+	t.Log(b.ModulesLine()) // under gpu-check's sanitizer (TRACEGRPO_CUDA_LOAD=lazy): the files the cases loaded
+	if err := b.Close(); err != nil {
+		t.Error(err)
+	}
 }

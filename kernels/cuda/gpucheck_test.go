@@ -48,7 +48,7 @@ func TestGPUCheckNamesExist(t *testing.T) {
 	for _, m := range regexp.MustCompile(`(?m)^\t\{"(\w+)", func\(s \*suite\)`).FindAllStringSubmatch(string(cases), -1) {
 		caseNames = append(caseNames, m[1])
 	}
-	sets := regexp.MustCompile(`(?m)^(subset|sanset)='([^']*)'$`).FindAllStringSubmatch(script, -1)
+	sets := regexp.MustCompile(`(?m)^\s*(subset|sanset)='([^']*)'$`).FindAllStringSubmatch(script, -1)
 	if len(sets) != 2 {
 		t.Fatalf("scripts/gpu-check.sh: want the lines subset='...' and sanset='...', found %d", len(sets))
 	}

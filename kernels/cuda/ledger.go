@@ -83,6 +83,11 @@ type Launch struct {
 	Inflight int
 	// GEMM is the shape of a cuBLAS call (Kind GEMM), else nil.
 	GEMM *GemmCall
+	// Measured is the device time from this launch's start to the next
+	// one's (seconds), read off events recorded before each launch on the
+	// stream (a ledger of StartTimedLedger), so it holds any gap before the
+	// next launch too; 0 in a ledger that was not timed.
+	Measured float64
 }
 
 // Blocks is the launch's number of blocks.
@@ -167,6 +172,9 @@ func (c cost) plus(read, write int64) cost {
 type ledger struct {
 	on      bool
 	entries []Launch
+	// mark, when set (a timed ledger), records a device event on the
+	// stream before each launch is queued.
+	mark func()
 }
 
 // backendMethod is the prefix of a Backend method in a stack frame.
@@ -203,4 +211,17 @@ func (lg *ledger) record(l Launch) {
 		l.Inflight = defaultInflight
 	}
 	lg.entries = append(lg.entries, l)
+	if lg.mark != nil {
+		lg.mark()
+	}
+}
+
+// TimedLedgered is a backend that times each launch of its ledger on the
+// device (the CUDA backend): predicted against measured time per op.
+type TimedLedgered interface {
+	Ledgered
+	// StartTimedLedger is StartLedger with an event recorded before each
+	// launch; TakeLedger then waits for the device and sets each launch's
+	// Measured.
+	StartTimedLedger()
 }

@@ -208,6 +208,7 @@ func TestMMALayoutGPU(t *testing.T) {
 	}
 	defer b.Close()
 	t.Logf("device: %s", b.Info())
+	t.Log(b.ModulesLine()) // gpu-check's preflight: the cubins loaded, nothing to JIT
 	for seed := range uint64(4) {
 		if msg := mmaLayoutCheck(t, b, seed); msg != "" {
 			t.Errorf("seed %d:\n%s", seed, msg)

@@ -84,6 +84,23 @@ var H200 = Device{
 	ThreadsPerSM: 2048, BlocksPerSM: 32,
 }
 
+// H200SM90a is what-if H200 for the sm_90a path that is not built
+// (docs/gpu.md): our tensor-core kernels (attention) issuing wgmma from
+// warpgroups at cuBLAS's measured rate instead of mma.sync at half of it
+// (FlashAttention-3 reaches about 75% of the datasheet peak in its forward
+// on an H100, 740 TFLOP/s, near the 788 measured here), and every kernel's
+// loads fed by the bulk tensor copy engine (TMA) through a few shared-memory
+// stages, so that no kernel is bound by the loads its threads keep in
+// flight (Latency 0: the latency bound drops out, bytes and FLOPs remain).
+// train gpu-model --sm90a predicts on it.
+var H200SM90a = func() Device {
+	d := H200
+	d.Name = "NVIDIA H200 (model, what-if sm_90a: wgmma at cuBLAS's rate, TMA-fed loads)"
+	d.MMARate = d.GemmRate
+	d.Latency = 0
+	return d
+}()
+
 // KernelFacts are what ptxas says of a kernel on sm_90 (gen_sm90.go).
 type KernelFacts struct {
 	Regs       int // registers a thread
@@ -344,4 +361,61 @@ func (p Prediction) MFU(modelFLOPs float64) float64 {
 		return 0
 	}
 	return 100 * modelFLOPs / p.Seconds / p.Device.PeakBF16
+}
+
+// Measured is the launches' measured device time (seconds; a timed
+// ledger's, Backend.StartTimedLedger), 0 when the ledger was not timed.
+func (p Prediction) Measured() float64 {
+	var t float64
+	for _, e := range p.Estimates {
+		t += e.Measured
+	}
+	return t
+}
+
+// CompareHeader starts Compare's text (gpu-check looks for it).
+const CompareHeader = "predicted against measured"
+
+// Compare renders predicted against measured time by part and by op, for a
+// timed ledger (a GPU's: that calibrates the model), with both MFUs of
+// modelFLOPs (0: not shown). A ratio above 1 is an op slower than
+// predicted: the roofline missed a cost (or the op's ledger entry
+// understates it); below 1, the model's rates are too low for it.
+func (p Prediction) Compare(modelFLOPs float64) string {
+	var b strings.Builder
+	measured := p.Measured()
+	fmt.Fprintf(&b, "%s time per op: one step, %d launches, each timed between device events; predicted on %s\n\n",
+		CompareHeader, len(p.Estimates), p.Device.Name)
+	ratio := func(m, t float64) string {
+		if t <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f", m/t)
+	}
+	sums := func(key func(Estimate) string) ([]OpSum, map[string]float64) {
+		meas := map[string]float64{}
+		for _, e := range p.Estimates {
+			meas[key(e)] += e.Measured
+		}
+		return p.By(key), meas
+	}
+	parts, pm := sums(Part)
+	fmt.Fprintf(&b, "| part | launches | predicted ms | measured ms | measured/predicted |\n|---|---:|---:|---:|---:|\n")
+	for _, s := range parts {
+		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %s |\n", s.Name, s.Launches, 1e3*s.Seconds, 1e3*pm[s.Name], ratio(pm[s.Name], s.Seconds))
+	}
+	fmt.Fprintf(&b, "| **step** | %d | %.2f | %.2f | %s |\n\n", len(p.Estimates), 1e3*p.Seconds, 1e3*measured, ratio(measured, p.Seconds))
+	ops, om := sums(func(e Estimate) string { return e.Op })
+	sort.SliceStable(ops, func(i, j int) bool { return om[ops[i].Name] > om[ops[j].Name] })
+	fmt.Fprintf(&b, "| op (by measured time) | launches | predicted ms | measured ms | measured/predicted | bound by (predicted) |\n|---|---:|---:|---:|---:|---|\n")
+	for _, s := range ops {
+		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %s | %s |\n", s.Name, s.Launches, 1e3*s.Seconds, 1e3*om[s.Name], ratio(om[s.Name], s.Seconds), s.Why())
+	}
+	fmt.Fprintf(&b, "\npredicted step %.1f ms, measured %.1f ms (%s × the prediction)", 1e3*p.Seconds, 1e3*measured, ratio(measured, p.Seconds))
+	if modelFLOPs > 0 && measured > 0 {
+		fmt.Fprintf(&b, "; MFU predicted %.1f%%, measured %.1f%% of %.0f TFLOP/s dense bf16", p.MFU(modelFLOPs),
+			100*modelFLOPs/measured/p.Device.PeakBF16, p.Device.PeakBF16/1e12)
+	}
+	b.WriteString("\n")
+	return b.String()
 }
