@@ -255,6 +255,12 @@ func (p *timedBackend) SwiGLU(out, gate, up kernels.Buf, N int) {
 func (p *timedBackend) SwiGLUBackward(dgate, dup, dout, gate, up kernels.Buf, N int) {
 	p.time("SwiGLUBackward", func() { p.Backend.SwiGLUBackward(dgate, dup, dout, gate, up, N) })
 }
+func (p *timedBackend) SwiGLURows(out, gu kernels.Buf, R, I int) {
+	p.time("SwiGLURows", func() { p.Backend.SwiGLURows(out, gu, R, I) })
+}
+func (p *timedBackend) SwiGLURowsBackward(dgu, dout, gu kernels.Buf, R, I int) {
+	p.time("SwiGLURowsBackward", func() { p.Backend.SwiGLURowsBackward(dgu, dout, gu, R, I) })
+}
 func (p *timedBackend) Add(out, a, b kernels.Buf, N int) {
 	p.time("Add", func() { p.Backend.Add(out, a, b, N) })
 }

@@ -17,6 +17,16 @@ type AddRMSNormer interface {
 	AddRMSNorm(sum, out, rstd, a, b, weight Buf, N, C int, eps float32)
 }
 
+// FreshMatmulBackward is MatmulBackward with dinp assigned, not
+// accumulated: a gradient that is fresh needs no Fill first (a GPU runs
+// the product with beta = 0, one pass over dinp fewer).
+type FreshMatmulBackward interface {
+	// MatmulBackwardFresh: dinp (T,C) = dout·weight; dweight (OC,C) +=
+	// doutᵀ·inp. Otherwise as MatmulBackward (dtypes, a zero-length dinp
+	// or dweight skipped); dinp may hold anything before.
+	MatmulBackwardFresh(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
+}
+
 // SampleParams are the sampling distribution's settings (model's
 // SampleOptions without the stopping rules).
 type SampleParams struct {
@@ -62,6 +72,24 @@ type RopeConverter interface {
 	// unchanged. A row whose position is outside the tables is copied
 	// unrotated and reported at Sync, as Rope leaves it.
 	RopeConvert(out, x, pos, cos, sin Buf, T, H, HD int)
+}
+
+// QKNormRoper makes Qwen3's attention inputs from the fused q|k|v GEMM's
+// output as it lies, in one pass: the q/k norms, RoPE and the cast to
+// attention's operands, v cast alongside; no split copies, no fp32 q and
+// k in between.
+type QKNormRoper interface {
+	// QKNormRope: row t of qkv (T, (NH+2·NKV)·HD) F32 holds q's NH heads,
+	// then k's NKV, then v's NKV, HD values each. qraw (T,NH,HD) F32 = q's
+	// heads and kraw (T,NKV,HD) F32 = k's (=); qrstd (T,NH) and
+	// krstd (T,NKV) = as RMSNorm computes them over each head row with qw,
+	// kw (HD) F32 and eps; q (T,NH,HD) and k (T,NKV,HD) = the normed rows
+	// rotated as Rope rotates them by pos (T) I32 and the tables cos, sin
+	// (P, HD/2), rounded as Convert rounds into q's dtype (F32|BF16); v
+	// (T,NKV,HD) = v's heads in v's dtype (q, k and v share one). A row
+	// whose position is outside the tables is left unrotated and reported
+	// at Sync, as Rope leaves it.
+	QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos, cos, sin Buf, T, NH, NKV, HD int, eps float32)
 }
 
 // AdamChunk is one piece of a multi-tensor AdamW step: elements

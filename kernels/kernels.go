@@ -323,6 +323,16 @@ type Ops interface {
 	// SwiGLUBackward: dgate (N) =, dup (N) =. gate and up are F32|BF16,
 	// same; dout, dgate and dup are F32.
 	SwiGLUBackward(dgate, dup, dout, gate, up Buf, N int)
+	// SwiGLURows is SwiGLU over the gate|up GEMM's output as it lies, with
+	// no split: row r of gu (R,2I) holds r's I gate values, then its I up
+	// values. out (R,I) = silu(gate)·up, as SwiGLU computes it. gu is
+	// F32|BF16; out is F32|BF16.
+	SwiGLURows(out, gu Buf, R, I int)
+	// SwiGLURowsBackward: dgu (R,2I) = row r's dgate, then its dup, as
+	// SwiGLUBackward computes them, in dgu's dtype (F32|BF16, rounded as
+	// Convert rounds): the gate|up GEMM's backward operand, already packed.
+	// dout (R,I) is F32; gu as SwiGLURows.
+	SwiGLURowsBackward(dgu, dout, gu Buf, R, I int)
 
 	// Add: out (N) = a (N) + b (N). out may alias a or b.
 	Add(out, a, b Buf, N int)

@@ -316,7 +316,8 @@ func (m *Model) ropeTo(dst, x32, pos, cos, sin kernels.Buf, T, H, HD int) {
 // q, k and v come from one GEMM (the fused q|k|v weight) into qkvOut, fp32
 // for the bias, q/k norms and RoPE, then split apart (v straight into its
 // attention operand, rounded to bf16 under mixed precision); gate and up
-// come from one GEMM into fused, then split.
+// come from one GEMM into the layer's gu, read as it lies (SwiGLURows),
+// and their gradients are written packed, for the GEMM's backward.
 func (m *Model) layerForward(l int, full bool) {
 	if !full {
 		m.norm1(l)
@@ -335,9 +336,18 @@ func (m *Model) layerBody(l int) {
 		m.hybridBody(l)
 		return
 	}
+	m.layerAttention(l)
+	m.layerMLP(l)
+}
+
+// layerAttention queues decoder layer l's attention from its normed input
+// la[l].ln1 to its output la[l].att: the q|k|v GEMM, then, for Qwen3's q/k
+// norms, one QKNormRope pass where the backend has it, else the split
+// path (CopyCols, RMSNorm, RoPE and the casts).
+func (m *Model) layerAttention(l int) {
 	b, c := m.b, m.cfg
 	T := m.lastT
-	C, I, HD, NH, NKV := c.HiddenSize, c.IntermediateSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	C, HD, NH, NKV := c.HiddenSize, c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
 	qn, kn := NH*HD, NKV*HD
 	qkvN := qn + 2*kn
 	eps := c.RMSNormEps
@@ -345,13 +355,19 @@ func (m *Model) layerBody(l int) {
 	cos, sin, _ := m.ropeTables()
 	pos := m.pos.Slice(0, T)
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
-	x := tc(a.x, C)
 	qkv := tc(m.qkvOut, qkvN)
 	b.Matmul(qkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	if c.QKVBias() {
 		b.AddBias(qkv, w.qkvBias, T, qkvN)
 	}
 	q32, k32 := tc(a.q32, qn), tc(a.k32, kn)
+	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
+	if c.QKNorm() && m.qkRope != nil {
+		m.qkRope.QKNormRope(q, k, v, tc(a.qraw, qn), tc(a.kraw, kn), a.qrstd.Slice(0, T*NH), a.krstd.Slice(0, T*NKV),
+			qkv, w.qNorm, w.kNorm, pos, cos, sin, T, NH, NKV, HD, eps)
+		m.attend(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v)
+		return
+	}
 	if c.QKNorm() {
 		b.CopyCols(tc(a.qraw, qn), qkv, T, qn, qn, qkvN)
 		b.CopyCols(tc(a.kraw, kn), qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
@@ -361,11 +377,24 @@ func (m *Model) layerBody(l int) {
 		b.CopyCols(q32, qkv, T, qn, qn, qkvN)
 		b.CopyCols(k32, qkv.Slice(qn, T*qkvN-qn), T, kn, kn, qkvN)
 	}
-	q, k, v := tc(a.q, qn), tc(a.k, kn), tc(a.v, kn)
 	b.CopyCols(v, qkv.Slice(qn+kn, T*qkvN-qn-kn), T, kn, kn, qkvN)
 	m.ropeTo(q, q32, pos, cos, sin, T, NH, HD)
 	m.ropeTo(k, k32, pos, cos, sin, T, NKV, HD)
 	m.attend(tc(a.att, qn), a.lse.Slice(0, T*NH), q, k, v)
+}
+
+// layerMLP queues decoder layer l from its attention output la[l].att up
+// to the MLP's activation h: the o projection, the residual add with the
+// post-attention norm, the gate|up GEMM and SwiGLU (a sparse layer: its
+// experts).
+func (m *Model) layerMLP(l int) {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	C, I, NH, HD := c.HiddenSize, c.IntermediateSize, c.NumAttentionHeads, c.HeadDim
+	qn := NH * HD
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
+	x := tc(a.x, C)
 	xmid := tc(a.xmid, C)
 	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
 	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
@@ -373,11 +402,9 @@ func (m *Model) layerBody(l int) {
 		m.moeForward(l, T, tc(a.ln2, C), m.layerMoE(l))
 		return
 	}
-	gu := tc(m.fused, 2*I)
+	gu := tc(a.gu, 2*I)
 	b.Matmul(gu, tc(a.ln2, C), gw.gu, T, C, 2*I)
-	b.CopyCols(tc(a.gate, I), gu, T, I, I, 2*I)
-	b.CopyCols(tc(a.up, I), gu.Slice(I, T*2*I-I), T, I, I, 2*I)
-	b.SwiGLU(tc(a.h, I), tc(a.gate, I), tc(a.up, I), T*I)
+	b.SwiGLURows(tc(a.h, I), gu, T, I)
 }
 
 // layerTail queues the end of decoder layer l's full forward: the down
@@ -532,6 +559,18 @@ func (m *Model) gemmGrad(g, w kernels.Buf) kernels.Buf {
 	return w
 }
 
+// matmulBackwardFresh queues dinp = dout·weight, dweight += doutᵀ·inp:
+// one beta = 0 product where the backend has it, else Fill then
+// MatmulBackward (the same values).
+func (m *Model) matmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	if m.freshMM != nil {
+		m.freshMM.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
+		return
+	}
+	m.b.Fill(dinp, 0)
+	m.b.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
 // backwardHead queues the LM head's and the final norm's backward, leaving
 // the gradient of the last layer's output in dx (a tree's: from its pairs,
 // backwardHeadTree).
@@ -578,21 +617,16 @@ func (m *Model) backwardLayer(l int) {
 		m.moeBackward(l, dx, dln)
 	} else {
 		dh := tc(m.dh, I)
-		b.Fill(dh, 0)
-		b.MatmulBackward(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
-		b.SwiGLUBackward(tc(m.dgate, I), tc(m.dup, I), dh, tc(a.gate, I), tc(a.up, I), T*I)
+		m.matmulBackwardFresh(dh, dw.down, m.gemmGrad(dx, m.dxW), tc(a.h, I), gw.down, T, I, C)
 		dgu := tc(m.fused, 2*I)
-		b.CopyCols(dgu, tc(m.dgate, I), T, I, 2*I, I)
-		b.CopyCols(dgu.Slice(I, T*2*I-I), tc(m.dup, I), T, I, 2*I, I)
-		b.Fill(dln, 0)
-		b.MatmulBackward(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
+		b.SwiGLURowsBackward(dgu, dh, tc(a.gu, 2*I), T, I)
+		m.matmulBackwardFresh(dln, dw.gu, dgu, tc(a.ln2, C), gw.gu, T, C, 2*I)
 	}
 	b.RMSNormBackward(dx, dw.ln2, dln, tc(a.xmid, C), w.ln2, a.rstd2.Slice(0, T), T, C)
 	// Attention: xmid = x + o(attn(rope(norm(q)), rope(norm(k)), v)), with
 	// q|k|v = ln1·Wqkvᵀ (+ bias).
 	datt := tc(m.datt, qn)
-	b.Fill(datt, 0)
-	b.MatmulBackward(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
+	m.matmulBackwardFresh(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
 		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
@@ -615,8 +649,7 @@ func (m *Model) backwardLayer(l int) {
 	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
 	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
 	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
-	b.Fill(dln, 0)
-	b.MatmulBackward(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
+	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
 	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
 }
 

@@ -294,11 +294,32 @@ func (f *flipBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs
 	f.Backend.Attention(out, lse, q, k, v, seqs, NH, NKV, HD)
 }
 
-func (f *flipBackend) SwiGLU(out, gate, up kernels.Buf, N int) {
-	f.force(fmt.Sprintf("act.L%d.gate", f.swiglu), gate)
-	f.force(fmt.Sprintf("act.L%d.up", f.swiglu), up)
+// SwiGLURows reads gate and up as the gate|up GEMM wrote them, row by row
+// interleaved: each half is forced as its own golden tensor.
+func (f *flipBackend) SwiGLURows(out, gu kernels.Buf, R, I int) {
+	f.forceRows(fmt.Sprintf("act.L%d.gate", f.swiglu), fmt.Sprintf("act.L%d.up", f.swiglu), gu, R, I)
 	f.swiglu++
-	f.Backend.SwiGLU(out, gate, up, N)
+	f.Backend.SwiGLURows(out, gu, R, I)
+}
+
+// forceRows forces the gate and up halves of gu (R,2I) against the golden
+// tensors gate and up (R,I).
+func (f *flipBackend) forceRows(gate, up string, gu kernels.Buf, R, I int) {
+	for half, name := range []string{gate, up} {
+		if gu.DType != kernels.BF16 {
+			f.force(name, gu)
+			continue
+		}
+		all := f.Backend.BF16(gu)
+		part := make([]uint16, R*I)
+		for r := range R {
+			copy(part[r*I:(r+1)*I], all[(2*r+half)*I:(2*r+half+1)*I])
+		}
+		f.forceBits(name, part)
+		for r := range R {
+			copy(all[(2*r+half)*I:(2*r+half+1)*I], part[r*I:(r+1)*I])
+		}
+	}
 }
 
 func (f *flipBackend) TokenLogprob(logprob, entropy, lse, hidden, weight, targets kernels.Buf, T, C, V int, invTemp float32) {
@@ -312,6 +333,15 @@ func (f *flipBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Bu
 	f.force(fmt.Sprintf("dout.L%d.%s", f.layers-1-f.mmb/4, flipBackwardOperands[f.mmb%4]), dout)
 	f.mmb++
 	f.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
+// MatmulBackwardFresh is MatmulBackward's hook for the fresh-gradient
+// form the model calls (kernels.FreshMatmulBackward).
+func (f *flipBackend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	f.inBackward = true
+	f.force(fmt.Sprintf("dout.L%d.%s", f.layers-1-f.mmb/4, flipBackwardOperands[f.mmb%4]), dout)
+	f.mmb++
+	f.Backend.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
 }
 
 func (f *flipBackend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
@@ -340,8 +370,14 @@ func (f *flipBackend) force(name string, buf kernels.Buf) {
 		t.Errorf("%s: the op reads a %s operand; the policy rounds it to bf16", name, buf.DType)
 		return
 	}
+	f.forceBits(name, f.Backend.BF16(buf))
+}
+
+// forceBits is force on a bf16 operand's bits, set in place.
+func (f *flipBackend) forceBits(name string, got []uint16) {
+	t := f.t
+	t.Helper()
 	want := f.g.f32(t, name)
-	got := f.Backend.BF16(buf)
 	if len(got) != len(want) {
 		t.Errorf("%s: operand of %d elements, golden has %d", name, len(got), len(want))
 		return

@@ -134,6 +134,12 @@ func (f *moeFlipBackend) SwiGLU(out, gate, up kernels.Buf, N int) {
 	f.flipBackend.Backend.SwiGLU(out, gate, up, N)
 }
 
+func (f *moeFlipBackend) SwiGLURows(out, gu kernels.Buf, R, I int) {
+	gate := f.next("SwiGLU", f.swNames, &f.sw)
+	f.forceRows(gate, f.next("SwiGLU", f.swNames, &f.sw), gu, R, I)
+	f.flipBackend.Backend.SwiGLURows(out, gu, R, I)
+}
+
 func (f *moeFlipBackend) GroupedMatmul(out, inp, weight, offsets kernels.Buf, N, C, OC, E int) {
 	if name := f.next("GroupedMatmul", f.gNames, &f.gm); name != "" {
 		f.force(name, inp)
@@ -151,6 +157,12 @@ func (f *moeFlipBackend) MatmulBackward(dinp, dweight, dout, inp, weight kernels
 	f.inBackward = true
 	f.force(f.next("MatmulBackward", f.mmbNames, &f.mmb2), dout)
 	f.flipBackend.Backend.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
+func (f *moeFlipBackend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	f.inBackward = true
+	f.force(f.next("MatmulBackward", f.mmbNames, &f.mmb2), dout)
+	f.flipBackend.Backend.MatmulBackwardFresh(dinp, dweight, dout, inp, weight, T, C, OC)
 }
 
 func (f *moeFlipBackend) GroupedMatmulBackward(dinp, dweight, dout, inp, weight, offsets kernels.Buf, N, C, OC, E int) {

@@ -138,10 +138,9 @@ type layerActs struct {
 	xmid     kernels.Buf // (T,C) residual after attention
 	ln2      kernels.Buf // (T,C) w
 	rstd2    kernels.Buf // (T)
-	gate     kernels.Buf // (T,I) w
-	up       kernels.Buf // (T,I) w
+	gu       kernels.Buf // (T,2I) w the gate|up GEMM's output: row t's gate, then its up
 	h        kernels.Buf // (T,I) w silu(gate)·up
-	moe      moeActs     // sparse layers, in place of gate, up and h
+	moe      moeActs     // sparse layers, in place of gu and h
 }
 
 // moeActs are a sparse layer's activations saved for the backward pass
@@ -182,6 +181,8 @@ type Model struct {
 	// The backend's optional fused paths (nil: the core ops).
 	addNorm  kernels.AddRMSNormer
 	ropeConv kernels.RopeConverter
+	freshMM  kernels.FreshMatmulBackward
+	qkRope   kernels.QKNormRoper
 	// experts runs the sparse layers (nil on a backend without them, which
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
@@ -236,7 +237,7 @@ type Model struct {
 	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
 	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
 	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
-	dgate, dup, dh      kernels.Buf // (T,I)
+	dh                  kernels.Buf // (T,I)
 	tokens, pos, target kernels.Buf // (T) I32; target holds a tree's pair labels (P)
 	cu                  kernels.Buf // (S+1) I32: sequence offsets, or a tree's segment offsets
 	// Packed trees (Options.Tree): the pairs' final-layer rows, the tree.
@@ -409,6 +410,8 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.b = b
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
+	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
+	m.qkRope, _ = b.(kernels.QKNormRoper)
 	m.experts, _ = b.(kernels.Experts)
 	m.filtered, _ = b.(kernels.FilteredHead)
 	m.mamba, _ = b.(kernels.Mamba)
@@ -746,8 +749,7 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&a.rstd2, T)
 	}
 	mlp := func(a *layerActs) {
-		w.add(&a.gate, T*I)
-		w.add(&a.up, T*I)
+		w.add(&a.gu, T*2*I)
 		w.add(&a.h, T*I)
 	}
 	moe := func(a *moeActs) {
@@ -787,7 +789,7 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&k32, T*kn)
 		f.add(&m.qkvOut, T*qkvN)
 	}
-	fusedW := qkvN // the q|k|v output, and the dense gate|up output
+	fusedW := qkvN // the q|k|v output, and the dense gate|up gradient
 	if anyDense {
 		fusedW = max(fusedW, 2*I)
 	}
@@ -832,9 +834,7 @@ func (m *Model) layoutActs() *actPlan {
 			f.add(&m.dkraw, T*kn)
 		}
 		if anyDense {
-			for _, x := range []*kernels.Buf{&m.dgate, &m.dup, &m.dh} {
-				f.add(x, T*I)
-			}
+			f.add(&m.dh, T*I)
 		}
 		if bf16 {
 			w.add(&m.dxW, T*C)

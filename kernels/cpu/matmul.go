@@ -156,3 +156,14 @@ func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T
 		b.parallelGemm(true, false, OC, C, T, d, OC, x, C, dw, C, true)
 	}
 }
+
+// MatmulBackwardFresh implements kernels.FreshMatmulBackward: dinp cleared,
+// then MatmulBackward, so the bits are those of Fill then MatmulBackward.
+func (b *Backend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	if dx := b.f32opt(dinp, T*C, "MatmulBackwardFresh dinp"); dx != nil {
+		clear(dx)
+	}
+	b.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
+}
+
+var _ kernels.FreshMatmulBackward = (*Backend)(nil)

@@ -123,3 +123,51 @@ func (b *Backend) RopeConvert(out, x, pos, cos, sin kernels.Buf, T, H, HD int) {
 }
 
 var _ kernels.RopeConverter = (*Backend)(nil)
+
+// QKNormRope implements kernels.QKNormRoper as the model's split path
+// computes it: q's and k's heads copied out of qkv, RMSNorm over each head
+// row, then Rope (rounded once into q's dtype), v's heads copied (Convert's
+// rounding): the same bits as CopyCols, RMSNorm, RopeConvert and CopyCols.
+// Shapes: q, qraw (T,NH,HD), k, v, kraw (T,NKV,HD), qrstd (T,NH),
+// krstd (T,NKV), qkv (T,(NH+2·NKV)·HD) F32, qw, kw (HD), pos (T) I32,
+// cos and sin (P, HD/2).
+func (b *Backend) QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos, cos, sin kernels.Buf, T, NH, NKV, HD int, eps float32) {
+	same("QKNormRope q, k, v", q, k, v)
+	qn, kn := NH*HD, NKV*HD
+	W := qn + 2*kn
+	x := b.f32n(qkv, T*W, "QKNormRope qkv")
+	// Constant names: the bf16 scratch slots are kept by name, and a
+	// name built per call would allocate in the step.
+	heads := [2]struct {
+		out, raw, rstd, w       kernels.Buf
+		off, width, nh          int
+		what, rawWhat, rstdWhat string
+	}{
+		{q, qraw, qrstd, qw, 0, qn, NH, "QKNormRope q", "QKNormRope qraw", "QKNormRope qrstd"},
+		{k, kraw, krstd, kw, qn, kn, NKV, "QKNormRope k", "QKNormRope kraw", "QKNormRope krstd"},
+	}
+	for i := range heads {
+		h := &heads[i]
+		raw := b.f32n(h.raw, T*h.width, h.rawWhat)
+		for t := range T {
+			copy(raw[t*h.width:(t+1)*h.width], x[t*W+h.off:t*W+h.off+h.width])
+		}
+		o := b.out(h.out, T*h.width, h.what)
+		tk := &b.tasks.rmsnorm
+		*tk = rmsnormTask{
+			out: o, rstd: b.f32n(h.rstd, T*h.nh, h.rstdWhat),
+			inp: raw, weight: b.f32n(h.w, HD, "QKNormRope weight"), C: HD, eps: eps,
+		}
+		b.pool.parallel(tk, T*h.nh, rmsBlock)
+		*tk = rmsnormTask{}
+		b.ropeOn("QKNormRope", o, pos, cos, sin, T, h.nh, HD, false)
+		b.done(h.out, o)
+	}
+	vo := b.out(v, T*kn, "QKNormRope v")
+	for t := range T {
+		copy(vo[t*kn:(t+1)*kn], x[t*W+qn+kn:(t+1)*W])
+	}
+	b.done(v, vo)
+}
+
+var _ kernels.QKNormRoper = (*Backend)(nil)

@@ -88,6 +88,11 @@ func TestLedgerGEMMs(t *testing.T) {
 		if want := (sums{2*(OC*C+T*OC) + 4*T*C + 2*(T*C+T*OC) + 4*OC*C, 4*T*C + 4*OC*C, 4 * T * C * OC}); s != want {
 			t.Errorf("MatmulBackward %s: ledger %+v, want %+v", name, s, want)
 		}
+		// dinp = dout·W (beta = 0) reads no dinp.
+		s = sumOf(opLedger(t, b, "MatmulBackwardFresh", func() { b.MatmulBackwardFresh(dinp, dw, out, inp, w, sh.T, sh.C, sh.OC) }))
+		if want := (sums{2*(OC*C+T*OC) + 2*(T*C+T*OC) + 4*OC*C, 4*T*C + 4*OC*C, 4 * T * C * OC}); s != want {
+			t.Errorf("MatmulBackwardFresh %s: ledger %+v, want %+v", name, s, want)
+		}
 		for _, x := range []kernels.Buf{inp, w, out, dinp, dw} {
 			b.Free(x)
 		}
@@ -188,12 +193,28 @@ func TestLedgerElementwise(t *testing.T) {
 		{"Convert", func() { b.Convert(xh, x) }, 4 * nc, 2 * nc},
 		{"SwiGLU", func() { b.SwiGLU(xh, yh, zh, N*C) }, 4 * nc, 2 * nc},
 		{"SwiGLUBackward", func() { b.SwiGLUBackward(x, y, z, yh, zh, N*C) }, 8 * nc, 8 * nc},
+		// gu (N, C) bf16 holds N rows of C/2 gate then C/2 up values.
+		{"SwiGLURows", func() { b.SwiGLURows(xh.Slice(0, N*C/2), yh, N, C/2) }, 2 * nc, nc},
+		{"SwiGLURowsBackward", func() { b.SwiGLURowsBackward(xh, x.Slice(0, N*C/2), yh, N, C/2) }, 2*nc + 2*nc, 2 * nc},
 		{"CopyCols", func() { b.CopyCols(xh, x, N, C/2, C, C) }, 2 * nc, nc},
 		{"RMSNorm", func() { b.RMSNorm(xh, rstd, x, weight, N, C, 1e-6) }, 4*nc + 4*C, 2*nc + 4*N},
 		{"AddRMSNorm", func() { b.AddRMSNorm(x, xh, rstd, y, z, weight, N, C, 1e-6) }, 8*nc + 4*C, 4*nc + 2*nc + 4*N},
 		{"AdamW", func() { b.AdamW(x, y, z, w, kernels.AdamWStep{}) }, 16 * nc, 12 * nc},
 		{"RopeConvert", func() { b.RopeConvert(xh, x, pos, cos, sin, N, C/128, 128) }, 4*nc + 4*N + 2*4*N*64, 2 * nc},
 	}
+	// QKNormRope over N rows of qkv (C = 16 heads of 128: 8 q, 4 k, 4 v):
+	// qkv, the weights, pos and the cos/sin rows read; the raw heads, the
+	// rstds and the bf16 q, k, v written.
+	qkvRows, qwt, kwt := x.Slice(0, N*16*128), weight.Slice(0, 128), weight.Slice(128, 128)
+	qkCase := struct {
+		op          string
+		run         func()
+		read, write int64
+	}{"QKNormRope", func() {
+		b.QKNormRope(xh.Slice(0, N*8*128), yh.Slice(0, N*4*128), zh.Slice(0, N*4*128), y.Slice(0, N*8*128), z.Slice(0, N*4*128),
+			w.Slice(0, N*8), w.Slice(N*8, N*4), qkvRows, qwt, kwt, pos, cos, sin, N, 8, 4, 128, 1e-6)
+	}, 4*N*16*128 + 2*4*128 + 4*N + 2*4*N*64, 2*N*16*128 + 4*N*12*128 + 4*N*12}
+	cases = append(cases, qkCase)
 	for _, c := range cases {
 		s := sumOf(opLedger(t, b, c.op, c.run))
 		if s.read != c.read || s.write != c.write {

@@ -128,13 +128,27 @@ func (b *Backend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 // dweight (OC,C) += doutᵀ·inp; a zero-length dinp or dweight is skipped.
 // dout, inp, weight F32|BF16; dinp, dweight F32.
 func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	b.matmulBackward(dinp, dweight, dout, inp, weight, T, C, OC, 1)
+}
+
+// MatmulBackwardFresh implements kernels.FreshMatmulBackward: dinp (T,C) =
+// dout·weight (a beta = 0 GEMM), dweight (OC,C) += doutᵀ·inp.
+func (b *Backend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
+	b.matmulBackward(dinp, dweight, dout, inp, weight, T, C, OC, 0)
+}
+
+var _ kernels.FreshMatmulBackward = (*Backend)(nil)
+
+// matmulBackward is MatmulBackward with dinp's beta: 1 accumulates, 0
+// assigns.
+func (b *Backend) matmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int, beta float32) {
 	dt := operands("MatmulBackward dout", dout)
 	want(dout, dt, T*OC, "MatmulBackward dout")
 	defer b.lock()()
 	if dinp.N != 0 {
 		want(weight, dt, OC*C, "MatmulBackward weight")
 		want(dinp, kernels.F32, T*C, "MatmulBackward dinp")
-		b.gemm(false, false, C, T, OC, 1, dt, ptr(weight), C, OC*C, ptr(dout), OC, T*OC, 1, kernels.F32, ptr(dinp), C)
+		b.gemm(false, false, C, T, OC, 1, dt, ptr(weight), C, OC*C, ptr(dout), OC, T*OC, beta, kernels.F32, ptr(dinp), C)
 	}
 	if dweight.N != 0 {
 		want(inp, dt, T*C, "MatmulBackward inp")

@@ -2,7 +2,7 @@
 
 package cuda
 
-// Rope, RopeBackward and RopeConvert: csrc/rope.cu.
+// Rope, RopeBackward, RopeConvert and QKNormRope: csrc/rope.cu.
 
 import (
 	"fmt"
@@ -71,3 +71,38 @@ func (b *Backend) RopeConvert(out, x, pos, cos, sin kernels.Buf, T, H, HD int) {
 }
 
 var _ kernels.RopeConverter = (*Backend)(nil)
+
+// QKNormRope implements kernels.QKNormRoper: q, k (normed, rotated) and v
+// (T,·,HD) F32|BF16, qraw, kraw, qrstd, krstd F32, from qkv
+// (T,(NH+2·NKV)·HD) F32 in one launch.
+func (b *Backend) QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos, cos, sin kernels.Buf, T, NH, NKV, HD int, eps float32) {
+	H3 := NH + 2*NKV
+	P := ropeCheck("QKNormRope", qkv, pos, cos, sin, T, H3, HD)
+	dt := operands("QKNormRope q, k, v", q, k, v)
+	want(q, dt, T*NH*HD, "QKNormRope q")
+	want(k, dt, T*NKV*HD, "QKNormRope k")
+	want(v, dt, T*NKV*HD, "QKNormRope v")
+	want(qraw, kernels.F32, T*NH*HD, "QKNormRope qraw")
+	want(kraw, kernels.F32, T*NKV*HD, "QKNormRope kraw")
+	want(qrstd, kernels.F32, T*NH, "QKNormRope qrstd")
+	want(krstd, kernels.F32, T*NKV, "QKNormRope krstd")
+	want(qw, kernels.F32, HD, "QKNormRope qw")
+	want(kw, kernels.F32, HD, "QKNormRope kw")
+	if T == 0 {
+		return
+	}
+	name := "qk_norm_rope_f32out"
+	if dt == kernels.BF16 {
+		name = "qk_norm_rope_bf16out"
+	}
+	// Per q/k element: the square and its sum, the norm's two products,
+	// the rotation's two products and a sum. In flight: the first loop's
+	// four 4-byte loads a lane (unrolled by 4).
+	flops := 7 * int64(T) * int64(NH+NKV) * int64(HD)
+	c := rw(reads(qkv, qw, kw, pos), q, k, v, qraw, kraw, qrstd, krstd).plus(ropeTableBytes(T, HD), 0).with(flops, 16)
+	defer b.lock()()
+	b.launch(name, c, b.ropeBlocks(T, H3), 1, 1, threads, 0, pa(q), pa(k), pa(v), pa(qraw), pa(kraw), pa(qrstd), pa(krstd),
+		pa(qkv), pa(qw), pa(kw), pa(pos), pa(cos), pa(sin), ia(T), ia(NH), ia(NKV), ia(HD), ia(P), fa(eps), pu(b.flags))
+}
+
+var _ kernels.QKNormRoper = (*Backend)(nil)

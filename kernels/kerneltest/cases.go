@@ -181,6 +181,35 @@ var cases = []testCase{
 			s.check("MatmulBackward dweight (no dinp) "+tag, dw2, TolMatmul)
 		}
 	}},
+	{"MatmulBackwardFresh", func(s *suite) {
+		// kernels.FreshMatmulBackward: dinp assigned over random contents
+		// (what it held must not show), dweight accumulated; fp32 and
+		// bf16 operands, a zero-length dinp skipped.
+		for _, sh := range mmShapes {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				inp, w, dout := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1), s.randnOf(dt, sh.T*sh.OC, 1)
+				dinp, dw, dw2 := s.randn(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+				fresh := 0
+				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+					f, ok := b.(kernels.FreshMatmulBackward)
+					if !ok {
+						return
+					}
+					fresh++
+					f.MatmulBackwardFresh(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+					f.MatmulBackwardFresh(kernels.Buf{}, v(dw2), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+				})
+				if fresh == 1 {
+					s.t.Logf("%s does not implement kernels.FreshMatmulBackward: not checked", s.dut.Name())
+					return
+				}
+				tag := fmt.Sprintf("%s T=%d C=%d OC=%d", dt, sh.T, sh.C, sh.OC)
+				s.check("MatmulBackwardFresh dinp "+tag, dinp, TolMatmul)
+				s.check("MatmulBackwardFresh dweight "+tag, dw, TolMatmul)
+				s.check("MatmulBackwardFresh dweight (no dinp) "+tag, dw2, TolMatmul)
+			}
+		}
+	}},
 	{"Convert", func(s *suite) {
 		// Rounding: ties to even, carries into the exponent, overflow to
 		// infinity, subnormals, signed zeros, NaN; then random values.
@@ -339,6 +368,73 @@ var cases = []testCase{
 		dutR.RopeConvert(o.d, x.d, pos.d, cos.d, sin.d, T, H, HD)
 		s.wantSyncError("RopeConvert with position 6 of a 6-row table")
 		s.check("RopeConvert bf16 out with a bad position", o, TolBF16Out)
+	}},
+	{"QKNormRope", func(s *suite) {
+		// kernels.QKNormRoper against the reference, and, on the
+		// reference, bit for bit the split path it stands for (CopyCols,
+		// RMSNorm, RopeConvert, CopyCols). Head widths with a half under a
+		// warp, one of 34 (pairs across lanes unevenly), 128 (Qwen3's).
+		dutR, ok := s.dut.(kernels.QKNormRoper)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.QKNormRoper", s.dut.Name())
+		}
+		refR := s.ref.(kernels.QKNormRoper)
+		for _, sh := range []struct{ T, NH, NKV, HD, maxPos int }{{1, 1, 1, 2, 1}, {37, 4, 2, 8, 100}, {9, 3, 3, 34, 4096}, {20, 4, 2, 128, 5000}} {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				T, NH, NKV, HD := sh.T, sh.NH, sh.NKV, sh.HD
+				qn, kn := NH*HD, NKV*HD
+				W := qn + 2*kn
+				pos := s.i32(s.randTokens(T, sh.maxPos))
+				cos, sin := s.ropeTables(sh.maxPos, HD, 1e6)
+				qkv := s.randn(T*W, 2)
+				qw, kw := s.randn(HD, 1), s.randn(HD, 1)
+				q, k, v := s.randnOf(dt, T*qn, 1), s.randnOf(dt, T*kn, 1), s.randnOf(dt, T*kn, 1)
+				qraw, kraw, qrstd, krstd := s.out(T*qn), s.out(T*kn), s.out(T*NH), s.out(T*NKV)
+				refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1e-6)
+				dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1e-6)
+				tag := fmt.Sprintf("%s T=%d NH=%d NKV=%d HD=%d", dt, T, NH, NKV, HD)
+				tol := TolElementwise
+				if dt == kernels.BF16 {
+					tol = TolBF16Out
+				}
+				s.check("QKNormRope q "+tag, q, tol)
+				s.check("QKNormRope k "+tag, k, tol)
+				s.check("QKNormRope v "+tag, v, TolExact)
+				s.check("QKNormRope qraw "+tag, qraw, TolExact)
+				s.check("QKNormRope kraw "+tag, kraw, TolExact)
+				s.check("QKNormRope qrstd "+tag, qrstd, TolElementwise)
+				s.check("QKNormRope krstd "+tag, krstd, TolElementwise)
+				// The split path on the reference.
+				b := s.ref
+				sq, sk, sv := s.randnOf(dt, T*qn, 1), s.randnOf(dt, T*kn, 1), s.randnOf(dt, T*kn, 1)
+				sqraw, skraw, sq32, sk32, sqrstd, skrstd := s.out(T*qn), s.out(T*kn), s.out(T*qn), s.out(T*kn), s.out(T*NH), s.out(T*NKV)
+				b.CopyCols(sqraw.r, qkv.r, T, qn, qn, W)
+				b.CopyCols(skraw.r, qkv.r.Slice(qn, T*W-qn), T, kn, kn, W)
+				b.CopyCols(sv.r, qkv.r.Slice(qn+kn, T*W-qn-kn), T, kn, kn, W)
+				b.RMSNorm(sq32.r, sqrstd.r, sqraw.r, qw.r, T*NH, HD, 1e-6)
+				b.RMSNorm(sk32.r, skrstd.r, skraw.r, kw.r, T*NKV, HD, 1e-6)
+				b.(kernels.RopeConverter).RopeConvert(sq.r, sq32.r, pos.r, cos.r, sin.r, T, NH, HD)
+				b.(kernels.RopeConverter).RopeConvert(sk.r, sk32.r, pos.r, cos.r, sin.r, T, NKV, HD)
+				for _, p := range [][2]*pairBuf{{q, sq}, {k, sk}, {v, sv}, {qraw, sqraw}, {kraw, skraw}, {qrstd, sqrstd}, {krstd, skrstd}} {
+					s.sameBitsOn(s.ref, "QKNormRope against the split path "+tag, p[0].r, p[1].r)
+				}
+			}
+		}
+		// A position outside the tables: that row normed, unrotated, reported;
+		// an eps as large as the mean square, so that the norm must add it.
+		const T, NH, NKV, HD = 3, 2, 1, 8
+		W := (NH + 2*NKV) * HD
+		pos := s.i32([]int32{0, 6, 2})
+		cos, sin := s.ropeTables(6, HD, 10000)
+		qkv, qw, kw := s.randn(T*W, 1), s.randn(HD, 1), s.randn(HD, 1)
+		q, k, v := s.randnBF16(T*NH*HD, 1), s.randnBF16(T*NKV*HD, 1), s.randnBF16(T*NKV*HD, 1)
+		qraw, kraw, qrstd, krstd := s.out(T*NH*HD), s.out(T*NKV*HD), s.out(T*NH), s.out(T*NKV)
+		refR.QKNormRope(q.r, k.r, v.r, qraw.r, kraw.r, qrstd.r, krstd.r, qkv.r, qw.r, kw.r, pos.r, cos.r, sin.r, T, NH, NKV, HD, 1)
+		dutR.QKNormRope(q.d, k.d, v.d, qraw.d, kraw.d, qrstd.d, krstd.d, qkv.d, qw.d, kw.d, pos.d, cos.d, sin.d, T, NH, NKV, HD, 1)
+		s.wantSyncError("QKNormRope with position 6 of a 6-row table")
+		s.check("QKNormRope q with a bad position", q, TolBF16Out)
+		s.check("QKNormRope k with a bad position", k, TolBF16Out)
+		s.check("QKNormRope qrstd with eps 1", qrstd, TolElementwise)
 	}},
 	{"RopeBadPosition", func(s *suite) {
 		// Position 6 of a 6-row table, and a negative one: those rows stay
@@ -540,6 +636,53 @@ var cases = []testCase{
 			s.check(fmt.Sprintf("SwiGLUBackward dgate N=%d", N), dg, TolElementwise)
 			s.check(fmt.Sprintf("SwiGLUBackward dup N=%d", N), du, TolElementwise)
 		}
+	}},
+	{"SwiGLURows", func(s *suite) {
+		// The gate|up GEMM's output read as it lies, and its gradient
+		// written packed: against the reference, and, on each backend,
+		// bit for bit what splitting with CopyCols around SwiGLU and
+		// SwiGLUBackward gives (the model's former path). Widths with and
+		// without the 8-element vector steps, aligned views and not, every
+		// dtype pairing.
+		dts := []kernels.DType{kernels.F32, kernels.BF16}
+		for _, sh := range []struct{ R, I int }{{1, 1}, {3, 8}, {5, 13}, {7, 64}, {33, 40}} {
+			for _, aligned := range []bool{true, false} {
+				for _, in := range dts {
+					for _, o := range dts {
+						s.aligned = aligned
+						R, I := sh.R, sh.I
+						gu := s.randnOf(in, 2*R*I, 3)
+						g, u := s.randnOf(in, R*I, 1), s.randnOf(in, R*I, 1)
+						out, split := s.randnOf(o, R*I, 1), s.randnOf(o, R*I, 1)
+						dout := s.randn(R*I, 1)
+						dgu, dguSplit := s.randnOf(o, 2*R*I, 1), s.randnOf(o, 2*R*I, 1)
+						dg, du := s.out(R*I), s.out(R*I)
+						both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+							b.SwiGLURows(v(out), v(gu), R, I)
+							b.SwiGLURowsBackward(v(dgu), v(dout), v(gu), R, I)
+							x := v(gu)
+							b.CopyCols(v(g), x, R, I, I, 2*I)
+							b.CopyCols(v(u), x.Slice(I, x.N-I), R, I, I, 2*I)
+							b.SwiGLU(v(split), v(g), v(u), R*I)
+							b.SwiGLUBackward(v(dg), v(du), v(dout), v(g), v(u), R*I)
+							y := v(dguSplit)
+							b.CopyCols(y, v(dg), R, I, 2*I, I)
+							b.CopyCols(y.Slice(I, y.N-I), v(du), R, I, 2*I, I)
+						})
+						tag := fmt.Sprintf("%s → %s R=%d I=%d aligned=%v", in, o, R, I, aligned)
+						tol := TolElementwise
+						if o == kernels.BF16 {
+							tol = TolBF16Out
+						}
+						s.check("SwiGLURows out "+tag, out, tol)
+						s.check("SwiGLURowsBackward dgu "+tag, dgu, tol)
+						s.sameBits("SwiGLURows out, split "+tag, out, split)
+						s.sameBits("SwiGLURowsBackward dgu, split "+tag, dgu, dguSplit)
+					}
+				}
+			}
+		}
+		s.aligned = false
 	}},
 	{"SwiGLUBF16", func(s *suite) {
 		// Every dtype pairing of the contract (gate, up F32|BF16 same; out

@@ -352,6 +352,36 @@ func (s *suite) check(name string, p *pairBuf, tol Tol) {
 	}
 }
 
+// sameBits fails unless the views a and b hold the same bits on each
+// backend (two computations that must agree exactly, not within a
+// tolerance).
+func (s *suite) sameBits(name string, a, b *pairBuf) {
+	s.t.Helper()
+	s.sameBitsOn(s.ref, name, a.r, b.r)
+	s.sameBitsOn(s.dut, name, a.d, b.d)
+}
+
+// sameBitsOn is sameBits of two views on one backend.
+func (s *suite) sameBitsOn(be kernels.Backend, name string, a, b kernels.Buf) {
+	s.t.Helper()
+	va, vb := s.download(be, a), s.download(be, b)
+	for i := range va {
+		if math.Float32bits(va[i]) != math.Float32bits(vb[i]) {
+			s.t.Errorf("%s on %s: element %d is %g (%#x), the other %g (%#x)", name, be.Name(), i,
+				va[i], math.Float32bits(va[i]), vb[i], math.Float32bits(vb[i]))
+			return
+		}
+	}
+}
+
+// randnOf is randn or randnBF16 by dt.
+func (s *suite) randnOf(dt kernels.DType, n int, sd float64) *pairBuf {
+	if dt == kernels.BF16 {
+		return s.randnBF16(n, sd)
+	}
+	return s.randn(n, sd)
+}
+
 // reportEnv, when set, makes every check log its largest errors and the
 // share of its tolerance they use (to state and justify tolerances).
 const reportEnv = "TRACEGRPO_KERNELTEST_REPORT"
