@@ -443,6 +443,16 @@ func TestShardedChimerasRefused(t *testing.T) {
 		{"index without its identity", func(t *testing.T, p string) {
 			editIndex(t, p, func(x *ShardIndex) { x.Run, x.Step, x.Weights = "", 0, "" })
 		}, []string{s0, "has none"}},
+		// The manifest is resealed over each edit below, so it matches: the
+		// error is that the index cannot be read, not that it was corrupted
+		// after the save (issue 34: such an index was reported as "does not
+		// match its manifest").
+		{"index that does not parse", func(t *testing.T, p string) {
+			must(t, os.WriteFile(filepath.Join(p, ShardIndexFile), []byte(`{"format": `), 0o644))
+		}, []string{ShardIndexFile, "parse", "it matches " + ManifestFile}},
+		{"index with no ranks", func(t *testing.T, p string) {
+			editIndex(t, p, func(x *ShardIndex) { x.World = 0 })
+		}, []string{ShardIndexFile, "world_size", "it matches " + ManifestFile}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fx := writeShardFixture(t, 2, sizes)
