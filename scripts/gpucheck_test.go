@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/internal/testtool"
 )
 
 // checkout makes a git checkout in a temporary folder with
@@ -17,9 +19,7 @@ import (
 // returns its root.
 func checkout(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("no git")
-	}
+	testtool.Path(t, "git", "") // git is a tool the tests have (scripts/deps.sh)
 	root := t.TempDir()
 	for _, f := range []string{"gpu-check.sh", "gpu-check-loop.sh"} {
 		b, err := os.ReadFile(f)
@@ -44,7 +44,7 @@ func write(t *testing.T, path string, b []byte, mode os.FileMode) {
 
 func git(t *testing.T, dir string, args ...string) {
 	t.Helper()
-	cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+	cmd := exec.Command(testtool.Path(t, "git", ""), append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("git %v: %v\n%s", args, err, out)
@@ -55,7 +55,7 @@ func git(t *testing.T, dir string, args ...string) {
 // its output and exit status.
 func run(t *testing.T, root string, env []string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command("bash", append([]string{filepath.Join(root, "scripts", "gpu-check.sh")}, args...)...)
+	cmd := exec.Command(testtool.Path(t, "bash", ""), append([]string{filepath.Join(root, "scripts", "gpu-check.sh")}, args...)...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
