@@ -442,80 +442,46 @@ func PrefixMerging(entries []TokenEntry, terminalCallID string, allTraces bool) 
 	}
 	// 9. Retry resolution, groups in order of first appearance.
 	var unresolvedRetries []string
-	groupIndex := map[*buildNode]int{} // parent (nil = roots) -> group
-	var groups [][]*buildNode
-	for _, n := range nodes {
-		gi, ok := groupIndex[n.parent]
-		if !ok {
-			gi = len(groups)
-			groupIndex[n.parent] = gi
-			groups = append(groups, nil)
+	for _, rg := range retrySets(nodes) {
+		keep := map[*buildNode]bool{}
+		var onPath, extended []*buildNode
+		for _, n := range rg {
+			if onTerminalPath[n] {
+				onPath = append(onPath, n)
+			}
+			for _, c := range n.children {
+				if !c.quarantined {
+					extended = append(extended, n)
+					break
+				}
+			}
 		}
-		groups[gi] = append(groups[gi], n)
-	}
-	for _, group := range groups {
-		promptIndex := map[string]int{}
-		var byPrompt [][]*buildNode
-		for _, n := range group {
-			k := tokensKey(n.entry.PromptTokenIDs)
-			pi, ok := promptIndex[k]
-			if !ok {
-				pi = len(byPrompt)
-				promptIndex[k] = pi
-				byPrompt = append(byPrompt, nil)
+		switch {
+		case len(onPath) > 0:
+			for _, n := range onPath {
+				keep[n] = true
 			}
-			byPrompt[pi] = append(byPrompt[pi], n)
-		}
-		for _, rg := range byPrompt {
-			if len(rg) < 2 {
-				continue
-			}
-			keep := map[*buildNode]bool{}
-			var onPath, extended []*buildNode
-			for _, n := range rg {
-				if onTerminalPath[n] {
-					onPath = append(onPath, n)
-				}
-				for _, c := range n.children {
-					if !c.quarantined {
-						extended = append(extended, n)
-						break
-					}
-				}
-			}
-			switch {
-			case len(onPath) > 0:
-				for _, n := range onPath {
-					keep[n] = true
-				}
-				if allTraces {
-					for _, n := range extended {
-						keep[n] = true
-					}
-				}
-			case len(extended) > 0:
+			if allTraces {
 				for _, n := range extended {
 					keep[n] = true
 				}
-			default:
-				smallest := rg[0]
-				for _, n := range rg[1:] {
-					if n.entry.ModelCallID < smallest.entry.ModelCallID {
-						smallest = n
-					}
-				}
-				keep[smallest] = true
-				if terminal == nil || allTraces {
-					for _, n := range rg {
-						unresolvedRetries = append(unresolvedRetries, n.entry.ModelCallID)
-					}
+			}
+		case len(extended) > 0:
+			for _, n := range extended {
+				keep[n] = true
+			}
+		default:
+			keep[smallestCall(rg)] = true
+			if terminal == nil || allTraces {
+				for _, n := range rg {
+					unresolvedRetries = append(unresolvedRetries, n.entry.ModelCallID)
 				}
 			}
-			for _, n := range rg {
-				if !keep[n] && !n.quarantined {
-					n.quarantined = true
-					quarantined = append(quarantined, n.entry.ModelCallID)
-				}
+		}
+		for _, n := range rg {
+			if !keep[n] && !n.quarantined {
+				n.quarantined = true
+				quarantined = append(quarantined, n.entry.ModelCallID)
 			}
 		}
 	}
@@ -686,4 +652,53 @@ func Build(builder string, entries []TokenEntry, terminalCallID string) (*BuildO
 		return PerRequest(entries, terminalCallID)
 	}
 	return nil, fmt.Errorf("gym: unknown builder %q; known: [%s %s]", builder, BuilderPerRequest, BuilderPrefixMerging)
+}
+
+// retrySets returns the sets of retries among nodes: siblings (the roots
+// are siblings too) with the same prompt, two or more, in order of first
+// appearance of their parent and then of their prompt, as Gym's dicts
+// iterate. Both builders resolve retries over these sets.
+func retrySets(nodes []*buildNode) [][]*buildNode {
+	type key struct {
+		parent *buildNode
+		prompt string
+	}
+	index := map[key]int{}
+	byParent := map[*buildNode][]int{} // a parent's sets, in order
+	var parents []*buildNode           // parents in order of first appearance
+	var sets [][]*buildNode
+	for _, n := range nodes {
+		k := key{n.parent, tokensKey(n.entry.PromptTokenIDs)}
+		si, ok := index[k]
+		if !ok {
+			if _, seen := byParent[n.parent]; !seen {
+				parents = append(parents, n.parent)
+			}
+			si = len(sets)
+			index[k] = si
+			byParent[n.parent] = append(byParent[n.parent], si)
+			sets = append(sets, nil)
+		}
+		sets[si] = append(sets[si], n)
+	}
+	var out [][]*buildNode
+	for _, p := range parents {
+		for _, si := range byParent[p] {
+			if len(sets[si]) >= 2 {
+				out = append(out, sets[si])
+			}
+		}
+	}
+	return out
+}
+
+// smallestCall returns the node of set with the smallest model call id.
+func smallestCall(set []*buildNode) *buildNode {
+	smallest := set[0]
+	for _, n := range set[1:] {
+		if n.entry.ModelCallID < smallest.entry.ModelCallID {
+			smallest = n
+		}
+	}
+	return smallest
 }

@@ -81,60 +81,26 @@ func PrefixMergingV1(entries []TokenEntry) *BuildOutput {
 	}
 	// Retry siblings, groups (by parent, roots together) and prompts in
 	// order of first appearance, as Gym's dicts iterate.
-	groupIndex := map[*buildNode]int{}
-	var groups [][]*buildNode
-	for _, n := range nodes {
-		gi, ok := groupIndex[n.parent]
-		if !ok {
-			gi = len(groups)
-			groupIndex[n.parent] = gi
-			groups = append(groups, nil)
+	for _, rg := range retrySets(nodes) {
+		keep := map[*buildNode]bool{}
+		for _, n := range rg {
+			for _, c := range n.children {
+				if !c.quarantined {
+					keep[n] = true
+					break
+				}
+			}
 		}
-		groups[gi] = append(groups[gi], n)
-	}
-	for _, group := range groups {
-		promptIndex := map[string]int{}
-		var byPrompt [][]*buildNode
-		for _, n := range group {
-			k := tokensKey(n.entry.PromptTokenIDs)
-			pi, ok := promptIndex[k]
-			if !ok {
-				pi = len(byPrompt)
-				promptIndex[k] = pi
-				byPrompt = append(byPrompt, nil)
+		if len(keep) == 0 {
+			keep[smallestCall(rg)] = true
+			for _, n := range rg {
+				notes.UnresolvedRetries = append(notes.UnresolvedRetries, n.entry.ModelCallID)
 			}
-			byPrompt[pi] = append(byPrompt[pi], n)
 		}
-		for _, rg := range byPrompt {
-			if len(rg) < 2 {
-				continue
-			}
-			keep := map[*buildNode]bool{}
-			for _, n := range rg {
-				for _, c := range n.children {
-					if !c.quarantined {
-						keep[n] = true
-						break
-					}
-				}
-			}
-			if len(keep) == 0 {
-				smallest := rg[0]
-				for _, n := range rg[1:] {
-					if n.entry.ModelCallID < smallest.entry.ModelCallID {
-						smallest = n
-					}
-				}
-				keep[smallest] = true
-				for _, n := range rg {
-					notes.UnresolvedRetries = append(notes.UnresolvedRetries, n.entry.ModelCallID)
-				}
-			}
-			for _, n := range rg {
-				if !keep[n] && !n.quarantined {
-					n.quarantined = true
-					quarantined = append(quarantined, n.entry.ModelCallID)
-				}
+		for _, n := range rg {
+			if !keep[n] && !n.quarantined {
+				n.quarantined = true
+				quarantined = append(quarantined, n.entry.ModelCallID)
 			}
 		}
 	}
