@@ -59,7 +59,11 @@
 // FlashAttention-2-style kernels on mma.sync (P and dS are rounded to bf16
 // as mma operands); other head dimensions widen to the fp32 kernels. Both
 // families are csrc/attention_family.cuh's: token trees run it over their
-// segments, packed sequences as a tree of roots alone. TokenLogprob on BF16 hidden and weight forms its fp32
+// segments, packed sequences as a tree of roots alone. The packed
+// backward does not recompute: its dk/dv kernel also writes each pair's
+// bf16 dS into a scratch (about T·NH·MaxLen bytes: attnDSWork), and dq is
+// dS·K from it, five products a tile pair where the tree backward's dq
+// kernel recomputes S and dP (seven). TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //
 // The GEMMs are cublasGemmEx, not cuBLASLt: with bf16 operands and

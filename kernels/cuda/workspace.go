@@ -9,6 +9,7 @@ import "github.com/tracegrpo/tracegrpo/kernels"
 // Names of the scratch buffers: each holds the largest request made of it.
 const (
 	workAttnD        = "attention D"
+	workAttnDS       = "attention dS"
 	workDecode       = "decode partials"
 	workBias         = "bias_partials"
 	workNorm         = "rmsnorm dweight partials"
@@ -93,6 +94,42 @@ func LogitsScratchFor(headroom int64) int {
 
 // attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
 func attnDWork(T, NH int) int { return 4 * T * NH }
+
+// The dS scratch of the packed tensor-core backward (csrc/attention_family.cuh's
+// attn_ds): per query head, each token's row of bf16 dS against the keys of
+// its sequence up to its own, rounded up to whole 64-key blocks. The row of
+// position p holds 64·(p/64+1) keys, so a sequence of L tokens needs
+// attnDSRows(L) elements a head; every token gets attnDSStride(MaxLen), the
+// mean row of the longest sequence rounded up to 8 elements (16 bytes), so
+// that each sequence's rows start at its first token's stride and no two
+// sequences overlap.
+func attnDSRows(L int) int64 {
+	b, r := int64(L/64), int64(L%64)
+	return 2048*b*(b+1) + 64*r*(b+1)
+}
+
+// attnDSStride is the dS elements a token, for sequences of at most maxLen.
+func attnDSStride(maxLen int) int {
+	if maxLen <= 0 {
+		return 0
+	}
+	n := (attnDSRows(maxLen) + int64(maxLen) - 1) / int64(maxLen)
+	return int((n + 7) &^ 7)
+}
+
+// attnDSWork is the dS scratch's bytes for T tokens of NH query heads in
+// sequences of at most maxLen.
+func attnDSWork(T, NH, maxLen int) int { return 2 * T * NH * attnDSStride(maxLen) }
+
+// attnDSBytes is the dS the backward writes (and its dq kernel reads),
+// taking every sequence maxLen long (T/maxLen of them) as the ledger's
+// attention counts do: exact for equal lengths, an upper bound otherwise.
+func attnDSBytes(T, NH, maxLen int) int64 {
+	if maxLen <= 0 {
+		return 0
+	}
+	return int64(float64(T) / float64(maxLen) * float64(attnDSRows(maxLen)) * float64(NH) * 2)
+}
 
 // biasWork is BiasBackward's partial sums: one row per chunk of biasRows.
 func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
@@ -190,6 +227,9 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, a := range w.Attention {
 		if a.Backward {
 			need(workAttnD, attnDWork(a.T, a.NH))
+			if a.BF16 && (a.HD == 64 || a.HD == 128) { // the tensor-core backward
+				need(workAttnDS, attnDSWork(a.T, a.NH, a.MaxLen))
+			}
 		}
 	}
 	for _, a := range w.Trees {
