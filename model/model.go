@@ -182,6 +182,7 @@ type Model struct {
 	addNorm  kernels.AddRMSNormer
 	ropeConv kernels.RopeConverter
 	freshMM  kernels.FreshMatmulBackward
+	matAdd   kernels.MatmulAdder // the residual adds as GEMM epilogues
 	qkRope   kernels.QKNormRoper
 	// experts runs the sparse layers (nil on a backend without them, which
 	// New refuses for a sparse config); router is the layers' routing.
@@ -411,6 +412,7 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
+	m.matAdd, _ = b.(kernels.MatmulAdder)
 	m.qkRope, _ = b.(kernels.QKNormRoper)
 	m.experts, _ = b.(kernels.Experts)
 	m.filtered, _ = b.(kernels.FilteredHead)
