@@ -80,11 +80,17 @@
 // outputs) folds it. scripts/gpu-check.sh measures the LM head against the
 // bare GEMMs it contains.
 //
-// Nemotron-H's Mamba-2 scan (csrc/mamba.cu) runs the sequential
-// recurrence in fp32, one block per head walking the tree's segments (a
-// child from its parent's final state); bf16 xbc is widened as it loads.
-// It is not yet the chunked SSD on tensor cores that kernels/cpu runs: the
-// results agree to rounding (kerneltest's TolScan), not bit for bit.
+// Nemotron-H's Mamba-2 scan forward on a bf16 xbc (the bf16 model's) is
+// the chunked SSD algorithm on tensor cores (csrc/ssd_fwd.cu): a block per
+// (16 columns of a head, head) walks the tree's segments in chunks of 64
+// tokens (a child from its parent's final state), the intra-chunk C·Bᵀ
+// masked by the decays, the off-diagonal C·S0ᵀ and the chunk's state on
+// mma.sync, its fp32 operands as two bf16 parts (kerneltest's TolScanBF16
+// against kernels/cpu, measured). An fp32 xbc, a state over 128, and the
+// backward's checkpoint pass run the sequential fp32 recurrence of
+// csrc/mamba.cu, one block per head; the backward walks each chunk of 64
+// tokens back from those checkpoints. Results agree with kernels/cpu's
+// chunking (aligned to context positions) to rounding, not bit for bit.
 //
 // No kernel adds with atomics: attention's backward pass, SumSquares,
 // RMSNormBackward's dweight (per-block partials reduced in block order, with a

@@ -125,6 +125,7 @@ var sm90Facts = map[string]KernelFacts{
 	"scatter_rows_bf16_bf16":         {Regs: 24, StaticSmem: 0, HMMA: 0},
 	"scatter_rows_bf16_f32":          {Regs: 26, StaticSmem: 0, HMMA: 0},
 	"scatter_rows_f32_bf16":          {Regs: 22, StaticSmem: 0, HMMA: 0},
+	"ssd_scan_fwd_bf16":              {Regs: 115, StaticSmem: 0, HMMA: 108},
 	"ssm_bc_reduce":                  {Regs: 42, StaticSmem: 0, HMMA: 0},
 	"ssm_decode":                     {Regs: 32, StaticSmem: 0, HMMA: 0},
 	"ssm_decode_bf16":                {Regs: 32, StaticSmem: 0, HMMA: 0},

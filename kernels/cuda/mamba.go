@@ -5,9 +5,12 @@ package cuda
 // Nemotron-H's ops (kernels.Mamba): csrc/mamba.cu. Every call over a tree
 // first runs tree_check (the rules of kernels.Tree, a data error when one
 // breaks), and the conv's backward mamba_tree_anc (each segment's context
-// start) into scratch. The scan is the sequential recurrence, one block per
-// head (see csrc/mamba.cu); its backward recomputes each chunk of mambaQ
-// tokens from checkpoints the forward pass it reruns leaves in scratch.
+// start) into scratch. The scan's forward on a bf16 xbc is the chunked SSD
+// on tensor cores (ssd_fwd.go, csrc/ssd_fwd.cu), else the sequential
+// recurrence, one block per head (see csrc/mamba.cu); its backward
+// recomputes each chunk of mambaQ tokens from checkpoints the sequential
+// forward it reruns leaves in scratch (ssd_scan_fwd_bf16 writes the same
+// checkpoints, to the same layout).
 
 import (
 	"fmt"
@@ -211,6 +214,12 @@ func (b *Backend) SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tre
 	}
 	c := rw(reads(xbc, dtRaw, dtBias, aLog, d, tree.Offs, tree.Parent), append([]kernels.Buf{y}, fv...)...).
 		plus(int64(tree.NS)*stateBytes(s), finBytes).with(scanFLOPs(T, s), 0)
+	if ssdForward(dt, s) { // the chunked SSD on tensor cores (ssd_fwd.go)
+		b.launch("ssd_scan_fwd_bf16", c.with(ssdFLOPs(T, s), 0), ceilDiv(s.MP, ssdPT), s.MH, 1, ssdThreads, ssdSmem,
+			pa(y), pu(fin), 0, pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent),
+			ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
+		return
+	}
 	b.launch(name, c, s.MH, 1, 1, mambaThreads, scanSmem(s),
 		pa(y), pu(fin), 0, pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent),
 		ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
