@@ -4,7 +4,11 @@ package cuda
 // the functions below, which the ops call and PlanWorkspace sums: the memory
 // plan counts it from the same code, with no GPU and without cgo.
 
-import "github.com/tracegrpo/tracegrpo/kernels"
+import (
+	"os"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
 
 // Names of the scratch buffers: each holds the largest request made of it.
 const (
@@ -27,6 +31,26 @@ const (
 	reduceBlocks = 256
 	fixedWork    = 4 + 8*reduceBlocks
 )
+
+// ltWorkspace is the workspace every cuBLASLt GEMM may use (the size NVIDIA
+// recommends for Hopper), allocated once when cuBLASLt loads (blaslt.go)
+// and passed, whole, to the heuristic and to every call: an algorithm the
+// heuristic chose under it, and so the GEMM's bits, stay fixed.
+const ltWorkspace = 32 << 20
+
+// ltNone as Options.BlasLtLib (or $TRACEGRPO_CUDA_BLASLT) keeps the GEMMs
+// on cublasGemmEx.
+const ltNone = "none"
+
+// ltPlanned reports whether a backend opened with opt counts cuBLASLt's
+// workspace: unless cuBLASLt is off, a plan made without a device counts
+// it (a device whose cuBLASLt does not load holds 32 MiB less).
+func ltPlanned(opt Options) bool {
+	if opt.BlasLtLib == "" {
+		return os.Getenv("TRACEGRPO_CUDA_BLASLT") != ltNone
+	}
+	return opt.BlasLtLib != ltNone
+}
 
 // biasRows is TG_BIAS_ROWS of csrc/bias.cu: rows per partial sum.
 const biasRows = 256
@@ -240,12 +264,16 @@ func filterWork(Tr, V int, dt kernels.DType) int {
 }
 
 // PlanWorkspace returns the bytes the CUDA backend opened with opt
-// allocates for itself running w (its fixed buffers and its ops' scratch,
+// allocates for itself running w (its fixed buffers, cuBLASLt's workspace
+// (ltPlanned) and its ops' scratch,
 // all of it at once when ReserveWorkspace ran), in the GEMM modes the model
 // asks for (the fp32-buffer bf16 cast of MatmulBF16 is not counted: the
 // trainer's mixed precision passes bf16 buffers). It needs no GPU.
 func PlanWorkspace(w kernels.Workload, opt Options) int64 {
 	total := int64(fixedWork)
+	if ltPlanned(opt) {
+		total += ltWorkspace
+	}
 	for _, n := range workspaceSizes(w, opt) {
 		total += int64(n)
 	}
