@@ -241,6 +241,11 @@ func RunRows(env Env, r Rows) error {
 			res.CommBuffersMiB += float64(c.Bytes) / (1 << 20)
 		}
 	}
+	// Every rank's peak RSS is read here, after the steps and before the
+	// save, as the one process's is: the plan is the training step's, and
+	// rank 0's save (its host chunk, the garbage of the gathers) would add
+	// to rank 0's alone, by as much as the collector had not yet freed.
+	mine := []byte(strconv.FormatFloat(res.PeakRSSMiB, 'f', 3, 64) + " " + strconv.FormatFloat(res.PlanMiB, 'f', 3, 64))
 	if r.Save != "" {
 		if err := m.SaveHF(r.Save); err != nil {
 			return fmt.Errorf("bench: save: %w", err)
@@ -248,7 +253,6 @@ func RunRows(env Env, r Rows) error {
 	}
 	if env.Size > 1 {
 		// Every rank's peak RSS, for the memory plan's check per rank.
-		mine := []byte(strconv.FormatFloat(peakRSSMiB(), 'f', 3, 64) + " " + strconv.FormatFloat(res.PlanMiB, 'f', 3, 64))
 		all, err := collective.GatherBytes(comm, be, mine)
 		if err != nil {
 			return fmt.Errorf("bench: %w", err)

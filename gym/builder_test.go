@@ -579,3 +579,30 @@ func TestResolveTerminalWitnesses(t *testing.T) {
 		t.Fatalf("collapse: %+v", got)
 	}
 }
+
+// Spec §3.5 step 9 groups retries by parent first: two calls with the same
+// prompt under different parents are not retries of each other. Roots a
+// and b end on the same tokens (1 2 | 3 4 and 1 2 3 | 4), so their
+// children c and d share a prompt; both builders keep all four calls, with
+// no unresolved retry (grouped by prompt alone, c and d would be an
+// ambiguous retry and mask the rollout).
+func TestSamePromptUnderDifferentParentsIsNoRetry(t *testing.T) {
+	calls := []TokenEntry{
+		call("a", toks(1, 2), toks(3, 4), ""),
+		call("b", toks(1, 2, 3), toks(4), ""),
+		call("c", toks(1, 2, 3, 4, 5), toks(6), "a"),
+		call("d", toks(1, 2, 3, 4, 5), toks(7), "b"),
+	}
+	for _, b := range builders {
+		env, out := mustEnvelope(t, b, calls, "")
+		if len(out.Notes.UnresolvedRetries) != 0 || len(out.Quarantined) != 0 {
+			t.Errorf("%s: unresolved retries %v, quarantined %v", b, out.Notes.UnresolvedRetries, out.Quarantined)
+		}
+		owned := ownedSamples(env)
+		for _, id := range []string{"a", "b", "c", "d"} {
+			if _, ok := owned[id]; !ok {
+				t.Errorf("%s: %s not owned: %v", b, id, traceCallIDs(env))
+			}
+		}
+	}
+}
