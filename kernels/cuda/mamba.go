@@ -264,7 +264,7 @@ func (b *Backend) SSMScanBackward(dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtR
 		pu(dS), pu(dec), pa(dy), pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pu(ct0), pu(cseg), pa(tree.Offs),
 		ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
 	PN := s.MP * s.DS
-	b.launch("ssd_bwd_states", rw(reads(tree.Offs, tree.Parent, tree.Ends)).plus(ckBytes+NS*st+4*nck*mh, ckBytes+NS*st).with(2*nck*st/4, 0),
+	b.launch("ssd_bwd_states", rw(reads(tree.Offs, tree.Parent, tree.Ends)).plus(ckBytes+NS*st+4*nck*mh, ckBytes+NS*st).with(2*(int64(T)*st/4)/mambaQ, 0),
 		s.MH*ceilDiv(PN, mambaThreads), 1, 1, mambaThreads, 0,
 		pu(dS), pu(dsin), pu(dec), pa(tree.Offs), pa(tree.Parent), pa(tree.Ends), ia(tree.NS), ia(s.MH), ia(PN))
 	b.launch(chunk, rw(reads(dy, dtRaw, dtBias, aLog, d, tree.Offs), dxbc, ddtRaw).plus(c.chunkRead+2*ckBytes+8*nck, 12*nck*mh).with(c.chunkFLOPs, 0),

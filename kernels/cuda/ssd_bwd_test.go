@@ -223,3 +223,58 @@ func TestSSDBackwardBitwiseAcrossSeeds(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestLedgerSSDBackward: the chunked backward's launches on the metering
+// device at Nemotron-3-Nano's head shape, 4 sequences of 1024 tokens (16
+// chunks of 64 each): their grids, shared memory and FLOPs counted from
+// the algorithm chunk by chunk. A chunk (Q rows) of a group: G = C·Bᵀ
+// (2Q²N); of a head: dM = dY·Xᵀ (2Q²P), C·S0ᵀ and B·dS1ᵀ (2QPN each),
+// dX = Mᵀ·dY (2Q²P), dC and dB (2Q(Q+P)N each); U = dYᵀ·diag(exp Λ)·C
+// (2PQN); the recurrence's multiply-add per state element and chunk.
+func TestLedgerSSDBackward(t *testing.T) {
+	b := meterBackend(t)
+	f := func(dt kernels.DType, n int) kernels.Buf {
+		x, err := b.Alloc(dt, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	const T, NS, Q = 4096, 4, 64
+	sc := kernels.Scan{MH: 64, MP: 64, G: 8, DS: 128, Chunk: 128, DtMax: float32(math.Inf(1))}
+	tree := kernels.Tree{Offs: f(kernels.I32, NS+1), Parent: f(kernels.I32, NS), Ends: f(kernels.I32, NS), NS: NS, MaxLen: T / NS, MaxCtx: T / NS}
+	xbc := f(kernels.BF16, T*sc.CD())
+	dtRaw, hb, ha, hd := f(kernels.F32, T*sc.MH), f(kernels.F32, sc.MH), f(kernels.F32, sc.MH), f(kernels.F32, sc.MH)
+	dy, dxbc, ddt := f(kernels.F32, T*sc.DI()), f(kernels.F32, T*sc.CD()), f(kernels.F32, T*sc.MH)
+	ls := opLedger(t, b, "SSMScanBackward", func() {
+		b.SSMScanBackward(dxbc, ddt, hb, ha, hd, dy, xbc, dtRaw, hb, ha, hd, tree, T, sc)
+	})
+	chunks := int64(T / Q)
+	P, N, MH, G := int64(sc.MP), int64(sc.DS), int64(sc.MH), int64(sc.G)
+	cap := T/Q + NS // the table's bound: the grids cover it
+	want := map[string]struct {
+		grid, smem int
+		flops      int64
+	}{
+		"ssd_bwd_local_bf16": {cap * sc.MH, 4 * (Q*sc.MP + Q*sc.DS + 3*Q), chunks * MH * 2 * P * Q * N},
+		"ssd_bwd_states":     {sc.MH * sc.MP * sc.DS / mambaThreads, 0, chunks * MH * P * N * 2},
+		"ssd_bwd_chunk_bf16": {cap * sc.G, 4 * (2*Q*sc.DS + 2*Q*Q + 3*Q*sc.MP + 9*Q + 32),
+			chunks * (G*2*Q*Q*N + MH*(2*Q*Q*P+2*Q*P*N+2*Q*P*N+2*Q*Q*P+2*2*Q*(Q+P)*N))},
+	}
+	seen := map[string]bool{}
+	for _, l := range ls {
+		w, ok := want[l.Kernel]
+		if !ok {
+			continue
+		}
+		seen[l.Kernel] = true
+		if l.Grid[0] != w.grid || l.Smem != w.smem || l.FLOPs != w.flops {
+			t.Errorf("%s: grid %d, %d bytes of shared memory, %d FLOPs; want %d, %d, %d", l.Kernel, l.Grid[0], l.Smem, l.FLOPs, w.grid, w.smem, w.flops)
+		}
+	}
+	for k := range want {
+		if !seen[k] {
+			t.Errorf("SSMScanBackward launched no %s", k)
+		}
+	}
+}
