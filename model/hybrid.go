@@ -167,18 +167,22 @@ type hybridActs struct {
 // hybridScratch are a hybrid model's buffers shared by every block (one
 // block's worth), sized once.
 type hybridScratch struct {
-	proj    kernels.Buf // (T, max(in_proj, q|k|v)) F32: the fused input projection's output
+	proj    kernels.Buf // (T,in_proj) F32: a Mamba block's input projection's output
+	projA   kernels.Buf // (T,q|k|v) F32: an attention block's
 	lnF     kernels.Buf // (T,C) F32: a sparse block's normed input for the fp32 router (BF16 only)
 	comb    kernels.Buf // (T,Lat) F32: the routed experts' sum in the latent space
-	tmpC    kernels.Buf // (T,C) F32: the shared expert's output
+	tmpC    kernels.Buf // (T,C) F32: the shared expert's output (dlnF's memory)
 	xp      kernels.Buf // (N,In) w: the experts' gathered inputs (in the backward first their outputs' gradient)
-	dproj   kernels.Buf // (T, max(in_proj, q|k|v)) w: the packed input-projection gradient
+	dproj   kernels.Buf // (T,in_proj) w: a Mamba block's packed input-projection gradient
+	dprojA  kernels.Buf // (T,q|k|v) w: an attention block's
 	dg, dy  kernels.Buf // (T,DI)
 	dz      kernels.Buf // (T,DI)
 	dxbc    kernels.Buf // (T,CD)
 	dxpre   kernels.Buf // (T,CD)
 	ddt     kernels.Buf // (T,MH)
-	dh, dup kernels.Buf // (T, max(I, Ish))
+	dh, dup kernels.Buf // (T,I): an MLP block's
+	dsh     kernels.Buf // (T,Ish): the shared expert's (in deh's memory)
+	dsup    kernels.Buf // (T,Ish)
 	deh     kernels.Buf // (N,Im): deh, then deup in place (the experts' dy is in xp, their dxp in ey)
 	dxin    kernels.Buf // (T,In)
 	dcomb   kernels.Buf // (T,Lat)
@@ -187,6 +191,9 @@ type hybridScratch struct {
 	// The forest of a packed micro-batch of sequences for the conv and the
 	// scan (its non-empty sequences as roots).
 	forestOffs, forestParent, forestEnds kernels.Buf // (S+1), (S), (S) I32
+	// Each scan piece's offsets from 0 (scanPieces), when S is more than
+	// one scan runs.
+	pieceOffs kernels.Buf // (pieceSlots(S)) I32
 }
 
 // layoutBlock plans one block's saved activations of kind k (layerActs'
@@ -319,21 +326,60 @@ func (m *Model) layoutHybrid() *actPlan {
 	}
 	hs := &m.hs
 	*hs = hybridScratch{}
-	projW := 0
+	qkvN := qn + 2*kn
+	// Each kind's own scratch. A Mamba block's in_proj output is read by
+	// its forward alone, its gradients by its backward alone (a
+	// recomputed forward ends before the backward begins): they share
+	// memory, and dg and dy are spent (by the gated norm's and the scan's
+	// backward) before the conv's backward writes dxpre.
 	if nM > 0 {
-		projW = mc.InProj()
+		P := mc.InProj()
+		kinds[LayerMamba] = append(kinds[LayerMamba], func() {
+			fwd := func() { f.add(&hs.proj, T*P) }
+			if m.forwardOnly {
+				fwd()
+				return
+			}
+			p.union(fwd, func() {
+				f.add(&hs.dz, T*DI)
+				f.add(&hs.dxbc, T*CD)
+				f.add(&hs.ddt, T*MH)
+				p.union(func() {
+					f.add(&hs.dg, T*DI)
+					f.add(&hs.dy, T*DI)
+				}, func() { f.add(&hs.dxpre, T*CD) })
+				w.add(&hs.dproj, T*P)
+			})
+		})
 	}
 	if nA > 0 {
-		projW = max(projW, qn+2*kn)
-	}
-	if projW > 0 {
-		f.add(&hs.proj, T*projW)
+		kinds[LayerAttention] = append(kinds[LayerAttention], func() {
+			f.add(&hs.projA, T*qkvN)
+			if m.forwardOnly {
+				return
+			}
+			f.add(&m.datt, T*qn)
+			f.add(&m.dq, T*qn)
+			f.add(&m.dk, T*kn)
+			f.add(&m.dv, T*kn)
+			if bf16 {
+				w.add(&m.dattW, T*qn)
+			}
+			w.add(&hs.dprojA, T*qkvN)
+		})
 	}
 	if nE > 0 {
 		f.add(&m.rlogits, T*E)
 		kinds[LayerMoE] = append(kinds[LayerMoE], func() {
 			w.add(&hs.xp, N*In)
-			f.add(&hs.tmpC, T*C)
+			// The shared expert's output (read by the forward's tail
+			// alone) and the router input's gradient (the backward's
+			// last) share memory.
+			p.union(func() { f.add(&hs.tmpC, T*C) }, func() {
+				if bf16 && !m.forwardOnly {
+					f.add(&hs.dlnF, T*C)
+				}
+			})
 			if bf16 {
 				f.add(&hs.lnF, T*C)
 			}
@@ -355,52 +401,25 @@ func (m *Model) layoutHybrid() *actPlan {
 		if bf16 {
 			w.add(&m.dxW, T*C)
 		}
-		if projW > 0 {
-			w.add(&hs.dproj, T*projW)
-		}
-		if nM > 0 {
-			kinds[LayerMamba] = append(kinds[LayerMamba], func() {
-				for _, x := range []*kernels.Buf{&hs.dg, &hs.dy, &hs.dz} {
-					f.add(x, T*DI)
-				}
-				f.add(&hs.dxbc, T*CD)
-				f.add(&hs.dxpre, T*CD)
-				f.add(&hs.ddt, T*MH)
-			})
-		}
-		if nA > 0 {
-			kinds[LayerAttention] = append(kinds[LayerAttention], func() {
-				f.add(&m.datt, T*qn)
-				f.add(&m.dq, T*qn)
-				f.add(&m.dk, T*kn)
-				f.add(&m.dv, T*kn)
-				if bf16 {
-					w.add(&m.dattW, T*qn)
-				}
-			})
-		}
-		width := 0
 		if nL > 0 {
-			width = c.IntermediateSize
-		}
-		if nE > 0 {
-			width = max(width, Ish)
-		}
-		if width > 0 {
-			f.add(&hs.dh, T*width)
-			f.add(&hs.dup, T*width)
+			kinds[LayerMLP] = append(kinds[LayerMLP], func() {
+				f.add(&hs.dh, T*c.IntermediateSize)
+				f.add(&hs.dup, T*c.IntermediateSize)
+			})
 		}
 		if nE > 0 {
 			kinds[LayerMoE] = append(kinds[LayerMoE], func() {
-				f.add(&hs.deh, N*Im) // deup too, in place (hybridMoEBackward)
+				// The shared expert's gradients are spent before deh
+				// is first written (hybridMoEBackward).
+				p.union(func() {
+					f.add(&hs.dsh, T*Ish)
+					f.add(&hs.dsup, T*Ish)
+				}, func() { f.add(&hs.deh, N*Im) }) // deup too, in place
 				f.add(&hs.dxin, T*In)
 				f.add(&m.drw, T*K)
 				f.add(&m.dlogits, T*E)
 				if Lat > 0 {
 					f.add(&hs.dcomb, T*Lat)
-				}
-				if bf16 {
-					f.add(&hs.dlnF, T*C)
 				}
 			})
 		}
@@ -436,6 +455,9 @@ func (m *Model) layoutHybrid() *actPlan {
 		p.i.add(&hs.forestOffs, S+1)
 		p.i.add(&hs.forestParent, S)
 		p.i.add(&hs.forestEnds, S)
+		if n := pieceSlots(S); n > 0 {
+			p.i.add(&hs.pieceOffs, n)
+		}
 	}
 	if m.opt.Tree {
 		f.add(&m.xfP, T*C)

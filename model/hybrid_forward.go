@@ -22,8 +22,25 @@ package model
 
 import "github.com/tracegrpo/tracegrpo/kernels"
 
+// scanPieceSegs bounds the sequences one scan over a packed micro-batch
+// runs on: a backend's scan scratch grows with its segments (the CUDA
+// backend keeps each segment's final state, its initial-state gradient,
+// a checkpoint and a chunk's state gradient more, kernels/cuda/workspace.go
+// scanWork: 8 MiB a segment at Nemotron-3-Nano's 64 heads of 64 × 128), so a forest of more
+// sequences runs as consecutive scans of at most this many. The sequences
+// are independent; the results are a single scan's, but for the order in
+// which dt_bias, A_log and D sum their gradients (piece by piece). A
+// tree runs as one scan (its segments depend on each other).
+var scanPieceSegs = 16
+
+// scanPiece is one scan of a forest: its sequences [s0, s0+n), tokens
+// [t0, t0+t), and its offsets from 0 at at in forestPieces.
+type scanPiece struct{ s0, n, t0, t, at int }
+
 // stageForest uploads the forest of the staged sequences (its non-empty
-// ones, as roots) for the conv and the scan.
+// ones, as roots) for the conv and the scan, and the offsets of each
+// scan piece (scanPieceSegs) when it has more sequences than one scan
+// runs.
 func (m *Model) stageForest(cu []int32) {
 	if m.hs.forestOffs.N == 0 {
 		return
@@ -44,6 +61,30 @@ func (m *Model) stageForest(cu []int32) {
 		m.b.UploadI32(m.hs.forestParent.Slice(0, n), parent)
 		m.b.UploadI32(m.hs.forestEnds.Slice(0, n), ends)
 	}
+	m.pieces = m.pieces[:0]
+	if n <= scanPieceSegs {
+		return
+	}
+	po := m.hPieceOffs[:0]
+	for s0 := 0; s0 < n; s0 += scanPieceSegs {
+		k := min(scanPieceSegs, n-s0)
+		t0 := offs[s0]
+		m.pieces = append(m.pieces, scanPiece{s0: s0, n: k, t0: int(t0), t: int(offs[s0+k] - t0), at: len(po)})
+		for s := s0; s <= s0+k; s++ {
+			po = append(po, offs[s]-t0)
+		}
+	}
+	m.hPieceOffs = po
+	m.b.UploadI32(m.hs.pieceOffs.Slice(0, len(po)), po)
+}
+
+// pieceSlots is the offsets forestPieces holds for S sequences: each
+// piece's n+1.
+func pieceSlots(S int) int {
+	if S <= scanPieceSegs {
+		return 0
+	}
+	return S + (S+scanPieceSegs-1)/scanPieceSegs
 }
 
 // mixerTree is the tree the conv and the scan run over: the staged token
@@ -55,6 +96,21 @@ func (m *Model) mixerTree() kernels.Tree {
 	n := m.forestNS
 	return kernels.Tree{Offs: m.hs.forestOffs.Slice(0, n+1), Parent: m.hs.forestParent.Slice(0, n), Ends: m.hs.forestEnds.Slice(0, n),
 		NS: n, MaxLen: m.lastMaxLen, MaxCtx: m.lastMaxLen}
+}
+
+// scanPieces calls f for each scan the mixers run: the whole mixerTree
+// (piece {0, NS, 0, T}), or each piece of a forest of more than
+// scanPieceSegs sequences, as a forest of its own from token 0.
+func (m *Model) scanPieces(f func(tree kernels.Tree, p scanPiece)) {
+	if m.lastTree || len(m.pieces) == 0 {
+		f(m.mixerTree(), scanPiece{n: m.forestNS, t: m.lastT})
+		return
+	}
+	for _, p := range m.pieces {
+		offs := m.hs.pieceOffs.Slice(p.at, p.n+1)
+		f(kernels.Tree{Offs: offs, Parent: m.hs.forestParent.Slice(0, p.n), Ends: m.hs.pieceOffs.Slice(p.at+1, p.n),
+			NS: p.n, MaxLen: m.lastMaxLen, MaxCtx: m.lastMaxLen}, p)
+	}
 }
 
 // hybridBody queues block l from its normed input la[l].ln1 up to the op
@@ -131,9 +187,15 @@ func (m *Model) mambaBody(l int) {
 		final = m.dec.final.Slice(0, m.forestNS*c.ssmState()) // the sampler keeps each prompt's
 		fallthrough
 	default:
-		tree := m.mixerTree()
-		mb.Conv1D(xbc, xpre, w.conv, w.convBias, tree, T, CD, mc.ConvKernel)
-		mb.SSMScan(y, final, xbc, dt, w.dtBias, w.aLog, w.dD, tree, T, c.scan())
+		mb.Conv1D(xbc, xpre, w.conv, w.convBias, m.mixerTree(), T, CD, mc.ConvKernel)
+		SS := c.ssmState()
+		m.scanPieces(func(tree kernels.Tree, p scanPiece) {
+			fin := final
+			if fin.N > 0 {
+				fin = final.Slice(p.s0*SS, p.n*SS)
+			}
+			mb.SSMScan(y.Slice(p.t0*DI, p.t*DI), fin, xbc.Slice(p.t0*CD, p.t*CD), dt.Slice(p.t0*MH, p.t*MH), w.dtBias, w.aLog, w.dD, tree, p.t, c.scan())
+		})
 	}
 	mb.GatedRMSNorm(h.g.Slice(0, T*DI), h.grs.Slice(0, T*G), y, z, w.mnorm, T, DI, DI/G, c.RMSNormEps)
 }
@@ -145,7 +207,7 @@ func (m *Model) hybridAttnBody(l int) {
 	qn, kn := c.NumAttentionHeads*c.HeadDim, c.NumKeyValueHeads*c.HeadDim
 	qkvN := qn + 2*kn
 	a, gw := &m.la[l], &m.gw[l]
-	qkv := m.hs.proj.Slice(0, T*qkvN)
+	qkv := m.hs.projA.Slice(0, T*qkvN)
 	b.Matmul(qkv, a.ln1.Slice(0, T*C), gw.qkv, T, C, qkvN)
 	q, k, v := a.q.Slice(0, T*qn), a.k.Slice(0, T*kn), a.v.Slice(0, T*kn)
 	b.CopyCols(q, qkv, T, qn, qn, qkvN)
@@ -209,11 +271,14 @@ func (m *Model) mambaBackward(l int) {
 	b.MatmulBackward(dg, dw.outProj, m.gemmGrad(dx, m.dxW), tc(h.g, DI), gw.outProj, T, DI, C)
 	dy, dz := tc(hs.dy, DI), tc(hs.dz, DI)
 	mb.GatedRMSNormBackward(dy, dz, dw.mnorm, dg, tc(h.y, DI), tc(h.z, DI), w.mnorm, tc(h.grs, G), T, DI, DI/G)
-	tree := m.mixerTree()
 	dxbc, ddt := tc(hs.dxbc, CD), tc(hs.ddt, MH)
-	mb.SSMScanBackward(dxbc, ddt, dw.dtBias, dw.aLog, dw.dD, dy, tc(h.xbc, CD), tc(h.dt, MH), w.dtBias, w.aLog, w.dD, tree, T, c.scan())
+	m.scanPieces(func(tree kernels.Tree, p scanPiece) {
+		tok := func(x kernels.Buf, n int) kernels.Buf { return x.Slice(p.t0*n, p.t*n) }
+		mb.SSMScanBackward(tok(dxbc, CD), tok(ddt, MH), dw.dtBias, dw.aLog, dw.dD, tok(dy, DI), tok(h.xbc, CD), tok(h.dt, MH),
+			w.dtBias, w.aLog, w.dD, tree, p.t, c.scan())
+	})
 	dxpre := tc(hs.dxpre, CD)
-	mb.Conv1DBackward(dxpre, dw.conv, dw.convBias, dxbc, tc(h.xpre, CD), w.conv, w.convBias, tree, T, CD, mc.ConvKernel)
+	mb.Conv1DBackward(dxpre, dw.conv, dw.convBias, dxbc, tc(h.xpre, CD), w.conv, w.convBias, m.mixerTree(), T, CD, mc.ConvKernel)
 	dproj := tc(hs.dproj, P)
 	b.CopyCols(dproj, dz, T, DI, P, DI)
 	b.CopyCols(dproj.Slice(DI, T*P-DI), dxpre, T, CD, P, CD)
@@ -237,7 +302,7 @@ func (m *Model) hybridAttnBackward(l int) {
 	b.MatmulBackward(datt, dw.o, m.gemmGrad(dx, m.dxW), tc(a.att, qn), gw.o, T, qn, C)
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH), tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
-	dqkv := tc(m.hs.dproj, qkvN)
+	dqkv := tc(m.hs.dprojA, qkvN)
 	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
 	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
 	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)

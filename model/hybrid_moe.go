@@ -128,7 +128,7 @@ func (m *Model) hybridMoEBackward(l int) {
 	dxW := m.gemmGrad(dx, m.dxW)
 	b.Fill(dln, 0)
 	// The shared expert: out += relu(ln·Wsupᵀ)²·Wsdownᵀ.
-	dsh, dsup := tc(hs.dh, Ish), tc(hs.dup, Ish)
+	dsh, dsup := tc(hs.dsh, Ish), tc(hs.dsup, Ish)
 	b.Fill(dsh, 0)
 	b.MatmulBackward(dsh, dw.shDown, dxW, tc(h.sh, Ish), gw.shDown, T, Ish, C)
 	m.mamba.ReLU2Backward(dsup, dsh, tc(h.sup, Ish), T*Ish)

@@ -46,8 +46,13 @@ type Options struct {
 	// Tree sizes the buffers ForwardTree needs beyond Forward's: the final
 	// layer's output gathered for the LM head's pairs (MaxTokens rows of
 	// C floats) and the tree's parents, subtree ends and pair rows (I32).
-	// MaxSeqs then bounds a tree's segments.
+	// MaxSeqs then bounds a tree's segments, or MaxTreeSegs when smaller.
 	Tree bool
+	// MaxTreeSegs, when positive and below MaxSeqs, is the most segments
+	// of a tree ForwardTree takes (0: MaxSeqs). A hybrid model's Mamba
+	// scan holds a state of every head for each segment of its tree
+	// (scanPieces), so a trainer packs its trees smaller.
+	MaxTreeSegs int
 	// HeadFilter makes the LM head's distribution NeMo RL's top-k/top-p
 	// filtered one (policy.generation.top_k and top_p, kernels.TopKTopP):
 	// Forward's logprob is log p_K(token), −Inf where the token is
@@ -72,6 +77,9 @@ func (o Options) normalized() (Options, error) {
 	}
 	if o.MaxSeqs <= 0 {
 		o.MaxSeqs = o.MaxTokens
+	}
+	if o.MaxTreeSegs <= 0 || o.MaxTreeSegs > o.MaxSeqs {
+		o.MaxTreeSegs = o.MaxSeqs
 	}
 	if o.MaxSeqLen <= 0 {
 		o.MaxSeqLen = o.MaxTokens
@@ -272,9 +280,11 @@ type Model struct {
 
 	// Host staging, sized once.
 	hTokens, hPos, hTarget, hCu []int32
-	hParent, hEnds, hAnc, hIdx  []int32 // trees only
-	hForest, hFParent, hFEnds   []int32 // a hybrid model's forest of sequences (S+1, S, S)
-	forestNS                    int     // the staged forest's segments
+	hParent, hEnds, hAnc, hIdx  []int32     // trees only
+	hForest, hFParent, hFEnds   []int32     // a hybrid model's forest of sequences (S+1, S, S)
+	forestNS                    int         // the staged forest's segments
+	pieces                      []scanPiece // the staged forest's scans, when more than one (scanPieces)
+	hPieceOffs                  []int32     // their offsets (pieceSlots)
 	hStack                      []int32
 	hLp, hEnt, hDlp             []float32
 	outLp, outEnt               []float32
@@ -482,6 +492,7 @@ func (m *Model) hostStaging() {
 	}
 	if m.hs.forestOffs.N > 0 {
 		m.hForest, m.hFParent, m.hFEnds = make([]int32, 1, S+1), make([]int32, 0, S), make([]int32, 0, S)
+		m.hPieceOffs = make([]int32, 0, pieceSlots(S))
 	}
 	m.hLp, m.hEnt, m.hDlp = make([]float32, T), make([]float32, T), make([]float32, T)
 	m.outLp, m.outEnt = make([]float32, T), make([]float32, T)

@@ -323,7 +323,7 @@ func (m *Model) stageMTP(tokens, cu []int32, need []bool) {
 			}
 		}
 		s.lastT, s.lastS, s.lastMaxLen, s.lastInvTemp = m.lastT, m.lastS, m.lastMaxLen, 1
-		s.lastTree, s.forestNS = false, m.forestNS
+		s.lastTree, s.forestNS, s.pieces = false, m.forestNS, m.pieces
 		if T > 0 {
 			m.b.UploadI32(s.tokens.Slice(0, T), tok)
 			m.b.UploadI32(s.target.Slice(0, T), tgt)

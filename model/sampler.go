@@ -293,6 +293,22 @@ func SamplerWorkload(cfg Config, opt Options, maxBatch, maxLen int) (kernels.Wor
 	w := m.workload(false)
 	C, I, HD, NH, NKV, V := cfg.HiddenSize, cfg.IntermediateSize, cfg.HeadDim, cfg.NumAttentionHeads, cfg.NumKeyValueHeads, cfg.VocabSize
 	B := maxBatch
+	if cfg.Hybrid() {
+		// A decode step runs the model's own blocks on one row a slot
+		// (decodeHybrid): their GEMMs, norms and experts at B rows, the
+		// Mamba blocks' decoding forms (no scratch) for conv and scan.
+		d := *m
+		d.opt.MaxTokens, d.opt.MaxSeqs, d.opt.MaxSeqLen = B, B, 1
+		dw := d.hybridWorkload(false)
+		w.GEMMs = append(append(w.GEMMs, dw.GEMMs...), kernels.GEMM{T: B, C: C, OC: V})
+		w.RowNorms = append(w.RowNorms, dw.RowNorms...)
+		w.Grouped = append(w.Grouped, dw.Grouped...)
+		w.Routes = append(w.Routes, dw.Routes...)
+		if cfg.CountLayers(LayerAttention) > 0 {
+			w.Decode = []kernels.Decode{{B: B, Tmax: maxLen, NH: NH, NKV: NKV, HD: HD}}
+		}
+		return w, nil
+	}
 	w.GEMMs = append(w.GEMMs, kernels.GEMM{T: B, C: C, OC: NH * HD}, kernels.GEMM{T: B, C: C, OC: NKV * HD},
 		kernels.GEMM{T: B, C: NH * HD, OC: C}, kernels.GEMM{T: B, C: C, OC: I}, kernels.GEMM{T: B, C: I, OC: C},
 		kernels.GEMM{T: B, C: C, OC: V})

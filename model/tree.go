@@ -91,8 +91,8 @@ func (m *Model) stageTree(tr Tree, temperature float32) error {
 	switch {
 	case T > m.opt.MaxTokens:
 		return fmt.Errorf("model: forward tree: %d tokens exceed Options.MaxTokens %d", T, m.opt.MaxTokens)
-	case NS > m.opt.MaxSeqs:
-		return fmt.Errorf("model: forward tree: %d segments exceed Options.MaxSeqs %d", NS, m.opt.MaxSeqs)
+	case NS > m.opt.MaxTreeSegs:
+		return fmt.Errorf("model: forward tree: %d segments exceed Options.MaxSeqs %d or MaxTreeSegs %d", NS, m.opt.MaxSeqs, m.opt.MaxTreeSegs)
 	case P > m.opt.MaxTokens:
 		return fmt.Errorf("model: forward tree: %d pairs exceed Options.MaxTokens %d", P, m.opt.MaxTokens)
 	case len(tr.Labels) != P:

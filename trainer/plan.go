@@ -268,6 +268,31 @@ func shapeOf(c *config.Config, backend string, rows, seq int, builtin, sparse bo
 	return s, nil
 }
 
+// mambaTreeSegs is the most segments of a packed tree of a model with
+// Mamba blocks: its scans keep a state of every head for each segment of
+// a tree (at Nemotron-3-Nano's 64 × 64 × 128, 6 MiB a segment in the CUDA
+// backend's scratch: each one's final state, initial-state gradient and
+// a checkpoint), where a micro-batch of 49,152 tokens may otherwise hold
+// 24,577 segments. A tree of more is packed as more micro-batches
+// (grpo.PackTrees).
+const mambaTreeSegs = 32
+
+// limitTrees caps the trees of a model with Mamba blocks at
+// mambaTreeSegs segments (Options.MaxTreeSegs).
+func limitTrees(mc model.Config, s *runShape) {
+	if s.opt.Tree && mc.CountLayers(model.LayerMamba) > 0 {
+		s.opt.MaxTreeSegs = min(s.opt.MaxSeqs, mambaTreeSegs)
+	}
+}
+
+// treeSegs is the most segments of a tree a run packs.
+func treeSegs(opt model.Options) int {
+	if opt.MaxTreeSegs > 0 {
+		return min(opt.MaxTreeSegs, opt.MaxSeqs)
+	}
+	return opt.MaxSeqs
+}
+
 // trainUnfiltered makes the training head ignore policy.generation's
 // filter (the sampler still applies it): tests show with it what the
 // filter changes.
@@ -306,6 +331,7 @@ func PlanRun(req PlanRequest) (p *MemPlan, err error) {
 	if err != nil {
 		return nil, err
 	}
+	limitTrees(req.Model, &sh)
 	if err := checkTopK(c, req.Model.VocabSize); err != nil {
 		return nil, err
 	}
@@ -560,8 +586,13 @@ func mergeWorkloads(a, b kernels.Workload) kernels.Workload {
 	a.RowNorms = append(a.RowNorms, b.RowNorms...)
 	a.Biases = append(a.Biases, b.Biases...)
 	a.Attention = append(a.Attention, b.Attention...)
+	a.Trees = append(a.Trees, b.Trees...)
 	a.Decode = append(a.Decode, b.Decode...)
 	a.SumSquares = append(a.SumSquares, b.SumSquares...)
+	a.Grouped = append(a.Grouped, b.Grouped...)
+	a.Routes = append(a.Routes, b.Routes...)
+	a.Scans = append(a.Scans, b.Scans...)
+	a.Convs = append(a.Convs, b.Convs...)
 	return a
 }
 

@@ -562,10 +562,11 @@ func (t *Trainer) newModels() error {
 	if err != nil {
 		return err
 	}
+	limitTrees(t.modelCfg, &sh)
 	if err := checkTopK(c, t.modelCfg.VocabSize); err != nil {
 		return err
 	}
-	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, sh.opt.MaxSeqs, sh.opt.Tree
+	t.maxTokens, t.maxSegs, t.shared = sh.opt.MaxTokens, treeSegs(sh.opt), sh.opt.Tree
 	if on, _ := c.SharedPrefixOn(); on && !t.shared && t.modelCfg.MTP.Depths > 0 {
 		// Depth k's inputs at a prefix's last k positions are the next
 		// tokens of each trace: they differ across a branch point.

@@ -132,6 +132,7 @@ var sm90Facts = map[string]KernelFacts{
 	"ssd_bwd_local_bf16":             {Regs: 64, StaticSmem: 0, HMMA: 3},
 	"ssd_bwd_params":                 {Regs: 48, StaticSmem: 0, HMMA: 0},
 	"ssd_bwd_states":                 {Regs: 32, StaticSmem: 0, HMMA: 0},
+	"ssd_scan_fwd_bf16":              {Regs: 115, StaticSmem: 0, HMMA: 108},
 	"ssm_bc_reduce":                  {Regs: 42, StaticSmem: 0, HMMA: 0},
 	"ssm_decode":                     {Regs: 32, StaticSmem: 0, HMMA: 0},
 	"ssm_decode_bf16":                {Regs: 32, StaticSmem: 0, HMMA: 0},

@@ -71,6 +71,13 @@ func TestLedgerWritesMambaEmu(t *testing.T) {
 	b.Conv1DBackward(dinp, dw, db, dout, inp, w, bias, tree, T, CD, KW)
 	b.SSMScan(y, final, out, dtRaw, hb, ha, hd, tree, T, sc)
 	b.SSMScan(y, kernels.Buf{}, out, dtRaw, hb, ha, hd, tree, T, sc)
+	out16, err := b.Alloc(kernels.BF16, T*CD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Convert(out16, out)
+	b.SSMScan(y, final, out16, dtRaw, hb, ha, hd, tree, T, sc) // the chunked SSD (ssd_fwd.cu)
+	b.SSMScan(y, kernels.Buf{}, out16, dtRaw, hb, ha, hd, tree, T, sc)
 	b.SSMScanBackward(dxbc, ddt, dhb, dha, dhd, dy, out, dtRaw, hb, ha, hd, tree, T, sc)
 	b.GatedRMSNorm(gout, rstd, gy, gz, gw, T, sc.DI(), sc.DI()/2, 1e-5)
 	b.GatedRMSNormBackward(gdy, gdz, gdw, gout, gy, gz, gw, rstd, T, sc.DI(), sc.DI()/2)

@@ -298,10 +298,31 @@ func TestLedgerMamba(t *testing.T) {
 	ys, final := f(T*sc.DI()), f(NS*sc.DI()*sc.DS)
 	state := int64(4) * int64(sc.DI()) * int64(sc.DS)
 	ins := 2*tcd + 4*int64(T*sc.MH) + 12*int64(sc.MH)
-	s = sumOf(opLedger(t, b, "SSMScan", func() { b.SSMScan(ys, final, xbc, dtRaw, hb, ha, hd, tree, T, sc) }))
+	ssd := opLedger(t, b, "SSMScan", func() { b.SSMScan(ys, final, xbc, dtRaw, hb, ha, hd, tree, T, sc) })
+	s = sumOf(ssd)
 	want5 := 5 * int64(T) * int64(sc.DI()) * int64(sc.DS)
-	if s.flops != want5 {
-		t.Errorf("SSMScan: %d FLOPs, want %d (5 a state element a token)", s.flops, want5)
+	// The chunked SSD on tensor cores (bf16 xbc): per chunk of 64 tokens
+	// and head, the products of its four p-tiles of 16 columns (64/16):
+	// C·S0ᵀ (64×128·128×16) and Xwᵀ·B (16×64·64×128) twice each (hi, lo),
+	// C·Bᵀ's 10 causal 16×16 tiles over 128, and those tiles times X
+	// (16×16·16×16) twice.
+	perChunk := int64(2*2*64*128*16 + 2*10*16*16*128 + 2*2*10*16*16*16 + 2*2*16*64*128)
+	if wantSSD := int64(T/64) * int64(sc.MH) * 4 * perChunk; s.flops != wantSSD || len(ssd) != 2 || ssd[1].Kernel != "ssd_scan_fwd_bf16" ||
+		ssd[1].Grid != [3]int{4, sc.MH, 1} || ssd[1].Smem != ssdSmem {
+		t.Errorf("SSMScan (bf16): %d FLOPs in %+v, want %d in tree_check and one ssd_scan_fwd_bf16 of grid (4, %d, 1) and %d bytes of shared memory", s.flops, ssd, wantSSD, sc.MH, ssdSmem)
+	}
+	// An fp32 xbc, or a state over 128, keeps the sequential recurrence.
+	// (Each SSMScan first checks the tree: tree_check.)
+	xf := f(T * CD)
+	if seq := opLedger(t, b, "SSMScan", func() { b.SSMScan(ys, final, xf, dtRaw, hb, ha, hd, tree, T, sc) }); len(seq) != 2 ||
+		seq[1].Kernel != "ssm_scan_fwd" || seq[1].FLOPs != want5 {
+		t.Errorf("SSMScan (fp32): %+v, want tree_check and one ssm_scan_fwd of %d FLOPs (5 a state element a token)", seq, want5)
+	}
+	big := kernels.Scan{MH: 8, MP: 16, G: 1, DS: 256, Chunk: 128, DtMax: sc.DtMax}
+	if seq := opLedger(t, b, "SSMScan", func() {
+		b.SSMScan(f(T*big.DI()), kernels.Buf{}, alloc(kernels.BF16, T*big.CD()), f(T*8), f(8), f(8), f(8), tree, T, big)
+	}); len(seq) != 2 || seq[1].Kernel != "ssm_scan_fwd_bf16" {
+		t.Errorf("SSMScan (bf16, DS 256): %+v, want tree_check and one ssm_scan_fwd_bf16", seq)
 	}
 	within(t, "SSMScan bytes written", s.write, 4*int64(T*sc.DI())+NS*state, 4*int64(T*sc.DI())+NS*state)
 	within(t, "SSMScan bytes read", s.read, ins, ins+2*treeBytes+NS*state)

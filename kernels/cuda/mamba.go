@@ -5,12 +5,14 @@ package cuda
 // Nemotron-H's ops (kernels.Mamba): csrc/mamba.cu. Every call over a tree
 // first runs tree_check (the rules of kernels.Tree, a data error when one
 // breaks), and the conv's backward mamba_tree_anc (each segment's context
-// start) into scratch. The scan is the sequential recurrence, one block per
-// head (see csrc/mamba.cu); its backward is the chunked SSD algorithm of
-// csrc/ssd_bwd.cu over the chunks of mambaQ tokens that start at the
-// checkpoints the forward pass it reruns leaves in scratch. (mamba.cu's
-// sequential ssm_scan_bwd, which it replaced, is its reference in
-// ssd_bwd_test.go.)
+// start) into scratch. The scan's forward on a bf16 xbc is the chunked SSD
+// on tensor cores (ssd_fwd.go, csrc/ssd_fwd.cu), else the sequential
+// recurrence, one block per head (see csrc/mamba.cu); its backward is the
+// chunked SSD algorithm of csrc/ssd_bwd.cu over the chunks of mambaQ tokens
+// that start at the checkpoints the sequential forward it reruns leaves in
+// scratch (ssd_scan_fwd_bf16 writes the same checkpoints, to the same
+// layout). mamba.cu's sequential ssm_scan_bwd, which it replaced, is its
+// reference in ssd_bwd_test.go.
 
 import (
 	"fmt"
@@ -156,10 +158,6 @@ func checkScan(op string, T int, s kernels.Scan) {
 		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan kernels hold at most %d state elements a head (MP ≤ %d)",
 			op, s.MP, s.DS, mambaThreads*mambaEPT, mambaMaxMP))
 	}
-	if ssdChunkSmem(s) > ssdMaxSmem {
-		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan backward's %d bytes of shared memory are over sm_80's %d",
-			op, s.MP, s.DS, ssdChunkSmem(s), ssdMaxSmem))
-	}
 }
 
 // scanSmem is the forward scan's shared memory: the state, x, B and C.
@@ -216,6 +214,12 @@ func (b *Backend) SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tre
 	}
 	c := rw(reads(xbc, dtRaw, dtBias, aLog, d, tree.Offs, tree.Parent), append([]kernels.Buf{y}, fv...)...).
 		plus(int64(tree.NS)*stateBytes(s), finBytes).with(scanFLOPs(T, s), 0)
+	if ssdForward(dt, s) { // the chunked SSD on tensor cores (ssd_fwd.go)
+		b.launch("ssd_scan_fwd_bf16", c.with(ssdFLOPs(T, s), 0), ceilDiv(s.MP, ssdPT), s.MH, 1, ssdThreads, ssdSmem,
+			pa(y), pu(fin), 0, pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent),
+			ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
+		return
+	}
 	b.launch(name, c, s.MH, 1, 1, mambaThreads, scanSmem(s),
 		pa(y), pu(fin), 0, pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent),
 		ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
@@ -280,6 +284,10 @@ func (b *Backend) SSMScanBackward(dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtR
 // dtype.
 func checkScanBackward(op string, dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tree kernels.Tree, T int, s kernels.Scan) kernels.DType {
 	checkScan(op, T, s)
+	if ssdChunkSmem(s) > ssdMaxSmem {
+		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan backward's %d bytes of shared memory are over sm_80's %d",
+			op, s.MP, s.DS, ssdChunkSmem(s), ssdMaxSmem))
+	}
 	checkMambaTree(op, tree, T)
 	dt := operands(op+" xbc", xbc)
 	want(dxbc, kernels.F32, T*s.CD(), op+" dxbc")

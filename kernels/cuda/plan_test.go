@@ -151,3 +151,68 @@ func TestSparsePlanEqualsAllocatedEmu(t *testing.T) {
 type unwrapOnly struct{ kernels.Backend }
 
 func (u unwrapOnly) Unwrap() kernels.Backend { return u.Backend }
+
+// TestHybridPlanEqualsAllocatedEmu: a tiny Nemotron-H model's memory plan
+// (its arenas, and the backend's scratch for its workload: the Mamba
+// scan's states, checkpoints and dB/dC partials, the conv's and the gated
+// norm's partials, the expert counts) equals what the backend holds after
+// a training step, byte for byte: fp32 and bf16, a micro-batch of more
+// sequences than one scan runs (the scans in pieces).
+func TestHybridPlanEqualsAllocatedEmu(t *testing.T) {
+	cfg, err := model.LoadConfig("../../model/testdata/nh_blocks/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lens := []int{3, 1, 5, 2, 4, 6, 2, 3, 1, 7, 2, 2, 5, 3, 4, 1, 2, 6, 3, 2} // 20 sequences
+	cu := []int32{0}
+	for _, n := range lens {
+		cu = append(cu, cu[len(cu)-1]+int32(n))
+	}
+	T := int(cu[len(cu)-1])
+	tokens := make([]int32, T)
+	for i := range tokens {
+		tokens[i] = int32((i*29 + 3) % cfg.VocabSize)
+	}
+	for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
+		t.Run(prec.String(), func(t *testing.T) {
+			be := cuda.EmuBackend(t, cuda.Options{})
+			opt := model.Options{MaxTokens: T, MaxSeqs: len(lens), MaxSeqLen: 8, Precision: prec, Recompute: true}
+			fp, err := model.PlanModel(cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			work, err := model.PlanWorkload(cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(work.Scans) != 1 {
+				t.Fatalf("the plan lists %d scans, want the Mamba blocks' one", len(work.Scans))
+			}
+			want := fp.Total() + be.PlanWorkspace(work)
+			live0, _ := be.Allocated()
+			m, err := model.New(be, cfg, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			if err := be.ReserveWorkspace(work); err != nil {
+				t.Fatal(err)
+			}
+			m.InitRandom(3)
+			if _, _, err := m.Forward(tokens, cu, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Backward(make([]float32, len(tokens))); err != nil {
+				t.Fatal(err)
+			}
+			if err := be.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			live, peak := be.Allocated()
+			if peak != want || live != peak || live0 == 0 {
+				t.Errorf("plan %d bytes (model %d + workspace %d), the backend held %d at most, %d at the end (%d before)",
+					want, fp.Total(), be.PlanWorkspace(work), peak, live, live0)
+			}
+		})
+	}
+}

@@ -114,6 +114,9 @@ var sassIntents = map[string]sassIntent{
 	"grouped_fwd":             groupedIntent(false),
 	"grouped_dinp":            groupedIntent(false),
 	"grouped_dw":              groupedIntent(false),
+	// The Mamba-2 scan's chunked SSD forward (csrc/ssd_fwd.cu): bf16 on
+	// tensor cores, at least two blocks per SM at its dynamic shared memory.
+	"ssd_scan_fwd_bf16": {tensorCores: true, minBlocks: 2, threads: ssdThreads, dynSmem: func() (int, string) { return ssdSmem, "DS ≤ 128" }},
 }
 
 // ssdIntent: at Nemotron-3-Nano's head shape (MP 64, DS 128).

@@ -17,8 +17,8 @@ import (
 // reference on the device), and its bits across the emulator's schedule
 // seeds. kerneltest's SSMScan case checks it against kernels/cpu.
 
-// ssdCase is one scan backward's inputs on the host.
-type ssdCase struct {
+// ssdBwdCase is one scan backward's inputs on the host.
+type ssdBwdCase struct {
 	name                        string
 	offs, parent, ends          []int32
 	s                           kernels.Scan
@@ -27,13 +27,13 @@ type ssdCase struct {
 	dy, ddtBias0, daLog0, dd0   []float32
 }
 
-func (c *ssdCase) T() int  { return int(c.offs[len(c.offs)-1]) }
-func (c *ssdCase) NS() int { return len(c.parent) }
+func (c *ssdBwdCase) T() int  { return int(c.offs[len(c.offs)-1]) }
+func (c *ssdBwdCase) NS() int { return len(c.parent) }
 
-// ssdCases: packed rows the chunk (64) does not divide, a tree (a root of
+// ssdBwdCases: packed rows the chunk (64) does not divide, a tree (a root of
 // 150 tokens, children of 3 and 70, a grandchild of 66 under the 3), one
 // token segments, n_groups > 1 and a clamped dt, in fp32 and bf16.
-func ssdCases() []*ssdCase {
+func ssdBwdCases() []*ssdBwdCase {
 	inf := float32(math.Inf(1))
 	shapes := []kernels.Scan{
 		{MH: 4, MP: 16, G: 2, DS: 32, Chunk: 64, DtMax: inf},
@@ -55,11 +55,11 @@ func ssdCases() []*ssdCase {
 		}
 		return v
 	}
-	var out []*ssdCase
+	var out []*ssdBwdCase
 	for si, s := range shapes {
 		for _, tr := range trees {
 			for _, bf := range []bool{false, true} {
-				c := &ssdCase{name: fmt.Sprintf("%s shape%d bf16=%v", tr.name, si, bf), offs: tr.offs, parent: tr.parent, ends: tr.ends, s: s, bf16: bf}
+				c := &ssdBwdCase{name: fmt.Sprintf("%s shape%d bf16=%v", tr.name, si, bf), offs: tr.offs, parent: tr.parent, ends: tr.ends, s: s, bf16: bf}
 				T := c.T()
 				c.xbc = randn(T*s.CD(), 1)
 				if bf {
@@ -81,9 +81,9 @@ func ssdCases() []*ssdCase {
 	return out
 }
 
-// ssdRun runs the backward of c on b, the chunked one or (seq) the
+// ssdBwdRun runs the backward of c on b, the chunked one or (seq) the
 // sequential kernel, and returns dxbc, ddtRaw, ddtBias, daLog, dd.
-func ssdRun(t *testing.T, b *Backend, c *ssdCase, seq bool) [5][]float32 {
+func ssdBwdRun(t *testing.T, b *Backend, c *ssdBwdCase, seq bool) [5][]float32 {
 	t.Helper()
 	s, T, NS := c.s, c.T(), c.NS()
 	var bufs []kernels.Buf
@@ -157,7 +157,7 @@ func ssdRun(t *testing.T, b *Backend, c *ssdCase, seq bool) [5][]float32 {
 	return out
 }
 
-var ssdOutputs = [5]string{"dxbc", "ddtRaw", "ddtBias +=", "daLog +=", "dd +="}
+var ssdBwdOutputs = [5]string{"dxbc", "ddtRaw", "ddtBias +=", "daLog +=", "dd +="}
 
 // TestSSDBackwardMatchesSequential: the chunked backward equals the
 // sequential recurrence's on the emulator within the scan's gradient
@@ -166,8 +166,8 @@ var ssdOutputs = [5]string{"dxbc", "ddtRaw", "ddtBias +=", "daLog +=", "dd +="}
 // with split bf16 operands: TolScanBF16Grad).
 func TestSSDBackwardMatchesSequential(t *testing.T) {
 	b := emuBackend(t, Options{})
-	for _, c := range ssdCases() {
-		got, want := ssdRun(t, b, c, false), ssdRun(t, b, c, true)
+	for _, c := range ssdBwdCases() {
+		got, want := ssdBwdRun(t, b, c, false), ssdBwdRun(t, b, c, true)
 		tol := kerneltest.TolScanGrad
 		if c.bf16 {
 			tol = kerneltest.TolScanBF16Grad
@@ -181,7 +181,7 @@ func TestSSDBackwardMatchesSequential(t *testing.T) {
 				tol.Rtol = 1e-3
 			}
 			if msg := kerneltest.Compare(want[i], got[i], tol); msg != "" {
-				t.Errorf("%s: %s: chunked against sequential: %s", c.name, ssdOutputs[i], msg)
+				t.Errorf("%s: %s: chunked against sequential: %s", c.name, ssdBwdOutputs[i], msg)
 			}
 		}
 	}
@@ -190,7 +190,7 @@ func TestSSDBackwardMatchesSequential(t *testing.T) {
 // TestSSDBackwardBitwiseAcrossSeeds: the same bits under three emulator
 // schedules (block, warp and lane orders).
 func TestSSDBackwardBitwiseAcrossSeeds(t *testing.T) {
-	cases := ssdCases()
+	cases := ssdBwdCases()
 	var ref [][5][]float32
 	for _, seed := range []string{"1", "2", "3"} {
 		t.Setenv(emuSeedEnv, seed)
@@ -206,7 +206,7 @@ func TestSSDBackwardBitwiseAcrossSeeds(t *testing.T) {
 			t.Fatal(err)
 		}
 		for ci, c := range cases {
-			out := ssdRun(t, b, c, false)
+			out := ssdBwdRun(t, b, c, false)
 			if seed == "1" {
 				ref = append(ref, out)
 				continue
@@ -214,7 +214,7 @@ func TestSSDBackwardBitwiseAcrossSeeds(t *testing.T) {
 			for i := range out {
 				for k := range out[i] {
 					if math.Float32bits(out[i][k]) != math.Float32bits(ref[ci][i][k]) {
-						t.Errorf("seed %s: %s: %s[%d] = %v, seed 1 gave %v", seed, c.name, ssdOutputs[i], k, out[i][k], ref[ci][i][k])
+						t.Errorf("seed %s: %s: %s[%d] = %v, seed 1 gave %v", seed, c.name, ssdBwdOutputs[i], k, out[i][k], ref[ci][i][k])
 						break
 					}
 				}

@@ -34,13 +34,16 @@ var (
 	// TolScanGrad: the backward's dx, dB, dC, ddt (sums over the chunk and
 	// the state's DS·MP), and ddtBias, daLog, dd (sums over every token).
 	TolScanGrad = Tol{Atol: 2e-4, Rtol: 2e-4}
-	// TolScanBF16: y from bf16 x, B, C (rounded exactly on both sides):
-	// a tensor-core backend rounds the operands of its chunk products (the
-	// decay-weighted M, the chunk states) to bf16 (2^-9 relative each), as
-	// mamba_ssm's Triton kernels do. Provisional: to be set from the
-	// emulator's measured worst by the CUDA backend's author (kerneltest's
-	// TRACEGRPO_KERNELTEST_REPORT=1 prints the share used).
-	TolScanBF16     = Tol{Atol: 3e-2, Rtol: 2e-2}
+	// TolScanBF16: y and the final states from bf16 x, B, C (rounded
+	// exactly on both sides). kernels/cuda's chunked SSD on tensor cores
+	// (csrc/ssd_fwd.cu) takes its fp32 operands (the decay-masked C·Bᵀ,
+	// the decay-weighted X, the chunk's start state) as two bf16 parts
+	// each, 16 bits: measured on the emulator (kernels/cuda's
+	// TestSSDForwardEmu: lengths to 758 tokens, trees, DS 5 to 128) its
+	// worst |err|/(|want|+1) is 9.8e-5 against kernels/cpu and against the
+	// sequential recurrence; this is 10 times that. (Rounding them once, as
+	// mamba_ssm's Triton kernels do, measured 4.9e-2 there at DS 128.)
+	TolScanBF16     = Tol{Atol: 1e-3, Rtol: 1e-3}
 	TolScanBF16Grad = Tol{Atol: 6e-2, Rtol: 4e-2}
 )
 

@@ -1,8 +1,8 @@
 // ssd_bwd.cu: the backward of the Mamba-2 scan (kernels.Mamba's
 // SSMScanBackward) as the chunked SSD algorithm, over packed trees. The
 // forward (ssm_scan_fwd*, rerun by the launcher) leaves each segment's final
-// state and the state at every SSD_Q-th token of a segment (its
-// checkpoints); chunk c is the ≤ SSD_Q tokens after checkpoint c, with
+// state and the state at every SBW_Q-th token of a segment (its
+// checkpoints); chunk c is the ≤ SBW_Q tokens after checkpoint c, with
 // start state S0 = ckpt[c]. For one head (A < 0, a_j = dt_j·A, Λ_i =
 // Σ_{j≤i} a_j within the chunk, l rows):
 //
@@ -36,18 +36,18 @@
 #include "common.cuh"
 #include "mma.cuh"
 
-#define SSD_THREADS 256
-#define SSD_Q 64  // the forward's checkpoint interval (mamba.cu's MB_Q): the chunk
+#define SBW_THREADS 256
+#define SBW_Q 64  // the forward's checkpoint interval (mamba.cu's MB_Q): the chunk
 
 // The scan's per-token constants: as mamba.cu's mb_dt (dt, exp(dt·A) and
 // ∂dt/∂dtRaw), here with the softplus itself (sp) for the clamp's test.
-struct ssd_step {
+struct sbw_step {
   float dt, sp, ddt;
 };
-__device__ __forceinline__ ssd_step ssd_dt(float raw, float bias, float lo, float hi) {
+__device__ __forceinline__ sbw_step sbw_dt(float raw, float bias, float lo, float hi) {
   const float x = raw + bias;
   const double xd = (double)x;
-  ssd_step st;
+  sbw_step st;
   st.sp = (float)(xd > 20.0 ? xd : log1p(exp(xd)));
   st.dt = fminf(fmaxf(st.sp, lo), hi);
   const float dsp = x > 20.f ? 1.f : 1.f / (1.f + expf(-x));
@@ -57,7 +57,7 @@ __device__ __forceinline__ ssd_step ssd_dt(float raw, float bias, float lo, floa
 
 // Two floats split into bf16 pairs: hi = bf16(v), lo = bf16(v − hi), so
 // hi + lo holds v to about 2^-16 of it.
-__device__ __forceinline__ void ssd_split(float v0, float v1, unsigned* hi, unsigned* lo) {
+__device__ __forceinline__ void sbw_split(float v0, float v1, unsigned* hi, unsigned* lo) {
   *hi = pack_bf16x2(v0, v1);
   *lo = pack_bf16x2(v0 - bf16_lo(*hi), v1 - bf16_hi(*hi));
 }
@@ -67,7 +67,7 @@ __device__ __forceinline__ void ssd_split(float v0, float v1, unsigned* hi, unsi
 // tiles, k in steps of 16 (a and b read as 0 past K: they are called only
 // inside); else one thread an element, k in order.
 template <bool TC, class FA, class FB, class FE>
-__device__ __forceinline__ void ssd_mm(int M, int N, int K, FA a, FB b, FE epi) {
+__device__ __forceinline__ void sbw_mm(int M, int N, int K, FA a, FB b, FE epi) {
   if (TC) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -80,12 +80,12 @@ __device__ __forceinline__ void ssd_mm(int M, int N, int K, FA a, FB b, FE epi) 
         for (int r = 0; r < 4; r++) {
           const int i = i0 + g + (r & 1) * 8, k = k0 + 2 * q + (r >> 1) * 8;
           const bool in = i < M;
-          ssd_split(in && k < K ? a(i, k) : 0.f, in && k + 1 < K ? a(i, k + 1) : 0.f, &ah[r], &al[r]);
+          sbw_split(in && k < K ? a(i, k) : 0.f, in && k + 1 < K ? a(i, k + 1) : 0.f, &ah[r], &al[r]);
         }
         for (int r = 0; r < 2; r++) {
           const int j = j0 + g, k = k0 + 2 * q + r * 8;
           const bool in = j < N;
-          ssd_split(in && k < K ? b(k, j) : 0.f, in && k + 1 < K ? b(k + 1, j) : 0.f, &bh[r], &bl[r]);
+          sbw_split(in && k < K ? b(k, j) : 0.f, in && k + 1 < K ? b(k + 1, j) : 0.f, &bh[r], &bl[r]);
         }
         // a·b ≈ a_hi·b_hi + a_hi·b_lo + a_lo·b_hi, in this order.
         mma_bf16_16816(acc, ah, bh);
@@ -114,7 +114,7 @@ extern "C" __global__ void ssd_bwd_chunks(int* t0, int* seg, const int* offs, in
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   int c = 0;
   for (int s = 0; s < NS; s++) {
-    for (int t = offs[s]; t < offs[s + 1] && c < cap; t += SSD_Q, c++) {
+    for (int t = offs[s]; t < offs[s + 1] && c < cap; t += SBW_Q, c++) {
       t0[c] = t;
       seg[c] = s;
     }
@@ -125,10 +125,10 @@ extern "C" __global__ void ssd_bwd_chunks(int* t0, int* seg, const int* offs, in
 // Loads a chunk's rows' dt into vdt, the softplus into vsp and the
 // cumulative decay Λ into vlam (one thread, in row order); returns nothing,
 // every thread calls it (it ends with a barrier).
-__device__ __forceinline__ void ssd_decays(float* vdt, float* vsp, float* vlam, float* vddt, const float* dtRaw,
+__device__ __forceinline__ void sbw_decays(float* vdt, float* vsp, float* vlam, float* vddt, const float* dtRaw,
                                            float bias, float A, int t0, int l, int MH, int h, float lo, float hi) {
   for (int i = threadIdx.x; i < l; i += blockDim.x) {
-    const ssd_step st = ssd_dt(dtRaw[(long long)(t0 + i) * MH + h], bias, lo, hi);
+    const sbw_step st = sbw_dt(dtRaw[(long long)(t0 + i) * MH + h], bias, lo, hi);
     vdt[i] = st.dt;
     vsp[i] = st.sp;
     if (vddt != nullptr) vddt[i] = st.ddt;
@@ -148,62 +148,62 @@ __device__ __forceinline__ void ssd_decays(float* vdt, float* vsp, float* vlam, 
 // chunk's decay dec (chunks,MH). Shared memory: dY (Q,MP), C (Q,DS), dt,
 // sp, Λ (Q each).
 template <bool TC, class TX>
-__device__ __forceinline__ void ssd_local(float* U, float* dec, const float* dy, const TX* xbc, const float* dtRaw,
+__device__ __forceinline__ void sbw_local(float* U, float* dec, const float* dy, const TX* xbc, const float* dtRaw,
                                           const float* dtBias, const float* aLog, const int* ct0, const int* cseg,
                                           const int* offs, int MH, int MP, int G, int DS, float lo, float hi) {
-  TG_DYN_SMEM(float, ssd_smem);
+  TG_DYN_SMEM(float, sbw_smem);
   const int c = blockIdx.x / MH, h = blockIdx.x % MH, g = h / (MH / G);
   const int t0 = ct0[c];
   if (t0 < 0) return;
-  const int l = min(SSD_Q, offs[cseg[c] + 1] - t0);
+  const int l = min(SBW_Q, offs[cseg[c] + 1] - t0);
   const int DI = MH * MP, CD = DI + 2 * G * DS;
-  float* sdY = ssd_smem;
-  float* sC = sdY + SSD_Q * MP;
-  float* vdt = sC + SSD_Q * DS;
-  float* vsp = vdt + SSD_Q;
-  float* vlam = vsp + SSD_Q;
+  float* sdY = sbw_smem;
+  float* sC = sdY + SBW_Q * MP;
+  float* vdt = sC + SBW_Q * DS;
+  float* vsp = vdt + SBW_Q;
+  float* vlam = vsp + SBW_Q;
   const float A = -(float)exp((double)aLog[h]);
   for (int e = threadIdx.x; e < l * MP; e += blockDim.x)
     sdY[e] = dy[((long long)(t0 + e / MP) * MH + h) * MP + e % MP];
   for (int e = threadIdx.x; e < l * DS; e += blockDim.x)
     sC[e] = ld_f(xbc, (long long)(t0 + e / DS) * CD + DI + (G + g) * DS + e % DS);
-  ssd_decays(vdt, vsp, vlam, nullptr, dtRaw, dtBias[h], A, t0, l, MH, h, lo, hi);
+  sbw_decays(vdt, vsp, vlam, nullptr, dtRaw, dtBias[h], A, t0, l, MH, h, lo, hi);
   // The products read exp(Λ_i)·C[i] from sC: scale it in place.
   for (int e = threadIdx.x; e < l * DS; e += blockDim.x) sC[e] *= expf(vlam[e / DS]);
   __syncthreads();
   float* u = U + ((long long)c * MH + h) * MP * DS;
-  ssd_mm<TC>(
+  sbw_mm<TC>(
       MP, DS, l, [&](int p, int i) { return sdY[i * MP + p]; }, [&](int i, int n) { return sC[i * DS + n]; },
       [&](int p, int n, float v) { u[p * DS + n] = v; });
   if (threadIdx.x == 0) dec[(long long)c * MH + h] = expf(vlam[l - 1]);
 }
 
-extern "C" __global__ void __launch_bounds__(SSD_THREADS)
+extern "C" __global__ void __launch_bounds__(SBW_THREADS)
     ssd_bwd_local(float* U, float* dec, const float* dy, const float* xbc, const float* dtRaw, const float* dtBias,
                   const float* aLog, const int* ct0, const int* cseg, const int* offs, int MH, int MP, int G, int DS,
                   float lo, float hi) {
-  ssd_local<false>(U, dec, dy, xbc, dtRaw, dtBias, aLog, ct0, cseg, offs, MH, MP, G, DS, lo, hi);
+  sbw_local<false>(U, dec, dy, xbc, dtRaw, dtBias, aLog, ct0, cseg, offs, MH, MP, G, DS, lo, hi);
 }
-extern "C" __global__ void __launch_bounds__(SSD_THREADS)
+extern "C" __global__ void __launch_bounds__(SBW_THREADS)
     ssd_bwd_local_bf16(float* U, float* dec, const float* dy, const tg_bf16* xbc, const float* dtRaw,
                        const float* dtBias, const float* aLog, const int* ct0, const int* cseg, const int* offs,
                        int MH, int MP, int G, int DS, float lo, float hi) {
-  ssd_local<true>(U, dec, dy, xbc, dtRaw, dtBias, aLog, ct0, cseg, offs, MH, MP, G, DS, lo, hi);
+  sbw_local<true>(U, dec, dy, xbc, dtRaw, dtBias, aLog, ct0, cseg, offs, MH, MP, G, DS, lo, hi);
 }
 
 // Block (tile, head), blockIdx.x = head·tiles + tile: one thread a state
 // element e of head h. dS (chunks,MH,PN) holds U on entry, dS1 on exit;
 // dsin (NS,MH,PN) each segment's initial-state gradient (for its parent).
-extern "C" __global__ void __launch_bounds__(SSD_THREADS)
+extern "C" __global__ void __launch_bounds__(SBW_THREADS)
     ssd_bwd_states(float* dS, float* dsin, const float* dec, const int* offs, const int* parent, const int* ends,
                    int NS, int MH, int PN) {
-  const int tiles = (PN + SSD_THREADS - 1) / SSD_THREADS;
-  const int h = blockIdx.x / tiles, e = (blockIdx.x % tiles) * SSD_THREADS + threadIdx.x;
+  const int tiles = (PN + SBW_THREADS - 1) / SBW_THREADS;
+  const int h = blockIdx.x / tiles, e = (blockIdx.x % tiles) * SBW_THREADS + threadIdx.x;
   if (h >= MH || e >= PN) return;
   long long ck = 0;
-  for (int s = 0; s < NS; s++) ck += (offs[s + 1] - offs[s] + SSD_Q - 1) / SSD_Q;
+  for (int s = 0; s < NS; s++) ck += (offs[s + 1] - offs[s] + SBW_Q - 1) / SBW_Q;
   for (int s = NS - 1; s >= 0; s--) {
-    const int nch = (offs[s + 1] - offs[s] + SSD_Q - 1) / SSD_Q;
+    const int nch = (offs[s + 1] - offs[s] + SBW_Q - 1) / SBW_Q;
     ck -= nch;
     float carried = 0.f;  // the gradient of s's final state: its children's initial-state ones
     for (int c = s + 1; c < NS && offs[c] < ends[s]; c++) {
@@ -226,18 +226,18 @@ extern "C" __global__ void __launch_bounds__(SSD_THREADS)
 // end state's terms (Q each) and 32 for block sums. part (chunks,MH,3):
 // the chunk's Σ_j dΛ-sum·dt_j (∂L/∂A), ∂L/∂D, ∂L/∂dtBias.
 template <bool TC, class TX>
-__device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* part, const float* ckpt, const float* dS,
+__device__ __forceinline__ void sbw_chunk(float* dxbc, float* ddtRaw, float* part, const float* ckpt, const float* dS,
                                           const float* dy, const TX* xbc, const float* dtRaw, const float* dtBias,
                                           const float* aLog, const float* dd, const int* ct0, const int* cseg,
                                           const int* offs, int MH, int MP, int G, int DS, float lo, float hi) {
-  TG_DYN_SMEM(float, ssd_smem);
+  TG_DYN_SMEM(float, sbw_smem);
   const int c = blockIdx.x / G, g = blockIdx.x % G, hpg = MH / G;
   const int t0 = ct0[c];
   if (t0 < 0) return;
-  const int l = min(SSD_Q, offs[cseg[c] + 1] - t0);
+  const int l = min(SBW_Q, offs[cseg[c] + 1] - t0);
   const int P = MP, N = DS, PN = MP * DS, DI = MH * MP, CD = DI + 2 * G * DS;
-  const int Q = SSD_Q;
-  float* sB = ssd_smem;
+  const int Q = SBW_Q;
+  float* sB = sbw_smem;
   float* sC = sB + Q * N;
   float* sG = sC + Q * N;
   float* sX = sG + Q * Q;
@@ -259,7 +259,7 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
     sC[e] = ld_f(xbc, row + (G + g) * N + e % N);
   }
   __syncthreads();
-  ssd_mm<TC>(
+  sbw_mm<TC>(
       l, l, N, [&](int i, int n) { return sC[i * N + n]; }, [&](int n, int j) { return sB[j * N + n]; },
       [&](int i, int j, float v) { sG[i * Q + j] = v; });
   for (int hk = 0; hk < hpg; hk++) {
@@ -273,13 +273,13 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
       sX[e] = ld_f(xbc, (long long)(t0 + i) * CD + h * P + p);
       sdY[e] = dy[((long long)(t0 + i) * MH + h) * P + p];
     }
-    ssd_decays(vdt, vsp, vlam, vdd, dtRaw, dtBias[h], A, t0, l, MH, h, lo, hi);
+    sbw_decays(vdt, vsp, vlam, vdd, dtRaw, dtBias[h], A, t0, l, MH, h, lo, hi);
     const float last = vlam[l - 1];
     // dM = dY·Xᵀ; the inter-chunk output's C·S0ᵀ into sbuf.
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, l, P, [&](int i, int p) { return sdY[i * P + p]; }, [&](int p, int j) { return sX[j * P + p]; },
         [&](int i, int j, float v) { sdM[i * Q + j] = v; });
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, P, N, [&](int i, int n) { return sC[i * N + n]; }, [&](int n, int p) { return S0[p * N + n]; },
         [&](int i, int p, float v) { sbuf[i * P + p] = v; });
     __syncthreads();
@@ -301,7 +301,7 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
     }
     __syncthreads();
     // The end state's: B·dS1ᵀ into sbuf, then by rows q_j = x_j·(B·dS1ᵀ)_j.
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, P, N, [&](int j, int n) { return sB[j * N + n]; }, [&](int n, int p) { return dS1[p * N + n]; },
         [&](int j, int p, float v) { sbuf[j * P + p] = v; });
     __syncthreads();
@@ -320,7 +320,7 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
     dotD = block_sum(dotD, scratch);
     // dX = Mᵀ·dY + w⊙(B·dS1ᵀ) + D·dY, M_kj = G_kj·L_kj·dt_j (k ≥ j).
     float* dxr = dxbc + (long long)t0 * CD;
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, P, l,
         [&](int j, int k) { return k >= j ? sG[k * Q + j] * expf(vlam[k] - vlam[j]) * vdt[j] : 0.f; },
         [&](int k, int p) { return sdY[k * P + p]; },
@@ -329,7 +329,7 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
         });
     // dC = dG·B + diag(exp Λ)·dY·S0 and dB = dGᵀ·C + diag(w)·X·dS1, dG_ik =
     // dM_ik·L_ik·dt_k (k ≤ i): the group's sums, in head order.
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, N, l + P,
         [&](int i, int k) {
           if (k >= l) return expf(vlam[i]) * sdY[i * P + k - l];
@@ -340,7 +340,7 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
           float* o = dxr + (long long)i * CD + DI + (G + g) * N + n;
           *o = hk == 0 ? v : *o + v;
         });
-    ssd_mm<TC>(
+    sbw_mm<TC>(
         l, N, l + P,
         [&](int j, int k) {
           if (k >= l) return expf(last - vlam[j]) * vdt[j] * sX[j * P + k - l];
@@ -374,20 +374,20 @@ __device__ __forceinline__ void ssd_chunk(float* dxbc, float* ddtRaw, float* par
   }
 }
 
-extern "C" __global__ void __launch_bounds__(SSD_THREADS)
+extern "C" __global__ void __launch_bounds__(SBW_THREADS)
     ssd_bwd_chunk(float* dxbc, float* ddtRaw, float* part, const float* ckpt, const float* dS, const float* dy,
                   const float* xbc, const float* dtRaw, const float* dtBias, const float* aLog, const float* dd,
                   const int* ct0, const int* cseg, const int* offs, int MH, int MP, int G, int DS, float lo,
                   float hi) {
-  ssd_chunk<false>(dxbc, ddtRaw, part, ckpt, dS, dy, xbc, dtRaw, dtBias, aLog, dd, ct0, cseg, offs, MH, MP, G, DS,
+  sbw_chunk<false>(dxbc, ddtRaw, part, ckpt, dS, dy, xbc, dtRaw, dtBias, aLog, dd, ct0, cseg, offs, MH, MP, G, DS,
                    lo, hi);
 }
-extern "C" __global__ void __launch_bounds__(SSD_THREADS)
+extern "C" __global__ void __launch_bounds__(SBW_THREADS)
     ssd_bwd_chunk_bf16(float* dxbc, float* ddtRaw, float* part, const float* ckpt, const float* dS, const float* dy,
                        const tg_bf16* xbc, const float* dtRaw, const float* dtBias, const float* aLog,
                        const float* dd, const int* ct0, const int* cseg, const int* offs, int MH, int MP, int G,
                        int DS, float lo, float hi) {
-  ssd_chunk<true>(dxbc, ddtRaw, part, ckpt, dS, dy, xbc, dtRaw, dtBias, aLog, dd, ct0, cseg, offs, MH, MP, G, DS,
+  sbw_chunk<true>(dxbc, ddtRaw, part, ckpt, dS, dy, xbc, dtRaw, dtBias, aLog, dd, ct0, cseg, offs, MH, MP, G, DS,
                   lo, hi);
 }
 
