@@ -630,6 +630,37 @@ func (m *Model) backwardLayer(l int) {
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
 		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
+	dqkv := tc(m.fused, qkvN)
+	if m.qkRopeBwd != nil && !c.QKVBias() && HD <= kernels.QKNormRopeBackwardMaxHD {
+		// One pass from dq, dk, dv into the packed gradient (q/k norms'
+		// backward included for Qwen3), in the GEMM's precision.
+		var qraw, kraw, qrstd, krstd, qw, kw, dqw, dkw kernels.Buf // zero-length without norms
+		if c.QKNorm() {
+			qraw, kraw, qrstd, krstd = tc(a.qraw, qn), tc(a.kraw, kn), a.qrstd.Slice(0, T*NH), a.krstd.Slice(0, T*NKV)
+			qw, kw, dqw, dkw = w.qNorm, w.kNorm, dw.qNorm, dw.kNorm
+		}
+		m.qkRopeBwd.QKNormRopeBackward(dqkv, dqw, dkw, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin, T, NH, NKV, HD)
+	} else {
+		m.qkSplitBackward(l, dqkv, dq, dk, dv)
+	}
+	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
+	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
+}
+
+// qkSplitBackward queues the split path of layer l's QKNormRopeBackward
+// (and the biases' gradients, which it leaves to this path): RoPE's
+// backward in place on dq and dk, the q/k norms' backward, then dq, dk and
+// dv packed into dqkv.
+func (m *Model) qkSplitBackward(l int, dqkv, dq, dk, dv kernels.Buf) {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	HD, NH, NKV := c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	qn, kn := NH*HD, NKV*HD
+	qkvN := qn + 2*kn
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	cos, sin, _ := m.ropeTables()
+	pos := m.pos.Slice(0, T)
+	a, w, dw := &m.la[l], &m.layers[l], &m.dlayers[l]
 	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
 	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
 	if c.QKNorm() {
@@ -645,12 +676,9 @@ func (m *Model) backwardLayer(l int) {
 		b.BiasBackward(dw.kBias, dk, T, kn)
 		b.BiasBackward(dw.vBias, dv, T, kn)
 	}
-	dqkv := tc(m.fused, qkvN)
 	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
 	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
 	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
-	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
-	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
 }
 
 // backwardEmbed queues the embedding's backward from dx.

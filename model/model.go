@@ -187,10 +187,11 @@ type Model struct {
 	wdt   kernels.DType // Options.Precision
 
 	// The backend's optional fused paths (nil: the core ops).
-	addNorm  kernels.AddRMSNormer
-	ropeConv kernels.RopeConverter
-	freshMM  kernels.FreshMatmulBackward
-	qkRope   kernels.QKNormRoper
+	addNorm   kernels.AddRMSNormer
+	ropeConv  kernels.RopeConverter
+	freshMM   kernels.FreshMatmulBackward
+	qkRope    kernels.QKNormRoper
+	qkRopeBwd kernels.QKNormRopeBackwarder
 	// experts runs the sparse layers (nil on a backend without them, which
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
@@ -422,6 +423,7 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
 	m.qkRope, _ = b.(kernels.QKNormRoper)
+	m.qkRopeBwd, _ = b.(kernels.QKNormRopeBackwarder)
 	m.experts, _ = b.(kernels.Experts)
 	m.filtered, _ = b.(kernels.FilteredHead)
 	m.mamba, _ = b.(kernels.Mamba)

@@ -71,6 +71,42 @@ func normBwdGrid(N, C int) (G, R int) {
 	return (N + R - 1) / R, R
 }
 
+// qkRopeBwdShape is QKNormRopeBackward's group kernel for heads of HD: G
+// threads a row (a power of two from 4 to 32), each holding nch chunks of
+// 4 columns of either half of the row (HD ≤ 8·32·4 = 1024).
+func qkRopeBwdShape(HD int) (G, nch int) {
+	per := (HD + 7) / 8 // column pairs of 4 a row needs
+	G = 4
+	for G < per && G < 32 {
+		G *= 2
+	}
+	nch = 1
+	for G*nch < per {
+		nch *= 2
+	}
+	return G, nch
+}
+
+// qkRopeBwdGrid is QKNormRopeBackward's grid over N head rows of HD: B
+// blocks of R consecutive rows (the last may have fewer), as normBwdGrid
+// forms it: a function of N and HD alone, so the weight gradients' bits are
+// too.
+func qkRopeBwdGrid(N, HD int) (B, R int) {
+	G, _ := qkRopeBwdShape(HD)
+	rows := normBwdThreads / G
+	B = max(1, min((N+rows-1)/rows, normBwdBlocks))
+	R = (N + B - 1) / B
+	return (N + R - 1) / R, R
+}
+
+// qkRopeBwdWork is QKNormRopeBackward's scratch with norms: its blocks'
+// rows of q and of k weight-gradient partials (in workNorm, which the ops
+// use one after another).
+func qkRopeBwdWork(T, NH, NKV, HD int) int {
+	B, _ := qkRopeBwdGrid(T*(NH+2*NKV), HD)
+	return 2 * 4 * B * HD
+}
+
 // defaultLogitsScratch is Options.LogitsScratch's default, in elements.
 const defaultLogitsScratch = 32 << 20
 
@@ -207,6 +243,11 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, r := range w.RowNorms {
 		if r.Backward {
 			need(workNorm, normWork(r.N, r.C))
+		}
+	}
+	for _, q := range w.QKRopes {
+		if q.Norm {
+			need(workNorm, qkRopeBwdWork(q.T, q.NH, q.NKV, q.HD))
 		}
 	}
 	for _, r := range w.Routes {
