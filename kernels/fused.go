@@ -23,8 +23,23 @@ type AddRMSNormer interface {
 type FreshMatmulBackward interface {
 	// MatmulBackwardFresh: dinp (T,C) = dout·weight; dweight (OC,C) +=
 	// doutᵀ·inp. Otherwise as MatmulBackward (dtypes, a zero-length dinp
-	// or dweight skipped); dinp may hold anything before.
+	// or dweight skipped), except that dinp may be BF16 too: the fp32
+	// result rounded once (a gradient whose consumer takes bf16 needs no
+	// cast pass); dinp may hold anything before.
 	MatmulBackwardFresh(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
+}
+
+// MatmulAdder fuses a residual add into the GEMM before it: a GPU runs it
+// as the GEMM's epilogue (beta = 1, the residual as C, the output as D),
+// so the sum needs no pass of its own.
+type MatmulAdder interface {
+	// MatmulAdd: out (T,OC) = res (T,OC) + inp (T,C)·weight (OC,C)ᵀ (=;
+	// out may be res). inp and weight share one dtype (F32|BF16), as
+	// Matmul takes them; out and res share one (F32|BF16). The product
+	// (as Matmul forms it, in fp32) and res are added in fp32 and rounded
+	// once into out's dtype (on the CPU and F32, the bits of Matmul then
+	// Add; a GPU's GEMM may sum the product in another order).
+	MatmulAdd(out, res, inp, weight Buf, T, C, OC int)
 }
 
 // SampleParams are the sampling distribution's settings (model's

@@ -290,6 +290,20 @@ func (m *Model) addThenNorm(sum, out, rstd, a, b, weight kernels.Buf, N, C int) 
 	m.b.RMSNorm(out, rstd, sum, weight, N, C, m.cfg.RMSNormEps)
 }
 
+// matmulThenNorm queues sum (N,C) = res + inp (N,K)·weightᵀ and
+// RMSNorm(out, rstd, sum, normW): the residual add as the GEMM's epilogue
+// where the backend has it (then a plain norm), else Matmul then
+// addThenNorm (the same values: the product added to res, then normed).
+func (m *Model) matmulThenNorm(sum, out, rstd, res, inp, weight, normW kernels.Buf, N, K, C int) {
+	if m.matAdd != nil {
+		m.matAdd.MatmulAdd(sum, res, inp, weight, N, K, C)
+		m.b.RMSNorm(out, rstd, sum, normW, N, C, m.cfg.RMSNormEps)
+		return
+	}
+	m.b.Matmul(sum, inp, weight, N, K, C)
+	m.addThenNorm(sum, out, rstd, sum, res, normW, N, C)
+}
+
 // ropeTo rotates x32 (T,H,HD) F32 into the attention operand dst: in place
 // under F32 (dst is x32), else rotated and rounded into dst in one pass
 // where the backend fuses it, leaving x32 unrotated.
@@ -396,8 +410,7 @@ func (m *Model) layerMLP(l int) {
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
 	xmid := tc(a.xmid, C)
-	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
-	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
+	m.matmulThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), x, tc(a.att, qn), gw.o, w.ln2, T, qn, C)
 	if c.SparseLayer(l) {
 		m.moeForward(l, T, tc(a.ln2, C), m.layerMoE(l))
 		return
@@ -437,11 +450,20 @@ func (m *Model) layerTail(l int) {
 	if l+1 < len(m.la) {
 		n := &m.la[l+1]
 		next := tc(n.x, C)
+		if !sparse {
+			m.matmulThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), xmid, tc(a.h, I), gw.down, m.layers[l+1].ln1, T, I, C)
+			return
+		}
 		mlpOut(next)
 		m.addThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), next, xmid, m.layers[l+1].ln1, T, C)
 		return
 	}
 	xf := tc(m.xf, C)
+	if !sparse && m.matAdd != nil {
+		m.matAdd.MatmulAdd(xf, xmid, tc(a.h, I), gw.down, T, I, C)
+		m.finalNormAdded(xf)
+		return
+	}
 	mlpOut(xf)
 	m.finalNorm(xf, xmid)
 }

@@ -190,6 +190,7 @@ type Model struct {
 	addNorm   kernels.AddRMSNormer
 	ropeConv  kernels.RopeConverter
 	freshMM   kernels.FreshMatmulBackward
+	matAdd    kernels.MatmulAdder // the residual adds as GEMM epilogues
 	qkRope    kernels.QKNormRoper
 	qkRopeBwd kernels.QKNormRopeBackwarder
 	// experts runs the sparse layers (nil on a backend without them, which
@@ -422,6 +423,7 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
+	m.matAdd, _ = b.(kernels.MatmulAdder)
 	m.qkRope, _ = b.(kernels.QKNormRoper)
 	m.qkRopeBwd, _ = b.(kernels.QKNormRopeBackwarder)
 	m.experts, _ = b.(kernels.Experts)

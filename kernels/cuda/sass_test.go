@@ -70,7 +70,7 @@ type sassIntent struct {
 func tcIntent(kind string, HD int) sassIntent {
 	return sassIntent{tensorCores: true, minBlocks: 2, threads: attThreads, dynSmem: func() (int, string) {
 		fwd, dq, dkdv := tcSmem(HD)
-		return map[string]int{"fwd": fwd, "dq": dq, "dkdv": dkdv}[kind], fmt.Sprintf("HD=%d", HD)
+		return map[string]int{"fwd": fwd, "dq": dq, "dkdv": dkdv, "dqds": tcSmemDqDS(HD)}[kind], fmt.Sprintf("HD=%d", HD)
 	}}
 }
 
@@ -81,8 +81,8 @@ var sassIntents = map[string]sassIntent{
 	"attention_fwd_tc_hd64_f32out":   tcIntent("fwd", 64),
 	"attention_fwd_tc_hd128_bf16out": tcIntent("fwd", 128),
 	"attention_fwd_tc_hd128_f32out":  tcIntent("fwd", 128),
-	"attention_bwd_dq_tc_hd64":       tcIntent("dq", 64),
-	"attention_bwd_dq_tc_hd128":      tcIntent("dq", 128),
+	"attention_bwd_dq_ds_tc_hd64":    tcIntent("dqds", 64),
+	"attention_bwd_dq_ds_tc_hd128":   tcIntent("dqds", 128),
 	"attention_bwd_dkdv_tc_hd64":     tcIntent("dkdv", 64),
 	"attention_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
 	// Tree attention's tensor-core kernels: the same tiles.

@@ -4,11 +4,16 @@ package cuda
 // the functions below, which the ops call and PlanWorkspace sums: the memory
 // plan counts it from the same code, with no GPU and without cgo.
 
-import "github.com/tracegrpo/tracegrpo/kernels"
+import (
+	"os"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
 
 // Names of the scratch buffers: each holds the largest request made of it.
 const (
 	workAttnD        = "attention D"
+	workAttnDS       = "attention dS"
 	workDecode       = "decode partials"
 	workBias         = "bias_partials"
 	workNorm         = "rmsnorm dweight partials"
@@ -26,6 +31,26 @@ const (
 	reduceBlocks = 256
 	fixedWork    = 4 + 8*reduceBlocks
 )
+
+// ltWorkspace is the workspace every cuBLASLt GEMM may use (the size NVIDIA
+// recommends for Hopper), allocated once when cuBLASLt loads (blaslt.go)
+// and passed, whole, to the heuristic and to every call: an algorithm the
+// heuristic chose under it, and so the GEMM's bits, stay fixed.
+const ltWorkspace = 32 << 20
+
+// ltNone as Options.BlasLtLib (or $TRACEGRPO_CUDA_BLASLT) keeps the GEMMs
+// on cublasGemmEx.
+const ltNone = "none"
+
+// ltPlanned reports whether a backend opened with opt counts cuBLASLt's
+// workspace: unless cuBLASLt is off, a plan made without a device counts
+// it (a device whose cuBLASLt does not load holds 32 MiB less).
+func ltPlanned(opt Options) bool {
+	if opt.BlasLtLib == "" {
+		return os.Getenv("TRACEGRPO_CUDA_BLASLT") != ltNone
+	}
+	return opt.BlasLtLib != ltNone
+}
 
 // biasRows is TG_BIAS_ROWS of csrc/bias.cu: rows per partial sum.
 const biasRows = 256
@@ -130,6 +155,42 @@ func LogitsScratchFor(headroom int64) int {
 // attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
 func attnDWork(T, NH int) int { return 4 * T * NH }
 
+// The dS scratch of the packed tensor-core backward (csrc/attention_family.cuh's
+// attn_ds): per query head, each token's row of bf16 dS against the keys of
+// its sequence up to its own, rounded up to whole 64-key blocks. The row of
+// position p holds 64·(p/64+1) keys, so a sequence of L tokens needs
+// attnDSRows(L) elements a head; every token gets attnDSStride(MaxLen), the
+// mean row of the longest sequence rounded up to 8 elements (16 bytes), so
+// that each sequence's rows start at its first token's stride and no two
+// sequences overlap.
+func attnDSRows(L int) int64 {
+	b, r := int64(L/64), int64(L%64)
+	return 2048*b*(b+1) + 64*r*(b+1)
+}
+
+// attnDSStride is the dS elements a token, for sequences of at most maxLen.
+func attnDSStride(maxLen int) int {
+	if maxLen <= 0 {
+		return 0
+	}
+	n := (attnDSRows(maxLen) + int64(maxLen) - 1) / int64(maxLen)
+	return int((n + 7) &^ 7)
+}
+
+// attnDSWork is the dS scratch's bytes for T tokens of NH query heads in
+// sequences of at most maxLen.
+func attnDSWork(T, NH, maxLen int) int { return 2 * T * NH * attnDSStride(maxLen) }
+
+// attnDSBytes is the dS the backward writes (and its dq kernel reads),
+// taking every sequence maxLen long (T/maxLen of them) as the ledger's
+// attention counts do: exact for equal lengths, an upper bound otherwise.
+func attnDSBytes(T, NH, maxLen int) int64 {
+	if maxLen <= 0 {
+		return 0
+	}
+	return int64(float64(T) / float64(maxLen) * float64(attnDSRows(maxLen)) * float64(NH) * 2)
+}
+
 // biasWork is BiasBackward's partial sums: one row per chunk of biasRows.
 func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
 
@@ -203,12 +264,16 @@ func filterWork(Tr, V int, dt kernels.DType) int {
 }
 
 // PlanWorkspace returns the bytes the CUDA backend opened with opt
-// allocates for itself running w (its fixed buffers and its ops' scratch,
+// allocates for itself running w (its fixed buffers, cuBLASLt's workspace
+// (ltPlanned) and its ops' scratch,
 // all of it at once when ReserveWorkspace ran), in the GEMM modes the model
 // asks for (the fp32-buffer bf16 cast of MatmulBF16 is not counted: the
 // trainer's mixed precision passes bf16 buffers). It needs no GPU.
 func PlanWorkspace(w kernels.Workload, opt Options) int64 {
 	total := int64(fixedWork)
+	if ltPlanned(opt) {
+		total += ltWorkspace
+	}
 	for _, n := range workspaceSizes(w, opt) {
 		total += int64(n)
 	}
@@ -226,6 +291,9 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, a := range w.Attention {
 		if a.Backward {
 			need(workAttnD, attnDWork(a.T, a.NH))
+			if a.BF16 && (a.HD == 64 || a.HD == 128) { // the tensor-core backward
+				need(workAttnDS, attnDSWork(a.T, a.NH, a.MaxLen))
+			}
 		}
 	}
 	for _, a := range w.Trees {

@@ -189,6 +189,9 @@ var cases = []testCase{
 			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 				inp, w, dout := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1), s.randnOf(dt, sh.T*sh.OC, 1)
 				dinp, dw, dw2 := s.randn(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+				// A bf16 dinp: the fp32 result rounded once (the GEMM's
+				// output for a bf16 consumer).
+				dinp16, dw3 := s.randnBF16(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1)
 				fresh := 0
 				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
 					f, ok := b.(kernels.FreshMatmulBackward)
@@ -198,6 +201,7 @@ var cases = []testCase{
 					fresh++
 					f.MatmulBackwardFresh(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
 					f.MatmulBackwardFresh(kernels.Buf{}, v(dw2), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+					f.MatmulBackwardFresh(v(dinp16), v(dw3), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
 				})
 				if fresh == 1 {
 					s.t.Logf("%s does not implement kernels.FreshMatmulBackward: not checked", s.dut.Name())
@@ -207,6 +211,44 @@ var cases = []testCase{
 				s.check("MatmulBackwardFresh dinp "+tag, dinp, TolMatmul)
 				s.check("MatmulBackwardFresh dweight "+tag, dw, TolMatmul)
 				s.check("MatmulBackwardFresh dweight (no dinp) "+tag, dw2, TolMatmul)
+				s.check("MatmulBackwardFresh bf16 dinp "+tag, dinp16, TolMatmulBF16Out)
+				s.check("MatmulBackwardFresh dweight (bf16 dinp) "+tag, dw3, TolMatmul)
+			}
+		}
+	}},
+	{"MatmulAdd", func(s *suite) {
+		// kernels.MatmulAdder: out = res + inp·weightᵀ (the residual add as
+		// the GEMM's epilogue), fp32 and bf16 operands, fp32 and bf16
+		// out/res, out apart from res and out being res.
+		for _, sh := range mmShapes {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				for _, ot := range []kernels.DType{kernels.F32, kernels.BF16} {
+					inp, w := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1)
+					res, out := s.randnOf(ot, sh.T*sh.OC, 3), s.randnOf(ot, sh.T*sh.OC, 100)
+					inPlace := s.randnOf(ot, sh.T*sh.OC, 3) // out is res
+					fused := 0
+					both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+						f, ok := b.(kernels.MatmulAdder)
+						if !ok {
+							return
+						}
+						fused++
+						f.MatmulAdd(v(out), v(res), v(inp), v(w), sh.T, sh.C, sh.OC)
+						f.MatmulAdd(v(inPlace), v(inPlace), v(inp), v(w), sh.T, sh.C, sh.OC)
+					})
+					if fused == 1 {
+						s.t.Logf("%s does not implement kernels.MatmulAdder: not checked", s.dut.Name())
+						return
+					}
+					tol := TolMatmul
+					if ot == kernels.BF16 {
+						tol = TolMatmulBF16Out
+					}
+					tag := fmt.Sprintf("%s->%s T=%d C=%d OC=%d", dt, ot, sh.T, sh.C, sh.OC)
+					s.check("MatmulAdd out "+tag, out, tol)
+					s.check("MatmulAdd res (unchanged) "+tag, res, TolExact)
+					s.check("MatmulAdd out is res "+tag, inPlace, tol)
+				}
 			}
 		}
 	}},
