@@ -23,8 +23,23 @@ type AddRMSNormer interface {
 type FreshMatmulBackward interface {
 	// MatmulBackwardFresh: dinp (T,C) = dout·weight; dweight (OC,C) +=
 	// doutᵀ·inp. Otherwise as MatmulBackward (dtypes, a zero-length dinp
-	// or dweight skipped); dinp may hold anything before.
+	// or dweight skipped), except that dinp may be BF16 too: the fp32
+	// result rounded once (a gradient whose consumer takes bf16 needs no
+	// cast pass); dinp may hold anything before.
 	MatmulBackwardFresh(dinp, dweight, dout, inp, weight Buf, T, C, OC int)
+}
+
+// MatmulAdder fuses a residual add into the GEMM before it: a GPU runs it
+// as the GEMM's epilogue (beta = 1, the residual as C, the output as D),
+// so the sum needs no pass of its own.
+type MatmulAdder interface {
+	// MatmulAdd: out (T,OC) = res (T,OC) + inp (T,C)·weight (OC,C)ᵀ (=;
+	// out may be res). inp and weight share one dtype (F32|BF16), as
+	// Matmul takes them; out and res share one (F32|BF16). The product
+	// (as Matmul forms it, in fp32) and res are added in fp32 and rounded
+	// once into out's dtype (on the CPU and F32, the bits of Matmul then
+	// Add; a GPU's GEMM may sum the product in another order).
+	MatmulAdd(out, res, inp, weight Buf, T, C, OC int)
 }
 
 // SampleParams are the sampling distribution's settings (model's
@@ -91,6 +106,32 @@ type QKNormRoper interface {
 	// at Sync, as Rope leaves it.
 	QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos, cos, sin Buf, T, NH, NKV, HD int, eps float32)
 }
+
+// QKNormRopeBackwarder is QKNormRoper's backward, written straight into
+// the packed gradient the q|k|v GEMM's backward consumes: no split copies,
+// no fp32 dq and dk in between (it serves models without q/k norms too:
+// RoPE's backward and the packing alone).
+type QKNormRopeBackwarder interface {
+	// QKNormRopeBackward: row t of dqkv (T, (NH+2·NKV)·HD) F32|BF16 =
+	// q's NH head gradients, then k's NKV, then v's NKV, rounded as
+	// Convert rounds into dqkv's dtype. A q head's: its row of dq
+	// (T,NH,HD) F32 rotated back as RopeBackward rotates it by pos (T) I32
+	// and the tables cos, sin (P, HD/2), then, with q/k norms, through the
+	// norm as RMSNormBackward takes it with qraw (T,NH,HD), qw (HD) and
+	// qrstd (T,NH) (dqw (HD) += its weight gradient); k's alike from dk
+	// (T,NKV,HD), kraw, kw, krstd, dkw; v's dv (T,NKV,HD) F32 as it is.
+	// Without norms qw, kw, qraw, kraw, qrstd, krstd, dqw and dkw are
+	// zero-length. dq and dk are scratch: their contents afterwards are
+	// unspecified. HD ≤ QKNormRopeBackwardMaxHD. A row whose position is
+	// outside the tables is not rotated and is reported at Sync, as
+	// RopeBackward leaves it.
+	QKNormRopeBackward(dqkv, dqw, dkw, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin Buf, T, NH, NKV, HD int)
+}
+
+// QKNormRopeBackwardMaxHD is the widest head QKNormRopeBackward takes (a
+// GPU keeps a head row's values in registers); the model runs the split
+// path for wider heads.
+const QKNormRopeBackwardMaxHD = 1024
 
 // AdamChunk is one piece of a multi-tensor AdamW step: elements
 // [Off, Off+N) of the arenas, all in one parameter group (Group, which

@@ -21,6 +21,15 @@ type Workload struct {
 	// their Conv1D shapes.
 	Scans []ScanShape
 	Convs []ConvShape
+	// QKRopes are QKNormRopeBackward shapes (QKNormRopeBackwarder).
+	QKRopes []QKRope
+}
+
+// QKRope is a QKNormRopeBackward over T tokens of NH query and NKV key
+// and value heads of HD; Norm: with q/k norms.
+type QKRope struct {
+	T, NH, NKV, HD int
+	Norm           bool
 }
 
 // ScanShape is an SSMScan of T packed tokens in at most MaxSegs segments

@@ -290,6 +290,20 @@ func (m *Model) addThenNorm(sum, out, rstd, a, b, weight kernels.Buf, N, C int) 
 	m.b.RMSNorm(out, rstd, sum, weight, N, C, m.cfg.RMSNormEps)
 }
 
+// matmulThenNorm queues sum (N,C) = res + inp (N,K)·weightᵀ and
+// RMSNorm(out, rstd, sum, normW): the residual add as the GEMM's epilogue
+// where the backend has it (then a plain norm), else Matmul then
+// addThenNorm (the same values: the product added to res, then normed).
+func (m *Model) matmulThenNorm(sum, out, rstd, res, inp, weight, normW kernels.Buf, N, K, C int) {
+	if m.matAdd != nil {
+		m.matAdd.MatmulAdd(sum, res, inp, weight, N, K, C)
+		m.b.RMSNorm(out, rstd, sum, normW, N, C, m.cfg.RMSNormEps)
+		return
+	}
+	m.b.Matmul(sum, inp, weight, N, K, C)
+	m.addThenNorm(sum, out, rstd, sum, res, normW, N, C)
+}
+
 // ropeTo rotates x32 (T,H,HD) F32 into the attention operand dst: in place
 // under F32 (dst is x32), else rotated and rounded into dst in one pass
 // where the backend fuses it, leaving x32 unrotated.
@@ -396,8 +410,7 @@ func (m *Model) layerMLP(l int) {
 	a, w, gw := &m.la[l], &m.layers[l], &m.gw[l]
 	x := tc(a.x, C)
 	xmid := tc(a.xmid, C)
-	b.Matmul(xmid, tc(a.att, qn), gw.o, T, qn, C)
-	m.addThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), xmid, x, w.ln2, T, C)
+	m.matmulThenNorm(xmid, tc(a.ln2, C), a.rstd2.Slice(0, T), x, tc(a.att, qn), gw.o, w.ln2, T, qn, C)
 	if c.SparseLayer(l) {
 		m.moeForward(l, T, tc(a.ln2, C), m.layerMoE(l))
 		return
@@ -437,11 +450,20 @@ func (m *Model) layerTail(l int) {
 	if l+1 < len(m.la) {
 		n := &m.la[l+1]
 		next := tc(n.x, C)
+		if !sparse {
+			m.matmulThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), xmid, tc(a.h, I), gw.down, m.layers[l+1].ln1, T, I, C)
+			return
+		}
 		mlpOut(next)
 		m.addThenNorm(next, tc(n.ln1, C), n.rstd1.Slice(0, T), next, xmid, m.layers[l+1].ln1, T, C)
 		return
 	}
 	xf := tc(m.xf, C)
+	if !sparse && m.matAdd != nil {
+		m.matAdd.MatmulAdd(xf, xmid, tc(a.h, I), gw.down, T, I, C)
+		m.finalNormAdded(xf)
+		return
+	}
 	mlpOut(xf)
 	m.finalNorm(xf, xmid)
 }
@@ -630,6 +652,37 @@ func (m *Model) backwardLayer(l int) {
 	dq, dk, dv := tc(m.dq, qn), tc(m.dk, kn), tc(m.dv, kn)
 	m.attendBackward(dq, dk, dv, m.gemmGrad(datt, m.dattW), tc(a.att, qn), a.lse.Slice(0, T*NH),
 		tc(a.q, qn), tc(a.k, kn), tc(a.v, kn))
+	dqkv := tc(m.fused, qkvN)
+	if m.qkRopeBwd != nil && !c.QKVBias() && HD <= kernels.QKNormRopeBackwardMaxHD {
+		// One pass from dq, dk, dv into the packed gradient (q/k norms'
+		// backward included for Qwen3), in the GEMM's precision.
+		var qraw, kraw, qrstd, krstd, qw, kw, dqw, dkw kernels.Buf // zero-length without norms
+		if c.QKNorm() {
+			qraw, kraw, qrstd, krstd = tc(a.qraw, qn), tc(a.kraw, kn), a.qrstd.Slice(0, T*NH), a.krstd.Slice(0, T*NKV)
+			qw, kw, dqw, dkw = w.qNorm, w.kNorm, dw.qNorm, dw.kNorm
+		}
+		m.qkRopeBwd.QKNormRopeBackward(dqkv, dqw, dkw, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin, T, NH, NKV, HD)
+	} else {
+		m.qkSplitBackward(l, dqkv, dq, dk, dv)
+	}
+	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
+	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
+}
+
+// qkSplitBackward queues the split path of layer l's QKNormRopeBackward
+// (and the biases' gradients, which it leaves to this path): RoPE's
+// backward in place on dq and dk, the q/k norms' backward, then dq, dk and
+// dv packed into dqkv.
+func (m *Model) qkSplitBackward(l int, dqkv, dq, dk, dv kernels.Buf) {
+	b, c := m.b, m.cfg
+	T := m.lastT
+	HD, NH, NKV := c.HeadDim, c.NumAttentionHeads, c.NumKeyValueHeads
+	qn, kn := NH*HD, NKV*HD
+	qkvN := qn + 2*kn
+	tc := func(x kernels.Buf, w int) kernels.Buf { return x.Slice(0, T*w) }
+	cos, sin, _ := m.ropeTables()
+	pos := m.pos.Slice(0, T)
+	a, w, dw := &m.la[l], &m.layers[l], &m.dlayers[l]
 	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
 	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
 	if c.QKNorm() {
@@ -645,12 +698,9 @@ func (m *Model) backwardLayer(l int) {
 		b.BiasBackward(dw.kBias, dk, T, kn)
 		b.BiasBackward(dw.vBias, dv, T, kn)
 	}
-	dqkv := tc(m.fused, qkvN)
 	b.CopyCols(dqkv, dq, T, qn, qkvN, qn)
 	b.CopyCols(dqkv.Slice(qn, T*qkvN-qn), dk, T, kn, qkvN, kn)
 	b.CopyCols(dqkv.Slice(qn+kn, T*qkvN-qn-kn), dv, T, kn, qkvN, kn)
-	m.matmulBackwardFresh(dln, dw.qkv, dqkv, tc(a.ln1, C), gw.qkv, T, C, qkvN)
-	b.RMSNormBackward(dx, dw.ln1, dln, tc(a.x, C), w.ln1, a.rstd1.Slice(0, T), T, C)
 }
 
 // backwardEmbed queues the embedding's backward from dx.

@@ -15,15 +15,15 @@ import (
 type coreOnly struct{ kernels.Backend }
 
 // TestFusedPathsSameBits: on the CPU backend, the model with the optional
-// fused paths (QKNormRope, MatmulBackwardFresh, AddRMSNorm, RopeConvert)
-// gives the logprobs and every gradient bit for bit as the model without
-// them (their split forms: CopyCols, RMSNorm, RoPE and the casts, Fill and
-// an accumulating backward product), in fp32 and under mixed precision,
-// for Qwen3 (q/k norms) and Qwen2 (biases). kernels/cpu's fused paths
-// round as the split ones do, so a difference is a path that computes
-// something else.
+// fused paths (QKNormRope and its backward, MatmulBackwardFresh,
+// AddRMSNorm, RopeConvert) gives the logprobs and every gradient bit for
+// bit as the model without them (their split forms: CopyCols, RMSNorm,
+// RoPE and the casts, Fill and an accumulating backward product), in fp32
+// and under mixed precision, for Qwen3 (q/k norms), Qwen2 (biases) and
+// Llama (neither). kernels/cpu's fused paths round as the split ones do,
+// so a difference is a path that computes something else.
 func TestFusedPathsSameBits(t *testing.T) {
-	for _, variant := range []string{"qwen3_untied", "qwen2_untied"} {
+	for _, variant := range []string{"qwen3_untied", "qwen2_untied", "llama_untied"} {
 		for _, prec := range []kernels.DType{kernels.F32, kernels.BF16} {
 			dir := filepath.Join("testdata", variant)
 			cfg, err := LoadConfig(filepath.Join(dir, "config.json"))

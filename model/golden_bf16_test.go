@@ -283,6 +283,13 @@ func (f *flipBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	f.Backend.Matmul(out, inp, weight, T, C, OC)
 }
 
+// MatmulAdd is a Matmul (its operand forced as Matmul's are) and the
+// residual added after it: the CPU's MatmulAdd bits.
+func (f *flipBackend) MatmulAdd(out, res, inp, weight kernels.Buf, T, C, OC int) {
+	f.Matmul(out, inp, weight, T, C, OC)
+	f.Backend.Add(out, out, res, T*OC)
+}
+
 func (f *flipBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	for _, x := range []struct {
 		name string

@@ -117,6 +117,12 @@ func (f *moeFlipBackend) Matmul(out, inp, weight kernels.Buf, T, C, OC int) {
 	f.flipBackend.Backend.Matmul(out, inp, weight, T, C, OC)
 }
 
+// MatmulAdd: as flipBackend's, through this Matmul.
+func (f *moeFlipBackend) MatmulAdd(out, res, inp, weight kernels.Buf, T, C, OC int) {
+	f.Matmul(out, inp, weight, T, C, OC)
+	f.flipBackend.Backend.Add(out, out, res, T*OC)
+}
+
 func (f *moeFlipBackend) Attention(out, lse, q, k, v kernels.Buf, seqs kernels.Seqs, NH, NKV, HD int) {
 	for _, x := range []struct {
 		name string

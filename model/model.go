@@ -187,10 +187,12 @@ type Model struct {
 	wdt   kernels.DType // Options.Precision
 
 	// The backend's optional fused paths (nil: the core ops).
-	addNorm  kernels.AddRMSNormer
-	ropeConv kernels.RopeConverter
-	freshMM  kernels.FreshMatmulBackward
-	qkRope   kernels.QKNormRoper
+	addNorm   kernels.AddRMSNormer
+	ropeConv  kernels.RopeConverter
+	freshMM   kernels.FreshMatmulBackward
+	matAdd    kernels.MatmulAdder // the residual adds as GEMM epilogues
+	qkRope    kernels.QKNormRoper
+	qkRopeBwd kernels.QKNormRopeBackwarder
 	// experts runs the sparse layers (nil on a backend without them, which
 	// New refuses for a sparse config); router is the layers' routing.
 	experts kernels.Experts
@@ -421,7 +423,9 @@ func (m *Model) setBackend(b kernels.Backend) {
 	m.addNorm, _ = b.(kernels.AddRMSNormer)
 	m.ropeConv, _ = b.(kernels.RopeConverter)
 	m.freshMM, _ = b.(kernels.FreshMatmulBackward)
+	m.matAdd, _ = b.(kernels.MatmulAdder)
 	m.qkRope, _ = b.(kernels.QKNormRoper)
+	m.qkRopeBwd, _ = b.(kernels.QKNormRopeBackwarder)
 	m.experts, _ = b.(kernels.Experts)
 	m.filtered, _ = b.(kernels.FilteredHead)
 	m.mamba, _ = b.(kernels.Mamba)

@@ -46,6 +46,9 @@ func (m *Model) workload(backward bool) kernels.Workload {
 		w.RowNorms = append(w.RowNorms, kernels.RowNorm{N: T * NH, C: HD, Backward: backward},
 			kernels.RowNorm{N: T * NKV, C: HD, Backward: backward})
 	}
+	if backward && !c.Hybrid() && !c.QKVBias() && HD <= kernels.QKNormRopeBackwardMaxHD { // backwardLayer's fused path
+		w.QKRopes = []kernels.QKRope{{T: T, NH: NH, NKV: NKV, HD: HD, Norm: c.QKNorm()}}
+	}
 	if c.QKVBias() && backward {
 		w.Biases = []kernels.GEMM{{T: T, OC: qn}, {T: T, OC: kn}}
 	}

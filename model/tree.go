@@ -236,6 +236,16 @@ func (m *Model) finalNorm(xf, xmid kernels.Buf) {
 	m.addThenNorm(xf, m.lnf.Slice(0, T*C), m.rstdf.Slice(0, T), xf, xmid, m.norm, T, C)
 }
 
+// finalNormAdded is finalNorm for an xf that already holds the residual
+// sum (MatmulAdd wrote it).
+func (m *Model) finalNormAdded(xf kernels.Buf) {
+	T, C := m.lastT, m.cfg.HiddenSize
+	if m.lastTree {
+		return
+	}
+	m.b.RMSNorm(m.lnf.Slice(0, T*C), m.rstdf.Slice(0, T), xf, m.norm, T, C, m.cfg.RMSNormEps)
+}
+
 // headTree queues the LM head over a tree's pairs: their rows of xf
 // gathered, normed into lnf, scored against their labels.
 func (m *Model) headTree() {

@@ -585,6 +585,7 @@ func mergeWorkloads(a, b kernels.Workload) kernels.Workload {
 	a.Heads = append(a.Heads, b.Heads...)
 	a.RowNorms = append(a.RowNorms, b.RowNorms...)
 	a.Biases = append(a.Biases, b.Biases...)
+	a.QKRopes = append(a.QKRopes, b.QKRopes...)
 	a.Attention = append(a.Attention, b.Attention...)
 	a.Trees = append(a.Trees, b.Trees...)
 	a.Decode = append(a.Decode, b.Decode...)

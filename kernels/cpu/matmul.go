@@ -159,11 +159,44 @@ func (b *Backend) MatmulBackward(dinp, dweight, dout, inp, weight kernels.Buf, T
 
 // MatmulBackwardFresh implements kernels.FreshMatmulBackward: dinp cleared,
 // then MatmulBackward, so the bits are those of Fill then MatmulBackward.
+// A BF16 dinp is that fp32 result rounded once.
 func (b *Backend) MatmulBackwardFresh(dinp, dweight, dout, inp, weight kernels.Buf, T, C, OC int) {
-	if dx := b.f32opt(dinp, T*C, "MatmulBackwardFresh dinp"); dx != nil {
+	if dinp.DType == kernels.BF16 && dinp.N != 0 {
+		dx := b.out(dinp, T*C, "MatmulBackwardFresh dinp") // (T,C), fp32 slot
+		clear(dx)
+		same("MatmulBackwardFresh dout, weight", dout, weight)
+		d := b.in(dout, T*OC, "MatmulBackward dout")     // (T,OC) F32|BF16
+		w := b.in(weight, OC*C, "MatmulBackward weight") // (OC,C) F32|BF16
+		b.parallelGemm(false, false, T, C, OC, d, OC, w, C, dx, C, true)
+		b.done(dinp, dx)
+		dinp = kernels.Buf{}
+	} else if dx := b.f32opt(dinp, T*C, "MatmulBackwardFresh dinp"); dx != nil {
 		clear(dx)
 	}
 	b.MatmulBackward(dinp, dweight, dout, inp, weight, T, C, OC)
 }
 
 var _ kernels.FreshMatmulBackward = (*Backend)(nil)
+
+// MatmulAdd implements kernels.MatmulAdder: the product formed as Matmul
+// forms it, then res added and the sum rounded once into out.
+// Shapes: out, res (T,OC), inp (T,C), weight (OC,C).
+func (b *Backend) MatmulAdd(out, res, inp, weight kernels.Buf, T, C, OC int) {
+	same("MatmulAdd inp, weight", inp, weight)
+	same("MatmulAdd out, res", out, res)
+	x := b.in(inp, T*C, "Matmul inp")        // (T,C) F32|BF16
+	w := b.in(weight, OC*C, "Matmul weight") // (OC,C) F32|BF16
+	o := b.out(out, T*OC, "MatmulAdd out")   // (T,OC) F32|BF16
+	p := o
+	if out.Handle == res.Handle && out.Off < res.Off+res.N && res.Off < out.Off+out.N {
+		p = b.bf16Slot("MatmulAdd product", T*OC) // out overlaps res: the product apart
+	}
+	b.parallelGemm(false, true, T, OC, C, x, C, w, C, p, OC, false)
+	r := b.in(res, T*OC, "MatmulAdd res") // (T,OC) F32|BF16
+	for i := range o {
+		o[i] = p[i] + r[i]
+	}
+	b.done(out, o)
+}
+
+var _ kernels.MatmulAdder = (*Backend)(nil)

@@ -13,7 +13,7 @@ func rmsnorm64(inp, w []float64, N, C int, eps float64) (out, rstd []float64) {
 
 func rmsnormBwd64(dout, inp, w, rstd []float64, N, C int) (dinp, dw []float64) {
 	dinp, dw = make([]float64, N*C), make([]float64, C)
-	rmsnormBackwardRows(dinp, dw, dout, inp, w, rstd, 0, N, C)
+	rmsnormBackwardRows(dinp, dw, dout, inp, w, rstd, 0, N, C, false)
 	return
 }
 

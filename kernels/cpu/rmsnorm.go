@@ -31,8 +31,10 @@ func rmsnormRows[F Float](out, rstd, inp, weight []F, lo, hi, C int, eps F) {
 }
 
 // rmsnormBackwardRows adds rows [lo, hi) into dinp and their dweight
-// contribution into dwpart (C), which the caller zeroes.
-func rmsnormBackwardRows[F Float](dinp, dwpart, dout, inp, weight, rstd []F, lo, hi, C int) {
+// contribution into dwpart (C), which the caller zeroes. fresh: dinp is
+// assigned 0 + its row's gradient instead (the bits of a zeroed dinp added
+// to), and may be dout itself.
+func rmsnormBackwardRows[F Float](dinp, dwpart, dout, inp, weight, rstd []F, lo, hi, C int, fresh bool) {
 	w := weight[:C]
 	dwpart = dwpart[:C]
 	for r := lo; r < hi; r++ {
@@ -60,6 +62,13 @@ func rmsnormBackwardRows[F Float](dinp, dwpart, dout, inp, weight, rstd []F, lo,
 			continue
 		}
 		di := dinp[r*C : (r+1)*C]
+		if fresh {
+			var zero F
+			for i := range x {
+				di[i] = zero + rs*(d[i]*w[i]-x[i]*rs*mean)
+			}
+			continue
+		}
 		for i := range x {
 			di[i] += rs * (d[i]*w[i] - x[i]*rs*mean)
 		}
@@ -71,7 +80,7 @@ type rmsnormTask struct {
 	dinp, dout, dwpart     []float32 // (N,C), (N,C), (nblocks,C)
 	C                      int
 	eps                    float32
-	bwd                    bool
+	bwd, fresh             bool
 }
 
 func (t *rmsnormTask) run(_, lo, hi int) {
@@ -82,7 +91,7 @@ func (t *rmsnormTask) run(_, lo, hi int) {
 	blk := lo / rmsBlock
 	p := t.dwpart[blk*t.C : (blk+1)*t.C]
 	clear(p)
-	rmsnormBackwardRows(t.dinp, p, t.dout, t.inp, t.weight, t.rstd, lo, hi, t.C)
+	rmsnormBackwardRows(t.dinp, p, t.dout, t.inp, t.weight, t.rstd, lo, hi, t.C, t.fresh)
 }
 
 // RMSNorm implements kernels.Ops.
@@ -103,16 +112,22 @@ func (b *Backend) RMSNorm(out, rstd, inp, weight kernels.Buf, N, C int, eps floa
 // RMSNormBackward implements kernels.Ops.
 // Shapes: dinp (N,C) or empty, dweight (C) or empty, dout (N,C), inp (N,C), weight (C), rstd (N).
 func (b *Backend) RMSNormBackward(dinp, dweight, dout, inp, weight, rstd kernels.Buf, N, C int) {
+	b.rmsnormBackwardOn(b.f32opt(dinp, N*C, "RMSNormBackward dinp"), b.f32opt(dweight, C, "RMSNormBackward dweight"),
+		b.f32n(dout, N*C, "RMSNormBackward dout"), b.f32n(inp, N*C, "RMSNormBackward inp"),
+		b.f32n(weight, C, "RMSNormBackward weight"), b.f32n(rstd, N, "RMSNormBackward rstd"), N, C, false)
+}
+
+// rmsnormBackwardOn is RMSNormBackward on slices (dinp, dw nil: not
+// wanted); fresh: dinp is assigned (rmsnormBackwardRows) and may be dout.
+func (b *Backend) rmsnormBackwardOn(dinp, dw, dout, inp, weight, rstd []float32, N, C int, fresh bool) {
 	nb := (N + rmsBlock - 1) / rmsBlock
 	t := &b.tasks.rmsnorm
 	*t = rmsnormTask{
-		dinp: b.f32opt(dinp, N*C, "RMSNormBackward dinp"), dout: b.f32n(dout, N*C, "RMSNormBackward dout"),
-		inp: b.f32n(inp, N*C, "RMSNormBackward inp"), weight: b.f32n(weight, C, "RMSNormBackward weight"),
-		rstd: b.f32n(rstd, N, "RMSNormBackward rstd"), dwpart: b.scratch.getShared(sharedRMS, nb*C),
-		C: C, bwd: true,
+		dinp: dinp, dout: dout, inp: inp, weight: weight, rstd: rstd,
+		dwpart: b.scratch.getShared(sharedRMS, nb*C), C: C, bwd: true, fresh: fresh,
 	}
 	b.pool.parallel(t, N, rmsBlock)
-	if dw := b.f32opt(dweight, C, "RMSNormBackward dweight"); dw != nil {
+	if dw != nil {
 		for blk := 0; blk < nb; blk++ {
 			p := t.dwpart[blk*C : (blk+1)*C]
 			for i := range dw {

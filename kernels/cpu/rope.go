@@ -171,3 +171,54 @@ func (b *Backend) QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos
 }
 
 var _ kernels.QKNormRoper = (*Backend)(nil)
+
+// QKNormRopeBackward implements kernels.QKNormRopeBackwarder as the
+// model's split path computes it: dq and dk rotated back in place
+// (RopeBackward), then, with norms, each head row through RMSNormBackward
+// into a zeroed buffer (here dq and dk themselves, assigned 0 + the
+// gradient: the same bits), and the three packed into dqkv (CopyCols): the
+// same bits, dqw and dkw summed in RMSNormBackward's order.
+// Shapes: dqkv (T,(NH+2·NKV)·HD) F32|BF16, dqw, dkw, qw, kw (HD) or empty,
+// dq, qraw (T,NH,HD), dk, dv, kraw (T,NKV,HD), qrstd (T,NH), krstd
+// (T,NKV) (qraw, kraw, qrstd, krstd empty without norms), pos (T) I32, cos
+// and sin (P, HD/2).
+func (b *Backend) QKNormRopeBackward(dqkv, dqw, dkw, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin kernels.Buf, T, NH, NKV, HD int) {
+	if HD > kernels.QKNormRopeBackwardMaxHD {
+		panic(fmt.Sprintf("cpu: QKNormRopeBackward: head dimension %d is above %d", HD, kernels.QKNormRopeBackwardMaxHD))
+	}
+	qn, kn := NH*HD, NKV*HD
+	W := qn + 2*kn
+	norm := qw.N > 0
+	heads := [2]struct {
+		g, raw, rstd, w, dw kernels.Buf
+		nh                  int
+		what                string
+	}{
+		{dq, qraw, qrstd, qw, dqw, NH, "QKNormRopeBackward dq"},
+		{dk, kraw, krstd, kw, dkw, NKV, "QKNormRopeBackward dk"},
+	}
+	for i := range heads {
+		h := &heads[i]
+		n := T * h.nh * HD
+		g := b.f32n(h.g, n, h.what)
+		b.ropeOn("QKNormRopeBackward", g, pos, cos, sin, T, h.nh, HD, true)
+		if norm {
+			b.rmsnormBackwardOn(g, b.f32n(h.dw, HD, "QKNormRopeBackward dweight"), g, b.f32n(h.raw, n, "QKNormRopeBackward raw"),
+				b.f32n(h.w, HD, "QKNormRopeBackward weight"), b.f32n(h.rstd, T*h.nh, "QKNormRopeBackward rstd"), T*h.nh, HD, true)
+		}
+	}
+	want := func(x kernels.Buf, n int, what string) {
+		if x.N != n || x.DType != kernels.F32 {
+			panic(fmt.Sprintf("cpu: QKNormRopeBackward %s is %d × %s, want %d × F32", what, x.N, x.DType, n))
+		}
+	}
+	want(dv, T*kn, "dv")
+	if dqkv.N != T*W {
+		panic(fmt.Sprintf("cpu: QKNormRopeBackward dqkv has %d elements, want %d", dqkv.N, T*W))
+	}
+	b.CopyCols(dqkv, dq, T, qn, W, qn)
+	b.CopyCols(dqkv.Slice(qn, T*W-qn), dk, T, kn, W, kn)
+	b.CopyCols(dqkv.Slice(qn+kn, T*W-qn-kn), dv, T, kn, W, kn)
+}
+
+var _ kernels.QKNormRopeBackwarder = (*Backend)(nil)

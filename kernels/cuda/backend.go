@@ -79,6 +79,9 @@ func OpenBackend(opt Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if d.lt == nil {
+		opt.BlasLtLib = ltNone // the plan counts no cuBLASLt workspace
+	}
 	b := &Backend{d: d, opt: opt, scratch: map[string]scratchBuf{}, logitsGiven: opt.LogitsScratch > 0}
 	if err := b.loadKernels(); err != nil {
 		d.close()

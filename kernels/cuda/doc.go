@@ -62,13 +62,23 @@
 // segments, packed sequences as a tree of roots alone. TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //
-// The GEMMs are cublasGemmEx, not cuBLASLt: with bf16 operands and
-// CUBLAS_COMPUTE_32F, GemmEx runs cuBLAS's tensor-core kernels (chosen by
-// the same heuristics cuBLASLt exposes), and cuBLASLt's addition, epilogue
-// fusion (bias, activation, auxiliary outputs), cannot fold an online
-// log-sum-exp over a row, which is the fusion the LM head needs; that stays
-// a kernel reading each fp32 chunk once. scripts/gpu-check.sh measures the
-// LM head against the bare GEMMs it contains.
+// The GEMMs run on cuBLASLt (blaslt.go) when it loads beside cuBLAS (or
+// from Options.BlasLtLib), else on cublasGemmEx, which has the same
+// tensor-core kernels but no separate C and D. Each distinct GEMM (shape,
+// leading dimensions, types, compute type, operand alignment, epilogue)
+// is planned at its first call: cublasLtMatmulAlgoGetHeuristic picks one
+// algorithm under the backend's fixed 32 MiB workspace, and the plan is
+// kept, so every later call runs that algorithm over that workspace.
+// Determinism needs both: the algorithm fixes the summation order (split-K
+// included), and the heuristic's choice depends on the workspace it may
+// use. MatmulAdd (kernels.MatmulAdder) adds the residual as the GEMM's
+// epilogue (beta = 1, C the residual, D the output); on cublasGemmEx the
+// residual is copied into the output first. A fresh MatmulBackward may
+// write a bf16 dinp, rounded once by the GEMM. The LM head's GEMMs take the
+// same path, but its online log-sum-exp over a row stays a kernel reading
+// each fp32 chunk once: no cuBLASLt epilogue (bias, activation, auxiliary
+// outputs) folds it. scripts/gpu-check.sh measures the LM head against the
+// bare GEMMs it contains.
 //
 // Nemotron-H's Mamba-2 scan forward on a bf16 xbc (the bf16 model's) is
 // the chunked SSD algorithm on tensor cores (csrc/ssd_fwd.cu): a block per
@@ -108,7 +118,7 @@
 // # Testing
 //
 // Without a GPU (CI, development machines) the tests build a stand-in
-// libcuda and cuBLAS with g++ (testdata/emu): the .cu files compile as C++
+// libcuda, cuBLAS and cuBLASLt with g++ (testdata/emu): the .cu files compile as C++
 // against a small CUDA emulation header and run on fibers, one per CUDA
 // thread, with __syncthreads and warp shuffles as cooperative barriers.
 // A launch runs its blocks one at a time in a shuffled order, and each
@@ -229,6 +239,12 @@ type Options struct {
 	// $TRACEGRPO_CUDA_BLAS, else the newest of libcublas.so.13, .12, .11
 	// the driver runs, found by libsearch.go's search.
 	BlasLib string
+	// BlasLtLib is the cuBLASLt the GEMMs run on; empty means
+	// $TRACEGRPO_CUDA_BLASLT, else the libcublasLt beside the cuBLAS
+	// loaded (libcublas.so.N's libcublasLt.so.N). "none" keeps them on
+	// cublasGemmEx, as does a cuBLASLt that does not load (DeviceInfo
+	// says which ran, and Libraries why).
+	BlasLtLib string
 	// Matmul chooses how Matmul, MatmulBackward and TokenLogprob's GEMMs
 	// run on F32 buffers: MatmulFP32, MatmulTF32, MatmulBF16, or
 	// MatmulDefault ($TRACEGRPO_CUDA_MATMUL, else fp32).

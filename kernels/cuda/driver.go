@@ -672,12 +672,20 @@ type DeviceInfo struct {
 	BlasVersion   int
 	DriverPath    string
 	BlasPath      string
+	// BlasLtPath is the cuBLASLt the GEMMs run on ("" when they run on
+	// cublasGemmEx: none loaded, or Options.BlasLtLib "none").
+	BlasLtPath    string
+	BlasLtVersion int
 }
 
 func (i DeviceInfo) String() string {
-	return fmt.Sprintf("%s (device %d, sm_%d%d, %d SMs, %.1f GiB, driver %d.%d, cuBLAS %d from %s)",
+	lt := "GEMMs on cublasGemmEx"
+	if i.BlasLtPath != "" {
+		lt = fmt.Sprintf("GEMMs on cuBLASLt %d from %s", i.BlasLtVersion, i.BlasLtPath)
+	}
+	return fmt.Sprintf("%s (device %d, sm_%d%d, %d SMs, %.1f GiB, driver %d.%d, cuBLAS %d from %s, %s)",
 		i.Name, i.Ordinal, i.Major, i.Minor, i.SMs, float64(i.TotalMem)/(1<<30),
-		i.DriverVersion/1000, i.DriverVersion%1000/10, i.BlasVersion, i.BlasPath)
+		i.DriverVersion/1000, i.DriverVersion%1000/10, i.BlasVersion, i.BlasPath, lt)
 }
 
 func (dr *driver) deviceInfo(ordinal int) (DeviceInfo, C.int, error) {
@@ -733,6 +741,10 @@ type device struct {
 	stream unsafe.Pointer
 	handle unsafe.Pointer // cublasHandle_t
 	info   DeviceInfo
+	// lt is cuBLASLt (blaslt.go), nil when the GEMMs run on cublasGemmEx;
+	// ltChoice says where it was loaded from, or why it was not.
+	lt       *ltState
+	ltChoice LibraryChoice
 
 	args   *[maxArgs]uint64 // C memory: argument values
 	params unsafe.Pointer   // C memory: void*[maxArgs] pointing into args
@@ -780,6 +792,23 @@ func openDevice(opt Options) (*device, error) {
 		return nil, fmt.Errorf("cuda: create cuBLAS handle (%s): %s", bl.path, blasStatusText(code))
 	}
 	d.info.BlasVersion = int(ver)
+	var lib *ltLib
+	if opt.meter {
+		lib, d.ltChoice = meterLt(), LibraryChoice{Name: "cuBLASLt", Path: meterPath, From: "the metering device"}
+	} else {
+		lib, d.ltChoice = openBlasLt(opt.BlasLtLib, bl.path)
+	}
+	if lib != nil {
+		if err := d.openLt(lib); err != nil {
+			// A cuBLASLt that loads but cannot start leaves the GEMMs on
+			// cublasGemmEx, and says so.
+			d.ltChoice.Path, d.ltChoice.Err = "", fmt.Errorf("%w: the GEMMs run on cublasGemmEx", err)
+		}
+	}
+	d.info.BlasLtPath, d.info.BlasLtVersion = d.ltChoice.Path, 0
+	if d.lt != nil {
+		d.info.BlasLtVersion = lib.version
+	}
 	d.args = (*[maxArgs]uint64)(C.calloc(maxArgs, 8))
 	d.params = C.calloc(maxArgs, C.size_t(unsafe.Sizeof(uintptr(0))))
 	ps := unsafe.Slice((*unsafe.Pointer)(d.params), maxArgs)
@@ -820,6 +849,7 @@ func (d *device) close() error {
 			first = err
 		}
 	}
+	keep(d.closeLt())
 	if d.handle != nil {
 		if code := C.tg_blas_destroy(d.dr.d, d.ctx, d.bl.b, d.handle); code != 0 {
 			keep(fmt.Errorf("cuda: destroy cuBLAS handle: %s", blasStatusText(code)))

@@ -20,7 +20,7 @@ import (
 
 // The emulator: csrc/*.cu compiled with g++ against testdata/emu/cuda_emu.h
 // into a stand-in libcuda (testdata/emu/fakecuda.cpp) and a stand-in cuBLAS
-// (fakecublas.cpp), so the whole backend (binding, argument packing,
+// and cuBLASLt (fakecublas.cpp, fakecublaslt.cpp), so the whole backend (binding, argument packing,
 // launch geometry, kernels, chunking) runs on the CPU. It cannot show GPU
 // timing, warp-scheduling or memory-model bugs; TestConformanceGPU does that
 // on a device.
@@ -73,7 +73,10 @@ func buildEmu() (driver, blas string, skip string, err error) {
 		if emu.err = compileEmuDriver(cxx, dir, emu.driver, nil, srcs); emu.err != nil {
 			return
 		}
-		for _, c := range [][2]string{{"fakecublas.cpp", emu.blas}, {"fakenccl.cpp", emu.nccl}} {
+		// The cuBLASLt stand-in sits beside the cuBLAS one, where the
+		// backend looks for it (blaslt.go's ltCandidates).
+		lt := filepath.Join(dir, "libfakecublasLt.so")
+		for _, c := range [][2]string{{"fakecublas.cpp", emu.blas}, {"fakecublaslt.cpp", lt}, {"fakenccl.cpp", emu.nccl}} {
 			args := append(append([]string{}, emuCommonFlags...), filepath.Join(emuDir, c[0]), "-o", c[1])
 			if out, cerr := exec.Command(cxx, args...).CombinedOutput(); cerr != nil {
 				emu.err = fmt.Errorf("g++ %s: %v\n%s", strings.Join(args, " "), cerr, out)

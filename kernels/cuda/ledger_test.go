@@ -227,6 +227,40 @@ func TestLedgerElementwise(t *testing.T) {
 	minRead, minWrite := 12*nc+4*C+4*C+4*N, 4*nc+4*C
 	within(t, "RMSNormBackward bytes read", s.read, minRead, minRead+normBwdBlocks*4*C)
 	within(t, "RMSNormBackward bytes written", s.write, minWrite, minWrite+normBwdBlocks*4*C)
+	// QKNormRopeBackward over N tokens of 8 q, 4 k and 4 v heads of 128
+	// into a bf16 dqkv: dq, dk, dv, the raw heads, their rstds, the
+	// weights, pos and the cos/sin rows read, dqkv written, both weight
+	// gradients accumulated (read and written), through at most
+	// normBwdBlocks rows of partials each; without norms, the rotation and
+	// the copies alone.
+	const hd = 128
+	dwq, dwk := f(hd), f(hd)
+	qkb := func(norm bool) func() {
+		return func() {
+			var qraw, kraw, qrstd, krstd, qw, kw, dqw, dkw kernels.Buf
+			if norm {
+				qraw, kraw, qrstd, krstd = y.Slice(0, N*8*hd), z.Slice(0, N*4*hd), w.Slice(0, N*8), w.Slice(N*8, N*4)
+				qw, kw, dqw, dkw = weight.Slice(0, hd), weight.Slice(hd, hd), dwq, dwk
+			}
+			b.QKNormRopeBackward(xh.Slice(0, N*16*hd), dqw, dkw, x.Slice(0, N*8*hd), x.Slice(N*8*hd, N*4*hd), x.Slice(N*12*hd, N*4*hd),
+				qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin, N, 8, 4, hd)
+		}
+	}
+	const nq = int64(N) * 16 * hd
+	s = sumOf(opLedger(t, b, "QKNormRopeBackward", qkb(false)))
+	if want := 4*nq + 4*N + 2*4*N*64; s.read != want || s.write != 2*nq {
+		t.Errorf("QKNormRopeBackward without norms: ledger reads %d, writes %d bytes; the op reads %d, writes %d", s.read, s.write, want, 2*nq)
+	}
+	s = sumOf(opLedger(t, b, "QKNormRopeBackward", qkb(true)))
+	// Its partials: the grid's B rows of q's and of k's, written, then
+	// read by the two reduces.
+	B, _ := qkRopeBwdGrid(N*16, hd)
+	part := 2 * int64(B) * hd * 4
+	read, write := 4*nq+4*nq*12/16+4*N*12+2*4*hd+4*N+2*4*N*64+2*4*hd+part, 2*nq+2*4*hd+part
+	flops := int64(13)*N*12*hd + part/4 // 13 a q/k element; the reduces' one a partial
+	if s.read != read || s.write != write || s.flops != flops {
+		t.Errorf("QKNormRopeBackward: ledger reads %d, writes %d bytes, %d FLOPs; the op reads %d, writes %d, %d FLOPs", s.read, s.write, s.flops, read, write, flops)
+	}
 }
 
 // TestLedgerMamba: Nemotron-H's ops (kernels.Mamba) and the sigmoid

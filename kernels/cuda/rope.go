@@ -106,3 +106,99 @@ func (b *Backend) QKNormRope(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos
 }
 
 var _ kernels.QKNormRoper = (*Backend)(nil)
+
+// QKNormRopeBackward implements kernels.QKNormRopeBackwarder: dqkv
+// (T,(NH+2·NKV)·HD) F32|BF16 = the packed gradient from dq (T,NH,HD), dk,
+// dv (T,NKV,HD) F32 (only read), through RoPE's backward and, with qw and
+// kw (HD), the q/k norms' (dqw, dkw (HD) +=, through per-block partials
+// that rmsnorm_dw_reduce adds in block order).
+func (b *Backend) QKNormRopeBackward(dqkv, dqw, dkw, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos, sin kernels.Buf, T, NH, NKV, HD int) {
+	H3 := NH + 2*NKV
+	if HD > kernels.QKNormRopeBackwardMaxHD {
+		panic(fmt.Sprintf("cuda: QKNormRopeBackward: head dimension %d is above %d", HD, kernels.QKNormRopeBackwardMaxHD))
+	}
+	P := ropeCheck("QKNormRopeBackward", dq, pos, cos, sin, T, NH, HD)
+	dt := operands("QKNormRopeBackward dqkv", dqkv)
+	want(dqkv, dt, T*H3*HD, "QKNormRopeBackward dqkv")
+	want(dk, kernels.F32, T*NKV*HD, "QKNormRopeBackward dk")
+	want(dv, kernels.F32, T*NKV*HD, "QKNormRopeBackward dv")
+	norm := qw.N > 0
+	if norm {
+		want(qw, kernels.F32, HD, "QKNormRopeBackward qw")
+		want(kw, kernels.F32, HD, "QKNormRopeBackward kw")
+		want(dqw, kernels.F32, HD, "QKNormRopeBackward dqw")
+		want(dkw, kernels.F32, HD, "QKNormRopeBackward dkw")
+		want(qraw, kernels.F32, T*NH*HD, "QKNormRopeBackward qraw")
+		want(kraw, kernels.F32, T*NKV*HD, "QKNormRopeBackward kraw")
+		want(qrstd, kernels.F32, T*NH, "QKNormRopeBackward qrstd")
+		want(krstd, kernels.F32, T*NKV, "QKNormRopeBackward krstd")
+	} else {
+		for _, x := range []kernels.Buf{kw, dqw, dkw, qraw, kraw, qrstd, krstd} {
+			if x.N != 0 {
+				panic("cuda: QKNormRopeBackward: without q/k norms (qw empty) kw, dqw, dkw, qraw, kraw, qrstd and krstd must be empty")
+			}
+		}
+	}
+	if T == 0 {
+		return
+	}
+	G, nch := qkRopeBwdShape(HD)
+	N := T * H3
+	B, R := qkRopeBwdGrid(N, HD)
+	if b.opt.maxBlocks > 0 && B > b.opt.maxBlocks { // tests: fewer blocks, more rows each
+		B = b.opt.maxBlocks
+		R = ceilDiv(N, B)
+		B = ceilDiv(N, R)
+	}
+	// The norms' buffers are null without norms (the kernel's test).
+	opt := func(x kernels.Buf) uint64 {
+		if x.N == 0 {
+			return 0
+		}
+		return pa(x)
+	}
+	vec := uint64(0)
+	if HD%8 == 0 {
+		vec = normVec(8, dqkv, dq, dk, dv, cos, sin)
+		if norm && normVec(8, qraw, kraw, qw, kw) == 0 {
+			vec = 0
+		}
+	}
+	name := fmt.Sprintf("qk_norm_rope_bwd_f32out_g%d_c%d", G, nch)
+	if dt == kernels.BF16 {
+		name = fmt.Sprintf("qk_norm_rope_bwd_bf16out_g%d_c%d", G, nch)
+	}
+	defer b.lock()()
+	var partial uintptr
+	var pb int64 // bytes of each of the q and k partials
+	if norm {
+		partial = b.work(workNorm, 2*4*B*HD)
+		if partial == 0 {
+			return
+		}
+		pb = int64(B) * int64(HD) * 4
+	}
+	// Per q/k element: the rotation's 3 FLOPs; with norms the dot's 3,
+	// the input gradient's 4 and the weight gradient's 3.
+	per := int64(3)
+	if norm {
+		per += 10
+	}
+	inflight := 4
+	if vec == 1 {
+		inflight = 96 * nch // a chunk's dq|dk, raw and cos|sin: two 16-byte loads each
+	}
+	c := rw(reads(dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos), dqkv).plus(ropeTableBytes(T, HD), 2*pb).
+		with(per*int64(T)*int64(NH+NKV)*int64(HD), inflight)
+	b.launch(name, c, B, 1, 1, normBwdThreads, 0, pa(dqkv), pu(partial), pu(partial+uintptr(pb)), pa(dq), pa(dk), pa(dv),
+		opt(qraw), opt(kraw), opt(qrstd), opt(krstd), opt(qw), opt(kw), pa(pos), pa(cos), pa(sin),
+		ia(T), ia(NH), ia(NKV), ia(HD), ia(P), ia(R), vec, pu(b.flags))
+	if norm {
+		for i, dw := range []kernels.Buf{dqw, dkw} {
+			b.launch("rmsnorm_dw_reduce", rw(reads(dw), dw).plus(pb, 0).with(pb/4, 16), ceilDiv(HD, 32), 1, 1, normBwdThreads, 0,
+				pa(dw), pu(partial+uintptr(i)*uintptr(pb)), ia(B), ia(HD))
+		}
+	}
+}
+
+var _ kernels.QKNormRopeBackwarder = (*Backend)(nil)

@@ -4,7 +4,11 @@ package cuda
 // the functions below, which the ops call and PlanWorkspace sums: the memory
 // plan counts it from the same code, with no GPU and without cgo.
 
-import "github.com/tracegrpo/tracegrpo/kernels"
+import (
+	"os"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
+)
 
 // Names of the scratch buffers: each holds the largest request made of it.
 const (
@@ -26,6 +30,26 @@ const (
 	reduceBlocks = 256
 	fixedWork    = 4 + 8*reduceBlocks
 )
+
+// ltWorkspace is the workspace every cuBLASLt GEMM may use (the size NVIDIA
+// recommends for Hopper), allocated once when cuBLASLt loads (blaslt.go)
+// and passed, whole, to the heuristic and to every call: an algorithm the
+// heuristic chose under it, and so the GEMM's bits, stay fixed.
+const ltWorkspace = 32 << 20
+
+// ltNone as Options.BlasLtLib (or $TRACEGRPO_CUDA_BLASLT) keeps the GEMMs
+// on cublasGemmEx.
+const ltNone = "none"
+
+// ltPlanned reports whether a backend opened with opt counts cuBLASLt's
+// workspace: unless cuBLASLt is off, a plan made without a device counts
+// it (a device whose cuBLASLt does not load holds 32 MiB less).
+func ltPlanned(opt Options) bool {
+	if opt.BlasLtLib == "" {
+		return os.Getenv("TRACEGRPO_CUDA_BLASLT") != ltNone
+	}
+	return opt.BlasLtLib != ltNone
+}
 
 // biasRows is TG_BIAS_ROWS of csrc/bias.cu: rows per partial sum.
 const biasRows = 256
@@ -69,6 +93,42 @@ func normBwdGrid(N, C int) (G, R int) {
 	G = max(1, min((N+rows-1)/rows, normBwdBlocks))
 	R = (N + G - 1) / G
 	return (N + R - 1) / R, R
+}
+
+// qkRopeBwdShape is QKNormRopeBackward's group kernel for heads of HD: G
+// threads a row (a power of two from 4 to 32), each holding nch chunks of
+// 4 columns of either half of the row (HD ≤ 8·32·4 = 1024).
+func qkRopeBwdShape(HD int) (G, nch int) {
+	per := (HD + 7) / 8 // column pairs of 4 a row needs
+	G = 4
+	for G < per && G < 32 {
+		G *= 2
+	}
+	nch = 1
+	for G*nch < per {
+		nch *= 2
+	}
+	return G, nch
+}
+
+// qkRopeBwdGrid is QKNormRopeBackward's grid over N head rows of HD: B
+// blocks of R consecutive rows (the last may have fewer), as normBwdGrid
+// forms it: a function of N and HD alone, so the weight gradients' bits are
+// too.
+func qkRopeBwdGrid(N, HD int) (B, R int) {
+	G, _ := qkRopeBwdShape(HD)
+	rows := normBwdThreads / G
+	B = max(1, min((N+rows-1)/rows, normBwdBlocks))
+	R = (N + B - 1) / B
+	return (N + R - 1) / R, R
+}
+
+// qkRopeBwdWork is QKNormRopeBackward's scratch with norms: its blocks'
+// rows of q and of k weight-gradient partials (in workNorm, which the ops
+// use one after another).
+func qkRopeBwdWork(T, NH, NKV, HD int) int {
+	B, _ := qkRopeBwdGrid(T*(NH+2*NKV), HD)
+	return 2 * 4 * B * HD
 }
 
 // defaultLogitsScratch is Options.LogitsScratch's default, in elements.
@@ -167,12 +227,16 @@ func filterWork(Tr, V int, dt kernels.DType) int {
 }
 
 // PlanWorkspace returns the bytes the CUDA backend opened with opt
-// allocates for itself running w (its fixed buffers and its ops' scratch,
+// allocates for itself running w (its fixed buffers, cuBLASLt's workspace
+// (ltPlanned) and its ops' scratch,
 // all of it at once when ReserveWorkspace ran), in the GEMM modes the model
 // asks for (the fp32-buffer bf16 cast of MatmulBF16 is not counted: the
 // trainer's mixed precision passes bf16 buffers). It needs no GPU.
 func PlanWorkspace(w kernels.Workload, opt Options) int64 {
 	total := int64(fixedWork)
+	if ltPlanned(opt) {
+		total += ltWorkspace
+	}
 	for _, n := range workspaceSizes(w, opt) {
 		total += int64(n)
 	}
@@ -207,6 +271,11 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, r := range w.RowNorms {
 		if r.Backward {
 			need(workNorm, normWork(r.N, r.C))
+		}
+	}
+	for _, q := range w.QKRopes {
+		if q.Norm {
+			need(workNorm, qkRopeBwdWork(q.T, q.NH, q.NKV, q.HD))
 		}
 	}
 	for _, r := range w.Routes {

@@ -189,6 +189,9 @@ var cases = []testCase{
 			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 				inp, w, dout := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1), s.randnOf(dt, sh.T*sh.OC, 1)
 				dinp, dw, dw2 := s.randn(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1), s.randn(sh.OC*sh.C, 1)
+				// A bf16 dinp: the fp32 result rounded once (the GEMM's
+				// output for a bf16 consumer).
+				dinp16, dw3 := s.randnBF16(sh.T*sh.C, 100), s.randn(sh.OC*sh.C, 1)
 				fresh := 0
 				both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
 					f, ok := b.(kernels.FreshMatmulBackward)
@@ -198,6 +201,7 @@ var cases = []testCase{
 					fresh++
 					f.MatmulBackwardFresh(v(dinp), v(dw), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
 					f.MatmulBackwardFresh(kernels.Buf{}, v(dw2), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
+					f.MatmulBackwardFresh(v(dinp16), v(dw3), v(dout), v(inp), v(w), sh.T, sh.C, sh.OC)
 				})
 				if fresh == 1 {
 					s.t.Logf("%s does not implement kernels.FreshMatmulBackward: not checked", s.dut.Name())
@@ -207,6 +211,44 @@ var cases = []testCase{
 				s.check("MatmulBackwardFresh dinp "+tag, dinp, TolMatmul)
 				s.check("MatmulBackwardFresh dweight "+tag, dw, TolMatmul)
 				s.check("MatmulBackwardFresh dweight (no dinp) "+tag, dw2, TolMatmul)
+				s.check("MatmulBackwardFresh bf16 dinp "+tag, dinp16, TolMatmulBF16Out)
+				s.check("MatmulBackwardFresh dweight (bf16 dinp) "+tag, dw3, TolMatmul)
+			}
+		}
+	}},
+	{"MatmulAdd", func(s *suite) {
+		// kernels.MatmulAdder: out = res + inp·weightᵀ (the residual add as
+		// the GEMM's epilogue), fp32 and bf16 operands, fp32 and bf16
+		// out/res, out apart from res and out being res.
+		for _, sh := range mmShapes {
+			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+				for _, ot := range []kernels.DType{kernels.F32, kernels.BF16} {
+					inp, w := s.randnOf(dt, sh.T*sh.C, 1), s.randnOf(dt, sh.OC*sh.C, 1)
+					res, out := s.randnOf(ot, sh.T*sh.OC, 3), s.randnOf(ot, sh.T*sh.OC, 100)
+					inPlace := s.randnOf(ot, sh.T*sh.OC, 3) // out is res
+					fused := 0
+					both(s, func(b kernels.Backend, v func(*pairBuf) kernels.Buf) {
+						f, ok := b.(kernels.MatmulAdder)
+						if !ok {
+							return
+						}
+						fused++
+						f.MatmulAdd(v(out), v(res), v(inp), v(w), sh.T, sh.C, sh.OC)
+						f.MatmulAdd(v(inPlace), v(inPlace), v(inp), v(w), sh.T, sh.C, sh.OC)
+					})
+					if fused == 1 {
+						s.t.Logf("%s does not implement kernels.MatmulAdder: not checked", s.dut.Name())
+						return
+					}
+					tol := TolMatmul
+					if ot == kernels.BF16 {
+						tol = TolMatmulBF16Out
+					}
+					tag := fmt.Sprintf("%s->%s T=%d C=%d OC=%d", dt, ot, sh.T, sh.C, sh.OC)
+					s.check("MatmulAdd out "+tag, out, tol)
+					s.check("MatmulAdd res (unchanged) "+tag, res, TolExact)
+					s.check("MatmulAdd out is res "+tag, inPlace, tol)
+				}
 			}
 		}
 	}},
@@ -435,6 +477,126 @@ var cases = []testCase{
 		s.check("QKNormRope q with a bad position", q, TolBF16Out)
 		s.check("QKNormRope k with a bad position", k, TolBF16Out)
 		s.check("QKNormRope qrstd with eps 1", qrstd, TolElementwise)
+	}},
+	{"QKNormRopeBackward", func(s *suite) {
+		// kernels.QKNormRopeBackwarder against the reference, with q/k
+		// norms (Qwen3) and without (RoPE's backward and the packing
+		// alone), fp32 and bf16 dqkv, unaligned and aligned views (a
+		// backend's 16-byte paths); on the reference, bit for bit the
+		// split path it stands for (RopeBackward, Fill, RMSNormBackward,
+		// CopyCols); on the backend under test, bit for bit a rerun. Head
+		// widths: 2 (a pair), 34 (not a multiple of 8), 64, 128 (Qwen3's),
+		// 512 and 1024 (several chunks a thread); more rows than a block
+		// works on at once.
+		dutR, ok := s.dut.(kernels.QKNormRopeBackwarder)
+		if !ok {
+			s.t.Skipf("%s does not implement kernels.QKNormRopeBackwarder", s.dut.Name())
+		}
+		refR := s.ref.(kernels.QKNormRopeBackwarder)
+		shapes := []struct{ T, NH, NKV, HD, maxPos int }{{3, 1, 1, 2, 4}, {37, 4, 2, 8, 100}, {9, 3, 3, 34, 4096}, {13, 2, 1, 64, 50}, {20, 4, 2, 128, 5000}, {3, 2, 1, 512, 9}, {2, 1, 1, 1024, 9}}
+		for i, sh := range shapes {
+			for _, norm := range []bool{true, false} {
+				for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+					s.aligned = i%2 == 0
+					T, NH, NKV, HD := sh.T, sh.NH, sh.NKV, sh.HD
+					qn, kn := NH*HD, NKV*HD
+					W := qn + 2*kn
+					pos := s.i32(s.randTokens(T, sh.maxPos))
+					cos, sin := s.ropeTables(sh.maxPos, HD, 1e6)
+					dq0, dk0, dv := s.randn(T*qn, 1), s.randn(T*kn, 1), s.randn(T*kn, 1)
+					dq, dk := s.randn(T*qn, 1), s.randn(T*kn, 1)
+					var qraw, kraw, qrstd, krstd, qw, kw, dqw, dkw *pairBuf
+					v := func(p *pairBuf, r bool) kernels.Buf {
+						switch {
+						case p == nil:
+							return kernels.Buf{}
+						case r:
+							return p.r
+						}
+						return p.d
+					}
+					// The weight gradients' starting values, each in three
+					// buffers: the run, its rerun and the split path.
+					var w0 [2][]float32
+					var dw [2][3]*pairBuf
+					if norm {
+						qraw, kraw = s.randn(T*qn, 2), s.randn(T*kn, 2)
+						rs := func(n int) *pairBuf {
+							x := make([]float32, n)
+							for j := range x {
+								x[j] = float32(0.2 + s.rng.Float64())
+							}
+							return s.f32(x)
+						}
+						qrstd, krstd = rs(T*NH), rs(T*NKV)
+						qw, kw = s.randn(HD, 1), s.randn(HD, 1)
+						for j := range w0 {
+							w0[j] = make([]float32, HD)
+							for e := range w0[j] {
+								w0[j][e] = float32(s.rng.NormFloat64())
+							}
+							for c := range dw[j] {
+								dw[j][c] = s.f32(w0[j])
+							}
+						}
+						dqw, dkw = dw[0][0], dw[1][0]
+					}
+					dqkv := s.randnOf(dt, T*W, 1)
+					run := func(b kernels.Backend, x kernels.QKNormRopeBackwarder, r bool, out kernels.Buf, dqw, dkw *pairBuf) {
+						b.Copy(v(dq, r), v(dq0, r))
+						b.Copy(v(dk, r), v(dk0, r))
+						x.QKNormRopeBackward(out, v(dqw, r), v(dkw, r), v(dq, r), v(dk, r), v(dv, r), v(qraw, r), v(kraw, r),
+							v(qrstd, r), v(krstd, r), v(qw, r), v(kw, r), v(pos, r), v(cos, r), v(sin, r), T, NH, NKV, HD)
+					}
+					run(s.ref, refR, true, dqkv.r, dqw, dkw)
+					run(s.dut, dutR, false, dqkv.d, dqw, dkw)
+					tag := fmt.Sprintf("%s norm=%v T=%d NH=%d NKV=%d HD=%d aligned=%v", dt, norm, T, NH, NKV, HD, s.aligned)
+					tol := TolReduce
+					if dt == kernels.BF16 {
+						tol = TolBF16Out
+					}
+					s.check("QKNormRopeBackward dqkv "+tag, dqkv, tol)
+					if norm {
+						s.check("QKNormRopeBackward dqw += "+tag, dqw, TolReduce)
+						s.check("QKNormRopeBackward dkw += "+tag, dkw, TolReduce)
+					}
+					// A rerun on the backend under test: the same bits.
+					again := s.randnOf(dt, T*W, 1)
+					var rq, rk *pairBuf
+					if norm {
+						rq, rk = dw[0][1], dw[1][1]
+					}
+					run(s.dut, dutR, false, again.d, rq, rk)
+					s.sameBitsOn(s.dut, "QKNormRopeBackward dqkv rerun "+tag, dqkv.d, again.d)
+					if norm {
+						s.sameBitsOn(s.dut, "QKNormRopeBackward dqw rerun "+tag, dqw.d, rq.d)
+						s.sameBitsOn(s.dut, "QKNormRopeBackward dkw rerun "+tag, dkw.d, rk.d)
+					}
+					// The split path on the reference.
+					b := s.ref
+					gq, gk, sqkv := s.randn(T*qn, 1), s.randn(T*kn, 1), s.randnOf(dt, T*W, 1)
+					b.Copy(gq.r, dq0.r)
+					b.Copy(gk.r, dk0.r)
+					b.RopeBackward(gq.r, pos.r, cos.r, sin.r, T, NH, HD)
+					b.RopeBackward(gk.r, pos.r, cos.r, sin.r, T, NKV, HD)
+					if norm {
+						nq, nk := s.randn(T*qn, 1), s.randn(T*kn, 1)
+						b.Fill(nq.r, 0)
+						b.Fill(nk.r, 0)
+						b.RMSNormBackward(nq.r, dw[0][2].r, gq.r, qraw.r, qw.r, qrstd.r, T*NH, HD)
+						b.RMSNormBackward(nk.r, dw[1][2].r, gk.r, kraw.r, kw.r, krstd.r, T*NKV, HD)
+						gq, gk = nq, nk
+						s.sameBitsOn(b, "QKNormRopeBackward dqw against the split path "+tag, dqw.r, dw[0][2].r)
+						s.sameBitsOn(b, "QKNormRopeBackward dkw against the split path "+tag, dkw.r, dw[1][2].r)
+					}
+					b.CopyCols(sqkv.r, gq.r, T, qn, W, qn)
+					b.CopyCols(sqkv.r.Slice(qn, T*W-qn), gk.r, T, kn, W, kn)
+					b.CopyCols(sqkv.r.Slice(qn+kn, T*W-qn-kn), dv.r, T, kn, W, kn)
+					s.sameBitsOn(b, "QKNormRopeBackward dqkv against the split path "+tag, dqkv.r, sqkv.r)
+				}
+			}
+		}
+		s.aligned = false
 	}},
 	{"RopeBadPosition", func(s *suite) {
 		// Position 6 of a 6-row table, and a negative one: those rows stay

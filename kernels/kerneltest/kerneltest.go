@@ -22,6 +22,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -71,6 +72,10 @@ var (
 	// on each side; fp32 values a few ulps apart may round to neighbouring
 	// bf16 values, one bf16 ulp (2^-8 relative) apart.
 	TolBF16Out = Tol{Atol: 1e-6, Rtol: 1.0 / 128}
+	// TolMatmulBF16Out: a TolMatmul result rounded to bfloat16 on each
+	// side: one bf16 ulp relative, and TolMatmul's absolute error where a
+	// dot product cancels to near zero.
+	TolMatmulBF16Out = Tol{Atol: 1e-4, Rtol: 1.0 / 128}
 	// TolAttentionBF16Out: attention output (fp32) from bf16 q, k, v of
 	// N(0,1) values on tensor cores, which round the probabilities P to
 	// bf16 (relative error up to 2^-9 each) before P·V, against the
@@ -112,6 +117,10 @@ type Options struct {
 	// ones among them), so that more schedules cost less. Use it with
 	// Reduced.
 	Schedule bool
+	// Cases, when set, names the only cases that run (a backend variant
+	// that differs in a few ops: the CUDA backend's GEMMs on
+	// cublasGemmEx instead of cuBLASLt).
+	Cases []string
 }
 
 // Run checks every op of the backends newBackend returns against
@@ -128,6 +137,9 @@ func RunOptions(t *testing.T, newBackend func() kernels.Backend, opt Options) {
 	defer ref.Close()
 	defer closeBackend(t, dut)
 	for _, c := range cases {
+		if opt.Cases != nil && !slices.Contains(opt.Cases, c.name) {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(len(c.name)), 0x7eace))
 			s := &suite{t: t, ref: ref, dut: dut, rng: rng, reduced: opt.Reduced, schedule: opt.Schedule}

@@ -16,6 +16,14 @@
 //          rotated as rope rotates it and rounded to out's dtype; v's rows
 //          copied into v (=), rounded alike. No split copies, no fp32 q/k
 //          in between.
+//   qk_norm_rope_bwd_{f32,bf16}out_gT_cN: its backward, written straight into
+//          the q|k|v GEMM's packed gradient dqkv (T, (NH+2·NKV)·HD) as its
+//          backward consumes it (kernels.QKNormRopeBackwarder): for each q
+//          and k head row, dy = its row of dq or dk rotated back (rope's
+//          sign −1), then with norms dx = r·dy·w − r³·raw/HD · Σ dy·w·raw
+//          (r its rstd), dweight partial (=) Σ_rows dy·raw·r; v's rows of
+//          dv copied. dqkv (=) rounded to its dtype. Without norms (qw
+//          null) dx = dy. dq, dk and dv are only read.
 //
 // pos (T) I32. The tables are computed once on the host (package model), so
 // the kernel does no transcendental math. One warp per (t, h) row (one
@@ -133,4 +141,290 @@ extern "C" __global__ void qk_norm_rope_bf16out(tg_bf16* q, tg_bf16* k, tg_bf16*
                                                 float eps, int* flags) {
   qk_norm_rope_rows(q, k, v, qraw, kraw, qrstd, krstd, qkv, qw, kw, pos, cos_t, sin_t, T, NH, NKV, HD, P, eps,
                     flags);
+}
+
+
+// ---------------------------------------------------------------------------
+// The backward of qk_norm_rope, as rmsnorm.cu's group kernels take the
+// norm's backward: groups of G threads (G a power of two, 4..32, so a group
+// is a warp or part of one) each own a head row at a time, thread i of a
+// group holding columns 4(i + G·j) .. +3 of the row's first half and the
+// same columns of its second half for j < NCH: the pairs rope rotates
+// together sit in one thread, so the rotation needs no shuffle. Row r of
+// the T·(NH+2·NKV) head rows (t = r / H3, head h = r % H3) is head h of
+// token t, and also row r of dqkv seen as (T·H3, HD): q's heads, then k's,
+// then v's. Block b works on rows [b·R, (b+1)·R), GROUPS rows at a time;
+// each thread sums its columns' q and k weight-gradient terms over its rows
+// in row order, the block adds its groups' sums in group order into its
+// rows of qpart and kpart (G_blocks, HD), and rmsnorm_dw_reduce adds those
+// in block order. The grid depends on T, the heads and HD only
+// (qkRopeBwdGrid), so the bits of the weight gradients are the same on
+// every run and every GPU. No atomics but the error flag.
+#define QB_THREADS 256
+
+template <int G>
+__device__ __forceinline__ float qb_group_sum(float v) {
+#pragma unroll
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(TG_FULL, v, o);
+  return v;
+}
+
+// The 4 columns c..c+3 of a half row (c % 4 == 0) as floats: one 16-byte
+// load (vec), else scalar loads of the columns below half (the rest 0).
+__device__ __forceinline__ void qb_load(const float* p, int c, int half, bool vec, float r[4]) {
+  if (vec) {
+    if (c < half) {
+      ld4(p + c, r);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; e++) r[e] = 0.f;
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e++) r[e] = c + e < half ? p[c + e] : 0.f;
+}
+template <class TO>
+__device__ __forceinline__ void qb_store(TO* p, int c, int half, bool vec, const float r[4]) {
+  if (vec) {
+    if (c < half) st_f4(p + c, r);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < 4; e++)
+    if (c + e < half) st_f(p, c + e, r[e]);
+}
+
+template <int G, int NCH, class TO>
+__device__ __forceinline__ void qk_norm_rope_bwd_groups(TO* dqkv, float* qpart, float* kpart, const float* dq,
+                                                        const float* dk, const float* dv, const float* qraw,
+                                                        const float* kraw, const float* qrstd,
+                                                        const float* krstd, const float* qw, const float* kw,
+                                                        const int* pos, const float* cos_t, const float* sin_t,
+                                                        int T, int NH, int NKV, int HD, int P, int R, int vec,
+                                                        int* flags) {
+  constexpr int GROUPS = QB_THREADS / G, W = 8 * G * NCH;  // W: the most columns a group covers
+  __shared__ float dws[GROUPS * W];                       // each group's q (then k) weight-gradient sums
+  const int grp = threadIdx.x / G, li = threadIdx.x % G, half = HD / 2, H3 = NH + 2 * NKV;
+  const bool v = vec != 0, norm = qw != nullptr;
+  const long long N = (long long)T * H3;
+  float wq[NCH][8], wk[NCH][8], dwq[NCH][8], dwk[NCH][8];
+#pragma unroll
+  for (int j = 0; j < NCH; j++) {
+    const int c = 4 * (li + G * j);
+#pragma unroll
+    for (int e = 0; e < 8; e++) wq[j][e] = wk[j][e] = dwq[j][e] = dwk[j][e] = 0.f;
+    if (norm) {
+      qb_load(qw, c, half, v, wq[j]);
+      qb_load(qw + half, c, half, v, wq[j] + 4);
+      qb_load(kw, c, half, v, wk[j]);
+      qb_load(kw + half, c, half, v, wk[j] + 4);
+    }
+  }
+  const long long r0 = (long long)blockIdx.x * R, r1 = min(N, r0 + R);
+  for (long long base = r0; base < r1; base += GROUPS) {
+    const long long row = base + grp;
+    const bool live = row < r1;
+    const int t = live ? (int)(row / H3) : 0, h = live ? (int)(row - (long long)t * H3) : 0;
+    // kind: 0 q, 1 k, 2 v; src its row of dq, dk or dv; raw, w its norm's.
+    const int kind = h < NH ? 0 : h < NH + NKV ? 1 : 2;
+    const long long srow = kind == 0 ? (long long)t * NH + h : (long long)t * NKV + (h - NH - (kind == 2 ? NKV : 0));
+    const float* src = (kind == 0 ? dq : kind == 1 ? dk : dv) + srow * HD;
+    const bool rot = live && kind < 2, nrm = rot && norm;
+    int p = live ? pos[t] : 0;
+    const bool inside = p >= 0 && p < P;
+    if (rot && !inside && li == 0 && h == 0) atomicOr(flags, TG_ERR_ROPEPOS);
+    if (!inside) p = 0;
+    const float* cs = cos_t + (long long)p * half;
+    const float* sn = sin_t + (long long)p * half;
+    const float* x = (kind == 0 ? qraw : kraw) + srow * HD;
+    float g[NCH][8], xr[NCH][8];
+    float dot = 0.f;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+      const int c = 4 * (li + G * j);
+#pragma unroll
+      for (int e = 0; e < 8; e++) g[j][e] = xr[j][e] = 0.f;
+      if (live) {
+        qb_load(src, c, half, v, g[j]);
+        qb_load(src + half, c, half, v, g[j] + 4);
+      }
+      if (rot && inside) {
+        float ck[4], sk[4];
+        qb_load(cs, c, half, v, ck);
+        qb_load(sn, c, half, v, sk);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float a = g[j][e], b = g[j][e + 4];
+          g[j][e] = a * ck[e] + b * sk[e];
+          g[j][e + 4] = b * ck[e] - a * sk[e];
+        }
+      }
+      if (nrm) {
+        qb_load(x, c, half, v, xr[j]);
+        qb_load(x + half, c, half, v, xr[j] + 4);
+        const float* w = kind == 0 ? wq[j] : wk[j];
+#pragma unroll
+        for (int e = 0; e < 8; e++) dot += g[j][e] * w[e] * xr[j][e];
+      }
+    }
+    // Every lane of the warp shuffles (its row of any kind, or none).
+    dot = qb_group_sum<G>(dot);
+    if (!live) continue;
+    const float r = nrm ? (kind == 0 ? qrstd : krstd)[srow] : 0.f;
+    const float k = r * r * r * dot / (float)HD;
+    TO* o = dqkv + row * HD;
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+      const int c = 4 * (li + G * j);
+      float dx[8];
+      if (nrm) {
+        const float* w = kind == 0 ? wq[j] : wk[j];
+        float* dw = kind == 0 ? dwq[j] : dwk[j];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+          dx[e] = r * g[j][e] * w[e] - k * xr[j][e];
+          dw[e] += g[j][e] * xr[j][e] * r;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) dx[e] = g[j][e];
+      }
+      qb_store(o, c, half, v, dx);
+      qb_store(o + half, c, half, v, dx + 4);
+    }
+  }
+  if (!norm) return;
+  // The block's partial rows: its groups' sums added in group order, q's
+  // then k's through the same shared array.
+  for (int which = 0; which < 2; which++) {
+    float* part = which == 0 ? qpart : kpart;
+    __syncthreads();  // the previous readers of dws are done
+#pragma unroll
+    for (int j = 0; j < NCH; j++) {
+      const int c = 4 * (li + G * j);
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (c + e < half) {
+          dws[grp * W + c + e] = which == 0 ? dwq[j][e] : dwk[j][e];
+          dws[grp * W + half + c + e] = which == 0 ? dwq[j][e + 4] : dwk[j][e + 4];
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < HD; c += QB_THREADS) {
+      float s = 0.f;
+      for (int gi = 0; gi < GROUPS; gi++) s += dws[gi * W + c];
+      part[(long long)blockIdx.x * HD + c] = s;
+    }
+  }
+}
+
+// The instances: (threads a row, chunks a thread) × dqkv's dtype.
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g4_c1(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<4, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g4_c1(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<4, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g8_c1(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<8, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g8_c1(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<8, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g16_c1(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<16, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g16_c1(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<16, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g32_c1(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g32_c1(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 1>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g32_c2(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 2>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g32_c2(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 2>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_f32out_g32_c4(float* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 4>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
+}
+extern "C" __global__ void __launch_bounds__(QB_THREADS)
+    qk_norm_rope_bwd_bf16out_g32_c4(tg_bf16* dqkv, float* qpart, float* kpart, const float* dq, const float* dk,
+                                  const float* dv, const float* qraw, const float* kraw, const float* qrstd,
+                                  const float* krstd, const float* qw, const float* kw, const int* pos,
+                                  const float* cos_t, const float* sin_t, int T, int NH, int NKV, int HD, int P,
+                                  int R, int vec, int* flags) {
+  qk_norm_rope_bwd_groups<32, 4>(dqkv, qpart, kpart, dq, dk, dv, qraw, kraw, qrstd, krstd, qw, kw, pos, cos_t, sin_t,
+                                  T, NH, NKV, HD, P, R, vec, flags);
 }
