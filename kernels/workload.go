@@ -84,10 +84,10 @@ type RowNorm struct {
 }
 
 // Attn is an Attention of T packed tokens, sequences of at most MaxLen;
-// Backward: its AttentionBackward runs too.
+// Backward: its AttentionBackward runs too; BF16: on bf16 operands.
 type Attn struct {
 	T, NH, NKV, HD, MaxLen int
-	Backward               bool
+	Backward, BF16         bool
 }
 
 // TreeAttn is a TreeAttention of T packed tokens in segments of at most

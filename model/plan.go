@@ -29,7 +29,7 @@ func (m *Model) workload(backward bool) kernels.Workload {
 		},
 		Heads:     []kernels.Head{{T: T, C: C, V: V, Backward: backward, Filtered: m.headFiltered(), BF16: m.wdt == kernels.BF16}},
 		RowNorms:  []kernels.RowNorm{{N: T, C: C, Backward: backward}},
-		Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), Backward: backward}},
+		Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: min(T, m.opt.MaxSeqLen), Backward: backward, BF16: m.wdt == kernels.BF16}},
 	}
 	if m.opt.Tree {
 		// A context may run to MaxSeqLen tokens.

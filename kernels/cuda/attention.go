@@ -107,6 +107,11 @@ func tcSmem(HD int) (fwd, dq, dkdv int) {
 	return 3 * tcRows * row, (2*tcRows + 4*nk) * row, (2*tcRows+4*nq)*row + 2*2*nq*4
 }
 
+// tcSmemDqDS is the dynamic shared memory of the packed backward's dq
+// kernel (attention_bwd_dq_ds_tc): two buffers of a dS tile (64 rows of 64
+// keys, padded to 72) and a K tile.
+func tcSmemDqDS(HD int) int { return 2 * (tcRows*(64+8) + 64*(HD+8)) * 2 }
+
 // useTC reports whether the tensor-core kernels run for these operands:
 // BF16, HD 64 or 128, every base address 16-byte aligned (the rows of a
 // head then are too, HD·2 bytes being a multiple of 16).
@@ -201,15 +206,31 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 		dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	in := rw(reads(dout, lse, q, k, v, seqs.CuSeqlens)).plus(int64(attnDWork(T, NH)), 0)
 	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
-		_, smemDq, smemDkdv := tcSmem(HD)
-		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
-			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
+		// dk, dv and the dS scratch in one pass over each key block's
+		// queries, then dq = dS·K from the scratch: five products a (query,
+		// key) tile pair, none recomputed (FlashAttention-2's dq kernel
+		// recomputes S and dP: seven).
+		bt := attnDSStride(seqs.MaxLen)
+		ds := b.work(workAttnDS, attnDSWork(T, NH, seqs.MaxLen))
+		if ds == 0 {
+			return
+		}
+		_, _, smemDkdv := tcSmem(HD)
 		grid := ceilDiv(seqs.MaxLen, tcRows)
-		nk, nq := tcTiles(HD)
-		cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, tcRows, nk), tcRows, nk, 3), 0)
-		cdkdv := in.plus(0, bytesOf(dk, dv)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, keyTiles(seqs.MaxLen, tcRows, nq), tcRows, nq, 4), 0)
-		b.launch(tcKernel(HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"), cdq, grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
-		b.launch(tcKernel(HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128"), cdkdv, grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		_, nq := tcTiles(HD)
+		dsBytes := attnDSBytes(T, NH, seqs.MaxLen)
+		// In flight a thread: the dkdv kernel's next query tile (q and
+		// dout, nq rows of HD bf16, in 16-byte cp.async chunks over the
+		// block) is issued before it computes on this one; dq's next dS and
+		// K tiles likewise.
+		inDkdv, inDq := 2*nq*HD*2/attThreads, (tcRows*64+64*HD)*2/attThreads
+		cdkdv := in.plus(0, bytesOf(dk, dv)+dsBytes).with(attnFLOPs(T, seqs.MaxLen, NH, HD, keyTiles(seqs.MaxLen, tcRows, nq), tcRows, nq, 4), inDkdv)
+		b.launch(tcKernel(HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128"), cdkdv, grid, seqs.S, NKV, attThreads, smemDkdv,
+			pa(dk), pa(dv), pu(ds), la(bt), pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
+			ia(NH), ia(NKV), fa(scale), fa(scale*log2e), pu(b.flags))
+		cdq := rw(reads(k, seqs.CuSeqlens), dq).plus(dsBytes, 0).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, tcRows, 64), tcRows, 64, 1), inDq)
+		b.launch(tcKernel(HD, "attention_bwd_dq_ds_tc_hd64", "attention_bwd_dq_ds_tc_hd128"), cdq, grid, seqs.S, NH, attThreads, tcSmemDqDS(HD),
+			pa(dq), pu(ds), la(bt), pa(k), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale), pu(b.flags))
 		return
 	}
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))

@@ -13,6 +13,7 @@ import (
 // Names of the scratch buffers: each holds the largest request made of it.
 const (
 	workAttnD        = "attention D"
+	workAttnDS       = "attention dS"
 	workDecode       = "decode partials"
 	workBias         = "bias_partials"
 	workNorm         = "rmsnorm dweight partials"
@@ -154,6 +155,42 @@ func LogitsScratchFor(headroom int64) int {
 // attnDWork is AttentionBackward's rowsum(dout·out), one float per query row.
 func attnDWork(T, NH int) int { return 4 * T * NH }
 
+// The dS scratch of the packed tensor-core backward (csrc/attention_family.cuh's
+// attn_ds): per query head, each token's row of bf16 dS against the keys of
+// its sequence up to its own, rounded up to whole 64-key blocks. The row of
+// position p holds 64·(p/64+1) keys, so a sequence of L tokens needs
+// attnDSRows(L) elements a head; every token gets attnDSStride(MaxLen), the
+// mean row of the longest sequence rounded up to 8 elements (16 bytes), so
+// that each sequence's rows start at its first token's stride and no two
+// sequences overlap.
+func attnDSRows(L int) int64 {
+	b, r := int64(L/64), int64(L%64)
+	return 2048*b*(b+1) + 64*r*(b+1)
+}
+
+// attnDSStride is the dS elements a token, for sequences of at most maxLen.
+func attnDSStride(maxLen int) int {
+	if maxLen <= 0 {
+		return 0
+	}
+	n := (attnDSRows(maxLen) + int64(maxLen) - 1) / int64(maxLen)
+	return int((n + 7) &^ 7)
+}
+
+// attnDSWork is the dS scratch's bytes for T tokens of NH query heads in
+// sequences of at most maxLen.
+func attnDSWork(T, NH, maxLen int) int { return 2 * T * NH * attnDSStride(maxLen) }
+
+// attnDSBytes is the dS the backward writes (and its dq kernel reads),
+// taking every sequence maxLen long (T/maxLen of them) as the ledger's
+// attention counts do: exact for equal lengths, an upper bound otherwise.
+func attnDSBytes(T, NH, maxLen int) int64 {
+	if maxLen <= 0 {
+		return 0
+	}
+	return int64(float64(T) / float64(maxLen) * float64(attnDSRows(maxLen)) * float64(NH) * 2)
+}
+
 // biasWork is BiasBackward's partial sums: one row per chunk of biasRows.
 func biasWork(T, OC int) int { return 4 * ((T + biasRows - 1) / biasRows) * OC }
 
@@ -254,6 +291,9 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, a := range w.Attention {
 		if a.Backward {
 			need(workAttnD, attnDWork(a.T, a.NH))
+			if a.BF16 && (a.HD == 64 || a.HD == 128) { // the tensor-core backward
+				need(workAttnDS, attnDSWork(a.T, a.NH, a.MaxLen))
+			}
 		}
 	}
 	for _, a := range w.Trees {
@@ -333,14 +373,40 @@ func stateBytes(s kernels.Scan) int64 { return 4 * int64(s.MH) * int64(s.MP) * i
 func scanCkpts(T, NS int) int { return T/mambaQ + NS }
 
 // scanWork is the scratch of a scan over T tokens in NS segments: the final
-// states (when the caller keeps none), and for the backward the
-// checkpoints, a chunk's states per head, the initial-state gradients and
-// the per-head dB, dC.
+// states (when the caller keeps none), and for the backward (ssdLayout) the
+// checkpoints and the chunks' state gradients (scanCkpts each), the
+// initial-state gradients, the chunks' decays, partials and table:
+//
+//	NS·st + 2·(T/64 + NS)·st + NS·st + (T/64 + NS)·(16·MH + 8),  st = 4·MH·MP·DS
 func scanWork(T, NS int, s kernels.Scan, backward bool) int {
-	st := stateBytes(s)
-	n := int64(NS) * st
 	if backward {
-		n += int64(scanCkpts(T, NS))*st + mambaQ*st + int64(NS)*st + 8*int64(T)*int64(s.MH)*int64(s.DS)
+		return int(ssdLayout(T, NS, s).total)
 	}
-	return int(n)
+	return int(int64(NS) * stateBytes(s))
+}
+
+// ssdLayout is SSMScanBackward's scratch (csrc/ssd_bwd.cu), offsets in
+// bytes from its start: the final states (NS), the checkpoints and the
+// chunks' state gradients (nck each, nck = scanCkpts bounding the
+// chunks), the initial-state gradients (NS), the chunks' decays (nck,MH)
+// and partials (nck,MH,3), and the chunk table (two nck int32).
+type ssdScratch struct {
+	nck                                         int
+	ckpt, dS, dsin, dec, part, ct0, cseg, total uintptr
+}
+
+func ssdLayout(T, NS int, s kernels.Scan) ssdScratch {
+	st, nck := uintptr(stateBytes(s)), scanCkpts(T, NS)
+	n, mh := uintptr(nck), uintptr(s.MH)
+	var l ssdScratch
+	l.nck = nck
+	l.ckpt = uintptr(NS) * st
+	l.dS = l.ckpt + n*st
+	l.dsin = l.dS + n*st
+	l.dec = l.dsin + uintptr(NS)*st
+	l.part = l.dec + 4*n*mh
+	l.ct0 = l.part + 12*n*mh
+	l.cseg = l.ct0 + 4*n
+	l.total = l.cseg + 4*n
+	return l
 }

@@ -7,8 +7,10 @@
 //
 //   attention_fwd*:        out (T,NH,HD) =, lse (T,NH) =   (attn_fwd, attn_fwd_tc)
 //   attention_bwd_dot*:    D (T,NH) = Σ_d dout·out          (=; here, tree_attention.cu's too)
-//   attention_bwd_dq*:     dq (T,NH,HD) =                   (attn_bwd_dq, attn_bwd_dq_tc)
-//   attention_bwd_dkdv*:   dk, dv (T,NKV,HD) =              (attn_bwd_dkdv, attn_bwd_dkdv_tc)
+//   attention_bwd_dkdv*:   dk, dv (T,NKV,HD) =              (attn_bwd_dkdv, attn_bwd_dkdv_tc<.., true>:
+//                          and dS into the scratch, attn_ds)
+//   attention_bwd_dq*:     dq (T,NH,HD) =                   (attn_bwd_dq, attn_bwd_dq_ds_tc: dS·K
+//                          from the scratch, after the dkdv kernel)
 //
 // q, out, dq, dout (T,NH,HD); k, v, dk, dv (T,NKV,HD); cu (S+1) I32 holds
 // the sequence offsets. Sequence s is tokens [cu[s], cu[s+1]), positions
@@ -143,25 +145,30 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
   attn_fwd_tc<128, float>(out, lse, q, k, v, ATT_TC_TOPO, NH, NKV, sl2);
 }
 
+// The backward pass without recomputation: the dkdv kernels also write dS
+// into the scratch (attn_ds: ds, bt elements a token), which the dq kernels
+// multiply by K.
 #define ATT_TC_BWD_ARGS \
   const int *cu, int S, int T, int maxlen, int NH, int NKV, float scale, float sl2, int *flags
+#define ATT_TC_DS attn_ds{ds, bt, T, maxlen}
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
-    attention_bwd_dq_tc_hd64(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
-                             const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
-  attn_bwd_dq_tc<64, 64>(dq, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
+    attention_bwd_dkdv_tc_hd64(float* dk, float* dv, tg_bf16* ds, long long bt, const tg_bf16* dout,
+                               const float* lse, const float* D, const tg_bf16* q, const tg_bf16* k,
+                               const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dkdv_tc<64, 64, true>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2, ATT_TC_DS);
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
-    attention_bwd_dq_tc_hd128(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
-                              const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
-  attn_bwd_dq_tc<128, 32>(dq, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
+    attention_bwd_dkdv_tc_hd128(float* dk, float* dv, tg_bf16* ds, long long bt, const tg_bf16* dout,
+                                const float* lse, const float* D, const tg_bf16* q, const tg_bf16* k,
+                                const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dkdv_tc<128, 32, true>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2, ATT_TC_DS);
+}
+#define ATT_TC_DQ_ARGS const int *cu, int S, int T, int maxlen, int NH, int NKV, float scale, int *flags
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dq_ds_tc_hd64(float* dq, tg_bf16* ds, long long bt, const tg_bf16* k, ATT_TC_DQ_ARGS) {
+  attn_bwd_dq_ds_tc<64>(dq, k, ATT_TC_TOPO, NH, NKV, scale, ATT_TC_DS);
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
-    attention_bwd_dkdv_tc_hd64(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
-                               const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
-  attn_bwd_dkdv_tc<64, 64>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
-}
-extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
-    attention_bwd_dkdv_tc_hd128(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
-                                const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
-  attn_bwd_dkdv_tc<128, 32>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
+    attention_bwd_dq_ds_tc_hd128(float* dq, tg_bf16* ds, long long bt, const tg_bf16* k, ATT_TC_DQ_ARGS) {
+  attn_bwd_dq_ds_tc<128>(dq, k, ATT_TC_TOPO, NH, NKV, scale, ATT_TC_DS);
 }

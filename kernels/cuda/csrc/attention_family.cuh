@@ -70,14 +70,20 @@
 //     query rows, Q and dO fragments in registers; per key tile (NK keys,
 //     double-buffered across the ranges): S = Q·Kᵀ, dP = dO·Vᵀ,
 //     dS = P∘(dP − D), dQ += dS·K; dq = scale·dQ (fp32) =.
-//   attn_bwd_dkdv_tc<HD, NQ>: grid (ceil(MaxLen/64), S, NKV); warp w owns
-//     16 key rows; for every query head of the group and query tile (NQ
-//     queries, double-buffered with their lse and D) that sees the block's
-//     keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q;
-//     dk = scale·dK, dv = dV (fp32) =.
-// dq is its own kernel instead of FlashAttention-2's atomic adds, at the
-// cost of recomputing S and dP. P and dS are rounded to bf16 as mma
-// operands, as in FlashAttention-2.
+//   attn_bwd_dkdv_tc<HD, NQ, DS>: grid (ceil(MaxLen/64), S, NKV); warp w
+//     owns 16 key rows; for every query head of the group and query tile
+//     (NQ queries, double-buffered with their lse and D) that sees the
+//     block's keys: Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ, dV += Pᵀ·dO, dK += dSᵀ·Q;
+//     dk = scale·dK, dv = dV (fp32) =. With DS (packed sequences) it also
+//     stores each pair's dS, rounded to bf16 as the dK product uses it,
+//     into the dS scratch (attn_ds).
+//   attn_bwd_dq_ds_tc<HD>: packed sequences: dq = scale·dS·K from that
+//     scratch, no S or dP recomputed (five products a tile pair in all).
+// Trees keep attn_bwd_dq_tc, its own kernel instead of FlashAttention-2's
+// atomic adds, at the cost of recomputing S and dP (seven): a tree query's
+// keys are its ancestors' segments, which attn_ds's rows of 64-key blocks do
+// not lay out. P and dS are rounded to bf16 as mma operands, as in
+// FlashAttention-2.
 #pragma once
 #include "common.cuh"
 #include "bf16.cuh"
@@ -712,11 +718,33 @@ __device__ __forceinline__ void attn_qtile(int it, int ntq_own, int NQ, int star
   }
 }
 
-template <int HD, int NQ, class Topo>
+// The dS scratch of the packed-sequence backward (attn_bwd_dkdv_tc<..,
+// true> writes it, attn_bwd_dq_ds_tc reads it): for query head h and query
+// position p of the sequence that starts at packed row start, the row of
+// bf16 dS against keys 0 .. 64·(p/64 + 1) − 1 of its sequence (a causal row
+// rounded up to whole 64-key blocks; keys past p are 0) at
+//   p0 + (h·T + start)·bt + attn_ds_row(p),
+// bt (attnDSStride) elements a token being at least the mean row of a
+// sequence of maxlen tokens, so that sequences' regions never overlap and
+// every row stays inside its region. A sequence longer than maxlen (flagged
+// TG_ERR_SEQS) is skipped by both kernels, so no write leaves the scratch.
+struct attn_ds {
+  tg_bf16* p;
+  long long bt;
+  int T, maxlen;
+};
+// The offset of position p's row in its sequence's region: the rows before
+// it, 64·(b+1) keys each for the rows of 64-block b.
+__device__ __forceinline__ long long attn_ds_row(int p) {
+  const long long b = p >> 6, r = p & 63;
+  return 2048 * b * (b + 1) + 64 * r * (b + 1);
+}
+
+template <int HD, int NQ, bool DS, class Topo>
 __device__ __forceinline__ void attn_bwd_dkdv_tc(float* dk, float* dv, const tg_bf16* dout,
                                                  const float* lse, const float* D, const tg_bf16* q,
                                                  const tg_bf16* k, const tg_bf16* v, const Topo& topo,
-                                                 int NH, int NKV, float scale, float sl2) {
+                                                 int NH, int NKV, float scale, float sl2, attn_ds ds) {
   constexpr int MK = TC_ROWS, LD = HD + 8, KS = HD / 16, NT = NQ / 8, DT = HD / 8;
   TG_DYN_SMEM_ALIGNED(tg_bf16, sm_tc);
   tg_bf16* Ks = sm_tc;                      // (MK, LD)
@@ -728,6 +756,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(float* dk, float* dv, const tg_
   const int s = blockIdx.y, kvh = blockIdx.z, G = NH / NKV;
   int start, len, d0, dn;
   if (!topo.seg(s, start, len)) return;  // (a flagged data error)
+  if (DS && len > ds.maxlen) return;     // (flagged: its dS rows would leave the scratch)
   const int k0 = blockIdx.x * MK;  // the first key blocks have the most work and go first
   if (k0 >= len) return;
   topo.desc(s, start, len, d0, dn);
@@ -752,7 +781,7 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(float* dk, float* dv, const tg_
     for (int i = 0; i < 4; i++) adk[j][i] = adv[j][i] = 0.f;
   const int key0 = k0 + warp * 16 + g;  // this lane's key rows: key0 and key0 + 8
   for (int it = 0, buf = 0; it < nit; it++, buf ^= 1) {
-    const int cur0 = i0, curmax = rmax;
+    const int cur0 = i0, curmax = rmax, hcur = kvh * G + it / ntq;
     const bool curown = own;
     if (it + 1 < nit) {
       const int hn = kvh * G + (it + 1) / ntq;
@@ -800,6 +829,18 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(float* dk, float* dv, const tg_
         sc[j][i] = p;
         dp[j][i] = p * (dp[j][i] - Db[c]);  // dS
       }
+    if (DS) {  // dS as the dK product below rounds it, for attn_bwd_dq_ds_tc (own tiles only)
+      tg_bf16* dsh = ds.p + ((long long)hcur * ds.T + start) * ds.bt + k0 + warp * 16 + g;
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {  // key rows key0 + 8r; queries c, c + 1
+          const unsigned x = pack_bf16x2(dp[j][2 * r], dp[j][2 * r + 1]);
+          const int c = 8 * j + 2 * t;
+          if (c < curmax) dsh[attn_ds_row(cur0 + c) + 8 * r] = (tg_bf16)(x & 0xffffu);
+          if (c + 1 < curmax) dsh[attn_ds_row(cur0 + c + 1) + 8 * r] = (tg_bf16)(x >> 16);
+        }
+    }
 #pragma unroll
     for (int kk = 0; kk < NQ / 16; kk++) {
       unsigned pa[4], da[4];
@@ -830,6 +871,89 @@ __device__ __forceinline__ void attn_bwd_dkdv_tc(float* dk, float* dv, const tg_
         dk[row * HD + 8 * j + 2 * t + 1] = adk[j][2 * r + 1] * scale;
         dv[row * HD + 8 * j + 2 * t] = adv[j][2 * r];
         dv[row * HD + 8 * j + 2 * t + 1] = adv[j][2 * r + 1];
+      }
+    }
+  }
+}
+
+// dq = scale·dS·K over packed sequences, from the dS scratch that
+// attn_bwd_dkdv_tc<.., true> wrote (attn_ds): no S or dP recomputed. Grid
+// (ceil(MaxLen/64), S, NH), the longest rows first; warp w owns query rows
+// 16w..16w+15 of the block's 64 and, per 64-key block of its causal range
+// (ascending, double-buffered: the dS tile (64, 72) and the K tile),
+// dQ += dS·K with dS's A fragments from shared memory (ldmatrix) and K's
+// through ldmatrix.trans. dq (fp32) =.
+// Rows [q0, q0+64) of key block kb of a head's dS region dsh into dst
+// (64, 72); rows at or past len are zero-filled.
+__device__ __forceinline__ void tc_load_ds(tg_bf16* dst, const tg_bf16* dsh, int q0, int len, int kb) {
+  constexpr unsigned CPR = 8, LD = 72;  // 64 keys: 8 chunks of 16 bytes a row
+#pragma unroll
+  for (unsigned i = 0; i < TC_ROWS * CPR / TC_THREADS; i++) {
+    const unsigned c = threadIdx.x + i * TC_THREADS;
+    const unsigned r = c / CPR, col = (c % CPR) * 8;
+    const bool ok = q0 + (int)r < len;
+    const tg_bf16* src = dsh + attn_ds_row(ok ? q0 + r : q0) + 64 * kb + col;
+    cp_async16(dst + r * LD + col, src, ok ? 16 : 0);
+  }
+}
+
+template <int HD, class Topo>
+__device__ __forceinline__ void attn_bwd_dq_ds_tc(float* dq, const tg_bf16* k, const Topo& topo, int NH,
+                                                  int NKV, float scale, attn_ds ds) {
+  constexpr int MQ = TC_ROWS, NK = 64, LD = HD + 8, LDS = NK + 8, DT = HD / 8;
+  TG_DYN_SMEM_ALIGNED(tg_bf16, sm_tc);
+  tg_bf16* Ss = sm_tc;              // 2 × (MQ, LDS)
+  tg_bf16* Ks = Ss + 2 * MQ * LDS;  // 2 × (NK, LD)
+  const int s = blockIdx.y, h = blockIdx.z, kvh = h / (NH / NKV);
+  int start, len;
+  if (!topo.seg(s, start, len)) return;  // (a flagged data error)
+  if (len > ds.maxlen) return;           // (flagged; its rows are not in the scratch)
+  const int q0 = (gridDim.x - 1 - blockIdx.x) * MQ;
+  if (q0 >= len) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const tg_bf16* dsh = ds.p + ((long long)h * ds.T + start) * ds.bt;
+  const int nkb = q0 / NK + 1;  // key blocks 0 .. q0/64: the causal range of rows q0 ..
+  tc_load_ds(Ss, dsh, q0, len, 0);
+  tc_load<NK, HD>(Ks, k, start, len, NKV, kvh);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  float acc[DT][4];
+#pragma unroll
+  for (int j = 0; j < DT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  for (int kb = 0, buf = 0; kb < nkb; kb++, buf ^= 1) {
+    if (kb + 1 < nkb) {
+      tc_load_ds(Ss + (buf ^ 1) * MQ * LDS, dsh, q0, len, kb + 1);
+      tc_load<NK, HD>(Ks + (buf ^ 1) * NK * LD, k, start + (kb + 1) * NK, len - (kb + 1) * NK, NKV, kvh);
+    }
+    cp_async_commit();
+    const tg_bf16* Sb = Ss + buf * MQ * LDS;
+    const tg_bf16* Kb = Ks + buf * NK * LD;
+#pragma unroll
+    for (int kk = 0; kk < NK / 16; kk++) {
+      unsigned a[4];
+      tc_frag_a<NK>(a, Sb, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int jp = 0; jp < DT / 2; jp++) {
+        unsigned b[4];
+        tc_frag_bt<HD>(b, Kb, kk * 16, jp * 16, lane);
+        mma_bf16_16816(acc[2 * jp], a, b);
+        mma_bf16_16816(acc[2 * jp + 1], a, b + 2);
+      }
+    }
+    cp_async_wait<0>();  // the next tiles landed
+    __syncthreads();     // and every warp is done with this buffer
+  }
+  const int row0 = q0 + warp * 16 + g;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int qi = row0 + 8 * r;
+    if (qi < len) {
+      const long long row = (long long)(start + qi) * NH + h;
+#pragma unroll
+      for (int j = 0; j < DT; j++) {
+        dq[row * HD + 8 * j + 2 * t] = acc[j][2 * r] * scale;
+        dq[row * HD + 8 * j + 2 * t + 1] = acc[j][2 * r + 1] * scale;
       }
     }
   }

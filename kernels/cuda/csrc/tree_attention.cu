@@ -186,10 +186,10 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
     tree_bwd_dkdv_tc_hd64(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
                           const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, TREE_TC_BWD_ARGS) {
-  attn_bwd_dkdv_tc<64, 64>(dk, dv, dout, lse, D, q, k, v, TREE_BWD_TOPO, NH, NKV, scale, sl2);
+  attn_bwd_dkdv_tc<64, 64, false>(dk, dv, dout, lse, D, q, k, v, TREE_BWD_TOPO, NH, NKV, scale, sl2, attn_ds{});
 }
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
     tree_bwd_dkdv_tc_hd128(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
                            const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, TREE_TC_BWD_ARGS) {
-  attn_bwd_dkdv_tc<128, 32>(dk, dv, dout, lse, D, q, k, v, TREE_BWD_TOPO, NH, NKV, scale, sl2);
+  attn_bwd_dkdv_tc<128, 32, false>(dk, dv, dout, lse, D, q, k, v, TREE_BWD_TOPO, NH, NKV, scale, sl2, attn_ds{});
 }
