@@ -116,7 +116,8 @@ var ErrNotBuilt = errors.New("dist: not built in (this binary was built with CGO
 type single struct{ mem kernels.Backend }
 
 // Single returns the communicator of a run with one process. b is used only
-// by ReduceScatterSum and AllGather, which copy src to dst.
+// by ReduceScatterSum and AllGather, which copy src to dst (f32, bf16 and
+// i32 buffers: a sharded bf16 model gathers its layers' bf16 shards).
 func Single(b kernels.Backend) Comm { return single{b} }
 
 func (single) Rank() int                      { return 0 }
@@ -144,7 +145,7 @@ func (s single) copy(dst, src kernels.Buf) error {
 		return nil
 	}
 	switch src.DType {
-	case kernels.F32:
+	case kernels.F32, kernels.BF16: // a sharded bf16 model gathers its layers' bf16 shards
 		s.mem.Copy(dst, src)
 	case kernels.I32:
 		h := make([]int32, src.N)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -342,4 +343,87 @@ func TestLocalRankTimeout(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSingleCopies: the one-process communicator's AllGather and
+// ReduceScatterSum copy src into dst bit for bit for every dtype a model
+// hands them (issue 35: a sharded bf16 model on one rank gathers its
+// layers' bf16 shards, and Single refused them: "dist: copy of bf16"), and
+// refuse a dtype mismatch by naming both.
+func TestSingleCopies(t *testing.T) {
+	b := cpu.New(1)
+	defer b.Close()
+	c := Single(b)
+	rng := rand.New(rand.NewPCG(3, 9))
+	const n = 13
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.I32} {
+		for _, op := range []struct {
+			name string
+			f    func(dst, src kernels.Buf) error
+		}{{"AllGather", c.AllGather}, {"ReduceScatterSum", c.ReduceScatterSum}} {
+			src, _ := b.Alloc(dt, n)
+			dst, _ := b.Alloc(dt, n)
+			other, _ := b.Alloc(kernels.F32, n)
+			want := make([]uint32, n)
+			for i := range want {
+				want[i] = rng.Uint32() & 0x3f7fffff // finite as f32, any bits as i32 and bf16 (the low 16)
+			}
+			setBits(b, src, want)
+			if err := op.f(dst, src); err != nil {
+				t.Fatalf("%s of %d × %s: %v", op.name, n, dt, err)
+			}
+			got := bits(b, dst)
+			for i := range got {
+				if got[i] != bits(b, src)[i] {
+					t.Fatalf("%s of %d × %s: dst[%d] = %#x, src's %#x", op.name, n, dt, i, got[i], bits(b, src)[i])
+				}
+			}
+			if dt != kernels.F32 {
+				if err := op.f(other, src); err == nil || !strings.Contains(err.Error(), dt.String()) {
+					t.Errorf("%s of %s into f32: error %v, want one naming %s", op.name, dt, err, dt)
+				}
+			}
+			b.Free(src)
+			b.Free(dst)
+			b.Free(other)
+		}
+	}
+}
+
+// bits are x's elements on the CPU backend as bit patterns; setBits writes
+// them (a bf16 element takes the low 16 bits).
+func bits(b *cpu.Backend, x kernels.Buf) []uint32 {
+	out := make([]uint32, x.N)
+	switch x.DType {
+	case kernels.F32:
+		for i, v := range b.F32(x) {
+			out[i] = math.Float32bits(v)
+		}
+	case kernels.BF16:
+		for i, v := range b.BF16(x) {
+			out[i] = uint32(v)
+		}
+	case kernels.I32:
+		for i, v := range b.I32(x) {
+			out[i] = uint32(v)
+		}
+	}
+	return out
+}
+
+func setBits(b *cpu.Backend, x kernels.Buf, v []uint32) {
+	switch x.DType {
+	case kernels.F32:
+		for i := range b.F32(x) {
+			b.F32(x)[i] = math.Float32frombits(v[i])
+		}
+	case kernels.BF16:
+		for i := range b.BF16(x) {
+			b.BF16(x)[i] = uint16(v[i])
+		}
+	case kernels.I32:
+		for i := range b.I32(x) {
+			b.I32(x)[i] = int32(v[i])
+		}
+	}
 }

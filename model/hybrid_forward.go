@@ -24,9 +24,9 @@ import "github.com/tracegrpo/tracegrpo/kernels"
 
 // scanPieceSegs bounds the sequences one scan over a packed micro-batch
 // runs on: a backend's scan scratch grows with its segments (the CUDA
-// backend keeps each segment's final state, its initial-state gradient
-// and a checkpoint more, kernels/cuda/workspace.go scanWork: 6 MiB a
-// segment at Nemotron-3-Nano's 64 heads of 64 × 128), so a forest of more
+// backend keeps each segment's final state, its initial-state gradient,
+// a checkpoint and a chunk's state gradient more, kernels/cuda/workspace.go
+// scanWork: 8 MiB a segment at Nemotron-3-Nano's 64 heads of 64 × 128), so a forest of more
 // sequences runs as consecutive scans of at most this many. The sequences
 // are independent; the results are a single scan's, but for the order in
 // which dt_bias, A_log and D sum their gradients (piece by piece). A

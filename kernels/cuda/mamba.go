@@ -7,10 +7,12 @@ package cuda
 // breaks), and the conv's backward mamba_tree_anc (each segment's context
 // start) into scratch. The scan's forward on a bf16 xbc is the chunked SSD
 // on tensor cores (ssd_fwd.go, csrc/ssd_fwd.cu), else the sequential
-// recurrence, one block per head (see csrc/mamba.cu); its backward
-// recomputes each chunk of mambaQ tokens from checkpoints the sequential
-// forward it reruns leaves in scratch (ssd_scan_fwd_bf16 writes the same
-// checkpoints, to the same layout).
+// recurrence, one block per head (see csrc/mamba.cu); its backward is the
+// chunked SSD algorithm of csrc/ssd_bwd.cu over the chunks of mambaQ tokens
+// that start at the checkpoints the sequential forward it reruns leaves in
+// scratch (ssd_scan_fwd_bf16 writes the same checkpoints, to the same
+// layout). mamba.cu's sequential ssm_scan_bwd, which it replaced, is its
+// reference in ssd_bwd_test.go.
 
 import (
 	"fmt"
@@ -156,16 +158,14 @@ func checkScan(op string, T int, s kernels.Scan) {
 		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan kernels hold at most %d state elements a head (MP ≤ %d)",
 			op, s.MP, s.DS, mambaThreads*mambaEPT, mambaMaxMP))
 	}
-	if scanBwdSmem(s) > 48<<10 {
-		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan's %d bytes of shared memory are over 48 KiB", op, s.MP, s.DS, scanBwdSmem(s)))
-	}
 }
 
 // scanSmem is the forward scan's shared memory: the state, x, B and C.
 func scanSmem(s kernels.Scan) int { return 4 * (s.MP*s.DS + s.MP + 2*s.DS) }
 
-// scanBwdSmem is the backward's: red, x, dy, the sums over n, B, C and 32.
-func scanBwdSmem(s kernels.Scan) int { return 4 * (s.MP*s.DS + 3*s.MP + 2*s.DS + 32) }
+// ssdMaxSmem is the most dynamic shared memory a block may opt in to on
+// sm_80 (163 KiB), the oldest architecture the PTX is for.
+const ssdMaxSmem = 163 << 10
 
 // scanDt is the clamp's bounds as kernel arguments.
 func scanDt(s kernels.Scan) (uint64, uint64) { return fa(s.DtMin), fa(s.DtMax) }
@@ -225,22 +225,16 @@ func (b *Backend) SSMScan(y, final, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tre
 		ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
 }
 
-// SSMScanBackward implements kernels.Mamba.
+// SSMScanBackward implements kernels.Mamba: the chunked SSD backward of
+// csrc/ssd_bwd.cu from the states the forward it reruns leaves (each
+// segment's final state, a checkpoint every mambaQ tokens of a segment):
+// the chunk table, each chunk's own start-state gradient (ssd_bwd_local),
+// the reverse inter-chunk recurrence (ssd_bwd_states), each chunk's
+// gradients (ssd_bwd_chunk, a block per chunk and group summing dB, dC
+// over the group's heads in head order into dxbc), and the per-head sums
+// (ssd_bwd_params). bf16 xbc runs the products on tensor cores.
 func (b *Backend) SSMScanBackward(dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tree kernels.Tree, T int, s kernels.Scan) {
-	checkScan("SSMScanBackward", T, s)
-	checkMambaTree("SSMScanBackward", tree, T)
-	dt := operands("SSMScanBackward xbc", xbc)
-	want(dxbc, kernels.F32, T*s.CD(), "SSMScanBackward dxbc")
-	want(ddtRaw, kernels.F32, T*s.MH, "SSMScanBackward ddtRaw")
-	for _, v := range []struct {
-		b    kernels.Buf
-		name string
-	}{{ddtBias, "ddtBias"}, {daLog, "daLog"}, {dd, "dd"}, {dtBias, "dtBias"}, {aLog, "aLog"}, {d, "d"}} {
-		want(v.b, kernels.F32, s.MH, "SSMScanBackward "+v.name)
-	}
-	want(dy, kernels.F32, T*s.DI(), "SSMScanBackward dy")
-	want(xbc, dt, T*s.CD(), "SSMScanBackward xbc")
-	want(dtRaw, kernels.F32, T*s.MH, "SSMScanBackward dtRaw")
+	dt := checkScanBackward("SSMScanBackward", dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtRaw, dtBias, aLog, d, tree, T, s)
 	if T == 0 {
 		return
 	}
@@ -250,35 +244,96 @@ func (b *Backend) SSMScanBackward(dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtR
 	if w == 0 {
 		return
 	}
-	st := stateBytes(s)
-	NS := int64(tree.NS)
-	fin := w
-	ckpt := fin + uintptr(NS*st)
-	work := ckpt + uintptr(int64(scanCkpts(T, tree.NS))*st)
-	dsin := work + uintptr(mambaQ*st)
-	dbc := dsin + uintptr(NS*st)
-	dbcBytes := 8 * int64(T) * int64(s.MH) * int64(s.DS)
-	ckBytes := int64(T/mambaQ+tree.NS) * st // at most
+	l := ssdLayout(T, tree.NS, s)
+	fin, ckpt, dS, dsin := w, w+l.ckpt, w+l.dS, w+l.dsin
+	dec, part, ct0, cseg := w+l.dec, w+l.part, w+l.ct0, w+l.cseg
+	st, NS, nck := stateBytes(s), int64(tree.NS), int64(l.nck)
 	lo, hi := scanDt(s)
-	fwd, bwd := "ssm_scan_fwd", "ssm_scan_bwd"
+	fwd, local, chunk := "ssm_scan_fwd", "ssd_bwd_local", "ssd_bwd_chunk"
+	xe := int64(4)
 	if dt == kernels.BF16 {
-		fwd, bwd = "ssm_scan_fwd_bf16", "ssm_scan_bwd_bf16"
+		fwd, local, chunk, xe = "ssm_scan_fwd_bf16", "ssd_bwd_local_bf16", "ssd_bwd_chunk_bf16", 2
 	}
 	in := reads(xbc, dtRaw, dtBias, aLog, d, tree.Offs, tree.Parent)
+	ckBytes := nck * st // at most
 	b.launch(fwd, rw(in).plus(NS*st, NS*st+ckBytes).with(3*int64(T)*st/4, 0), s.MH, 1, 1, mambaThreads, scanSmem(s),
 		0, pu(fin), pu(ckpt), pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent),
 		ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
-	// The reverse pass: a chunk's states written and read twice, every
-	// state element's 12 products a token, the initial-state gradients.
-	c := rw(append(reads(dy, ddtBias, daLog, dd, tree.Ends), in...), dxbc, ddtRaw, ddtBias, daLog, dd).
-		plus(ckBytes+2*int64(T)*st+NS*st, int64(T)*st+NS*st+dbcBytes).with(12*int64(T)*st/4, 0)
-	b.launch(bwd, c, s.MH, 1, 1, mambaThreads, scanBwdSmem(s),
-		pa(dxbc), pa(ddtRaw), pa(ddtBias), pa(daLog), pa(dd), pu(dbc), pu(work), pu(dsin), pu(fin), pu(ckpt),
-		pa(dy), pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d), pa(tree.Offs), pa(tree.Parent), pa(tree.Ends),
-		ia(tree.NS), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
-	bc := int64(T) * int64(2*s.G*s.DS)
-	b.elementwise("ssm_bc_reduce", cost{read: dbcBytes, write: 4 * bc, flops: dbcBytes / 4}, int(bc),
-		pa(dxbc), pu(dbc), ia(T), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS))
+	b.launch("ssd_bwd_chunks", rw(reads(tree.Offs)).plus(0, 8*nck), 1, 1, 1, 32, 0,
+		pu(ct0), pu(cseg), pa(tree.Offs), ia(tree.NS), ia(l.nck))
+	c := ssdCosts(T, tree.NS, s, xe)
+	mh := int64(s.MH)
+	b.launch(local, rw(reads(dy, dtRaw, dtBias, aLog, tree.Offs)).plus(c.localRead+8*nck, ckBytes+4*nck*mh).with(c.localFLOPs, 0),
+		l.nck*s.MH, 1, 1, mambaThreads, ssdLocalSmem(s),
+		pu(dS), pu(dec), pa(dy), pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pu(ct0), pu(cseg), pa(tree.Offs),
+		ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
+	PN := s.MP * s.DS
+	b.launch("ssd_bwd_states", rw(reads(tree.Offs, tree.Parent, tree.Ends)).plus(ckBytes+NS*st+4*nck*mh, ckBytes+NS*st).with(2*(int64(T)*st/4)/mambaQ, 0),
+		s.MH*ceilDiv(PN, mambaThreads), 1, 1, mambaThreads, 0,
+		pu(dS), pu(dsin), pu(dec), pa(tree.Offs), pa(tree.Parent), pa(tree.Ends), ia(tree.NS), ia(s.MH), ia(PN))
+	b.launch(chunk, rw(reads(dy, dtRaw, dtBias, aLog, d, tree.Offs), dxbc, ddtRaw).plus(c.chunkRead+2*ckBytes+8*nck, 12*nck*mh).with(c.chunkFLOPs, 0),
+		l.nck*s.G, 1, 1, mambaThreads, ssdChunkSmem(s),
+		pa(dxbc), pa(ddtRaw), pu(part), pu(ckpt), pu(dS), pa(dy), pa(xbc), pa(dtRaw), pa(dtBias), pa(aLog), pa(d),
+		pu(ct0), pu(cseg), pa(tree.Offs), ia(s.MH), ia(s.MP), ia(s.G), ia(s.DS), lo, hi)
+	b.launch("ssd_bwd_params", rw(reads(ddtBias, daLog, dd, aLog), ddtBias, daLog, dd).plus(12*nck*mh+4*nck, 0).with(3*nck*mh, 0),
+		ceilDiv(s.MH, mambaThreads), 1, 1, mambaThreads, 0,
+		pa(ddtBias), pa(daLog), pa(dd), pu(part), pu(ct0), pa(aLog), ia(s.MH), ia(l.nck))
+}
+
+// checkScanBackward checks SSMScanBackward's arguments and returns xbc's
+// dtype.
+func checkScanBackward(op string, dxbc, ddtRaw, ddtBias, daLog, dd, dy, xbc, dtRaw, dtBias, aLog, d kernels.Buf, tree kernels.Tree, T int, s kernels.Scan) kernels.DType {
+	checkScan(op, T, s)
+	if ssdChunkSmem(s) > ssdMaxSmem {
+		panic(fmt.Sprintf("cuda: %s: MP=%d DS=%d: the scan backward's %d bytes of shared memory are over sm_80's %d",
+			op, s.MP, s.DS, ssdChunkSmem(s), ssdMaxSmem))
+	}
+	checkMambaTree(op, tree, T)
+	dt := operands(op+" xbc", xbc)
+	want(dxbc, kernels.F32, T*s.CD(), op+" dxbc")
+	want(ddtRaw, kernels.F32, T*s.MH, op+" ddtRaw")
+	for _, v := range []struct {
+		b    kernels.Buf
+		name string
+	}{{ddtBias, "ddtBias"}, {daLog, "daLog"}, {dd, "dd"}, {dtBias, "dtBias"}, {aLog, "aLog"}, {d, "d"}} {
+		want(v.b, kernels.F32, s.MH, op+" "+v.name)
+	}
+	want(dy, kernels.F32, T*s.DI(), op+" dy")
+	want(xbc, dt, T*s.CD(), op+" xbc")
+	want(dtRaw, kernels.F32, T*s.MH, op+" dtRaw")
+	return dt
+}
+
+// ssdCost is the chunked backward's reads and FLOPs that depend on the
+// shapes, counted as if every chunk held mambaQ rows (exact when the
+// segments' lengths are multiples of it; an upper bound otherwise): xe is
+// xbc's element size.
+type ssdCost struct {
+	localRead, localFLOPs, chunkRead, chunkFLOPs int64
+}
+
+func ssdCosts(T, NS int, s kernels.Scan, xe int64) ssdCost {
+	t, mh, g := int64(T), int64(s.MH), int64(s.G)
+	P, N, Q := int64(s.MP), int64(s.DS), int64(mambaQ)
+	return ssdCost{
+		// Each head's C rows (its group's), and U = dYᵀ·diag(exp Λ)·C.
+		localRead:  t * mh * N * xe,
+		localFLOPs: 2 * t * mh * P * N,
+		// B, C once a group; x a head; the group's dB, dC read and written
+		// by every head but the first (written by all, in dxbc's count).
+		chunkRead: t*g*2*N*xe + t*mh*P*xe + t*(mh-g)*2*N*4,
+		// A group's G = C·Bᵀ; a head's dM = dY·Xᵀ, C·S0ᵀ, B·dS1ᵀ, dX (K = Q),
+		// dC and dB (K = Q + MP each).
+		chunkFLOPs: t*g*2*Q*N + t*mh*(2*Q*P+2*P*N+2*P*N+2*Q*P+4*(Q+P)*N),
+	}
+}
+
+// ssdLocalSmem and ssdChunkSmem are the shared memory of ssd_bwd_local
+// (dY, C, three vectors) and ssd_bwd_chunk (B, C, G, X, dY, dM, a product
+// buffer, nine vectors, 32).
+func ssdLocalSmem(s kernels.Scan) int { return 4 * (mambaQ*s.MP + mambaQ*s.DS + 3*mambaQ) }
+func ssdChunkSmem(s kernels.Scan) int {
+	return 4 * (2*mambaQ*s.DS + 2*mambaQ*mambaQ + 3*mambaQ*s.MP + 9*mambaQ + 32)
 }
 
 // SSMDecode implements kernels.Mamba.

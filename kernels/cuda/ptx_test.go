@@ -131,7 +131,8 @@ var ptxArchs = []string{"sm_80", "sm_90"}
 // sassFiles are the PTX files whose SASS cuobjdump reads (the tensor-core
 // kernels'; cuobjdump takes seconds a file, so not every file).
 var sassFiles = map[string]bool{"csrc/gen_attention.ptx": true, "csrc/gen_mma_selftest.ptx": true, "csrc/gen_token_logprob.ptx": true,
-	"csrc/gen_grouped_matmul.ptx": true, "csrc/gen_tree_attention.ptx": true, "csrc/gen_ssd_fwd.ptx": true}
+	"csrc/gen_grouped_matmul.ptx": true, "csrc/gen_tree_attention.ptx": true, "csrc/gen_ssd_fwd.ptx": true,
+	"csrc/gen_ssd_bwd.ptx": true}
 
 var assembled struct {
 	once  sync.Once

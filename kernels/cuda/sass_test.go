@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/tracegrpo/tracegrpo/kernels"
 )
 
 // The SASS evidence: what ptxas makes of the committed PTX for Ampere and
@@ -94,6 +96,10 @@ var sassIntents = map[string]sassIntent{
 	"tree_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
 	"mma_selftest_frag":         {tensorCores: true, threads: 32},
 	"mma_selftest_ldmatrix":     {tensorCores: true, threads: 32},
+	// The Mamba-2 scan's chunked backward (csrc/ssd_bwd.cu): bf16 products on
+	// tensor cores, one 256-thread block per SM (its tiles in shared memory).
+	"ssd_bwd_chunk_bf16": ssdIntent(ssdChunkSmem),
+	"ssd_bwd_local_bf16": ssdIntent(ssdLocalSmem),
 	// The LM head's own kernels: memory-bound reductions over each fp32
 	// logits chunk (its GEMMs are cuBLAS's, whose SASS is not ours).
 	"logprob_chunk":          {threads: threads},
@@ -111,6 +117,13 @@ var sassIntents = map[string]sassIntent{
 	// The Mamba-2 scan's chunked SSD forward (csrc/ssd_fwd.cu): bf16 on
 	// tensor cores, at least two blocks per SM at its dynamic shared memory.
 	"ssd_scan_fwd_bf16": {tensorCores: true, minBlocks: 2, threads: ssdThreads, dynSmem: func() (int, string) { return ssdSmem, "DS ≤ 128" }},
+}
+
+// ssdIntent: at Nemotron-3-Nano's head shape (MP 64, DS 128).
+func ssdIntent(smem func(kernels.Scan) int) sassIntent {
+	return sassIntent{tensorCores: true, minBlocks: 1, threads: mambaThreads, dynSmem: func() (int, string) {
+		return smem(kernels.Scan{MH: 64, MP: 64, G: 8, DS: 128}), "MP=64 DS=128"
+	}}
 }
 
 func groupedIntent(tc bool) sassIntent {

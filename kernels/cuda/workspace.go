@@ -390,14 +390,40 @@ func stateBytes(s kernels.Scan) int64 { return 4 * int64(s.MH) * int64(s.MP) * i
 func scanCkpts(T, NS int) int { return T/mambaQ + NS }
 
 // scanWork is the scratch of a scan over T tokens in NS segments: the final
-// states (when the caller keeps none), and for the backward the
-// checkpoints, a chunk's states per head, the initial-state gradients and
-// the per-head dB, dC.
+// states (when the caller keeps none), and for the backward (ssdLayout) the
+// checkpoints and the chunks' state gradients (scanCkpts each), the
+// initial-state gradients, the chunks' decays, partials and table:
+//
+//	NS·st + 2·(T/64 + NS)·st + NS·st + (T/64 + NS)·(16·MH + 8),  st = 4·MH·MP·DS
 func scanWork(T, NS int, s kernels.Scan, backward bool) int {
-	st := stateBytes(s)
-	n := int64(NS) * st
 	if backward {
-		n += int64(scanCkpts(T, NS))*st + mambaQ*st + int64(NS)*st + 8*int64(T)*int64(s.MH)*int64(s.DS)
+		return int(ssdLayout(T, NS, s).total)
 	}
-	return int(n)
+	return int(int64(NS) * stateBytes(s))
+}
+
+// ssdLayout is SSMScanBackward's scratch (csrc/ssd_bwd.cu), offsets in
+// bytes from its start: the final states (NS), the checkpoints and the
+// chunks' state gradients (nck each, nck = scanCkpts bounding the
+// chunks), the initial-state gradients (NS), the chunks' decays (nck,MH)
+// and partials (nck,MH,3), and the chunk table (two nck int32).
+type ssdScratch struct {
+	nck                                         int
+	ckpt, dS, dsin, dec, part, ct0, cseg, total uintptr
+}
+
+func ssdLayout(T, NS int, s kernels.Scan) ssdScratch {
+	st, nck := uintptr(stateBytes(s)), scanCkpts(T, NS)
+	n, mh := uintptr(nck), uintptr(s.MH)
+	var l ssdScratch
+	l.nck = nck
+	l.ckpt = uintptr(NS) * st
+	l.dS = l.ckpt + n*st
+	l.dsin = l.dS + n*st
+	l.dec = l.dsin + uintptr(NS)*st
+	l.part = l.dec + 4*n*mh
+	l.ct0 = l.part + 12*n*mh
+	l.cseg = l.ct0 + 4*n
+	l.total = l.cseg + 4*n
+	return l
 }
