@@ -233,8 +233,23 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 			pa(dq), pu(ds), la(bt), pa(k), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale), pu(b.flags))
 		return
 	}
-	// fp32, bf16 of another head dimension or an unaligned view, or a dS
-	// scratch over attnDSMaxBytes: dq recomputes S and dP, no scratch.
+	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
+		// A dS scratch over attnDSMaxBytes: still on tensor cores, but dq
+		// recomputes S and dP (seven products a tile pair) and dkdv stores
+		// no dS, so nothing is allocated beyond D.
+		_, smemDq, smemDkdv := tcSmem(HD)
+		args := []uint64{pa(dout), pa(lse), pu(D), pa(q), pa(k), pa(v), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen),
+			ia(NH), ia(NKV), fa(scale), fa(scale * log2e), pu(b.flags)}
+		grid := ceilDiv(seqs.MaxLen, tcRows)
+		nk, nq := tcTiles(HD)
+		cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, tcRows, nk), tcRows, nk, 3), 0)
+		cdkdv := in.plus(0, bytesOf(dk, dv)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, keyTiles(seqs.MaxLen, tcRows, nq), tcRows, nq, 4), 0)
+		b.launch(tcKernel(HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"), cdq, grid, seqs.S, NH, attThreads, smemDq, append([]uint64{pa(dq)}, args...)...)
+		b.launch(tcKernel(HD, "attention_bwd_dkdv_nods_tc_hd64", "attention_bwd_dkdv_nods_tc_hd128"), cdkdv, grid, seqs.S, NKV, attThreads, smemDkdv, append([]uint64{pa(dk), pa(dv)}, args...)...)
+		return
+	}
+	// fp32, or bf16 of another head dimension or an unaligned view: dq
+	// recomputes S and dP, no scratch.
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
 	cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, attDqRows, attKeyTile), attDqRows, attKeyTile, 3), 0)
 	b.launch("attention_bwd_dq"+suffix, cdq, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,

@@ -14,7 +14,8 @@ import (
 
 // TestAttentionBackwardDSFallback: with attnDSMaxBytes lowered below a
 // case's dS scratch, the packed bf16 backward runs the recomputing
-// kernels (attention_bwd_dq_bf16, attention_bwd_dkdv_bf16) and no dq_ds,
+// tensor-core kernels (attention_bwd_dq_tc_*, attention_bwd_dkdv_nods_tc_*),
+// not the fp32-arithmetic attention_bwd_dq_bf16/dkdv_bf16 and no dq_ds,
 // allocates no dS scratch (and the plan counts none: attentionBackwardLedger
 // checks allocated == planned), and its dq, dk, dv agree with the dS
 // path's within the bf16 attention gradient tolerance.
@@ -45,11 +46,13 @@ func TestAttentionBackwardDSFallback(t *testing.T) {
 			attnDSMaxBytes = dsBytes - 1 // one byte short: the recomputing path
 			got, ran := attentionBackwardLedger(t, sh.lens, sh.NH, sh.NKV, sh.HD)
 			for _, k := range ran {
-				if strings.Contains(k, "_ds_") || strings.Contains(k, "_tc_") {
+				if strings.Contains(k, "_ds_") || k == "attention_bwd_dq_bf16" || k == "attention_bwd_dkdv_bf16" ||
+					k == tcKernel(sh.HD, "attention_bwd_dkdv_tc_hd64", "attention_bwd_dkdv_tc_hd128") {
 					t.Errorf("bound %d < scratch %d: launched %s (%v)", dsBytes-1, dsBytes, k, ran)
 				}
 			}
-			for _, k := range []string{"attention_bwd_dq_bf16", "attention_bwd_dkdv_bf16"} {
+			for _, k := range []string{tcKernel(sh.HD, "attention_bwd_dq_tc_hd64", "attention_bwd_dq_tc_hd128"),
+				tcKernel(sh.HD, "attention_bwd_dkdv_nods_tc_hd64", "attention_bwd_dkdv_nods_tc_hd128")} {
 				if !slices.Contains(ran, k) {
 					t.Errorf("bound %d < scratch %d: launched %v, not %s", dsBytes-1, dsBytes, ran, k)
 				}

@@ -64,8 +64,8 @@
 // bf16 dS into a scratch (about T·NH·MaxLen bytes: attnDSWork), and dq is
 // dS·K from it, five products a tile pair where the tree backward's dq
 // kernel recomputes S and dP (seven). A scratch over attnDSMaxBytes (4 GiB:
-// long contexts) falls back to the fp32-arithmetic kernels that recompute
-// and need none; the plan counts the scratch by the same predicate
+// long contexts) falls back to tensor-core kernels that recompute S and dP
+// for dq and store no dS, needing none; the plan counts the scratch by the same predicate
 // (attnDSFits). TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //

@@ -5,6 +5,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/tracegrpo/tracegrpo/kernels"
@@ -153,6 +154,24 @@ func TestLedgerAttention(t *testing.T) {
 		// The dot and the dkdv kernel each read their operands, dq's K.
 		within(t, "AttentionBackward "+name+" bytes read", s.read, minRead+dsMin, 3*minRead+dsMax)
 		within(t, "AttentionBackward "+name+" bytes written", s.write, bytesOf(dq, dk, dv)+dsMin, bytesOf(dq, dk, dv)+4*int64(T*sh.NH)+dsMax)
+		// Over attnDSMaxBytes (a long context's scratch): the tensor-core
+		// kernels that recompute S and dP for dq, 7 products, and no dS
+		// written or read.
+		old := attnDSMaxBytes
+		attnDSMaxBytes = 0
+		fb := opLedger(t, b, "AttentionBackward", func() {
+			b.AttentionBackward(dq, dk, dv, out, out, lse, q, k, v, seqs, sh.NH, sh.NKV, sh.HD)
+		})
+		attnDSMaxBytes = old
+		for _, l := range fb {
+			if l.Kernel != "attention_bwd_dot_bf16" && !strings.HasSuffix(l.Kernel, tcKernel(sh.HD, "_tc_hd64", "_tc_hd128")) {
+				t.Errorf("AttentionBackward %s over the dS cap: launched %s, not a tensor-core kernel", name, l.Kernel)
+			}
+		}
+		s = sumOf(fb)
+		within(t, "AttentionBackward "+name+" over the dS cap FLOPs", s.flops, 14*hd*pairs, 14*hd*(pairs+waste))
+		within(t, "AttentionBackward "+name+" over the dS cap bytes read", s.read, minRead, 3*minRead)
+		within(t, "AttentionBackward "+name+" over the dS cap bytes written", s.write, bytesOf(dq, dk, dv), bytesOf(dq, dk, dv)+4*int64(T*sh.NH))
 		for _, x := range []kernels.Buf{q, k, v, out, lse, cu, dq, dk, dv} {
 			b.Free(x)
 		}

@@ -85,6 +85,12 @@ var sassIntents = map[string]sassIntent{
 	"attention_bwd_dq_ds_tc_hd128":   tcIntent("dqds", 128),
 	"attention_bwd_dkdv_tc_hd64":     tcIntent("dkdv", 64),
 	"attention_bwd_dkdv_tc_hd128":    tcIntent("dkdv", 128),
+	// Above the dS scratch's cap (attnDSFits): the recomputing dq and a
+	// dkdv that stores no dS.
+	"attention_bwd_dq_tc_hd64":         tcIntent("dq", 64),
+	"attention_bwd_dq_tc_hd128":        tcIntent("dq", 128),
+	"attention_bwd_dkdv_nods_tc_hd64":  tcIntent("dkdv", 64),
+	"attention_bwd_dkdv_nods_tc_hd128": tcIntent("dkdv", 128),
 	// Tree attention's tensor-core kernels: the same tiles.
 	"tree_fwd_tc_hd64_bf16out":  tcIntent("fwd", 64),
 	"tree_fwd_tc_hd64_f32out":   tcIntent("fwd", 64),

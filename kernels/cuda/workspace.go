@@ -182,9 +182,9 @@ func attnDSStride(maxLen int) int {
 func attnDSWork(T, NH, maxLen int) int { return 2 * T * NH * attnDSStride(maxLen) }
 
 // attnDSMaxBytes bounds the dS scratch: a packed bf16 backward whose
-// scratch (attnDSWork) would exceed it runs the recomputing kernels
-// (attention_bwd_dq_bf16 and attention_bwd_dkdv_bf16, which need no
-// scratch) instead, so long contexts (one 32K-token sequence at 16 heads
+// scratch (attnDSWork) would exceed it runs the recomputing tensor-core
+// kernels (attention_bwd_dq_tc_* and attention_bwd_dkdv_nods_tc_*, which
+// need no scratch) instead, so long contexts (one 32K-token sequence at 16 heads
 // would need 17 GB) do not lose their card to it. The bench shape (8 ×
 // 4096 tokens, 16 heads: 2.2 GB) stays under it. A variable so tests can
 // lower it.

@@ -9,8 +9,10 @@
 //   attention_bwd_dot*:    D (T,NH) = Σ_d dout·out          (=; here, tree_attention.cu's too)
 //   attention_bwd_dkdv*:   dk, dv (T,NKV,HD) =              (attn_bwd_dkdv, attn_bwd_dkdv_tc<.., true>:
 //                          and dS into the scratch, attn_ds)
+//   attention_bwd_dkdv_nods_tc*: the same without dS (attn_bwd_dkdv_tc<.., false>: above the cap)
 //   attention_bwd_dq*:     dq (T,NH,HD) =                   (attn_bwd_dq, attn_bwd_dq_ds_tc: dS·K
-//                          from the scratch, after the dkdv kernel)
+//                          from the scratch, after the dkdv kernel; attn_bwd_dq_tc above the
+//                          scratch's cap: S and dP recomputed)
 //
 // q, out, dq, dout (T,NH,HD); k, v, dk, dv (T,NKV,HD); cu (S+1) I32 holds
 // the sequence offsets. Sequence s is tokens [cu[s], cu[s+1]), positions
@@ -171,4 +173,28 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
     attention_bwd_dq_ds_tc_hd128(float* dq, tg_bf16* ds, long long bt, const tg_bf16* k, ATT_TC_DQ_ARGS) {
   attn_bwd_dq_ds_tc<128>(dq, k, ATT_TC_TOPO, NH, NKV, scale, ATT_TC_DS);
+}
+
+// Above the dS scratch's cap (attnDSMaxBytes) the packed backward
+// recomputes instead: dq recomputes S and dP (attn_bwd_dq_tc, seven products
+// a tile pair with the dkdv kernel's four), and the dkdv kernels store no dS.
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dq_tc_hd64(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
+                             const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dq_tc<64, 64>(dq, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dq_tc_hd128(float* dq, const tg_bf16* dout, const float* lse, const float* D, const tg_bf16* q,
+                              const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dq_tc<128, 32>(dq, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2);
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dkdv_nods_tc_hd64(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
+                                    const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dkdv_tc<64, 64, false>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2, attn_ds{});
+}
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 2)
+    attention_bwd_dkdv_nods_tc_hd128(float* dk, float* dv, const tg_bf16* dout, const float* lse, const float* D,
+                                     const tg_bf16* q, const tg_bf16* k, const tg_bf16* v, ATT_TC_BWD_ARGS) {
+  attn_bwd_dkdv_tc<128, 32, false>(dk, dv, dout, lse, D, q, k, v, ATT_TC_TOPO, NH, NKV, scale, sl2, attn_ds{});
 }
