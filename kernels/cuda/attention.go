@@ -205,7 +205,7 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 	b.launch("attention_bwd_dot"+suffix, rw(reads(dout, out)).plus(0, int64(attnDWork(T, NH))).with(2*bytesOf(out)/int64(dt.Size()), 0),
 		dotBlocks, 1, 1, threads, 0, pu(D), pa(dout), pa(out), la(rows), ia(HD))
 	in := rw(reads(dout, lse, q, k, v, seqs.CuSeqlens)).plus(int64(attnDWork(T, NH)), 0)
-	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) {
+	if dt == kernels.BF16 && useTC(HD, dout, q, k, v) && attnDSFits(T, NH, seqs.MaxLen) {
 		// dk, dv and the dS scratch in one pass over each key block's
 		// queries, then dq = dS·K from the scratch: five products a (query,
 		// key) tile pair, none recomputed (FlashAttention-2's dq kernel
@@ -233,6 +233,8 @@ func (b *Backend) AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v kernels.
 			pa(dq), pu(ds), la(bt), pa(k), pa(seqs.CuSeqlens), ia(seqs.S), ia(T), ia(seqs.MaxLen), ia(NH), ia(NKV), fa(scale), pu(b.flags))
 		return
 	}
+	// fp32, bf16 of another head dimension or an unaligned view, or a dS
+	// scratch over attnDSMaxBytes: dq recomputes S and dP, no scratch.
 	smemDq := 4 * (2*attDqRows*HD + 2*attKeyTile*(HD+1))
 	cdq := in.plus(0, bytesOf(dq)).with(attnFLOPs(T, seqs.MaxLen, NH, HD, rowTiles(seqs.MaxLen, attDqRows, attKeyTile), attDqRows, attKeyTile, 3), 0)
 	b.launch("attention_bwd_dq"+suffix, cdq, ceilDiv(seqs.MaxLen, attDqRows), seqs.S, NH, attThreads, smemDq,

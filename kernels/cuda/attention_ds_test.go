@@ -31,7 +31,10 @@ func TestAttentionBackwardBitwiseSeeds(t *testing.T) {
 			var first [][]float32
 			for _, seed := range []string{"1", "2", "3"} {
 				t.Setenv(emuSeedEnv, seed)
-				got := attentionBackwardOnce(t, sh.lens, sh.NH, sh.NKV, sh.HD)
+				got, ran := attentionBackwardLedger(t, sh.lens, sh.NH, sh.NKV, sh.HD)
+				if dqDS := tcKernel(sh.HD, "attention_bwd_dq_ds_tc_hd64", "attention_bwd_dq_ds_tc_hd128"); !slices.Contains(ran, dqDS) {
+					t.Fatalf("seed %s: the backward launched %v, not %s", seed, ran, dqDS)
+				}
 				if first == nil {
 					first = got
 					continue
@@ -62,6 +65,13 @@ func firstBitDiff(a, b []float32) int {
 // operands drawn from a fixed generator, on a fresh emulator backend, and
 // returns dq, dk, dv.
 func attentionBackwardOnce(t *testing.T, lens []int, NH, NKV, HD int) [][]float32 {
+	res, _ := attentionBackwardLedger(t, lens, NH, NKV, HD)
+	return res
+}
+
+// attentionBackwardLedger is attentionBackwardOnce that also returns the
+// kernels AttentionBackward launched (in order).
+func attentionBackwardLedger(t *testing.T, lens []int, NH, NKV, HD int) ([][]float32, []string) {
 	b := emuBackend(t, Options{})
 	rng := rand.New(rand.NewPCG(36, 25))
 	cu := []int32{0}
@@ -92,18 +102,34 @@ func attentionBackwardOnce(t *testing.T, lens []int, NH, NKV, HD int) [][]float3
 	b.UploadI32(cuB, cu)
 	seqs := kernels.Seqs{CuSeqlens: cuB, S: len(lens), MaxLen: maxLen}
 	b.Attention(out, lse, q, k, v, seqs, NH, NKV, HD)
+	b.StartLedger()
 	b.AttentionBackward(dq, dk, dv, dout, out, lse, q, k, v, seqs, NH, NKV, HD)
+	var kernelsRun []string
+	for _, l := range b.TakeLedger() {
+		kernelsRun = append(kernelsRun, l.Kernel)
+	}
 	if err := b.Sync(); err != nil {
 		t.Fatal(err)
 	}
+	// Every scratch buffer the backward allocated is the one the plan
+	// counts, and the plan counts no other (the dS scratch when it fits
+	// under attnDSMaxBytes, none otherwise).
 	w := kernels.Workload{Attention: []kernels.Attn{{T: T, NH: NH, NKV: NKV, HD: HD, MaxLen: maxLen, Backward: true, BF16: true}}}
-	if got, want := b.scratch[workAttnDS].bytes, workspaceSizes(w, Options{})[workAttnDS]; got != want || want == 0 {
-		t.Errorf("dS scratch: %d bytes allocated, the plan counts %d", got, want)
+	plan := workspaceSizes(w, Options{})
+	for name, s := range b.scratch {
+		if s.bytes != plan[name] {
+			t.Errorf("scratch %s: %d bytes allocated, the plan counts %d", name, s.bytes, plan[name])
+		}
+	}
+	for name, n := range plan {
+		if _, ok := b.scratch[name]; !ok {
+			t.Errorf("scratch %s: the plan counts %d bytes, none allocated", name, n)
+		}
 	}
 	res := make([][]float32, 3)
 	for i, x := range []kernels.Buf{dq, dk, dv} {
 		res[i] = make([]float32, x.N)
 		b.DownloadF32(res[i], x)
 	}
-	return res
+	return res, kernelsRun
 }

@@ -63,7 +63,10 @@
 // backward does not recompute: its dk/dv kernel also writes each pair's
 // bf16 dS into a scratch (about T·NH·MaxLen bytes: attnDSWork), and dq is
 // dS·K from it, five products a tile pair where the tree backward's dq
-// kernel recomputes S and dP (seven). TokenLogprob on BF16 hidden and weight forms its fp32
+// kernel recomputes S and dP (seven). A scratch over attnDSMaxBytes (4 GiB:
+// long contexts) falls back to the fp32-arithmetic kernels that recompute
+// and need none; the plan counts the scratch by the same predicate
+// (attnDSFits). TokenLogprob on BF16 hidden and weight forms its fp32
 // logits chunks with bf16 GEMMs and rounds the backward's dz chunk to bf16.
 //
 // The GEMMs run on cuBLASLt (blaslt.go) when it loads beside cuBLAS (or

@@ -181,6 +181,23 @@ func attnDSStride(maxLen int) int {
 // sequences of at most maxLen.
 func attnDSWork(T, NH, maxLen int) int { return 2 * T * NH * attnDSStride(maxLen) }
 
+// attnDSMaxBytes bounds the dS scratch: a packed bf16 backward whose
+// scratch (attnDSWork) would exceed it runs the recomputing kernels
+// (attention_bwd_dq_bf16 and attention_bwd_dkdv_bf16, which need no
+// scratch) instead, so long contexts (one 32K-token sequence at 16 heads
+// would need 17 GB) do not lose their card to it. The bench shape (8 ×
+// 4096 tokens, 16 heads: 2.2 GB) stays under it. A variable so tests can
+// lower it.
+var attnDSMaxBytes int64 = 4 << 30
+
+// attnDSFits reports whether the packed backward keeps dS in the scratch
+// (and dq = dS·K from it): the one predicate of AttentionBackward's
+// dispatch and of workspaceSizes, so the plan is what the backend
+// allocates.
+func attnDSFits(T, NH, maxLen int) bool {
+	return int64(attnDSWork(T, NH, maxLen)) <= attnDSMaxBytes
+}
+
 // attnDSBytes is the dS the backward writes (and its dq kernel reads),
 // taking every sequence maxLen long (T/maxLen of them) as the ledger's
 // attention counts do: exact for equal lengths, an upper bound otherwise.
@@ -291,7 +308,7 @@ func workspaceSizes(w kernels.Workload, opt Options) map[string]int {
 	for _, a := range w.Attention {
 		if a.Backward {
 			need(workAttnD, attnDWork(a.T, a.NH))
-			if a.BF16 && (a.HD == 64 || a.HD == 128) { // the tensor-core backward
+			if a.BF16 && (a.HD == 64 || a.HD == 128) && attnDSFits(a.T, a.NH, a.MaxLen) { // the tensor-core backward
 				need(workAttnDS, attnDSWork(a.T, a.NH, a.MaxLen))
 			}
 		}
