@@ -686,7 +686,16 @@ func (m *Model) qkSplitBackward(l int, dqkv, dq, dk, dv kernels.Buf) {
 	b.RopeBackward(dq, pos, cos, sin, T, NH, HD)
 	b.RopeBackward(dk, pos, cos, sin, T, NKV, HD)
 	if c.QKNorm() {
-		dqraw, dkraw := tc(m.dqraw, qn), tc(m.dkraw, kn)
+		// The norms' input gradients go into buffers dead at this point of
+		// backwardLayer: datt (T,qn), read by the attention's backward
+		// just queued, and dln (T,C), which the ln2 backward has read and
+		// the qkv GEMM's backward writes next (dkraw only where k is wider
+		// than C). Separate arenas for them were allocated for every q/k-norm
+		// model and left untouched wherever the fused path runs.
+		dqraw, dkraw := tc(m.datt, qn), tc(m.dln, kn)
+		if m.dkraw.N > 0 {
+			dkraw = tc(m.dkraw, kn)
+		}
 		b.Fill(dqraw, 0)
 		b.Fill(dkraw, 0)
 		b.RMSNormBackward(dqraw, dw.qNorm, dq, tc(a.qraw, qn), w.qNorm, a.qrstd.Slice(0, T*NH), T*NH, HD)

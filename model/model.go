@@ -244,7 +244,7 @@ type Model struct {
 	filtered            kernels.FilteredHead
 	dx, dln, dlnf       kernels.Buf // (T,C)
 	dxW                 kernels.Buf // (T,C) w: dx rounded for the GEMMs (BF16 only)
-	datt, dq, dqraw     kernels.Buf // (T,NH,HD)
+	datt, dq            kernels.Buf // (T,NH,HD)
 	dattW               kernels.Buf // (T,NH,HD) w (BF16 only)
 	dk, dv, dkraw       kernels.Buf // (T,NKV,HD)
 	dh                  kernels.Buf // (T,I)
@@ -844,8 +844,7 @@ func (m *Model) layoutActs() *actPlan {
 		f.add(&m.dq, T*qn)
 		f.add(&m.dk, T*kn)
 		f.add(&m.dv, T*kn)
-		if c.QKNorm() {
-			f.add(&m.dqraw, T*qn)
+		if c.QKNorm() && kn > C { // the split q/k backward's, where dln is too narrow (qkSplitBackward)
 			f.add(&m.dkraw, T*kn)
 		}
 		if anyDense {

@@ -61,16 +61,9 @@ func firstBitDiff(a, b []float32) int {
 	return -1
 }
 
-// attentionBackwardOnce runs Attention then AttentionBackward on bf16
+// attentionBackwardLedger runs Attention then AttentionBackward on bf16
 // operands drawn from a fixed generator, on a fresh emulator backend, and
-// returns dq, dk, dv.
-func attentionBackwardOnce(t *testing.T, lens []int, NH, NKV, HD int) [][]float32 {
-	res, _ := attentionBackwardLedger(t, lens, NH, NKV, HD)
-	return res
-}
-
-// attentionBackwardLedger is attentionBackwardOnce that also returns the
-// kernels AttentionBackward launched (in order).
+// returns dq, dk, dv and the kernels AttentionBackward launched (in order).
 func attentionBackwardLedger(t *testing.T, lens []int, NH, NKV, HD int) ([][]float32, []string) {
 	b := emuBackend(t, Options{})
 	rng := rand.New(rand.NewPCG(36, 25))

@@ -326,14 +326,27 @@ func (d *device) closeLt() error {
 }
 
 // alignOf is the alignment of a device address that cuBLASLt's
-// preference takes: its lowest set bit, at most 256 (the default).
+// preference takes: its lowest set bit, at most ltMaxAlign.
 func alignOf(p uintptr) uint32 {
-	a := uint32(256)
+	a := uint32(ltMaxAlign)
 	for a > 1 && p%uintptr(a) != 0 {
 		a /= 2
 	}
 	return a
 }
+
+// ltMaxAlign caps the operand alignments a plan is keyed and asked for.
+// No cuBLASLt kernel needs more than 16 bytes (its widest vector load, and
+// the TMA's global-address alignment), so an operand aligned to 64, 128 or
+// 256 bytes runs the same kernels as one aligned to 16; but a key that
+// kept the address's full alignment made a new plan, and the heuristic's
+// answer for it may be another algorithm (another split-K, other bits),
+// for a weight that merely lives elsewhere: a sharded model's gathered
+// layer (256-aligned) then computed other gradients than the whole model's
+// views of its one parameter buffer (64- or 128-aligned) on the same
+// backend. With the cap, a GEMM's plan depends on its shape, types and
+// whether its operands are 16-byte aligned, not on where they live.
+const ltMaxAlign = 16
 
 // ltPlanFor returns the plan of key, making it at its first use.
 func (d *device) ltPlanFor(key ltKey) (ltPlan, status) {

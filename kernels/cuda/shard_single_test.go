@@ -22,14 +22,12 @@ var shardSingleModels = []string{"nh_bf16", "nh_groups", "qwen3_untied", "moe_k1
 // process (--shard full without a launcher: collective.Single, which
 // gathers each layer's bf16 shard by a copy) computes on the emulated CUDA
 // backend, and on the CPU backend, what the whole bf16 model computes:
-// the same log-probabilities (bit for bit on the CPU; on the emulator
-// within tolStepLogprob: since the GEMMs with residual epilogues
-// (MatmulAdd) landed, nh_bf16's sharded logprobs differ from the whole
-// model's in the last bits, 4e-7 of 4.6, cause not yet examined), its gradients within
-// shardGradTol (measured: bit for bit on the emulator's dense and MoE
-// models, 3e-8 at worst on the Nemotron-H ones and on the CPU), and after a
-// weight update (the whole model's gradient step on both, so the bf16
-// copies are remade from equal fp32 weights) the same log-probabilities
+// the same log-probabilities (bit for bit, but for the emulator's nh_bf16:
+// see below), its gradients within shardGradTol (measured: bit for bit on
+// the emulator's dense and MoE models, 3e-8 at worst on the Nemotron-H
+// ones and on the CPU), and after a weight update (the whole model's
+// gradient step on both, so the bf16 copies are remade from equal fp32
+// weights) the same log-probabilities
 // again. Single refused bf16 buffers ("dist: copy of bf16"), so every
 // one-process bf16 --shard full run on CUDA failed at its first forward.
 func TestShardedSingleBF16Emu(t *testing.T) {
@@ -41,16 +39,15 @@ func TestShardedSingleBF16Emu(t *testing.T) {
 		b    kernels.Backend
 	}{{"cpu", ref}, {"emu", emu}} {
 		for _, v := range shardSingleModels {
-			if be.name == "emu" && v == "qwen3_untied" {
-				// Open finding (shardbf16's report): since main's fused
-				// epilogue paths (MatmulAdd, QKNormRopeBackward) landed, this
-				// dense bf16 model's sharded gradients on the emulator differ
-				// from the whole model's by up to 7.5e-4 relative (embedding;
-				// 0 before them), beyond shardGradTol. Until that is examined
-				// it stays out here; the CPU runs it (logprobs bit for bit).
-				continue
-			}
-			t.Run(be.name+"/"+v, func(t *testing.T) { checkShardedSingle(t, be.b, v, be.name == "cpu") })
+			// Bit for bit everywhere but the emulator's nh_bf16: its whole
+			// model's bf16 weight copy puts some layers' weights at 8-byte
+			// alignment (an earlier parameter's bf16 bytes not a multiple of
+			// 16), below the 16 bytes a cuBLASLt plan is keyed by
+			// (ltMaxAlign); the sharded model's gathered layer is 16-aligned,
+			// so those GEMMs get plans of their own, and the emulator's
+			// heuristic another split-K: logprobs within tolStepLogprob.
+			exact := be.name == "cpu" || v != "nh_bf16"
+			t.Run(be.name+"/"+v, func(t *testing.T) { checkShardedSingle(t, be.b, v, exact) })
 		}
 	}
 }
