@@ -155,7 +155,9 @@ func TestMegatronConfigErrors(t *testing.T) {
 			cfg := testMegatronConfig(DecayLinear)
 			c.edit(&cfg)
 			_, err := NewMegatron(cfg)
-			if err == nil || !strings.Contains(err.Error(), c.field) {
+			// The field itself, not a longer name containing it
+			// ("lr" is in "lr_warmup_init").
+			if err == nil || !strings.Contains(err.Error(), ": "+c.field+":") && !strings.Contains(err.Error(), ": "+c.field+" (") {
 				t.Fatalf("err = %v, want one naming %s", err, c.field)
 			}
 		})
